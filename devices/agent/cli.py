@@ -1,0 +1,141 @@
+"""`kiln-agent`: register this machine with a Kiln server, run the agent, show capabilities."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from devices.agent import AGENT_VERSION
+
+logger = logging.getLogger("devices.agent")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNAUTHORIZED = 3
+WORK_DIR_ENV = "KILN_AGENT_WORK_DIR"
+DEFAULT_WORK_DIR = Path("~/.cache/kiln/agent")
+
+
+def _parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"labels are key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln-agent", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kiln-agent {AGENT_VERSION}")
+    parser.add_argument("--log-level", default=os.environ.get("KILN_AGENT_LOG_LEVEL", "INFO"),
+                        help="DEBUG, INFO, WARNING or ERROR (env KILN_AGENT_LOG_LEVEL)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    register = commands.add_parser("register", help="register with a server and store the token")
+    register.add_argument("--server", required=True, help="base URL of the Kiln server")
+    register.add_argument("--registration-token", required=True, help="a kiln_reg_… token")
+    register.add_argument("--name", default=socket.gethostname(), help="agent name (default: hostname)")
+    register.add_argument("--label", action="append", default=[], type=_parse_label,
+                          metavar="KEY=VALUE", help="a label for targeting; repeatable")
+    register.add_argument("--config", help="config file (default: $KILN_AGENT_CONFIG or "
+                          "~/.config/kiln/agent.json)")
+
+    run = commands.add_parser("run", help="lease and run device tasks until stopped")
+    run.add_argument("--config", help="config file written by `register`")
+    run.add_argument("--work-dir", help=f"scratch directory for task files (default: "
+                     f"${WORK_DIR_ENV} or {DEFAULT_WORK_DIR})")
+    run.add_argument("--once", action="store_true", help="exit after handling one task")
+    run.add_argument("--threads", type=int, default=None,
+                     help="inference threads (default: the runtime's choice)")
+
+    commands.add_parser("capabilities", help="print this machine's capabilities as JSON")
+    return parser
+
+
+def _register(args) -> int:
+    from devices.agent.capabilities import collect_capabilities
+    from devices.agent.client import AgentClient
+    from devices.agent.config import AgentConfig, config_path, save_config
+
+    path = config_path(args.config)
+    labels = dict(args.label)
+    client = AgentClient(args.server)
+    answer = client.register(registration_token=args.registration_token, name=args.name,
+                             labels=labels, capabilities=collect_capabilities())
+    config = AgentConfig(
+        server=args.server.rstrip("/"),
+        agent_id=answer["agent_id"],
+        agent_token=answer["agent_token"],
+        name=args.name,
+        labels=labels,
+        heartbeat_interval_s=float(answer.get("heartbeat_interval_s") or 15.0),
+        poll_interval_s=float(answer.get("poll_interval_s") or 5.0),
+        long_poll_s=float(answer.get("long_poll_s") or 20.0),
+        lease_seconds=float(answer.get("lease_seconds") or 120.0),
+    )
+    save_config(config, path)
+    print(f"registered agent {config.agent_id} ({config.name}) with {config.server}; "
+          f"configuration saved to {path}")
+    return EXIT_OK
+
+
+def _run(args) -> int:
+    from devices.agent.config import config_path, load_config
+    from devices.agent.loop import Agent
+
+    config = load_config(config_path(args.config))
+    work_dir = Path(args.work_dir or os.environ.get(WORK_DIR_ENV) or DEFAULT_WORK_DIR).expanduser()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    agent = Agent(config, work_dir, threads=args.threads)
+
+    def on_signal(signum, frame):
+        agent.request_stop(interrupt_idle=True)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logger.info("kiln-agent %s: agent %s working for %s (runtimes: %s)", AGENT_VERSION,
+                config.agent_id, config.server, ", ".join(agent.capabilities["runtimes"]) or "none")
+    return agent.run(once=args.once)
+
+
+def _capabilities(args) -> int:
+    from devices.agent.capabilities import collect_capabilities
+
+    print(json.dumps(collect_capabilities(), indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from devices.agent.client import AgentUnauthorized, ApiError, ServerUnavailable
+    from devices.agent.config import ConfigError
+
+    handlers = {"register": _register, "run": _run, "capabilities": _capabilities}
+    try:
+        return handlers[args.command](args)
+    except AgentUnauthorized as exc:
+        print(f"kiln-agent: the server refused the token (401): {exc.message}", file=sys.stderr)
+        return EXIT_UNAUTHORIZED
+    except ConfigError as exc:
+        print(f"kiln-agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ApiError, ServerUnavailable) as exc:
+        print(f"kiln-agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

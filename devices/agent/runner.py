@@ -1,0 +1,367 @@
+"""One device task, end to end: download, compile, benchmark, profile, evaluate, upload, report.
+
+Stages run in that order so that the expensive, interruptible work comes first: when the agent
+is asked to stop, a task still downloading, compiling, benchmarking or profiling is handed back
+(reported failed with "agent stopping", so the server can lease it elsewhere at once), while a
+task already evaluating or uploading is finished, which takes seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from devices import bench, metrics
+from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
+from devices.backends.base import CompiledModel, TensorSpec
+from devices.backends.registry import get_backend
+
+logger = logging.getLogger(__name__)
+
+DOWNLOAD_ATTEMPTS = 3
+PROFILE_RUNS = 10
+LOG_LIMIT_BYTES = 64 * 1024
+STOPPING_REASON = "agent stopping"
+FILE_NAMES = {"model": "model.onnx", "validation": "validation.npz", "reference": "reference.npz"}
+# Stages a stopping agent finishes instead of handing the task back.
+FINISH_ON_STOP = frozenset({"evaluate", "upload", "result"})
+PERCENT = {"download": 0, "compile": 10, "benchmark": 25, "profile": 60, "evaluate": 70,
+           "upload": 85, "result": 95}
+
+
+class TaskCanceled(Exception):
+    """The server canceled the task (progress answer or heartbeat): stop, post nothing."""
+
+
+class AgentStopping(Exception):
+    """The agent is shutting down during a stage that hands the task back."""
+
+
+class TaskFailed(Exception):
+    """The task cannot succeed; the message is the reason reported to the server."""
+
+
+class TaskLogCapture(logging.Handler):
+    """Keeps the last LOG_LIMIT_BYTES of log lines emitted by one thread."""
+
+    def __init__(self, thread_id: int, limit_bytes: int = LOG_LIMIT_BYTES):
+        super().__init__(logging.DEBUG)
+        self.thread_id = thread_id
+        self.limit_bytes = limit_bytes
+        self.lines: collections.deque[str] = collections.deque()
+        self.size = 0
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread_id:
+            return
+        try:
+            line = self.format(record)
+        except Exception:  # noqa: BLE001 - a bad log call must not fail the task
+            return
+        self.lines.append(line)
+        self.size += len(line.encode("utf-8", "replace")) + 1
+        while self.size > self.limit_bytes and len(self.lines) > 1:
+            self.size -= len(self.lines.popleft().encode("utf-8", "replace")) + 1
+
+    def text(self) -> str:
+        data = "\n".join(self.lines).encode("utf-8", "replace")
+        return data[-self.limit_bytes :].decode("utf-8", "ignore")
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """All arrays of an .npz; never unpickles (a task file must not run code)."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def sample_count(inputs: dict[str, np.ndarray]) -> int:
+    counts = {name: array.shape[0] if array.ndim else 1 for name, array in inputs.items()}
+    if len(set(counts.values())) > 1:
+        raise TaskFailed(f"validation inputs disagree on the number of samples: {counts}")
+    return next(iter(counts.values()))
+
+
+def _take_rows(array: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """`rows` rows from `start`, padded by repeating the last available row."""
+    chunk = array[start : start + rows]
+    if chunk.shape[0] < rows:
+        padding = np.repeat(chunk[-1:], rows - chunk.shape[0], axis=0)
+        chunk = np.concatenate([chunk, padding], axis=0)
+    return chunk
+
+
+def _feed_batch(spec: TensorSpec) -> int:
+    batch = spec.static_batch
+    return batch if batch and batch > 0 else 1
+
+
+def make_feeds(
+    specs: list[TensorSpec], batch_size: int, samples: dict[str, np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Inputs of `batch_size` for the model: rows of the validation data when it has the input,
+    otherwise seeded random data (dynamic non-batch dimensions become 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        if samples is not None and spec.name in samples and samples[spec.name].ndim:
+            array = _take_rows(samples[spec.name], 0, batch_size)
+        else:
+            shape = [batch_size if index == 0 and dim is None else (dim or 1)
+                     for index, dim in enumerate(spec.shape)]
+            if np.issubdtype(spec.dtype, np.floating):
+                array = rng.standard_normal(shape)
+            else:
+                array = np.zeros(shape)
+        feeds[spec.name] = np.ascontiguousarray(array, dtype=spec.dtype)
+    return feeds
+
+
+def benchmark_batch_sizes(specs: list[TensorSpec], requested: list[int]) -> list[int]:
+    """The requested batch sizes, or only the model's static batch when it has one."""
+    static = {spec.static_batch for spec in specs if spec.shape and spec.static_batch}
+    if static:
+        batch = max(static)
+        if requested != [batch]:
+            logger.info("model has static batch %d; benchmarking only that (asked %s)", batch, requested)
+        return [batch]
+    return list(dict.fromkeys(requested)) or [1]
+
+
+def evaluate_outputs(
+    compiled: CompiledModel,
+    inputs: dict[str, np.ndarray],
+    check: Callable[[], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run every validation sample (batch 1, or the model's static batch) and stack outputs."""
+    missing = [name for name in compiled.input_names if name not in inputs]
+    if missing:
+        raise TaskFailed(f"validation data lacks model inputs: {', '.join(missing)}")
+    specs = {spec.name: spec for spec in compiled.input_specs}
+    model_inputs = {name: inputs[name] for name in compiled.input_names}
+    total = sample_count(model_inputs)
+    batch = max(_feed_batch(spec) for spec in compiled.input_specs) if compiled.input_specs else 1
+    collected: dict[str, list[np.ndarray]] = {name: [] for name in compiled.output_names}
+    for start in range(0, total, batch):
+        if check is not None:
+            check()
+        rows = min(batch, total - start)
+        feeds = {
+            name: np.ascontiguousarray(_take_rows(array, start, batch), dtype=specs[name].dtype)
+            for name, array in model_inputs.items()
+        }
+        outputs = compiled.run(feeds)
+        for name in compiled.output_names:
+            output = np.asarray(outputs[name])
+            collected[name].append(output[:rows] if output.ndim else output[None])
+    return {name: np.concatenate(parts, axis=0) for name, parts in collected.items() if parts}
+
+
+class TaskRunner:
+    """Runs leased tasks one at a time in the calling thread."""
+
+    def __init__(
+        self,
+        client: AgentClient,
+        work_dir: Path,
+        *,
+        stop_event: threading.Event | None = None,
+        threads: int | None = None,
+        keep_work_dirs: bool = False,
+    ):
+        self.client = client
+        self.work_dir = Path(work_dir)
+        self.stop_event = stop_event or threading.Event()
+        self.threads = threads
+        self.keep_work_dirs = keep_work_dirs
+        self.stage: str | None = None
+
+    # -- control -------------------------------------------------------------------------------
+
+    def _check(self, task_id: int, cancel: threading.Event, stage: str | None = None) -> None:
+        """Raise if the task was canceled, or if the agent is stopping in a hand-back stage."""
+        if cancel.is_set():
+            raise TaskCanceled(f"task {task_id} canceled by the server")
+        if self.stop_event.is_set() and (stage or self.stage) not in FINISH_ON_STOP:
+            raise AgentStopping(STOPPING_REASON)
+
+    def _enter(self, task: dict, cancel: threading.Event, stage: str, message: str) -> None:
+        self._check(task["id"], cancel, stage)
+        self.stage = stage
+        logger.info("task %s: %s: %s", task["id"], stage, message)
+        try:
+            answer = self.client.progress(
+                task["id"], attempt=task["attempt"], stage=stage, message=message,
+                percent=PERCENT.get(stage),
+            )
+        except (AgentUnauthorized, StaleAttempt):
+            raise
+        except (ApiError, ServerUnavailable) as exc:
+            # The lease may lapse; the result post will then tell us with a 409.
+            logger.warning("task %s: progress report failed: %s", task["id"], exc)
+            return
+        if answer.get("cancel"):
+            cancel.set()
+            raise TaskCanceled(f"task {task['id']} canceled by the server")
+
+    # -- the pipeline --------------------------------------------------------------------------
+
+    def run(self, task: dict, cancel: threading.Event | None = None) -> str:
+        """Run one leased task; return "succeeded", "failed", "canceled", "stale" or
+        "handed_back". Raises AgentUnauthorized (the agent must stop)."""
+        cancel = cancel or threading.Event()
+        task_dir = self.work_dir / f"task-{task['id']}-attempt-{task['attempt']}"
+        capture = TaskLogCapture(threading.get_ident())
+        package_logger = logging.getLogger("devices")
+        package_logger.addHandler(capture)
+        previous_level = package_logger.level
+        if package_logger.getEffectiveLevel() > logging.INFO:
+            package_logger.setLevel(logging.INFO)
+        self.stage = None
+        try:
+            try:
+                payload = self._pipeline(task, cancel, task_dir)
+            except TaskCanceled as exc:
+                logger.info("%s; dropping it without a result", exc)
+                return "canceled"
+            except StaleAttempt as exc:
+                logger.warning("task %s: attempt %s is stale (%s); dropping it",
+                               task["id"], task["attempt"], exc.message)
+                return "stale"
+            except AgentUnauthorized:
+                raise
+            except AgentStopping:
+                logger.info("task %s: handing back: %s", task["id"], STOPPING_REASON)
+                return self._post(task, self._failure(task, STOPPING_REASON, capture), "handed_back")
+            except Exception as exc:  # noqa: BLE001 - any failure fails this task, not the agent
+                reason = str(exc) if isinstance(exc, TaskFailed) else f"{type(exc).__name__}: {exc}"
+                logger.error("task %s failed in %s: %s", task["id"], self.stage, reason,
+                             exc_info=not isinstance(exc, TaskFailed))
+                return self._post(task, self._failure(task, reason, capture), "failed")
+            payload["log"] = capture.text()
+            return self._post(task, payload, "succeeded")
+        finally:
+            package_logger.removeHandler(capture)
+            package_logger.setLevel(previous_level)
+            self.stage = None
+            if not self.keep_work_dirs:
+                shutil.rmtree(task_dir, ignore_errors=True)
+
+    def _failure(self, task: dict, reason: str, capture: TaskLogCapture) -> dict:
+        return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": None,
+                "accuracy": None, "profile": None, "log": capture.text()}
+
+    def _post(self, task: dict, payload: dict, outcome: str) -> str:
+        self.stage = "result"
+        try:
+            self.client.result(task["id"], payload)
+        except StaleAttempt as exc:
+            logger.warning("task %s: result refused, attempt is stale: %s", task["id"], exc.message)
+            return "stale"
+        except (ApiError, ServerUnavailable) as exc:
+            logger.error("task %s: could not post the result: %s", task["id"], exc)
+            return "failed"
+        logger.info("task %s: %s", task["id"], outcome)
+        return outcome
+
+    def _pipeline(self, task: dict, cancel: threading.Event, task_dir: Path) -> dict:
+        task_id = task["id"]
+        task_dir.mkdir(parents=True, exist_ok=True)
+        files = task.get("files") or {}
+        if not files.get("model"):
+            raise TaskFailed("the task has no model file")
+
+        self._enter(task, cancel, "download", "downloading task files")
+        paths = {}
+        for key in ("model", "validation", "reference"):
+            if files.get(key):
+                self._check(task_id, cancel)
+                paths[key] = self.download_verified(key, files[key], task_dir / FILE_NAMES[key])
+
+        backend_name = task.get("backend") or "onnxruntime"
+        self._enter(task, cancel, "compile", f"compiling with {backend_name}")
+        backend = get_backend(backend_name)
+        bench.reset_peak_rss()
+        started = time.perf_counter_ns()
+        compiled = backend.compile(paths["model"], task_dir / "compiled", threads=self.threads)
+        load_ms = (time.perf_counter_ns() - started) / bench.NS_PER_MS
+        logger.info("compiled in %.1f ms: %s (%d bytes), %d threads", load_ms,
+                    compiled.artifact_path.name, compiled.artifact_path.stat().st_size, compiled.threads)
+        try:
+            return self._measure(task, cancel, compiled, paths, load_ms)
+        finally:
+            compiled.close()
+
+    def _measure(self, task, cancel, compiled: CompiledModel, paths: dict, load_ms: float) -> dict:
+        task_id = task["id"]
+        validation = load_npz(paths["validation"]) if "validation" in paths else None
+        reference = load_npz(paths["reference"]) if "reference" in paths else None
+        labels = validation.pop("labels", None) if validation is not None else None
+
+        self._enter(task, cancel, "benchmark", "measuring latency")
+        settings = bench.BenchmarkSettings.from_dict(task.get("benchmark"))
+        batch_sizes = benchmark_batch_sizes(compiled.input_specs, settings.batch_sizes)
+        feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
+        stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
+        try:
+            speed = bench.run_benchmark(compiled, feeds_by_batch, settings, load_ms=load_ms,
+                                        should_stop=stop_or_cancel)
+        except bench.BenchmarkInterrupted:
+            self._check(task_id, cancel)
+            raise
+        speed["size_bytes"] = compiled.artifact_path.stat().st_size
+
+        self._enter(task, cancel, "profile", "profiling per operator")
+        profile_feeds = feeds_by_batch[batch_sizes[0]]
+        try:
+            profile = compiled.profile(profile_feeds, runs=PROFILE_RUNS)
+        except NotImplementedError as exc:
+            profile = {"by_op_type": [], "by_node": [], "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a profile is a bonus, not the result
+            logger.warning("profiling failed: %s: %s", type(exc).__name__, exc)
+            profile = {"by_op_type": [], "by_node": [], "error": f"{type(exc).__name__}: {exc}"}
+
+        accuracy = None
+        if validation is not None and reference is not None:
+            self._enter(task, cancel, "evaluate", "comparing outputs with the FP32 reference")
+            outputs = evaluate_outputs(
+                compiled, validation, check=lambda: self._check(task_id, cancel, "evaluate")
+            )
+            try:
+                accuracy = metrics.compare_outputs(outputs, reference, labels)
+            except ValueError as exc:
+                raise TaskFailed(f"outputs do not match the reference: {exc}") from None
+            logger.info("accuracy: cosine %.6f, sqnr %.2f dB, top1 agreement %s, accuracy %s",
+                        accuracy["cosine"], accuracy["sqnr_db"], accuracy["top1_agreement"],
+                        accuracy["accuracy"])
+        else:
+            logger.info("no validation or reference data: skipping evaluation")
+
+        self._enter(task, cancel, "upload", "uploading the compiled artifact")
+        answer = self.client.upload_artifact(task_id, attempt=task["attempt"], path=compiled.artifact_path)
+        logger.info("artifact uploaded, sha256 %s", answer.get("sha256"))
+        return {"attempt": task["attempt"], "status": "succeeded", "error": None,
+                "metrics": speed, "accuracy": accuracy, "profile": profile}
+
+    def download_verified(self, key: str, spec: dict, destination: Path) -> Path:
+        """Download a task file and check its sha256, trying DOWNLOAD_ATTEMPTS times in all."""
+        expected = (spec.get("sha256") or "").lower()
+        actual = None
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            actual = self.client.download(spec["url"], destination)
+            if not expected or actual == expected:
+                if not expected:
+                    logger.warning("%s has no sha256 in the task; not verified", key)
+                return destination
+            logger.warning("sha256 mismatch for %s (try %d of %d): expected %s got %s",
+                           key, attempt, DOWNLOAD_ATTEMPTS, expected, actual)
+        destination.unlink(missing_ok=True)
+        raise TaskFailed(f"sha256 mismatch for {key}: expected {expected} got {actual}")

@@ -1,0 +1,121 @@
+"""The interface every inference runtime implements: compile an ONNX model, run it, profile it."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+PROFILE_TOP_NODES = 50
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested runtime is unknown, not installed, or excluded by KILN_AGENT_BACKENDS."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, numpy dtype and shape of a model input; None marks a dynamic dimension."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+
+    @property
+    def static_batch(self) -> int | None:
+        """The first dimension when it is fixed, else None."""
+        if not self.shape:
+            return None
+        return self.shape[0]
+
+
+class CompiledModel(abc.ABC):
+    """A model compiled for one runtime, loaded and ready to run on this device."""
+
+    artifact_path: Path
+    threads: int
+    input_specs: list[TensorSpec]
+    output_names: list[str]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.input_specs]
+
+    @abc.abstractmethod
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one inference and return every output by name."""
+
+    @abc.abstractmethod
+    def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+        """Return a zero-argument callable that runs one inference on `feeds` as cheaply as the
+        runtime allows; the benchmark's timing loop calls only this."""
+
+    @abc.abstractmethod
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
+        """Per-op-type and per-node time, averaged per run (see `summarize_profile`)."""
+
+    def close(self) -> None:
+        """Release runtime resources; the object must not be used afterwards."""
+
+
+class Backend(abc.ABC):
+    """One inference runtime (ONNX Runtime, OpenVINO, TensorRT)."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def available(self) -> bool:
+        """Whether the runtime can be imported and used on this machine."""
+
+    @abc.abstractmethod
+    def version(self) -> str | None:
+        """The runtime's version, or None when it is not available."""
+
+    @abc.abstractmethod
+    def compile(
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+    ) -> CompiledModel:
+        """Compile `model_path` (ONNX) for this device, write the artifact under `work_dir`,
+        and return the loaded model. `threads` None lets the runtime choose."""
+
+
+def summarize_profile(
+    node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int
+) -> dict:
+    """Turn total time per node over `runs` runs into the wire shape of a profile.
+
+    Times are per run (total divided by `runs`); `share` is the fraction of all profiled time;
+    `count` is how many nodes of that op type took time.
+    """
+    runs = max(int(runs), 1)
+    total = sum(node_times_ms.values())
+    by_type: dict[str, list] = {}
+    for node, time_ms in node_times_ms.items():
+        op_type = node_op_types.get(node, "unknown")
+        entry = by_type.setdefault(op_type, [0.0, 0])
+        entry[0] += time_ms
+        entry[1] += 1
+
+    def share(value: float) -> float:
+        return value / total if total > 0 else 0.0
+
+    by_op_type = [
+        {"op_type": op_type, "time_ms": time_ms / runs, "share": share(time_ms), "count": count}
+        for op_type, (time_ms, count) in by_type.items()
+    ]
+    by_op_type.sort(key=lambda row: row["time_ms"], reverse=True)
+    by_node = [
+        {"name": node, "op_type": node_op_types.get(node, "unknown"),
+         "time_ms": time_ms / runs, "share": share(time_ms)}
+        for node, time_ms in node_times_ms.items()
+    ]
+    by_node.sort(key=lambda row: row["time_ms"], reverse=True)
+    return {
+        "by_op_type": by_op_type,
+        "by_node": by_node[:PROFILE_TOP_NODES],
+        "runs": runs,
+        "total_ms": total / runs,
+    }

@@ -1,0 +1,155 @@
+"""ONNX Runtime (CPU execution provider) backend."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import psutil
+
+from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_NAME = "model.ort-optimized.onnx"
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16,
+    "tensor(uint16)": np.uint16,
+    "tensor(int32)": np.int32,
+    "tensor(uint32)": np.uint32,
+    "tensor(int64)": np.int64,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _spec(node_arg) -> TensorSpec:
+    dtype = np.dtype(_ORT_TYPES.get(node_arg.type, np.float32))
+    shape = tuple(dim if isinstance(dim, int) and dim > 0 else None for dim in node_arg.shape)
+    return TensorSpec(name=node_arg.name, dtype=dtype, shape=shape)
+
+
+class OnnxRuntimeCompiledModel(CompiledModel):
+    """An ORT session over the offline-optimized model."""
+
+    def __init__(self, artifact_path: Path, threads: int | None, profile_dir: Path):
+        import onnxruntime as ort
+
+        self.artifact_path = artifact_path
+        self._requested_threads = threads
+        self._profile_dir = profile_dir
+        self.session = ort.InferenceSession(
+            str(artifact_path), self._session_options(), providers=["CPUExecutionProvider"]
+        )
+        self.input_specs = [_spec(arg) for arg in self.session.get_inputs()]
+        self.output_names = [arg.name for arg in self.session.get_outputs()]
+        # ORT's default intra-op pool has one thread per physical core.
+        self.threads = threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+    def _session_options(self, *, profiling: bool = False):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        # The artifact was optimized at EXTENDED level, which keeps it valid on any CPU with this
+        # EP; the layout transforms of ALL are machine-specific and are applied at load, exactly
+        # as a deployment loading the artifact with default options would.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self._requested_threads:
+            options.intra_op_num_threads = self._requested_threads
+        if profiling:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(self._profile_dir / "ort-profile")
+        return options
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.session.run(None, feeds)
+        return dict(zip(self.output_names, outputs))
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+        return functools.partial(self.session.run, None, feeds)
+
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
+        import onnxruntime as ort
+
+        self._profile_dir.mkdir(parents=True, exist_ok=True)
+        session = ort.InferenceSession(
+            str(self.artifact_path),
+            self._session_options(profiling=True),
+            providers=["CPUExecutionProvider"],
+        )
+        for _ in range(runs):
+            session.run(None, feeds)
+        trace_path = Path(session.end_profiling())
+        try:
+            return parse_ort_trace(json.loads(trace_path.read_text()), runs)
+        finally:
+            trace_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.session = None
+
+
+def parse_ort_trace(trace, runs: int) -> dict:
+    """Summarize an ORT profiler trace (Chrome trace events) per node and per op type."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    node_times_ms: dict[str, float] = {}
+    node_op_types: dict[str, str] = {}
+    suffix = "_kernel_time"
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") != "Node" or not name.endswith(suffix):
+            continue
+        node = name[: -len(suffix)]
+        node_times_ms[node] = node_times_ms.get(node, 0.0) + float(event.get("dur", 0)) / 1000.0
+        node_op_types[node] = event.get("args", {}).get("op_name", "unknown")
+    return summarize_profile(node_times_ms, node_op_types, runs)
+
+
+class OnnxRuntimeBackend(Backend):
+    """ONNX Runtime on the CPU execution provider."""
+
+    name = "onnxruntime"
+
+    def available(self) -> bool:
+        try:
+            import onnxruntime as ort
+        except Exception:  # noqa: BLE001 - a broken install is as good as none
+            return False
+        return "CPUExecutionProvider" in ort.get_available_providers()
+
+    def version(self) -> str | None:
+        if not self.available():
+            return None
+        import onnxruntime as ort
+
+        return ort.__version__
+
+    def compile(
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+    ) -> OnnxRuntimeCompiledModel:
+        import onnxruntime as ort
+
+        work_dir = Path(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        artifact_path = work_dir / ARTIFACT_NAME
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(artifact_path)
+        if threads:
+            options.intra_op_num_threads = threads
+        # Creating the session is what writes the optimized model.
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        if not artifact_path.exists():
+            raise RuntimeError(f"ONNX Runtime did not write the optimized model to {artifact_path}")
+        return OnnxRuntimeCompiledModel(artifact_path, threads, work_dir)

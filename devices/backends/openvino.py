@@ -1,0 +1,128 @@
+"""OpenVINO (CPU plugin) backend."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_NAME = "model.openvino.blob"
+DEVICE = "CPU"
+
+
+def _config(threads: int | None, *, profiling: bool = False) -> dict:
+    # The benchmark reports per-request latency, which is what the LATENCY hint optimizes.
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    if profiling:
+        config["PERF_COUNT"] = True
+    return config
+
+
+def _spec(port) -> TensorSpec:
+    partial_shape = port.get_partial_shape()
+    shape = tuple(
+        dim.get_length() if dim.is_static else None for dim in partial_shape
+    ) if partial_shape.rank.is_static else ()
+    return TensorSpec(
+        name=port.get_any_name(), dtype=np.dtype(port.get_element_type().to_dtype()), shape=shape
+    )
+
+
+class OpenVinoCompiledModel(CompiledModel):
+    """A compiled model imported from the exported blob."""
+
+    def __init__(self, core, source_model_path: Path, artifact_path: Path, threads: int | None):
+        self._core = core
+        self._source_model_path = source_model_path
+        self._threads = threads
+        self.artifact_path = artifact_path
+        # Run what was exported, so that a broken blob fails here and not in a deployment.
+        self.compiled = core.import_model(artifact_path.read_bytes(), DEVICE, _config(threads))
+        self.request = self.compiled.create_infer_request()
+        self.input_specs = [_spec(port) for port in self.compiled.inputs]
+        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self.request.infer(feeds)
+        return {
+            name: np.array(results[port], copy=True)
+            for name, port in zip(self.output_names, self.compiled.outputs)
+        }
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+        import openvino as ov
+
+        request = self.compiled.create_infer_request()
+        for name, array in feeds.items():
+            request.set_tensor(name, ov.Tensor(np.ascontiguousarray(array)))
+        return request.infer
+
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
+        # Performance counters must be enabled at compile time and slow every inference down a
+        # little, so they get their own compiled model instead of the benchmarked one.
+        model = self._core.read_model(str(self._source_model_path))
+        compiled = self._core.compile_model(model, DEVICE, _config(self._threads, profiling=True))
+        request = compiled.create_infer_request()
+        node_times_ms: dict[str, float] = {}
+        node_op_types: dict[str, str] = {}
+        for _ in range(runs):
+            request.infer(feeds)
+            for info in request.get_profiling_info():
+                if info.status != info.Status.EXECUTED:
+                    continue
+                time_ms = info.real_time.total_seconds() * 1000.0
+                node_times_ms[info.node_name] = node_times_ms.get(info.node_name, 0.0) + time_ms
+                node_op_types[info.node_name] = info.node_type
+        return summarize_profile(node_times_ms, node_op_types, runs)
+
+    def close(self) -> None:
+        self.request = None
+        self.compiled = None
+
+
+class OpenVinoBackend(Backend):
+    """OpenVINO on the CPU plugin."""
+
+    name = "openvino"
+
+    def available(self) -> bool:
+        try:
+            import openvino as ov
+
+            return DEVICE in ov.Core().available_devices
+        except Exception:  # noqa: BLE001 - a broken install is as good as none
+            return False
+
+    def version(self) -> str | None:
+        if not self.available():
+            return None
+        import openvino as ov
+
+        # "2026.4.1-22982-e213a147257-releases/2026/4" -> "2026.4.1"
+        return ov.get_version().split("-")[0]
+
+    def compile(
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+    ) -> OpenVinoCompiledModel:
+        import openvino as ov
+
+        work_dir = Path(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        core = ov.Core()
+        model = core.read_model(str(model_path))
+        compiled = core.compile_model(model, DEVICE, _config(threads))
+        artifact_path = work_dir / ARTIFACT_NAME
+        exported = compiled.export_model()
+        # Recent releases return an io.BytesIO, older ones bytes.
+        artifact_path.write_bytes(exported.getvalue() if hasattr(exported, "getvalue") else exported)
+        del compiled
+        return OpenVinoCompiledModel(core, Path(model_path), artifact_path, threads)
