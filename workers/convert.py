@@ -94,7 +94,7 @@ def _simplify(source: Path, output: Path, *, target_opset: int) -> str | None:
         return "onnxslim returned no model"
     if _signature(slimmed) != before:
         return "onnxslim changed the model's inputs or outputs; kept the unsimplified model"
-    _save_model(slimmed, output)
+    save_model(slimmed, output)
     return None
 
 
@@ -159,7 +159,9 @@ def _write_final(final: Path, dst: Path) -> None:
         onnx.save(model, str(dst))
 
 
-def _save_model(model: onnx.ModelProto, path: Path) -> None:
+def save_model(model: onnx.ModelProto, path: str | Path) -> None:
+    """Save a model as one file, or with its weights in `<name>.data` beside it when it is large."""
+    path = Path(path)
     if _tensor_bytes(model) > LARGE_MODEL_BYTES:
         onnx.save_model(
             model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

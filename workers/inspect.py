@@ -79,6 +79,22 @@ def default_opset(model: onnx.ModelProto) -> int:
     return _LEGACY_OPSET
 
 
+def model_files(path: str | Path) -> list[Path]:
+    """Return the .onnx file and every external-data file it references (graph read only)."""
+    path = Path(path)
+    model = load_graph_only(path)
+    locations = set()
+    for tensor in iter_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.update(entry.value for entry in tensor.external_data if entry.key == "location")
+    return [path, *(path.parent / location for location in sorted(locations))]
+
+
+def model_size_bytes(path: str | Path) -> int:
+    """Return the bytes on disk of a model, external data included."""
+    return sum(file.stat().st_size for file in model_files(path) if file.is_file())
+
+
 def _require_nonempty_file(path: Path) -> None:
     if not path.is_file():
         raise InvalidModel(f"{path.name}: no such file")

@@ -1,0 +1,21 @@
+"""Build one precision variant of an ONNX model (fp32, fp16, int8, int8-dynamic, int4-weight)."""
+
+from workers.quantize.backends import runnable_backends
+from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.variants import (
+    MIN_CALIBRATION_SAMPLES,
+    PRECISIONS,
+    NotApplicable,
+    QuantizationError,
+    build_variant,
+)
+
+__all__ = [
+    "MIN_CALIBRATION_SAMPLES",
+    "PRECISIONS",
+    "NotApplicable",
+    "NpzCalibrationReader",
+    "QuantizationError",
+    "build_variant",
+    "runnable_backends",
+]

@@ -1,0 +1,73 @@
+"""Compute the FP32 reference outputs that every device variant is compared against."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workers.datasets import dataset_samples, iter_batches
+
+
+def compute_reference_outputs(
+    model_path: str | Path, dataset_path: str | Path, out_path: str | Path, *, batch_size: int = 32
+) -> dict[str, Any]:
+    """Run the FP32 model on CPU over a validation set and write its outputs, by output name, to an .npz.
+
+    Outputs are gathered in memory before writing, so they (not the inputs) bound memory use.
+    """
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    input_names = [model_input.name for model_input in session.get_inputs()]
+    output_names = [model_output.name for model_output in session.get_outputs()]
+    static_batch = static_batch_size(session)
+    run_batch = static_batch or batch_size
+    samples = dataset_samples(dataset_path)
+
+    collected: dict[str, list[np.ndarray]] = {name: [] for name in output_names}
+    for batch in iter_batches(dataset_path, input_names=input_names, batch_size=run_batch):
+        rows = len(next(iter(batch.values())))
+        feeds = _pad_to(batch, static_batch) if static_batch else batch
+        for name, value in zip(output_names, session.run(output_names, feeds)):
+            if value.ndim == 0 or value.shape[0] != len(next(iter(feeds.values()))):
+                raise ValueError(f"output {name!r} has no batch axis (shape {list(value.shape)}); cannot split it per sample")
+            collected[name].append(value[:rows])
+
+    outputs = {name: np.concatenate(parts) for name, parts in collected.items()}
+    _write_npz_atomically(Path(out_path), outputs)
+    return {"samples": samples, "outputs": {name: list(value.shape) for name, value in outputs.items()}}
+
+
+def static_batch_size(session) -> int | None:
+    """Return the batch size the model insists on (an integer first dim on an input), or None if free."""
+    for model_input in session.get_inputs():
+        shape = model_input.shape
+        if shape and isinstance(shape[0], int) and shape[0] > 0:
+            return shape[0]
+    return None
+
+
+def _pad_to(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    # A static-batch model cannot take the short last batch; repeat its last sample and drop the extras later.
+    padded = {}
+    for name, value in batch.items():
+        missing = size - len(value)
+        padded[name] = np.concatenate([value, np.repeat(value[-1:], missing, axis=0)]) if missing > 0 else value
+    return padded
+
+
+def _write_npz_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A retried task must never leave a half-written reference behind for a reader to trust.
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
