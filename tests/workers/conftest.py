@@ -1,0 +1,65 @@
+"""Shared real models and datasets for the host-side toolchain tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.fixtures.models import DigitsModel, build_transformer_like, train_digits_cnn, write_npz
+
+
+@pytest.fixture(scope="session")
+def digits() -> DigitsModel:
+    return train_digits_cnn()
+
+
+@pytest.fixture(scope="session")
+def digits_path(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("digits") / "digits.onnx"
+    onnx.save(digits.model, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def digits_calibration(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_npz(tmp_path_factory.mktemp("calib") / "calibration.npz", input=digits.x_calib)
+
+
+@pytest.fixture(scope="session")
+def digits_validation(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_npz(tmp_path_factory.mktemp("val") / "validation.npz", input=digits.x_val, labels=digits.y_val)
+
+
+@pytest.fixture(scope="session")
+def transformer() -> onnx.ModelProto:
+    return build_transformer_like()
+
+
+@pytest.fixture(scope="session")
+def transformer_path(transformer: onnx.ModelProto, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("transformer") / "transformer.onnx"
+    onnx.save(transformer, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def transformer_inputs() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((24, 16, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def transformer_calibration(transformer_inputs: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_npz(tmp_path_factory.mktemp("tcalib") / "calibration.npz", input=transformer_inputs)
+
+
+def run_model(path: Path | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a model file on onnxruntime CPU with one thread (the test machine is shared)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)

@@ -1,0 +1,108 @@
+"""validate_onnx and inspect_onnx on real, external-data, corrupt and truncated models."""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.fixtures.models import save_with_external_data
+from workers.inspect import InvalidModel, inspect_onnx, model_size_bytes, validate_onnx
+
+
+def test_valid_model_passes(digits_path):
+    assert validate_onnx(digits_path) == {"ok": True, "error": None}
+
+
+def test_external_data_model_passes(transformer, tmp_path):
+    assert validate_onnx(save_with_external_data(transformer, tmp_path)) == {"ok": True, "error": None}
+
+
+def test_missing_external_data_fails(transformer, tmp_path):
+    path = save_with_external_data(transformer, tmp_path)
+    (tmp_path / "model.onnx.data").unlink()
+    result = validate_onnx(path)
+    assert result["ok"] is False and result["error"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x00\xff" * 64, b"this is a text file, not a model\n" * 20],
+    ids=["empty", "garbage", "text"],
+)
+def test_non_onnx_bytes_fail_with_a_message(tmp_path, content):
+    path = tmp_path / "upload.onnx"
+    path.write_bytes(content)
+    result = validate_onnx(path)
+    assert result["ok"] is False
+    assert "ONNX" in result["error"] or "empty" in result["error"]
+    with pytest.raises(InvalidModel):
+        inspect_onnx(path)
+
+
+def test_truncated_model_fails(digits_path, tmp_path):
+    data = digits_path.read_bytes()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    result = validate_onnx(path)
+    assert result["ok"] is False and "truncated" in result["error"]
+    with pytest.raises(InvalidModel, match="not a readable ONNX model"):
+        inspect_onnx(path)
+
+
+def test_checker_rejection_is_reported(tmp_path):
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = validate_onnx(path)
+    assert result["ok"] is False and "checker" in result["error"]
+
+
+def test_missing_file_is_not_an_exception(tmp_path):
+    assert validate_onnx(tmp_path / "nope.onnx")["ok"] is False
+
+
+def test_inspect_digits(digits_path):
+    info = inspect_onnx(digits_path)
+    assert info["signature"] == {
+        "inputs": [{"name": "input", "dtype": "float32", "shape": ["batch", 1, 8, 8]}],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}],
+    }
+    assert info["opset"] == 17
+    assert info["op_histogram"] == {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}
+    # conv1 16*1*3*3+16, conv2 32*16*3*3+32, fc 10*128+10
+    assert info["parameter_count"] == 160 + 4640 + 1290
+    assert info["ir_version"] == 8
+    assert info["producer"] == "kiln-tests-digits"
+
+
+def test_inspect_never_reads_external_weights(transformer, tmp_path):
+    path = save_with_external_data(transformer, tmp_path)
+    (tmp_path / "model.onnx.data").unlink()
+    info = inspect_onnx(path)
+    assert info["parameter_count"] == sum(math.prod(t.dims) for t in transformer.graph.initializer)
+
+
+def test_inspect_excludes_initializers_and_reports_unknown_dims(tmp_path):
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    node = helper.make_node("Add", ["x", "w"], ["y"])
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [None, 3])
+    graph = helper.make_graph(
+        [node], "g", [x, helper.make_tensor_value_info("w", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)], [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    info = inspect_onnx(path)
+    assert info["signature"]["inputs"] == [{"name": "x", "dtype": "int64", "shape": ["?", 3]}]
+    assert info["signature"]["outputs"] == [{"name": "y", "dtype": "int64", "shape": None}]
+    assert info["parameter_count"] == 3 and info["opset"] == 13
+
+
+def test_model_size_counts_external_data(transformer, tmp_path):
+    path = save_with_external_data(transformer, tmp_path)
+    assert model_size_bytes(path) == path.stat().st_size + (tmp_path / "model.onnx.data").stat().st_size
