@@ -1,0 +1,214 @@
+"""Fixtures for the device agent: a tiny ONNX model built with onnx.helper, and a fake agent
+protocol server on 127.0.0.1 (http.server in a thread) whose answers each test scripts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+CLASSES = 10
+
+
+def build_tiny_cnn(batch: int | str = "batch", seed: int = 0) -> onnx.ModelProto:
+    """Conv → Relu → Reshape → MatMul → Add: [batch, 1, 8, 8] → logits [batch, 10]."""
+    rng = np.random.default_rng(seed)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "conv_w"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32) * 0.1, "conv_b"),
+        numpy_helper.from_array(np.array([0, -1], dtype=np.int64), "flat_shape"),
+        numpy_helper.from_array(rng.standard_normal((4 * 8 * 8, CLASSES)).astype(np.float32) * 0.1, "fc_w"),
+        numpy_helper.from_array(rng.standard_normal(CLASSES).astype(np.float32) * 0.1, "fc_b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv_w", "conv_b"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("Reshape", ["relu", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "fc_w"], ["matmul"], name="fc"),
+        helper.make_node("Add", ["matmul", "fc_b"], ["logits"], name="fc_bias"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, CLASSES])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def reference_logits(model_path: Path, inputs: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, {"input": inputs[i : i + 1]})[0] for i in range(len(inputs))])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
+    onnx.save(build_tiny_cnn(), str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def static_batch_model_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny_cnn_b4.onnx"
+    onnx.save(build_tiny_cnn(batch=4), str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_task_files(tmp_path_factory, tiny_model_path) -> dict[str, bytes]:
+    """Bytes of the three task files: model, validation npz (with labels), reference npz."""
+    rng = np.random.default_rng(1)
+    inputs = rng.standard_normal((6, 1, 8, 8)).astype(np.float32)
+    logits = reference_logits(tiny_model_path, inputs)
+    labels = np.argmax(logits, axis=1).astype(np.int64)
+    labels[0] = (labels[0] + 1) % CLASSES  # the FP32 model gets 5 of 6 right
+    validation, reference = io.BytesIO(), io.BytesIO()
+    np.savez(validation, input=inputs, labels=labels)
+    np.savez(reference, logits=logits)
+    return {"model": tiny_model_path.read_bytes(), "validation": validation.getvalue(),
+            "reference": reference.getvalue()}
+
+
+@pytest.fixture
+def sample_feeds() -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(2).standard_normal((1, 1, 8, 8)).astype(np.float32)}
+
+
+# -- fake server ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body or b"null")
+
+
+@dataclass
+class Answer:
+    status: int = 200
+    body: object = None  # dict/list → JSON, bytes → raw, None → empty
+    headers: dict = field(default_factory=dict)
+
+
+Route = Callable[[Request], Answer]
+
+
+class FakeAgentServer:
+    """Answers each (method, path) with a scripted route; records every request."""
+
+    def __init__(self):
+        self.requests: list[Request] = []
+        self.routes: dict[tuple[str, str], Route] = {}
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                request = Request(self.command, self.path, dict(self.headers), body)
+                with outer.lock:
+                    outer.requests.append(request)
+                    route = outer.routes.get((self.command, self.path))
+                answer = route(request) if route else Answer(404, {"error": "no route", "code": "not_found"})
+                payload = answer.body
+                content_type = "application/octet-stream"
+                if isinstance(payload, (dict, list)):
+                    payload, content_type = json.dumps(payload).encode(), "application/json"
+                payload = payload or b""
+                self.send_response(answer.status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(payload)))
+                for key, value in answer.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def route(self, method: str, path: str, route: Route | Answer | list) -> None:
+        """Answer `path` with a function, a fixed Answer, or a list of Answers in turn (the
+        last one repeats)."""
+        if isinstance(route, Answer):
+            fixed = route
+            route = lambda request: fixed  # noqa: E731
+        elif isinstance(route, list):
+            queue = list(route)
+            route = lambda request: queue.pop(0) if len(queue) > 1 else queue[0]  # noqa: E731
+        self.routes[(method, path)] = route
+
+    def hits(self, method: str, path: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.method == method and r.path == path]
+
+    def serve_task(self, task_id: int, files: dict[str, bytes], *, attempt: int = 1,
+                   benchmark: dict | None = None, backend: str = "onnxruntime",
+                   sha256_override: dict | None = None) -> dict:
+        """Route the files and the per-task calls of one task; return the task object."""
+        prefix = f"/api/agent/v1/tasks/{task_id}"
+        task_files = {}
+        for name, data in files.items():
+            url = f"{prefix}/files/{name}"
+            self.route("GET", url, Answer(200, data))
+            digest = (sha256_override or {}).get(name) or hashlib.sha256(data).hexdigest()
+            task_files[name] = {"url": url, "sha256": digest, "size_bytes": len(data)}
+        self.route("POST", f"{prefix}/progress", Answer(200, {"cancel": False, "lease_expires_at": "x"}))
+        self.route("POST", f"{prefix}/artifact", Answer(201, {"sha256": "abc"}))
+        self.route("POST", f"{prefix}/result", Answer(200, {"ok": True}))
+        return {
+            "id": task_id, "attempt": attempt, "lease_expires_at": "x", "job": 1,
+            "variant": {"id": 1, "precision": "fp32", "recipe": {}}, "backend": backend,
+            "files": {"model": None, "validation": None, "reference": None, **task_files},
+            "benchmark": benchmark or {"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 6,
+                                       "min_seconds": 0.0, "batch_sizes": [1, 2]},
+            "tolerance": {"metric": "cosine", "max_drop": 0.01},
+        }
+
+    def results(self, task_id: int) -> list[dict]:
+        return [r.json() for r in self.hits("POST", f"/api/agent/v1/tasks/{task_id}/result")]
+
+
+@pytest.fixture
+def agent_server():
+    server = FakeAgentServer()
+    server.thread.start()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()

@@ -1,0 +1,49 @@
+import json
+
+from devices.agent.capabilities import collect_capabilities, parse_cpuinfo
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16
+"""
+
+
+def test_parse_cpuinfo_finds_the_model_and_isa_flags():
+    model, isa = parse_cpuinfo(CPUINFO)
+    assert model == "Intel(R) Xeon(R) Platinum 8480+"
+    for flag in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx"):
+        assert flag in isa
+    assert "fpu" not in isa
+
+
+def test_parse_cpuinfo_without_amx_does_not_claim_it():
+    _, isa = parse_cpuinfo("model name : Old\nflags : sse4_2 avx avx2\n")
+    assert isa == ["sse4_2", "avx", "avx2"]
+
+
+def test_parse_cpuinfo_reads_arm_features():
+    _, isa = parse_cpuinfo("Features\t: fp asimd asimddp sve i8mm\n")
+    assert {"asimd", "asimddp", "sve", "i8mm"} <= set(isa)
+
+
+def test_capabilities_have_the_protocol_shape(monkeypatch):
+    monkeypatch.delenv("KILN_AGENT_BACKENDS", raising=False)
+    capabilities = collect_capabilities()
+    assert {"os", "arch", "cpu_model", "cores", "isa", "memory_mb", "gpu", "runtimes",
+            "agent_version"} <= set(capabilities)
+    assert isinstance(capabilities["cores"], int) and capabilities["cores"] >= 1
+    assert isinstance(capabilities["memory_mb"], int) and capabilities["memory_mb"] > 0
+    assert isinstance(capabilities["isa"], list)
+    assert capabilities["gpu"] is None or isinstance(capabilities["gpu"], dict)
+    assert capabilities["runtimes"]["onnxruntime"]
+    json.dumps(capabilities)
+
+
+def test_capabilities_honour_the_backend_restriction(monkeypatch):
+    monkeypatch.setenv("KILN_AGENT_BACKENDS", "onnxruntime")
+    assert set(collect_capabilities()["runtimes"]) == {"onnxruntime"}
