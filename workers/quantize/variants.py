@@ -143,12 +143,16 @@ def _build_int8_static(
 
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".int8-") as scratch:
         source, preprocess = _preprocess(model_path, Path(scratch), skip=bool(options.get("skip_preprocess")), large=large)
-        reader = NpzCalibrationReader(
-            calibration_path,
-            input_names=input_names,
-            batch_size=_calibration_batch_size(model, options),
-            limit=limit,
-        )
+        batch_size, static = _calibration_batch_size(model, options)
+        if static:
+            # A fixed-batch model cannot take a short last batch; calibrate on whole batches only.
+            limit = usable - usable % batch_size
+            if limit == 0:
+                raise QuantizationError(f"the model takes batches of {batch_size}; the calibration set has only {usable} samples")
+        elif method_key != "minmax":
+            # ORT's histogram calibrators stack per-batch outputs and break on a ragged last batch.
+            batch_size = 1
+        reader = NpzCalibrationReader(calibration_path, input_names=input_names, batch_size=batch_size, limit=limit)
         try:
             quantize_static(
                 str(source),
@@ -293,7 +297,8 @@ def _feed_names(model: onnx.ModelProto) -> list[str]:
     return [value.name for value in model.graph.input if value.name not in initializers]
 
 
-def _calibration_batch_size(model: onnx.ModelProto, options: dict[str, Any]) -> int:
+def _calibration_batch_size(model: onnx.ModelProto, options: dict[str, Any]) -> tuple[int, bool]:
+    """Return (batch size, whether the model fixes it) for feeding calibration data."""
     requested = int(options.get("calibration_batch_size", 16))
     initializers = {tensor.name for tensor in model.graph.initializer}
     for value in model.graph.input:
@@ -302,5 +307,5 @@ def _calibration_batch_size(model: onnx.ModelProto, options: dict[str, Any]) -> 
         dims = value.type.tensor_type.shape.dim
         # A static leading dim is a fixed batch the model cannot be fed differently.
         if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
-            return int(dims[0].dim_value)
-    return requested
+            return int(dims[0].dim_value), True
+    return requested, False
