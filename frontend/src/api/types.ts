@@ -1,0 +1,272 @@
+/** Wire shapes from docs/api.md. Fields the contract does not promise are optional. */
+
+export type Role = 'owner' | 'member' | 'viewer';
+
+export interface Organization {
+  id: number;
+  name: string;
+  slug: string;
+  role: Role;
+}
+
+export interface Me {
+  user: { id: number; username: string };
+  organization: Organization | null;
+  organizations: Organization[];
+}
+
+export interface Paginated<T> {
+  count: number;
+  next: string | null;
+  previous: string | null;
+  results: T[];
+}
+
+export interface ApiToken {
+  id: number;
+  name: string;
+  prefix: string;
+  created_at: string;
+  expires_at: string | null;
+  last_used_at: string | null;
+  revoked: boolean;
+  token?: string;
+}
+
+export type Shape = (number | string | null)[];
+
+export interface TensorSpec {
+  name: string;
+  dtype: string;
+  shape: Shape;
+}
+
+export interface ModelVersion {
+  id: number;
+  number: number;
+  sha256: string;
+  size_bytes: number;
+  source_format: string;
+  filename: string;
+  signature: { inputs: TensorSpec[]; outputs: TensorSpec[] };
+  opset: number | null;
+  op_histogram: Record<string, number>;
+  parameter_count: number | null;
+  validation: { ok: boolean; error: string | null } | null;
+  created_at: string;
+  download_url: string;
+}
+
+export interface Model {
+  id: number;
+  name: string;
+  created_at: string;
+  latest_version: ModelVersion | null;
+  versions?: ModelVersion[];
+}
+
+export type DatasetKind = 'calibration' | 'validation';
+
+export interface Dataset {
+  id: number;
+  name: string;
+  kind: DatasetKind;
+  samples: number;
+  arrays: Record<string, { dtype: string; shape: Shape }>;
+  has_labels: boolean;
+  sha256: string;
+  size_bytes: number;
+  created_at: string;
+}
+
+export const PRECISIONS = ['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
+export type Precision = (typeof PRECISIONS)[number];
+
+export const METRICS = ['auto', 'accuracy', 'cosine', 'sqnr', 'top1_agreement'] as const;
+export type ToleranceMetric = (typeof METRICS)[number];
+
+export interface Tolerance {
+  metric: ToleranceMetric | string;
+  max_drop: number;
+}
+
+export type JobStatus = 'queued' | 'running' | 'waiting_for_devices' | 'succeeded' | 'failed' | 'canceled';
+export const TERMINAL_JOB_STATUSES: JobStatus[] = ['succeeded', 'failed', 'canceled'];
+
+export interface JobStage {
+  name: string;
+  status: 'pending' | 'running' | 'done' | 'skipped' | 'failed';
+  started_at: string | null;
+  finished_at: string | null;
+  message: string | null;
+}
+
+export interface JobEvent {
+  at: string;
+  stage: string | null;
+  level: 'info' | 'warning' | 'error';
+  message: string;
+}
+
+export interface JobVariant {
+  id: number;
+  precision: string;
+  backends: string[];
+  recipe: Record<string, unknown> | null;
+  status: string;
+  error: string | null;
+  size_bytes: number | null;
+  sha256: string | null;
+}
+
+export interface DeviceTask {
+  id: number;
+  variant: number;
+  backend: string;
+  agent: { id: number; name: string } | null;
+  target: string | null;
+  status: 'queued' | 'leased' | 'succeeded' | 'failed' | 'canceled';
+  attempt: number;
+  stage: string | null;
+  message: string | null;
+  progress: number | null;
+  error: string | null;
+}
+
+export interface Job {
+  id: number;
+  status: JobStatus;
+  stage: string;
+  progress: number;
+  error: string | null;
+  model_version: number;
+  model: { id: number; name: string } | null;
+  precisions: string[];
+  targets: (number | string)[];
+  tolerance: Tolerance;
+  calibration_dataset: number | null;
+  validation_dataset: number | null;
+  stages?: JobStage[];
+  events?: JobEvent[];
+  variants?: JobVariant[];
+  device_tasks?: DeviceTask[];
+  created_at: string;
+  finished_at: string | null;
+}
+
+export interface JobCreate {
+  model_version: number;
+  precisions: string[];
+  calibration_dataset: number | null;
+  validation_dataset: number | null;
+  targets: (number | string)[];
+  tolerance: Tolerance;
+}
+
+export interface Artifact {
+  id: number;
+  kind: 'converted' | 'variant' | 'compiled' | 'reference' | string;
+  name: string;
+  precision: string | null;
+  backend: string | null;
+  sha256: string;
+  size_bytes: number;
+  download_url: string;
+}
+
+export interface Capabilities {
+  os?: string;
+  arch?: string;
+  cpu_model?: string;
+  cores?: number;
+  isa?: string[];
+  memory_mb?: number;
+  gpu?: Record<string, unknown> | null;
+  runtimes?: Record<string, string>;
+  agent_version?: string;
+  [key: string]: unknown;
+}
+
+export interface Agent {
+  id: number;
+  name: string;
+  labels: Record<string, string>;
+  capabilities: Capabilities;
+  online: boolean;
+  last_heartbeat_at: string | null;
+  current_task: number | null;
+  revoked: boolean;
+  created_at: string;
+}
+
+export interface RegistrationToken {
+  id: number;
+  name: string;
+  prefix?: string;
+  created_at?: string;
+  revoked?: boolean;
+  token?: string;
+  register_command?: string;
+}
+
+export interface LatencyMs {
+  p50: number | null;
+  p90: number | null;
+  p99: number | null;
+  mean: number | null;
+  std: number | null;
+  cv?: number | null;
+}
+
+export interface AccuracyResult {
+  metric: string;
+  value: number | null;
+  reference_value?: number | null;
+  drop: number | null;
+  within_tolerance: boolean | null;
+  [key: string]: unknown;
+}
+
+export interface OpTypeTime {
+  op_type: string;
+  time_ms: number;
+  share: number;
+  count: number;
+}
+
+export interface ReportVariant {
+  id: number;
+  task?: number;
+  backend: string;
+  precision: string;
+  recipe: Record<string, unknown> | null;
+  latency_ms: LatencyMs | null;
+  throughput_per_s: number | null;
+  load_ms?: number | null;
+  first_inference_ms?: number | null;
+  peak_memory_mb: number | null;
+  threads?: number | null;
+  unstable?: boolean;
+  size_bytes: number | null;
+  accuracy: AccuracyResult | null;
+  profile?: { by_op_type?: OpTypeTime[]; by_node?: unknown[] } | null;
+  artifact: { id: number; sha256: string; download_url: string } | null;
+  pareto: boolean;
+  status?: string;
+  error?: string | null;
+}
+
+export interface ReportDevice {
+  agent: { id: number; name: string; capabilities?: Capabilities } | null;
+  target?: string;
+  variants: ReportVariant[];
+  recommended: number | null;
+  reason: string | null;
+}
+
+export interface Report {
+  job: number;
+  status: JobStatus;
+  tolerance: Tolerance;
+  devices: ReportDevice[];
+}

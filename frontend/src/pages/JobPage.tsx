@@ -1,0 +1,254 @@
+/** One deployment, live: stage timeline, device tasks, event log, artifacts, cancel. */
+import { Link, useParams } from 'react-router';
+import { isTerminal, rows, useArtifacts, useCancelJob, useJob } from '../api/hooks';
+import type { Artifact, DeviceTask, Job, JobStage } from '../api/types';
+import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
+import { formatBytes, formatDate, humanize, percent } from '../format';
+
+/** The stage names in pipeline order, for jobs whose detail carries no stages list. */
+const PIPELINE = ['validate', 'convert', 'reference', 'quantize', 'dispatch', 'devices', 'report', 'done'];
+
+function durationText(stage: JobStage): string {
+  if (!stage.started_at) return '';
+  const end = stage.finished_at ? new Date(stage.finished_at).getTime() : Date.now();
+  const seconds = Math.max(0, (end - new Date(stage.started_at).getTime()) / 1000);
+  return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+}
+
+function stagesOf(job: Job): JobStage[] {
+  if (job.stages && job.stages.length > 0) return job.stages;
+  const current = PIPELINE.indexOf(job.stage);
+  return PIPELINE.filter((name) => name !== 'done').map((name, index) => ({
+    name,
+    status: index < current || job.status === 'succeeded' ? 'done' : index === current ? (job.status === 'failed' ? 'failed' : 'running') : 'pending',
+    started_at: null,
+    finished_at: null,
+    message: null,
+  }));
+}
+
+function Timeline({ job }: { job: Job }) {
+  return (
+    <ol className="timeline" data-testid="stage-timeline" aria-label="Pipeline stages">
+      {stagesOf(job).map((stage) => (
+        <li key={stage.name} className={`timeline-step step-${stage.status}`} data-testid={`stage-${stage.name}`} data-status={stage.status}>
+          <span className="timeline-dot" aria-hidden="true" />
+          <div>
+            <div className="timeline-title">
+              {humanize(stage.name)} <StatusBadge status={stage.status} />
+              <span className="muted small"> {durationText(stage)}</span>
+            </div>
+            {stage.message ? <div className="muted small">{stage.message}</div> : null}
+          </div>
+        </li>
+      ))}
+    </ol>
+  );
+}
+
+function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
+  if (tasks.length === 0) {
+    return (
+      <p className="muted">
+        {job.status === 'waiting_for_devices'
+          ? 'Waiting for a matching device to come online. Check the Devices page.'
+          : 'Device tasks appear once variants are dispatched.'}
+      </p>
+    );
+  }
+  const variantName = (id: number) => {
+    const variant = job.variants?.find((candidate) => candidate.id === id);
+    return variant ? variant.precision : `variant ${id}`;
+  };
+  return (
+    <div className="table-wrap">
+      <table className="table" data-testid="device-tasks">
+        <thead>
+          <tr>
+            <th scope="col">Device</th>
+            <th scope="col">Variant</th>
+            <th scope="col">Backend</th>
+            <th scope="col">Status</th>
+            <th scope="col">Stage</th>
+            <th scope="col">Progress</th>
+            <th scope="col">Attempt</th>
+          </tr>
+        </thead>
+        <tbody>
+          {tasks.map((task) => (
+            <tr key={task.id} data-testid="device-task-row">
+              <td>{task.agent?.name ?? task.target ?? 'Unassigned'}</td>
+              <td>{variantName(task.variant)}</td>
+              <td>{task.backend}</td>
+              <td>
+                <StatusBadge status={task.status} />
+                {task.error ? <div className="field-error small">{task.error}</div> : null}
+              </td>
+              <td>
+                {humanize(task.stage)}
+                {task.message ? <div className="muted small">{task.message}</div> : null}
+              </td>
+              <td className="cell-progress">
+                <ProgressBar
+                  value={task.status === 'succeeded' ? 1 : task.progress}
+                  label={`Progress of task ${task.id}`}
+                  small
+                />
+              </td>
+              <td>{task.attempt}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function ArtifactList({ artifacts }: { artifacts: Artifact[] }) {
+  if (artifacts.length === 0) return <p className="muted">Artifacts appear as the pipeline produces them.</p>;
+  return (
+    <div className="table-wrap">
+      <table className="table" data-testid="artifacts">
+        <thead>
+          <tr>
+            <th scope="col">Name</th>
+            <th scope="col">Kind</th>
+            <th scope="col">Precision</th>
+            <th scope="col">Backend</th>
+            <th scope="col">Size</th>
+            <th scope="col">
+              <span className="visually-hidden">Download</span>
+            </th>
+          </tr>
+        </thead>
+        <tbody>
+          {artifacts.map((artifact) => (
+            <tr key={artifact.id}>
+              <td>
+                <code title={artifact.sha256}>{artifact.name}</code>
+              </td>
+              <td>{artifact.kind}</td>
+              <td>{artifact.precision ?? '—'}</td>
+              <td>{artifact.backend ?? '—'}</td>
+              <td>{formatBytes(artifact.size_bytes)}</td>
+              <td>
+                <a
+                  className="button button-small"
+                  href={artifact.download_url}
+                  download
+                  data-testid="artifact-download"
+                  aria-label={`Download ${artifact.name}`}
+                >
+                  Download
+                </a>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function JobPage() {
+  const jobId = Number(useParams().jobId);
+  const job = useJob(jobId);
+  const cancel = useCancelJob(jobId);
+  const artifacts = useArtifacts(jobId, job.data?.status);
+
+  if (job.isPending) return <Loading />;
+  if (job.isError && !job.data) return <ErrorMessage error={job.error} />;
+  const data = job.data as Job;
+  const terminal = isTerminal(data.status);
+  const events = [...(data.events ?? [])].reverse();
+
+  return (
+    <>
+      <PageHeader
+        title={
+          <>
+            Deployment #{data.id} <StatusBadge status={data.status} />
+          </>
+        }
+        subtitle={
+          <>
+            {data.model ? <Link to={`/models/${data.model.id}`}>{data.model.name}</Link> : `Model version ${data.model_version}`}
+            {' · '}precisions {data.precisions?.join(', ')} · tolerance {data.tolerance?.metric} ≤ {data.tolerance?.max_drop}
+            {' · '}started {formatDate(data.created_at)}
+          </>
+        }
+        actions={
+          <>
+            {!terminal ? (
+              <button
+                type="button"
+                className="button button-danger"
+                disabled={cancel.isPending}
+                onClick={() => {
+                  if (window.confirm('Cancel this deployment? Running device tasks stop within a heartbeat.')) cancel.mutate();
+                }}
+                data-testid="cancel-job"
+              >
+                {cancel.isPending ? 'Canceling…' : 'Cancel deployment'}
+              </button>
+            ) : null}
+            {data.status === 'succeeded' || data.stage === 'report' || data.stage === 'done' ? (
+              <Link to={`/jobs/${data.id}/report`} className="button button-primary" data-testid="open-report">
+                Open report
+              </Link>
+            ) : null}
+          </>
+        }
+      />
+      <ErrorMessage error={cancel.error} />
+      {job.isError ? <ErrorMessage error={job.error} title="Live updates paused:" /> : null}
+      {data.error ? (
+        <div className="alert alert-error" role="alert" data-testid="job-error">
+          <strong>The deployment failed:</strong> {data.error}
+        </div>
+      ) : null}
+
+      <section className="card" aria-labelledby="progress-heading">
+        <div className="section-header">
+          <h2 id="progress-heading">Progress</h2>
+          <span className="muted" data-testid="job-status" data-status={data.status} aria-live="polite">
+            {humanize(data.status)} · {humanize(data.stage)} · {percent(data.progress)}
+          </span>
+        </div>
+        <ProgressBar value={terminal && data.status === 'succeeded' ? 1 : data.progress} label="Deployment progress" />
+        <Timeline job={data} />
+      </section>
+
+      <section className="card" aria-labelledby="tasks-heading">
+        <h2 id="tasks-heading">Device tasks</h2>
+        <DeviceTasks tasks={data.device_tasks ?? []} job={data} />
+      </section>
+
+      <div className="grid-2">
+        <section className="card" aria-labelledby="artifacts-heading">
+          <h2 id="artifacts-heading">Artifacts</h2>
+          <ErrorMessage error={artifacts.error} />
+          {artifacts.isPending ? <Loading /> : <ArtifactList artifacts={rows(artifacts.data)} />}
+        </section>
+        <section className="card" aria-labelledby="events-heading">
+          <h2 id="events-heading">Event log</h2>
+          {events.length === 0 ? (
+            <EmptyState title="No events yet." />
+          ) : (
+            <ol className="event-log" data-testid="event-log" aria-live="polite">
+              {events.map((event, index) => (
+                <li key={`${event.at}-${index}`} className={`event event-${event.level}`}>
+                  <time className="muted small" dateTime={event.at}>
+                    {new Date(event.at).toLocaleTimeString()}
+                  </time>
+                  {event.stage ? <span className="chip">{event.stage}</span> : null}
+                  <span>{event.message}</span>
+                </li>
+              ))}
+            </ol>
+          )}
+        </section>
+      </div>
+    </>
+  );
+}

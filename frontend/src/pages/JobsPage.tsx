@@ -1,0 +1,70 @@
+/** Every deployment of the organization, newest first. */
+import { Link } from 'react-router';
+import { rows, useJobs } from '../api/hooks';
+import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
+import { formatDate, humanize } from '../format';
+
+export function JobsPage() {
+  const jobs = useJobs();
+  const list = rows(jobs.data);
+  return (
+    <>
+      <PageHeader
+        title="Deployments"
+        actions={
+          <Link to="/deployments/new" className="button button-primary" data-testid="new-deployment">
+            New deployment
+          </Link>
+        }
+      />
+      <ErrorMessage error={jobs.error} />
+      {jobs.isPending ? (
+        <Loading />
+      ) : list.length === 0 ? (
+        <EmptyState
+          title="No deployments yet."
+          action={
+            <Link to="/deployments/new" className="button button-primary">
+              Start your first deployment
+            </Link>
+          }
+        >
+          A deployment quantizes a model version, benchmarks every variant on your devices and recommends one.
+        </EmptyState>
+      ) : (
+        <div className="card table-wrap">
+          <table className="table" data-testid="jobs-table">
+            <thead>
+              <tr>
+                <th scope="col">Job</th>
+                <th scope="col">Model</th>
+                <th scope="col">Status</th>
+                <th scope="col">Stage</th>
+                <th scope="col">Progress</th>
+                <th scope="col">Started</th>
+              </tr>
+            </thead>
+            <tbody>
+              {list.map((job) => (
+                <tr key={job.id} data-testid="job-row">
+                  <td>
+                    <Link to={`/jobs/${job.id}`}>#{job.id}</Link>
+                  </td>
+                  <td>{job.model?.name ?? `version ${job.model_version}`}</td>
+                  <td>
+                    <StatusBadge status={job.status} />
+                  </td>
+                  <td>{humanize(job.stage)}</td>
+                  <td className="cell-progress">
+                    <ProgressBar value={job.progress} label={`Progress of job ${job.id}`} small />
+                  </td>
+                  <td>{formatDate(job.created_at)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </>
+  );
+}

@@ -1,0 +1,226 @@
+/** One model: its versions, the selected version's signature, operators, size and validation. */
+import { useId, useState } from 'react';
+import { Link, useNavigate, useParams } from 'react-router';
+import { useQueryClient } from '@tanstack/react-query';
+import { useDeleteModel, useModel } from '../api/hooks';
+import type { ModelVersion, TensorSpec } from '../api/types';
+import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
+import { UploadZone } from '../components/UploadZone';
+import { formatBytes, formatDate, formatNumber, formatShape } from '../format';
+
+function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
+  return (
+    <table className="table table-compact" data-testid={testId}>
+      <caption>{caption}</caption>
+      <thead>
+        <tr>
+          <th scope="col">Name</th>
+          <th scope="col">Type</th>
+          <th scope="col">Shape</th>
+        </tr>
+      </thead>
+      <tbody>
+        {tensors.length === 0 ? (
+          <tr>
+            <td colSpan={3} className="muted">
+              None
+            </td>
+          </tr>
+        ) : (
+          tensors.map((tensor) => (
+            <tr key={tensor.name}>
+              <td>
+                <code>{tensor.name}</code>
+              </td>
+              <td>{tensor.dtype}</td>
+              <td>
+                <code>{formatShape(tensor.shape)}</code>
+              </td>
+            </tr>
+          ))
+        )}
+      </tbody>
+    </table>
+  );
+}
+
+function OpHistogram({ histogram }: { histogram: Record<string, number> }) {
+  const entries = Object.entries(histogram ?? {}).sort((a, b) => b[1] - a[1]);
+  if (entries.length === 0) return <p className="muted">No operator counts recorded.</p>;
+  const max = entries[0][1] || 1;
+  const total = entries.reduce((sum, [, count]) => sum + count, 0);
+  return (
+    <div>
+      <p className="muted small">
+        {total} nodes, {entries.length} operator types
+      </p>
+      <ul className="histogram" data-testid="op-histogram" aria-label="Operator histogram">
+        {entries.map(([op, count]) => (
+          <li key={op}>
+            <span className="histogram-label">{op}</span>
+            <span className="histogram-bar" aria-hidden="true">
+              <span style={{ width: `${(count / max) * 100}%` }} />
+            </span>
+            <span className="histogram-value">{count}</span>
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+function VersionDetail({ modelId, version }: { modelId: number; version: ModelVersion }) {
+  const validation = version.validation;
+  return (
+    <div className="grid-2">
+      <section className="card" aria-labelledby="signature-heading" data-testid="signature">
+        <h2 id="signature-heading">Signature</h2>
+        <SignatureTable caption="Inputs" tensors={version.signature?.inputs ?? []} testId="signature-inputs" />
+        <SignatureTable caption="Outputs" tensors={version.signature?.outputs ?? []} testId="signature-outputs" />
+      </section>
+      <div className="stack">
+        <section className="card" aria-labelledby="facts-heading">
+          <h2 id="facts-heading">Version {version.number}</h2>
+          <dl className="facts">
+            <dt>Validation</dt>
+            <dd data-testid="validation-result">
+              {validation ? (
+                validation.ok ? (
+                  <StatusBadge status="succeeded" label="Valid" />
+                ) : (
+                  <>
+                    <StatusBadge status="failed" label="Invalid" /> <span>{validation.error}</span>
+                  </>
+                )
+              ) : (
+                <span className="muted">Not checked</span>
+              )}
+            </dd>
+            <dt>File</dt>
+            <dd>
+              {version.filename} ({version.source_format})
+            </dd>
+            <dt>Size</dt>
+            <dd data-testid="model-size">{formatBytes(version.size_bytes)}</dd>
+            <dt>Parameters</dt>
+            <dd>{formatNumber(version.parameter_count, 0)}</dd>
+            <dt>Opset</dt>
+            <dd>{version.opset ?? '—'}</dd>
+            <dt>SHA-256</dt>
+            <dd>
+              <code className="hash" title={version.sha256}>
+                {version.sha256?.slice(0, 16)}…
+              </code>
+            </dd>
+            <dt>Uploaded</dt>
+            <dd>{formatDate(version.created_at)}</dd>
+          </dl>
+          <div className="button-row">
+            <Link
+              className="button button-primary"
+              to={`/deployments/new?model=${modelId}&version=${version.id}`}
+              data-testid="deploy-version"
+            >
+              Deploy this version
+            </Link>
+            {version.download_url ? (
+              <a className="button" href={version.download_url} download>
+                Download
+              </a>
+            ) : null}
+          </div>
+        </section>
+        <section className="card" aria-labelledby="ops-heading">
+          <h2 id="ops-heading">Operators</h2>
+          <OpHistogram histogram={version.op_histogram} />
+        </section>
+      </div>
+    </div>
+  );
+}
+
+export function ModelDetailPage() {
+  const modelId = Number(useParams().modelId);
+  const model = useModel(modelId);
+  const client = useQueryClient();
+  const navigate = useNavigate();
+  const deleteModel = useDeleteModel();
+  const [selected, setSelected] = useState<number | null>(null);
+  const versionSelectId = useId();
+
+  if (model.isPending) return <Loading />;
+  if (model.isError) return <ErrorMessage error={model.error} />;
+
+  const versions = [...(model.data.versions ?? (model.data.latest_version ? [model.data.latest_version] : []))].sort(
+    (a, b) => b.number - a.number,
+  );
+  const version = versions.find((candidate) => candidate.id === selected) ?? versions[0] ?? null;
+
+  return (
+    <>
+      <PageHeader
+        title={model.data.name}
+        subtitle={
+          <>
+            <Link to="/models">Models</Link> · {versions.length} version{versions.length === 1 ? '' : 's'}
+          </>
+        }
+        actions={
+          <button
+            type="button"
+            className="button button-danger"
+            disabled={deleteModel.isPending}
+            onClick={() => {
+              if (window.confirm(`Delete ${model.data.name} and all its versions?`)) {
+                deleteModel.mutate(modelId, { onSuccess: () => navigate('/models') });
+              }
+            }}
+          >
+            Delete model
+          </button>
+        }
+      />
+      <ErrorMessage error={deleteModel.error} />
+      {versions.length > 1 ? (
+        <div className="field field-inline">
+          <label htmlFor={versionSelectId}>Version</label>
+          <select
+            id={versionSelectId}
+            value={version?.id ?? ''}
+            onChange={(event) => setSelected(Number(event.target.value))}
+            data-testid="version-select"
+          >
+            {versions.map((candidate) => (
+              <option key={candidate.id} value={candidate.id}>
+                v{candidate.number} — {formatDate(candidate.created_at)}
+              </option>
+            ))}
+          </select>
+        </div>
+      ) : null}
+      {version ? (
+        <VersionDetail modelId={modelId} version={version} />
+      ) : (
+        <EmptyState title="This model has no versions.">Upload a file below to create version 1.</EmptyState>
+      )}
+      <section className="card" aria-labelledby="new-version-heading">
+        <h2 id="new-version-heading">Upload a new version</h2>
+        <UploadZone<ModelVersion>
+          label="ONNX model (.onnx or .zip)"
+          accept={['.onnx', '.zip']}
+          testId="version-upload"
+          buildRequest={(file) => {
+            const form = new FormData();
+            form.append('file', file);
+            return { path: `models/${modelId}/versions/`, form };
+          }}
+          onUploaded={(created) => {
+            setSelected(created?.id ?? null);
+            void client.invalidateQueries({ queryKey: ['models'] });
+          }}
+          describeResult={(created) => <span>Version {created?.number} is ready.</span>}
+        />
+      </section>
+    </>
+  );
+}

@@ -1,0 +1,127 @@
+/** The organization's models: search, upload, and a table linking to each model. */
+import { useDeferredValue, useId, useState } from 'react';
+import { Link } from 'react-router';
+import { useQueryClient } from '@tanstack/react-query';
+import { rows, useModels } from '../api/hooks';
+import type { Model } from '../api/types';
+import { EmptyState, ErrorMessage, Loading, PageHeader } from '../components/common';
+import { UploadZone } from '../components/UploadZone';
+import { formatBytes, formatDate } from '../format';
+
+export function fileStem(name: string): string {
+  return name.replace(/\.(onnx|zip|npz)$/i, '');
+}
+
+export function ModelsPage() {
+  const [search, setSearch] = useState('');
+  const deferredSearch = useDeferredValue(search);
+  const models = useModels(deferredSearch);
+  const client = useQueryClient();
+  const [name, setName] = useState('');
+  const nameId = useId();
+  const searchId = useId();
+  const list = rows(models.data);
+
+  return (
+    <>
+      <PageHeader title="Models" subtitle="Upload an ONNX model once; deploy it to every device you own." />
+
+      <section className="card" aria-labelledby="upload-model-heading">
+        <h2 id="upload-model-heading">Upload a model</h2>
+        <div className="field field-inline">
+          <label htmlFor={nameId}>Name</label>
+          <input
+            id={nameId}
+            value={name}
+            placeholder="Defaults to the file name"
+            onChange={(event) => setName(event.target.value)}
+            data-testid="model-name-input"
+          />
+        </div>
+        <UploadZone<Model>
+          label="ONNX model (.onnx, or .zip with external data)"
+          accept={['.onnx', '.zip']}
+          multiple
+          testId="model-upload"
+          buildRequest={(file) => {
+            const form = new FormData();
+            form.append('name', name.trim() || fileStem(file.name));
+            form.append('file', file);
+            return { path: 'models/', form };
+          }}
+          onUploaded={() => {
+            setName('');
+            void client.invalidateQueries({ queryKey: ['models'] });
+          }}
+          describeResult={(model) => (
+            <Link to={`/models/${model.id}`} data-testid="uploaded-model-link">
+              Open {model.name}
+            </Link>
+          )}
+        />
+      </section>
+
+      <section className="card" aria-labelledby="model-list-heading">
+        <div className="section-header">
+          <h2 id="model-list-heading">All models</h2>
+          <div className="field field-inline search">
+            <label htmlFor={searchId}>Search</label>
+            <input
+              id={searchId}
+              type="search"
+              value={search}
+              placeholder="Model name"
+              onChange={(event) => setSearch(event.target.value)}
+              data-testid="model-search"
+            />
+          </div>
+        </div>
+        <ErrorMessage error={models.error} />
+        {models.isPending ? (
+          <Loading />
+        ) : list.length === 0 ? (
+          search ? (
+            <EmptyState title={`No model matches “${search}”.`}>Try a shorter search, or clear it.</EmptyState>
+          ) : (
+            <EmptyState title="No models yet.">
+              Drop an <code>.onnx</code> file above to upload your first model. Kiln reads its signature and
+              checks it before you deploy.
+            </EmptyState>
+          )
+        ) : (
+          <div className="table-wrap">
+            <table className="table" data-testid="models-table">
+              <thead>
+                <tr>
+                  <th scope="col">Name</th>
+                  <th scope="col">Latest version</th>
+                  <th scope="col">Inputs</th>
+                  <th scope="col">Size</th>
+                  <th scope="col">Opset</th>
+                  <th scope="col">Uploaded</th>
+                </tr>
+              </thead>
+              <tbody>
+                {list.map((model) => {
+                  const version = model.latest_version ?? model.versions?.[model.versions.length - 1] ?? null;
+                  return (
+                    <tr key={model.id} data-testid="model-row">
+                      <td>
+                        <Link to={`/models/${model.id}`}>{model.name}</Link>
+                      </td>
+                      <td>{version ? `v${version.number}` : '—'}</td>
+                      <td>{version?.signature?.inputs?.map((input) => input.name).join(', ') || '—'}</td>
+                      <td>{formatBytes(version?.size_bytes)}</td>
+                      <td>{version?.opset ?? '—'}</td>
+                      <td>{formatDate(model.created_at)}</td>
+                    </tr>
+                  );
+                })}
+              </tbody>
+            </table>
+          </div>
+        )}
+      </section>
+    </>
+  );
+}

@@ -1,0 +1,207 @@
+import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
+import { render, screen, waitFor } from '@testing-library/react';
+import userEvent from '@testing-library/user-event';
+import { createMemoryRouter, RouterProvider } from 'react-router';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import type { Agent, Dataset, Model, ModelVersion } from '../api/types';
+import { emptyDeploymentForm, toJobCreate, validateDeployment, type DeploymentForm } from './deploymentValidation';
+import { NewDeploymentPage } from './NewDeploymentPage';
+
+const version: ModelVersion = {
+  id: 11,
+  number: 1,
+  sha256: 'abc',
+  size_bytes: 2048,
+  source_format: 'onnx',
+  filename: 'digits.onnx',
+  signature: {
+    inputs: [{ name: 'input', dtype: 'float32', shape: ['batch', 1, 8, 8] }],
+    outputs: [{ name: 'logits', dtype: 'float32', shape: ['batch', 10] }],
+  },
+  opset: 17,
+  op_histogram: { Conv: 2 },
+  parameter_count: 1234,
+  validation: { ok: true, error: null },
+  created_at: '2026-01-01T00:00:00Z',
+  download_url: '/api/v1/models/1/versions/1/download/',
+};
+const model: Model = { id: 1, name: 'digits', created_at: '2026-01-01T00:00:00Z', latest_version: version, versions: [version] };
+
+function dataset(id: number, kind: Dataset['kind'], arrays: string[], hasLabels = false): Dataset {
+  return {
+    id,
+    name: `${kind}-${id}`,
+    kind,
+    samples: 100,
+    arrays: Object.fromEntries(arrays.map((name) => [name, { dtype: 'float32', shape: [100, 1, 8, 8] }])),
+    has_labels: hasLabels,
+    sha256: 'x',
+    size_bytes: 10,
+    created_at: '2026-01-01T00:00:00Z',
+  };
+}
+const calibration = dataset(2, 'calibration', ['input']);
+const validation = dataset(3, 'validation', ['input', 'labels'], true);
+const agent: Agent = {
+  id: 5,
+  name: 'lab-box',
+  labels: { arch: 'x86' },
+  capabilities: { cpu_model: 'Xeon', cores: 8, runtimes: { onnxruntime: '1.20.1' } },
+  online: true,
+  last_heartbeat_at: new Date().toISOString(),
+  current_task: null,
+  revoked: false,
+  created_at: '2026-01-01T00:00:00Z',
+};
+const context = { version, datasets: [calibration, validation], agents: [agent] };
+const form = (patch: Partial<DeploymentForm>): DeploymentForm => ({ ...emptyDeploymentForm, modelVersion: 11, ...patch });
+
+describe('validateDeployment', () => {
+  it('accepts a complete form', () => {
+    const result = validateDeployment(form({ calibrationDataset: 2, validationDataset: 3 }), context);
+    expect(result.errors).toEqual({});
+  });
+
+  it('requires a model version', () => {
+    expect(validateDeployment(form({ modelVersion: null }), context).errors.modelVersion).toMatch(/Choose a model/);
+  });
+
+  it('requires a calibration dataset for int8 but not for int8-dynamic', () => {
+    const int8 = validateDeployment(form({ precisionMode: 'explicit', precisions: ['fp32', 'int8'] }), context);
+    expect(int8.errors.calibrationDataset).toMatch(/int8 needs a calibration dataset/);
+    const dynamic = validateDeployment(form({ precisionMode: 'explicit', precisions: ['int8-dynamic'] }), context);
+    expect(dynamic.errors.calibrationDataset).toBeUndefined();
+  });
+
+  it('requires at least one explicit precision', () => {
+    expect(validateDeployment(form({ precisionMode: 'explicit', precisions: [] }), context).errors.precisions).toBeDefined();
+  });
+
+  it('checks that datasets have an array for every model input', () => {
+    const wrong = dataset(7, 'calibration', ['pixels']);
+    const result = validateDeployment(form({ calibrationDataset: 7 }), { ...context, datasets: [wrong, validation] });
+    expect(result.errors.calibrationDataset).toMatch(/no array for model input “input”/);
+  });
+
+  it('needs labelled validation data for the accuracy metric', () => {
+    const unlabelled = dataset(8, 'validation', ['input']);
+    const result = validateDeployment(form({ metric: 'accuracy', validationDataset: 8 }), { ...context, datasets: [unlabelled] });
+    expect(result.errors.validationDataset).toMatch(/no labels/);
+    expect(validateDeployment(form({ metric: 'accuracy' }), context).errors.validationDataset).toMatch(/needs a validation dataset/);
+  });
+
+  it('rejects a negative or out-of-range drop', () => {
+    expect(validateDeployment(form({ maxDrop: '-0.1' }), context).errors.maxDrop).toBeDefined();
+    expect(validateDeployment(form({ maxDrop: 'abc' }), context).errors.maxDrop).toBeDefined();
+    expect(validateDeployment(form({ metric: 'cosine', maxDrop: '2' }), context).errors.maxDrop).toMatch(/between 0 and 1/);
+    expect(validateDeployment(form({ metric: 'sqnr', maxDrop: '3' }), context).errors.maxDrop).toBeUndefined();
+  });
+
+  it('requires a chosen device when targeting selected devices, and warns when none is online', () => {
+    expect(validateDeployment(form({ targetMode: 'selected' }), context).errors.targets).toBeDefined();
+    const offline = validateDeployment(form({}), { ...context, agents: [{ ...agent, online: false }] });
+    expect(offline.warnings.join(' ')).toMatch(/No device is online/);
+  });
+
+  it('builds the API body', () => {
+    expect(
+      toJobCreate(form({ precisionMode: 'explicit', precisions: ['fp32', 'int8'], calibrationDataset: 2, targetMode: 'selected', targets: [5, 'label=arch=x86'] })),
+    ).toEqual({
+      model_version: 11,
+      precisions: ['fp32', 'int8'],
+      calibration_dataset: 2,
+      validation_dataset: null,
+      targets: [5, 'label=arch=x86'],
+      tolerance: { metric: 'auto', max_drop: 0.01 },
+    });
+    expect(toJobCreate(form({})).precisions).toEqual(['auto']);
+    expect(toJobCreate(form({})).targets).toEqual([]);
+  });
+});
+
+describe('NewDeploymentPage', () => {
+  const fetchMock = vi.fn<typeof fetch>();
+  beforeEach(() => {
+    document.cookie = 'csrftoken=tok; path=/';
+    vi.stubGlobal('fetch', fetchMock);
+    fetchMock.mockReset();
+    fetchMock.mockImplementation(async (input, init) => {
+      const url = String(input);
+      const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
+      if (url.startsWith('/api/v1/models/?') || url === '/api/v1/models/') return json({ count: 1, next: null, previous: null, results: [model] });
+      if (url === '/api/v1/models/1/') return json(model);
+      if (url === '/api/v1/datasets/') return json([calibration, validation]);
+      if (url === '/api/v1/agents/') return json([agent]);
+      if (url === '/api/v1/jobs/' && init?.method === 'POST') return json({ id: 42, status: 'queued' }, 201);
+      return json({ error: 'not found' }, 404);
+    });
+  });
+  afterEach(() => vi.unstubAllGlobals());
+
+  function renderPage() {
+    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
+    const router = createMemoryRouter(
+      [
+        { path: '/deployments/new', element: <NewDeploymentPage /> },
+        { path: '/jobs/:jobId', element: <p>job page</p> },
+      ],
+      { initialEntries: ['/deployments/new?model=1&version=11'] },
+    );
+    render(
+      <QueryClientProvider client={client}>
+        <RouterProvider router={router} />
+      </QueryClientProvider>,
+    );
+  }
+
+  const jobPosts = () => fetchMock.mock.calls.filter(([url, init]) => url === '/api/v1/jobs/' && init?.method === 'POST');
+
+  it('blocks int8 without a calibration dataset and says why', async () => {
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await userEvent.click(screen.getByTestId('precision-explicit'));
+    await userEvent.click(screen.getByTestId('precision-int8'));
+    await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
+    expect(screen.getByTestId('form-errors')).toHaveTextContent('int8 needs a calibration dataset');
+    expect(screen.getByLabelText('Calibration dataset')).toHaveAttribute('aria-invalid', 'true');
+    expect(jobPosts()).toHaveLength(0);
+  });
+
+  it('submits a valid deployment and opens the job', async () => {
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: /calibration-2/ });
+    await userEvent.click(screen.getByTestId('precision-explicit'));
+    await userEvent.click(screen.getByTestId('precision-int8'));
+    await userEvent.selectOptions(screen.getByLabelText('Calibration dataset'), '2');
+    await userEvent.selectOptions(screen.getByLabelText('Validation dataset'), '3');
+    await screen.findByText('lab-box');
+    await userEvent.click(screen.getByTestId('targets-selected'));
+    await userEvent.click(screen.getByTestId('target-agent-5'));
+    await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
+    await screen.findByText('job page');
+    expect(jobPosts()).toHaveLength(1);
+    expect(JSON.parse(String(jobPosts()[0][1]?.body))).toEqual({
+      model_version: 11,
+      precisions: ['int8'],
+      calibration_dataset: 2,
+      validation_dataset: 3,
+      targets: [5],
+      tolerance: { metric: 'auto', max_drop: 0.01 },
+    });
+  });
+
+  it("shows the server's message when it refuses the job", async () => {
+    const base = fetchMock.getMockImplementation()!;
+    fetchMock.mockImplementation(async (input, init) => {
+      if (String(input) === '/api/v1/jobs/' && init?.method === 'POST') {
+        return new Response(JSON.stringify({ error: 'No online agent has onnxruntime.', code: 'no_targets' }), { status: 400 });
+      }
+      return base(input, init);
+    });
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
+    await waitFor(() => expect(screen.getByText(/No online agent has onnxruntime\./)).toBeInTheDocument());
+  });
+});

@@ -1,0 +1,141 @@
+/** Client-side checks for a new deployment, run before anything is sent to the server. */
+import type { Agent, Dataset, JobCreate, ModelVersion, Precision, ToleranceMetric } from '../api/types';
+
+export interface DeploymentForm {
+  modelVersion: number | null;
+  calibrationDataset: number | null;
+  validationDataset: number | null;
+  precisionMode: 'auto' | 'explicit';
+  precisions: Precision[];
+  metric: ToleranceMetric;
+  maxDrop: string;
+  targetMode: 'all' | 'selected';
+  /** Agent ids and "label=key=value" selectors. */
+  targets: (number | string)[];
+}
+
+export type DeploymentField =
+  | 'modelVersion'
+  | 'calibrationDataset'
+  | 'validationDataset'
+  | 'precisions'
+  | 'maxDrop'
+  | 'metric'
+  | 'targets';
+
+export interface DeploymentContext {
+  version?: ModelVersion | null;
+  datasets: Dataset[];
+  agents: Agent[];
+}
+
+export interface ValidationResult {
+  errors: Partial<Record<DeploymentField, string>>;
+  warnings: string[];
+}
+
+/** Precisions that need a calibration dataset (static activation quantization). */
+export const NEEDS_CALIBRATION: Precision[] = ['int8'];
+const FRACTION_METRICS: ToleranceMetric[] = ['accuracy', 'cosine', 'top1_agreement'];
+
+export const emptyDeploymentForm: DeploymentForm = {
+  modelVersion: null,
+  calibrationDataset: null,
+  validationDataset: null,
+  precisionMode: 'auto',
+  precisions: [],
+  metric: 'auto',
+  maxDrop: '0.01',
+  targetMode: 'all',
+  targets: [],
+};
+
+function missingInputs(dataset: Dataset, version: ModelVersion | null | undefined): string[] {
+  const inputs = version?.signature?.inputs ?? [];
+  const arrays = dataset.arrays ?? {};
+  return inputs.map((input) => input.name).filter((name) => !(name in arrays));
+}
+
+export function validateDeployment(form: DeploymentForm, context: DeploymentContext): ValidationResult {
+  const errors: ValidationResult['errors'] = {};
+  const warnings: string[] = [];
+  const byId = (id: number | null) => context.datasets.find((dataset) => dataset.id === id) ?? null;
+  const calibration = byId(form.calibrationDataset);
+  const validation = byId(form.validationDataset);
+
+  if (!form.modelVersion) errors.modelVersion = 'Choose a model and a version to deploy.';
+
+  if (form.precisionMode === 'explicit') {
+    if (form.precisions.length === 0) {
+      errors.precisions = 'Choose at least one precision, or let Kiln choose (auto).';
+    } else {
+      const needing = form.precisions.filter((precision) => NEEDS_CALIBRATION.includes(precision));
+      if (needing.length > 0 && !form.calibrationDataset) {
+        errors.calibrationDataset = `${needing.join(', ')} needs a calibration dataset. Choose one, or pick int8-dynamic, which needs none.`;
+      }
+    }
+  } else if (!form.calibrationDataset) {
+    warnings.push('Without a calibration dataset, auto skips static int8 quantization.');
+  }
+
+  if (calibration && calibration.kind !== 'calibration') {
+    errors.calibrationDataset = `“${calibration.name}” is a ${calibration.kind} dataset, not a calibration dataset.`;
+  } else if (calibration && context.version) {
+    const missing = missingInputs(calibration, context.version);
+    if (missing.length > 0) {
+      errors.calibrationDataset = `“${calibration.name}” has no array for model input ${missing.map((name) => `“${name}”`).join(', ')}.`;
+    }
+  }
+
+  if (validation && validation.kind !== 'validation') {
+    errors.validationDataset = `“${validation.name}” is a ${validation.kind} dataset, not a validation dataset.`;
+  } else if (validation && context.version) {
+    const missing = missingInputs(validation, context.version);
+    if (missing.length > 0) {
+      errors.validationDataset = `“${validation.name}” has no array for model input ${missing.map((name) => `“${name}”`).join(', ')}.`;
+    }
+  }
+  if (form.metric === 'accuracy' && !errors.validationDataset) {
+    if (!validation) errors.validationDataset = 'The accuracy metric needs a validation dataset with labels.';
+    else if (!validation.has_labels) errors.validationDataset = `“${validation.name}” has no labels, which the accuracy metric needs.`;
+  }
+  if (!form.validationDataset && !errors.validationDataset) {
+    warnings.push('Without a validation dataset, accuracy is measured on calibration or synthetic inputs only.');
+  }
+
+  const drop = form.maxDrop.trim() === '' ? Number.NaN : Number(form.maxDrop);
+  if (!Number.isFinite(drop) || drop < 0) {
+    errors.maxDrop = 'Enter the largest allowed drop as a number of 0 or more, e.g. 0.01.';
+  } else if (FRACTION_METRICS.includes(form.metric) && drop > 1) {
+    errors.maxDrop = `For ${form.metric} the drop is a fraction between 0 and 1 (0.01 is one point).`;
+  }
+
+  const online = context.agents.filter((agent) => agent.online && !agent.revoked);
+  if (form.targetMode === 'selected') {
+    if (form.targets.length === 0) {
+      errors.targets = 'Choose at least one device, or deploy to all online devices.';
+    } else {
+      const offline = context.agents.filter(
+        (agent) => form.targets.includes(agent.id) && (!agent.online || agent.revoked),
+      );
+      if (offline.length > 0) {
+        warnings.push(`${offline.map((agent) => agent.name).join(', ')} ${offline.length === 1 ? 'is' : 'are'} offline; the job waits for ${offline.length === 1 ? 'it' : 'them'}.`);
+      }
+    }
+  } else if (online.length === 0) {
+    warnings.push('No device is online right now. The job will wait until an agent connects.');
+  }
+
+  return { errors, warnings };
+}
+
+export function toJobCreate(form: DeploymentForm): JobCreate {
+  return {
+    model_version: form.modelVersion as number,
+    precisions: form.precisionMode === 'auto' ? ['auto'] : [...form.precisions],
+    calibration_dataset: form.calibrationDataset,
+    validation_dataset: form.validationDataset,
+    targets: form.targetMode === 'all' ? [] : [...form.targets],
+    tolerance: { metric: form.metric, max_drop: Number(form.maxDrop) },
+  };
+}

@@ -1,0 +1,111 @@
+/** The deployment report: per device, every variant measured, and the recommendation. */
+import { lazy, Suspense } from 'react';
+import { Link, useParams } from 'react-router';
+import { ApiError } from '../../api/client';
+import { useReport } from '../../api/hooks';
+import type { ReportDevice, Tolerance } from '../../api/types';
+import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
+import { capabilitySummary } from '../../components/capabilities';
+import { ReportTable, variantLabel } from './ReportTable';
+
+const ReportCharts = lazy(() => import('./ReportCharts'));
+
+export function Recommendation({ device }: { device: ReportDevice }) {
+  const variant = device.variants.find((candidate) => candidate.id === device.recommended);
+  if (!variant) {
+    return (
+      <div className="alert alert-warn" data-testid="recommendation">
+        No recommendation for this device. {device.reason}
+      </div>
+    );
+  }
+  return (
+    <div className="recommendation" data-testid="recommendation">
+      <div>
+        <span className="badge badge-recommended">Recommended</span> <strong>{variantLabel(variant)}</strong>
+      </div>
+      {device.reason ? <p className="recommendation-reason">{device.reason}</p> : null}
+      {variant.artifact?.download_url ? (
+        <a className="button button-primary button-small" href={variant.artifact.download_url} download data-testid="recommended-download">
+          Download recommended artifact
+        </a>
+      ) : null}
+    </div>
+  );
+}
+
+function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
+  const name = device.agent?.name ?? device.target ?? 'Device';
+  return (
+    <section className="device-report" aria-label={`Results on ${name}`} data-testid="device-report">
+      <div className="card">
+        <div className="section-header">
+          <div>
+            <h2>{name}</h2>
+            {device.agent ? <p className="muted small">{capabilitySummary(device.agent.capabilities)}</p> : null}
+          </div>
+        </div>
+        <Recommendation device={device} />
+        {device.variants.length === 0 ? (
+          <EmptyState title="No variant has finished on this device yet." />
+        ) : (
+          <ReportTable variants={device.variants} recommended={device.recommended} deviceName={name} />
+        )}
+      </div>
+      {device.variants.length > 0 ? (
+        <Suspense fallback={<Loading label="Loading charts…" />}>
+          <ReportCharts device={device} tolerance={tolerance} />
+        </Suspense>
+      ) : null}
+    </section>
+  );
+}
+
+export function ReportPage() {
+  const jobId = Number(useParams().jobId);
+  const report = useReport(jobId);
+
+  const header = (
+    <PageHeader
+      title={<>Report for deployment #{jobId} {report.data ? <StatusBadge status={report.data.status} /> : null}</>}
+      subtitle={
+        <>
+          <Link to={`/jobs/${jobId}`}>Back to the deployment</Link>
+          {report.data ? (
+            <>
+              {' '}
+              · tolerance: {report.data.tolerance.metric} may drop by at most {report.data.tolerance.max_drop}
+            </>
+          ) : null}
+        </>
+      }
+    />
+  );
+
+  if (report.isPending) return <>{header}<Loading /></>;
+  if (report.isError) {
+    const notReady = report.error instanceof ApiError && report.error.status === 404;
+    return (
+      <>
+        {header}
+        {notReady ? (
+          <EmptyState title="The report is not ready yet.">It appears when the devices have reported their results.</EmptyState>
+        ) : (
+          <ErrorMessage error={report.error} />
+        )}
+      </>
+    );
+  }
+  return (
+    <>
+      {header}
+      {report.data.devices.length === 0 ? (
+        <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
+      ) : (
+        report.data.devices.map((device, index) => (
+          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} />
+        ))
+      )}
+    </>
+  );
+}

@@ -1,0 +1,183 @@
+/** The per-device table of variants: sortable, with the recommended variant highlighted. */
+import { useState } from 'react';
+import type { ReportVariant } from '../../api/types';
+import { StatusBadge } from '../../components/common';
+import { formatBytes, formatMs, formatNumber } from '../../format';
+
+type SortValue = number | string | boolean | null | undefined;
+
+interface Column {
+  key: string;
+  label: string;
+  numeric?: boolean;
+  value: (variant: ReportVariant) => SortValue;
+  render: (variant: ReportVariant) => React.ReactNode;
+}
+
+export function variantLabel(variant: ReportVariant): string {
+  return `${variant.precision} · ${variant.backend}`;
+}
+
+function formatDrop(drop: number | null | undefined): string {
+  if (drop === null || drop === undefined) return '—';
+  const sign = drop > 0 ? '−' : drop < 0 ? '+' : '';
+  return `${sign}${formatNumber(Math.abs(drop), 4)}`;
+}
+
+export const COLUMNS: Column[] = [
+  { key: 'backend', label: 'Backend', value: (v) => v.backend, render: (v) => v.backend },
+  { key: 'precision', label: 'Precision', value: (v) => v.precision, render: (v) => <strong>{v.precision}</strong> },
+  { key: 'p50', label: 'Latency p50', numeric: true, value: (v) => v.latency_ms?.p50, render: (v) => formatMs(v.latency_ms?.p50) },
+  { key: 'p99', label: 'Latency p99', numeric: true, value: (v) => v.latency_ms?.p99, render: (v) => formatMs(v.latency_ms?.p99) },
+  {
+    key: 'throughput',
+    label: 'Throughput',
+    numeric: true,
+    value: (v) => v.throughput_per_s,
+    render: (v) => (v.throughput_per_s === null || v.throughput_per_s === undefined ? '—' : `${formatNumber(v.throughput_per_s, 1)}/s`),
+  },
+  { key: 'size', label: 'Size', numeric: true, value: (v) => v.size_bytes, render: (v) => formatBytes(v.size_bytes) },
+  {
+    key: 'accuracy',
+    label: 'Accuracy',
+    numeric: true,
+    value: (v) => v.accuracy?.value,
+    render: (v) =>
+      v.accuracy?.value === null || v.accuracy?.value === undefined ? '—' : (
+        <span title={v.accuracy.metric}>{formatNumber(v.accuracy.value, 4)}</span>
+      ),
+  },
+  { key: 'drop', label: 'Drop vs FP32', numeric: true, value: (v) => v.accuracy?.drop, render: (v) => formatDrop(v.accuracy?.drop) },
+  {
+    key: 'within',
+    label: 'Within tolerance',
+    value: (v) => v.accuracy?.within_tolerance,
+    render: (v) =>
+      v.accuracy?.within_tolerance === true ? (
+        <StatusBadge status="succeeded" label="Yes" />
+      ) : v.accuracy?.within_tolerance === false ? (
+        <StatusBadge status="failed" label="No" />
+      ) : (
+        <span className="muted">—</span>
+      ),
+  },
+];
+
+function compare(a: SortValue, b: SortValue): number {
+  if (typeof a === 'number' && typeof b === 'number') return a - b;
+  if (typeof a === 'boolean' && typeof b === 'boolean') return Number(b) - Number(a);
+  return String(a).localeCompare(String(b));
+}
+
+/** Sorts variants by a column; variants without a value always go last, whatever the direction. */
+export function sortVariants(variants: ReportVariant[], key: string, direction: 'ascending' | 'descending'): ReportVariant[] {
+  const column = COLUMNS.find((candidate) => candidate.key === key) ?? COLUMNS[2];
+  const sign = direction === 'ascending' ? 1 : -1;
+  return [...variants].sort((left, right) => {
+    const a = column.value(left);
+    const b = column.value(right);
+    const aMissing = a === null || a === undefined;
+    const bMissing = b === null || b === undefined;
+    if (aMissing || bMissing) return Number(aMissing) - Number(bMissing);
+    return sign * compare(a, b) || left.id - right.id;
+  });
+}
+
+export function ReportTable({
+  variants,
+  recommended,
+  deviceName,
+}: {
+  variants: ReportVariant[];
+  recommended: number | null;
+  deviceName: string;
+}) {
+  const [sort, setSort] = useState<{ key: string; direction: 'ascending' | 'descending' }>({ key: 'p50', direction: 'ascending' });
+  const sorted = sortVariants(variants, sort.key, sort.direction);
+
+  const toggle = (key: string) =>
+    setSort((previous) =>
+      previous.key === key
+        ? { key, direction: previous.direction === 'ascending' ? 'descending' : 'ascending' }
+        : { key, direction: 'ascending' },
+    );
+
+  return (
+    <div className="table-wrap">
+      <table className="table report-table" data-testid="report-table">
+        <caption className="visually-hidden">Variants measured on {deviceName}. Column headers sort the table.</caption>
+        <thead>
+          <tr>
+            {COLUMNS.map((column) => (
+              <th
+                key={column.key}
+                scope="col"
+                aria-sort={sort.key === column.key ? sort.direction : 'none'}
+                className={column.numeric ? 'numeric' : undefined}
+              >
+                <button type="button" className="sort-button" onClick={() => toggle(column.key)}>
+                  {column.label}
+                  <span className="sort-indicator" aria-hidden="true">
+                    {sort.key === column.key ? (sort.direction === 'ascending' ? '▲' : '▼') : '↕'}
+                  </span>
+                </button>
+              </th>
+            ))}
+            <th scope="col">
+              <span className="visually-hidden">Artifact</span>
+            </th>
+          </tr>
+        </thead>
+        <tbody>
+          {sorted.map((variant) => {
+            const isRecommended = variant.id === recommended;
+            return (
+              <tr
+                key={variant.id}
+                className={`${isRecommended ? 'row-recommended' : ''}${variant.status === 'failed' ? ' row-failed' : ''}`}
+                data-testid={isRecommended ? 'recommended-row' : 'variant-row'}
+                data-variant-id={variant.id}
+                aria-current={isRecommended ? 'true' : undefined}
+              >
+                {COLUMNS.map((column, index) => (
+                  <td key={column.key} className={column.numeric ? 'numeric' : undefined}>
+                    {column.render(variant)}
+                    {index === 0 && isRecommended ? (
+                      <span className="badge badge-recommended" data-testid="recommended-badge">
+                        Recommended
+                      </span>
+                    ) : null}
+                    {index === 0 && variant.pareto && !isRecommended ? (
+                      <span className="badge badge-neutral" title="On the speed/accuracy Pareto front">
+                        Pareto
+                      </span>
+                    ) : null}
+                    {index === 0 && variant.unstable ? (
+                      <span className="badge badge-warn" title="Timing windows disagreed by more than 10%">
+                        Unstable
+                      </span>
+                    ) : null}
+                    {index === 0 && variant.error ? <div className="field-error small">{variant.error}</div> : null}
+                  </td>
+                ))}
+                <td>
+                  {variant.artifact?.download_url ? (
+                    <a
+                      className="button button-small"
+                      href={variant.artifact.download_url}
+                      download
+                      aria-label={`Download ${variantLabel(variant)} for ${deviceName}`}
+                      data-testid="variant-download"
+                    >
+                      Download
+                    </a>
+                  ) : null}
+                </td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </div>
+  );
+}
