@@ -56,14 +56,18 @@ def extract_model_archive(
             written_total = 0
             for info, relative in members:
                 target = _target_path(dest_root, relative)
-                if info.is_dir():
-                    _make_dirs(target, dest_root, created)
-                    continue
-                _make_dirs(target.parent, dest_root, created)
-                written_total = _extract_member(
-                    archive, info, target, created,
-                    written_before=written_total, max_total_bytes=max_total_bytes, max_ratio=max_ratio,
-                )
+                try:
+                    if info.is_dir():
+                        _make_dirs(target, dest_root, created)
+                        continue
+                    _make_dirs(target.parent, dest_root, created)
+                    written_total = _extract_member(
+                        archive, info, target, created,
+                        written_before=written_total, max_total_bytes=max_total_bytes, max_ratio=max_ratio,
+                    )
+                except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
+                    # "a" as a file and "a/b" as another entry, or a name already taken in dest_dir.
+                    raise UnsafeArchive(f"entry {info.filename!r} clashes with another file: {error.strerror}") from error
         model_path = _target_path(dest_root, model_entry)
         check_external_data_locations(model_path, root=dest_root)
         return model_path

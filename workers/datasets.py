@@ -49,7 +49,9 @@ def inspect_npz(path: str | Path) -> dict[str, Any]:
             _check_finite(npz, header)
     return {
         "samples": samples,
-        "arrays": {name: {"dtype": header.dtype.name, "shape": list(header.shape)} for name, header in headers.items()},
+        "arrays": {
+            name: {"dtype": header.dtype.name, "shape": list(header.shape)} for name, header in headers.items()
+        },
         "has_labels": LABELS in headers,
     }
 
@@ -173,15 +175,18 @@ def _iter_rows(npz: np.lib.npyio.NpzFile, header: _ArrayHeader, rows: int, sampl
     if header.fortran_order:
         # Samples are strided across the whole array on disk; no way to stream them.
         whole = npz[header.name]
+        native = header.dtype.newbyteorder("=")
         for start in range(0, samples, rows):
-            yield np.ascontiguousarray(whole[start : min(start + rows, samples)])
+            yield np.ascontiguousarray(whole[start : min(start + rows, samples)], dtype=native)
         return
     with npz.zip.open(header.member) as stream:
         _read_npy_header(stream)
         for start in range(0, samples, rows):
             count = min(rows, samples - start)
             buffer = _read_exact(stream, count * header.row_bytes, header.name)
-            yield np.frombuffer(buffer, dtype=header.dtype).reshape((count, *header.shape[1:]))
+            block = np.frombuffer(buffer, dtype=header.dtype).reshape((count, *header.shape[1:]))
+            # Runtimes read raw memory: hand them native byte order whatever the file used.
+            yield block.astype(header.dtype.newbyteorder("="), copy=False)
 
 
 def _read_exact(stream, size: int, name: str) -> bytearray:

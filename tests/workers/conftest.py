@@ -8,7 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.fixtures.models import DigitsModel, build_transformer_like, train_digits_cnn, write_npz
+from tests.fixtures.models import (
+    DigitsModel,
+    build_transformer_like,
+    train_digits_cnn,
+    write_npz,
+)
 
 
 @pytest.fixture(scope="session")

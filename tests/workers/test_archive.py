@@ -134,10 +134,11 @@ def test_several_onnx_files_is_refused(digits, tmp_path):
 
 def test_duplicate_entries_are_refused(digits, tmp_path):
     zip_path = tmp_path / "u.zip"
-    with zipfile.ZipFile(zip_path, "w") as archive, pytest.warns(UserWarning):
+    with zipfile.ZipFile(zip_path, "w") as archive:
         archive.writestr("model.onnx", _model_bytes(digits.model))
         archive.writestr("x.bin", b"1")
-        archive.writestr("x.bin", b"2")
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            archive.writestr("x.bin", b"2")
     with pytest.raises(UnsafeArchive, match="more than once"):
         extract_model_archive(zip_path, tmp_path / "out", max_total_bytes=LIMIT)
 
@@ -206,3 +207,10 @@ def test_corrupt_onnx_in_zip_is_refused(tmp_path):
     zip_path = _zip(tmp_path / "u.zip", {"model.onnx": b"\x00\xff" * 50})
     with pytest.raises(UnsafeArchive, match="cannot be read"):
         extract_model_archive(zip_path, tmp_path / "out", max_total_bytes=LIMIT)
+
+
+def test_file_and_folder_with_the_same_name_are_refused(digits, tmp_path):
+    zip_path = _zip(tmp_path / "u.zip", {"model.onnx": _model_bytes(digits.model), "a": b"file", "a/b.bin": b"x"})
+    with pytest.raises(UnsafeArchive, match="clashes"):
+        extract_model_archive(zip_path, tmp_path / "out", max_total_bytes=LIMIT)
+    assert not (tmp_path / "out").exists()

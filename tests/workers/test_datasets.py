@@ -97,7 +97,7 @@ def test_non_finite_values_name_the_array_and_sample(tmp_path, bad):
 
 
 def test_nan_scan_works_across_blocks(tmp_path, monkeypatch):
-    import workers.datasets as datasets
+    from workers import datasets
 
     monkeypatch.setattr(datasets, "_SCAN_BLOCK_BYTES", 64)
     values = np.zeros((100, 4), np.float64)
@@ -175,3 +175,12 @@ def test_iter_batches_handles_fortran_order(tmp_path):
 def test_iter_batches_missing_input(digits_validation):
     with pytest.raises(InvalidDataset, match="'mask'"):
         list(iter_batches(digits_validation, input_names=["input", "mask"], batch_size=8))
+
+
+def test_big_endian_arrays_come_out_native(tmp_path):
+    values = np.arange(12, dtype=">f4").reshape(6, 2)
+    path = write_npz(tmp_path / "be.npz", x=values)
+    assert inspect_npz(path)["arrays"]["x"]["dtype"] == "float32"
+    (batch,) = iter_batches(path, input_names=["x"], batch_size=6)
+    assert batch["x"].dtype == np.dtype("=f4")
+    np.testing.assert_array_equal(batch["x"], values)

@@ -7,7 +7,12 @@ import zipfile
 import numpy as np
 import onnx
 
-from tests.fixtures.models import build_transformer_like, make_model_zip, train_digits_cnn, write_npz
+from tests.fixtures.models import (
+    build_transformer_like,
+    make_model_zip,
+    train_digits_cnn,
+    write_npz,
+)
 from tests.workers.conftest import run_model
 
 

@@ -201,3 +201,13 @@ def test_int8_on_a_static_batch_model_calibrates_on_whole_batches(digits, digits
     onnx.save(model, str(path))
     result = build_variant(model_path=path, precision="int8", out_path=tmp_path / "q.onnx", calibration_path=digits_calibration)
     assert result["recipe"]["samples"] == len(digits.x_calib) // 5 * 5
+
+
+def test_failed_build_leaves_no_artifact(digits_path, tmp_path, monkeypatch):
+    from workers.quantize import variants
+
+    monkeypatch.setattr(variants, "runnable_backends", lambda path: [])
+    out = tmp_path / "fp16.onnx"
+    with pytest.raises(QuantizationError, match="no runtime"):
+        build_variant(model_path=digits_path, precision="fp16", out_path=out)
+    assert not out.exists()

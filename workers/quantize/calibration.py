@@ -25,6 +25,7 @@ class NpzCalibrationReader(CalibrationDataReader):
         self._batches: Iterator[dict[str, np.ndarray]] | None = None
 
     def get_next(self) -> dict[str, np.ndarray] | None:
+        """Return the next batch as `{input name: array}`, or None when the data is used up."""
         if self._batches is None:
             self._batches = iter_batches(
                 self.path, input_names=self.input_names, batch_size=self.batch_size, limit=self.limit

@@ -70,11 +70,22 @@ def build_variant(
         "int8-dynamic": _build_int8_dynamic,
         "int4-weight": _build_int4_weight,
     }
-    recipe = builders[precision](model_path, out_path, calibration_path=calibration_path, options=options)
-    backends = runnable_backends(out_path)
-    if not backends:
-        raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
-    return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": model_size_bytes(out_path)}
+    try:
+        recipe = builders[precision](model_path, out_path, calibration_path=calibration_path, options=options)
+        backends = runnable_backends(out_path)
+        if not backends:
+            raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
+        size_bytes = model_size_bytes(out_path)
+    except BaseException:
+        # A half-written artifact must not look like a finished one to a retried task.
+        _remove_outputs(out_path)
+        raise
+    return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes}
+
+
+def _remove_outputs(out_path: Path) -> None:
+    out_path.unlink(missing_ok=True)
+    out_path.with_name(out_path.name + ".data").unlink(missing_ok=True)
 
 
 def _build_fp32(model_path: Path, out_path: Path, **_: Any) -> dict[str, Any]:
@@ -88,7 +99,10 @@ def _build_fp32(model_path: Path, out_path: Path, **_: Any) -> dict[str, Any]:
 
 
 def _build_fp16(model_path: Path, out_path: Path, *, options: dict[str, Any], **_: Any) -> dict[str, Any]:
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    from onnxruntime.transformers.float16 import (
+        DEFAULT_OP_BLOCK_LIST,
+        convert_float_to_float16,
+    )
 
     custom_block_list = options.get("op_block_list")
     op_block_list = list(custom_block_list or DEFAULT_OP_BLOCK_LIST)
@@ -101,7 +115,7 @@ def _build_fp16(model_path: Path, out_path: Path, *, options: dict[str, Any], **
             # Shape inference on a >2 GB proto would fail inside the converter.
             disable_shape_infer=model_size_bytes(model_path) > LARGE_MODEL_BYTES,
         )
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise QuantizationError(f"float16 conversion failed: {error}") from error
     save_model(converted, out_path)
     return {
@@ -115,7 +129,12 @@ def _build_fp16(model_path: Path, out_path: Path, *, options: dict[str, Any], **
 def _build_int8_static(
     model_path: Path, out_path: Path, *, calibration_path: str | Path | None, options: dict[str, Any]
 ) -> dict[str, Any]:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     from workers.quantize.calibration import NpzCalibrationReader
 
@@ -170,7 +189,7 @@ def _build_int8_static(
             )
         except InvalidDataset as error:
             raise QuantizationError(f"calibration dataset unusable: {error}") from error
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise QuantizationError(f"static int8 quantization failed: {error}") from error
     return {
         "method": "static",
@@ -221,7 +240,7 @@ def _build_int8_dynamic(model_path: Path, out_path: Path, *, options: dict[str, 
             nodes_to_exclude=nodes_to_exclude,
             use_external_data_format=model_size_bytes(model_path) > LARGE_MODEL_BYTES,
         )
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise QuantizationError(f"dynamic int8 quantization failed: {error}") from error
     return {
         "method": "dynamic",
@@ -264,7 +283,7 @@ def _build_int4_weight(model_path: Path, out_path: Path, *, options: dict[str, A
         quantizer.model.save_model_to_file(str(out_path), use_external_data_format=large)
     except NotApplicable:
         raise
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise QuantizationError(f"int4 weight quantization failed: {error}") from error
     return {
         "method": "weight_only",
