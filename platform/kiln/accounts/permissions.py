@@ -1,0 +1,46 @@
+"""Organization scoping: every API request acts inside exactly one organization."""
+from __future__ import annotations
+
+from rest_framework import permissions
+
+from .models import ApiToken, Role
+from .selectors import membership_get, memberships_of
+
+SESSION_ORGANIZATION_KEY = "kiln_organization_id"
+
+
+def resolve_membership(request):
+    """The membership the request acts as: the token's organization, or the session's choice."""
+    user = request.user
+    if not user or not user.is_authenticated:
+        return None
+    if isinstance(request.auth, ApiToken):
+        return membership_get(user=user, organization_id=request.auth.organization_id)
+    chosen = request.session.get(SESSION_ORGANIZATION_KEY) if hasattr(request, "session") else None
+    if chosen is not None:
+        membership = membership_get(user=user, organization_id=chosen)
+        if membership is not None:
+            return membership
+    memberships = memberships_of(user=user)
+    return memberships[0] if memberships else None
+
+
+class IsOrganizationMember(permissions.BasePermission):
+    """Authenticated, a member of the acting organization; viewers may only read."""
+
+    message = "You are not a member of an organization."
+
+    def has_permission(self, request, view):
+        if not request.user or not request.user.is_authenticated:
+            return False
+        membership = resolve_membership(request)
+        if membership is None:
+            return False
+        request.organization = membership.organization
+        request.membership = membership
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        if membership.role == Role.VIEWER:
+            self.message = "Viewers can read but not change anything."
+            return False
+        return True

@@ -1,0 +1,84 @@
+"""JSON errors with a human message for every failure the API can report."""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+
+class KilnError(exceptions.APIException):
+    """A domain error that maps to one HTTP status and a machine-readable code."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid"
+
+    def __init__(self, message: str, *, code: str | None = None, status_code: int | None = None, details: dict | None = None):
+        super().__init__(detail=message, code=code or self.default_code)
+        self.message = message
+        self.error_code = code or self.default_code
+        if status_code is not None:
+            self.status_code = status_code
+        self.details = details or {}
+
+
+class Conflict(KilnError):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class UploadTooLarge(KilnError):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "upload_too_large"
+
+
+def _flatten(detail) -> str:
+    if isinstance(detail, dict):
+        parts = []
+        for key, value in detail.items():
+            text = _flatten(value)
+            parts.append(text if key in ("non_field_errors", "detail") else f"{key}: {text}")
+        return "; ".join(parts)
+    if isinstance(detail, list):
+        return "; ".join(_flatten(item) for item in detail)
+    return str(detail)
+
+
+def error_body(message: str, code: str, details=None) -> dict:
+    body = {"error": message, "code": code}
+    if details:
+        body["details"] = details
+    return body
+
+
+def exception_handler(exc, context):
+    """Render every API exception as `{"error", "code", "details"}`."""
+    # Imported here: rest_framework.views imports the authentication classes, which import this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    if isinstance(exc, KilnError):
+        return Response(error_body(exc.message, exc.error_code, exc.details), status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.messages)
+    if isinstance(exc, Http404):
+        return Response(error_body("Not found.", "not_found"), status=404)
+    if isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        code = codes if isinstance(codes, str) else code
+    details = response.data if isinstance(exc, exceptions.ValidationError) else None
+    response.data = error_body(_flatten(response.data), code, details)
+    return response
+
+
+def json_error(message: str, code: str, status_code: int) -> JsonResponse:
+    return JsonResponse(error_body(message, code), status=status_code)

@@ -1,0 +1,59 @@
+"""User-facing fleet API: agents and registration tokens."""
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import selectors, services
+from .serializers import AgentSerializer, RegistrationTokenCreateSerializer, RegistrationTokenSerializer
+
+
+def register_command(request, secret: str) -> str:
+    server = settings.PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
+    return f"kiln-agent register --server {server} --registration-token {secret} --name $(hostname)"
+
+
+class AgentListView(generics.ListAPIView):
+    serializer_class = AgentSerializer
+    pagination_class = None
+
+    def get_queryset(self):
+        return selectors.agent_list(organization=self.request.organization)
+
+
+class AgentDetailView(APIView):
+    @extend_schema(responses={200: AgentSerializer})
+    def get(self, request, pk: int):
+        return Response(AgentSerializer(selectors.agent_get(organization=request.organization, agent_id=pk)).data)
+
+
+class AgentRevokeView(APIView):
+    @extend_schema(request=None, responses={200: AgentSerializer})
+    def post(self, request, pk: int):
+        agent = services.agent_revoke(agent=selectors.agent_get(organization=request.organization, agent_id=pk))
+        return Response(AgentSerializer(agent).data)
+
+
+class RegistrationTokenListView(APIView):
+    @extend_schema(responses={200: RegistrationTokenSerializer(many=True)})
+    def get(self, request):
+        tokens = selectors.registration_token_list(organization=request.organization)
+        return Response(RegistrationTokenSerializer(tokens, many=True).data)
+
+    @extend_schema(request=RegistrationTokenCreateSerializer, responses={201: RegistrationTokenSerializer})
+    def post(self, request):
+        data = RegistrationTokenCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, secret = services.registration_token_create(organization=request.organization, user=request.user, name=data.validated_data["name"])
+        body = {**RegistrationTokenSerializer(token).data, "token": secret, "register_command": register_command(request, secret)}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RegistrationTokenRevokeView(APIView):
+    @extend_schema(request=None, responses={200: RegistrationTokenSerializer})
+    def post(self, request, pk: int):
+        token = services.registration_token_revoke(token=selectors.registration_token_get(organization=request.organization, token_id=pk))
+        return Response(RegistrationTokenSerializer(token).data)

@@ -1,0 +1,83 @@
+from django.urls import reverse
+from rest_framework import serializers
+
+from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "stage", "level", "message"]
+
+
+class VariantSerializer(serializers.ModelSerializer):
+    size_bytes = serializers.SerializerMethodField()
+    sha256 = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Variant
+        fields = ["id", "key", "precision", "backends", "recipe", "status", "error", "size_bytes", "sha256"]
+
+    def get_size_bytes(self, variant) -> int | None:
+        return variant.artifact.blob.size_bytes if variant.artifact else None
+
+    def get_sha256(self, variant) -> str | None:
+        return variant.artifact.blob.sha256 if variant.artifact else None
+
+
+class DeviceTaskSerializer(serializers.ModelSerializer):
+    agent = serializers.SerializerMethodField()
+
+    class Meta:
+        model = DeviceTask
+        fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at"]
+
+    def get_agent(self, task) -> dict | None:
+        agent = task.leased_by
+        return {"id": agent.id, "name": agent.name} if agent else None
+
+
+class JobListSerializer(serializers.ModelSerializer):
+    model = serializers.SerializerMethodField()
+
+    class Meta:
+        model = DeploymentJob
+        fields = [
+            "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at",
+        ]
+
+    def get_model(self, job) -> dict:
+        version = job.model_version
+        return {"id": version.model_id, "name": version.model.name, "version": version.number}
+
+
+class JobSerializer(JobListSerializer):
+    events = JobEventSerializer(many=True, read_only=True)
+    variants = VariantSerializer(many=True, read_only=True)
+    device_tasks = DeviceTaskSerializer(many=True, read_only=True)
+
+    class Meta(JobListSerializer.Meta):
+        fields = JobListSerializer.Meta.fields + ["stages", "events", "variants", "device_tasks"]
+
+
+class JobCreateSerializer(serializers.Serializer):
+    model_version = serializers.IntegerField()
+    precisions = serializers.JSONField(required=False, default=lambda: ["auto"])
+    calibration_dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
+    validation_dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
+    targets = serializers.JSONField(required=False, default=list)
+    tolerance = serializers.JSONField(required=False, default=dict)
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    sha256 = serializers.CharField(source="blob.sha256", read_only=True)
+    size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
+    download_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Artifact
+        fields = ["id", "kind", "name", "precision", "backend", "sha256", "size_bytes", "download_url", "created_at"]
+
+    def get_download_url(self, artifact) -> str:
+        return reverse("artifact-download", args=[artifact.id])

@@ -1,0 +1,152 @@
+"""Deployment jobs and their state: events, artifacts, variants and device tasks."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from kiln.accounts.models import Organization
+from kiln.registry.models import Blob, Dataset, ModelVersion
+
+STAGES = ("validate", "convert", "reference", "quantize", "dispatch", "devices", "report")
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING_FOR_DEVICES = "waiting_for_devices"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+TERMINAL_JOB_STATUSES = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED}
+
+
+class DeploymentJob(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    model_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="jobs")
+    precisions = models.JSONField(default=list)
+    calibration_dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    validation_dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    targets = models.JSONField(default=list)
+    tolerance = models.JSONField(default=dict)
+    status = models.CharField(max_length=24, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    stage = models.CharField(max_length=16, default="validate")
+    progress = models.FloatField(default=0.0)
+    stages = models.JSONField(default=list)
+    error = models.TextField(blank=True, default="")
+    converted_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    validation_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    reference_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_JOB_STATUSES
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(DeploymentJob, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    stage = models.CharField(max_length=16)
+    level = models.CharField(max_length=8, default="info")
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class ArtifactKind(models.TextChoices):
+    CONVERTED = "converted"
+    REFERENCE = "reference"
+    VARIANT = "variant"
+    COMPILED = "compiled"
+
+
+class Artifact(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="artifacts")
+    job = models.ForeignKey(DeploymentJob, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=16, choices=ArtifactKind.choices)
+    name = models.CharField(max_length=255)
+    precision = models.CharField(max_length=32, blank=True, default="")
+    backend = models.CharField(max_length=32, blank=True, default="")
+    blob = models.ForeignKey(Blob, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["job", "kind", "name"], name="one_artifact_per_job_kind_name")]
+
+
+class VariantStatus(models.TextChoices):
+    PENDING = "pending"
+    BUILDING = "building"
+    READY = "ready"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class Variant(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="variants")
+    job = models.ForeignKey(DeploymentJob, on_delete=models.CASCADE, related_name="variants")
+    key = models.CharField(max_length=120)
+    precision = models.CharField(max_length=32)
+    recipe = models.JSONField(default=dict)
+    backends = models.JSONField(default=list)
+    status = models.CharField(max_length=16, choices=VariantStatus.choices, default=VariantStatus.PENDING)
+    error = models.TextField(blank=True, default="")
+    artifact = models.ForeignKey(Artifact, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["job", "key"], name="one_variant_per_job_key")]
+
+
+class DeviceTaskStatus(models.TextChoices):
+    QUEUED = "queued"
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+TERMINAL_TASK_STATUSES = {DeviceTaskStatus.SUCCEEDED, DeviceTaskStatus.FAILED, DeviceTaskStatus.CANCELED}
+
+
+class DeviceTask(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="device_tasks")
+    job = models.ForeignKey(DeploymentJob, on_delete=models.CASCADE, related_name="device_tasks")
+    variant = models.ForeignKey(Variant, on_delete=models.CASCADE, related_name="device_tasks")
+    backend = models.CharField(max_length=32)
+    target = models.CharField(max_length=200)
+    pinned_agent = models.ForeignKey("fleet.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    required_labels = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=DeviceTaskStatus.choices, default=DeviceTaskStatus.QUEUED, db_index=True)
+    attempt = models.PositiveIntegerField(default=0)
+    leased_by = models.ForeignKey("fleet.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="leased_tasks")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    stage = models.CharField(max_length=32, blank=True, default="")
+    message = models.TextField(blank=True, default="")
+    progress = models.FloatField(default=0.0)
+    metrics = models.JSONField(default=dict)
+    accuracy = models.JSONField(default=dict)
+    profile = models.JSONField(default=dict)
+    log = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    compiled_artifact = models.ForeignKey(Artifact, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "variant", "backend", "target"], name="one_task_per_cell"),
+        ]

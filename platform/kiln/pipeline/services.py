@@ -1,0 +1,159 @@
+"""Writes for deployment jobs: create, cancel, and the bookkeeping of stages and events."""
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from kiln.core.errors import KilnError
+from workers.datasets import check_dataset_against_signature
+
+from . import specs
+from .models import STAGES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
+
+logger = logging.getLogger(__name__)
+
+STAGE_PROGRESS = {"validate": 0.0, "convert": 0.05, "reference": 0.15, "quantize": 0.25, "dispatch": 0.55, "devices": 0.6, "report": 0.95}
+
+
+def _initial_stages() -> list[dict]:
+    return [{"name": name, "status": "pending", "started_at": None, "finished_at": None, "message": ""} for name in STAGES]
+
+
+def _check_dataset(dataset, *, organization, signature, role: str):
+    if dataset is None:
+        return None
+    if dataset.organization_id != organization.id:
+        raise KilnError("Not found.", code="not_found", status_code=404)
+    problems = check_dataset_against_signature({"samples": dataset.samples, "arrays": dataset.arrays, "has_labels": dataset.has_labels}, signature)
+    if problems:
+        raise KilnError(
+            f"The {role} dataset {dataset.name!r} does not match the model's inputs: {'; '.join(problems)}",
+            code="dataset_mismatch",
+            details={"problems": problems},
+        )
+    return dataset
+
+
+def _check_targets(targets: list, *, organization) -> None:
+    from kiln.fleet.models import Agent
+
+    agent_ids = [t for t in targets if isinstance(t, int)]
+    if agent_ids:
+        found = set(Agent.objects.filter(organization=organization, pk__in=agent_ids, revoked_at__isnull=True).values_list("pk", flat=True))
+        missing = sorted(set(agent_ids) - found)
+        if missing:
+            raise KilnError(f"Unknown agent id(s): {', '.join(map(str, missing))}.", code="invalid_targets")
+
+
+def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None) -> DeploymentJob:
+    """Check a deployment request, store it as a job and start its pipeline."""
+    requested = specs.parse_precisions(precisions)
+    parsed_tolerance = specs.parse_tolerance(tolerance)
+    parsed_targets = specs.parse_targets(targets)
+    signature = model_version.signature
+    _check_dataset(calibration_dataset, organization=organization, signature=signature, role="calibration")
+    _check_dataset(validation_dataset, organization=organization, signature=signature, role="validation")
+    if "int8" in requested and calibration_dataset is None:
+        raise KilnError("int8 (static) needs a calibration dataset; add one or use int8-dynamic.", code="calibration_required")
+    if parsed_tolerance["metric"] == "accuracy" and not (validation_dataset and validation_dataset.has_labels):
+        raise KilnError("The accuracy metric needs a validation dataset with labels.", code="labels_required")
+    _check_targets(parsed_targets, organization=organization)
+    with transaction.atomic():
+        job = DeploymentJob.objects.create(
+            organization=organization,
+            created_by=user,
+            model_version=model_version,
+            precisions=requested,
+            calibration_dataset=calibration_dataset,
+            validation_dataset=validation_dataset,
+            targets=parsed_targets,
+            tolerance=parsed_tolerance,
+            stages=_initial_stages(),
+        )
+        job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.")
+        enqueue_stage(job_id=job.id, stage="validate")
+    return job
+
+
+def enqueue_stage(*, job_id: int, stage: str) -> None:
+    """Send the next stage to the workers once the current transaction commits."""
+    from workers import tasks
+
+    task = tasks.STAGE_TASKS[stage]
+    transaction.on_commit(lambda: task.delay(job_id))
+
+
+def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:
+    log = logger.warning if level == "warning" else logger.error if level == "error" else logger.info
+    log("job %s [%s] %s", job.id, stage, message)
+    return JobEvent.objects.create(job=job, stage=stage, level=level, message=message[:10000])
+
+
+def _set_stage(job: DeploymentJob, stage: str, **changes) -> None:
+    for entry in job.stages:
+        if entry["name"] == stage:
+            entry.update(changes)
+
+
+def job_stage_start(*, job: DeploymentJob, stage: str) -> None:
+    now = timezone.now().isoformat()
+    _set_stage(job, stage, status="running", started_at=now)
+    job.stage = stage
+    if job.status in (JobStatus.QUEUED, JobStatus.WAITING_FOR_DEVICES) or job.status == JobStatus.RUNNING:
+        job.status = JobStatus.RUNNING
+    job.progress = max(job.progress, STAGE_PROGRESS.get(stage, job.progress))
+    job.save(update_fields=["stages", "stage", "status", "progress", "updated_at"])
+
+
+def job_stage_finish(*, job: DeploymentJob, stage: str, message: str = "", status: str = "done") -> None:
+    _set_stage(job, stage, status=status, finished_at=timezone.now().isoformat(), message=message)
+    job.save(update_fields=["stages", "updated_at"])
+
+
+def job_progress(*, job: DeploymentJob, progress: float) -> None:
+    DeploymentJob.objects.filter(pk=job.pk, progress__lt=progress).update(progress=progress, updated_at=timezone.now())
+
+
+def job_fail(*, job: DeploymentJob, stage: str, message: str) -> None:
+    job.refresh_from_db()
+    if job.is_terminal:
+        return
+    _set_stage(job, stage, status="failed", finished_at=timezone.now().isoformat(), message=message)
+    job.status = JobStatus.FAILED
+    job.error = f"{stage}: {message}"
+    job.finished_at = timezone.now()
+    job.save(update_fields=["stages", "status", "error", "finished_at", "updated_at"])
+    job_event_add(job=job, stage=stage, message=message, level="error")
+    DeviceTask.objects.filter(job=job, status=DeviceTaskStatus.QUEUED).update(status=DeviceTaskStatus.CANCELED, finished_at=timezone.now())
+
+
+def job_succeed(*, job: DeploymentJob, message: str) -> None:
+    job.status = JobStatus.SUCCEEDED
+    job.stage = "done"
+    job.progress = 1.0
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "stage", "progress", "finished_at", "updated_at"])
+    job_event_add(job=job, stage="report", message=message)
+
+
+@transaction.atomic
+def job_cancel(*, job: DeploymentJob) -> DeploymentJob:
+    """Cancel a job: queued work stops now, running device tasks at their next heartbeat."""
+    job = DeploymentJob.objects.select_for_update().get(pk=job.pk)
+    if job.is_terminal:
+        raise KilnError(f"The job has already {job.status}.", code="job_finished", status_code=409)
+    now = timezone.now()
+    job.status = JobStatus.CANCELED
+    job.finished_at = now
+    for entry in job.stages:
+        if entry["status"] in ("pending", "running"):
+            entry["status"] = "canceled"
+    job.save(update_fields=["status", "finished_at", "stages", "updated_at"])
+    # Leased tasks are marked too; their agents learn it from the heartbeat or progress answer.
+    DeviceTask.objects.filter(job=job, status__in=[DeviceTaskStatus.QUEUED, DeviceTaskStatus.LEASED]).update(
+        status=DeviceTaskStatus.CANCELED, finished_at=now
+    )
+    job_event_add(job=job, stage=job.stage, message="Canceled by the user.", level="warning")
+    return job

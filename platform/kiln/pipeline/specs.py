@@ -1,0 +1,91 @@
+"""Parsing and checking of what a job asks for: precisions, tolerance, targets."""
+from __future__ import annotations
+
+from kiln.core.errors import KilnError
+
+PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "int4-weight")
+AUTO = "auto"
+TOLERANCE_METRICS = ("auto", "accuracy", "cosine", "sqnr", "top1_agreement")
+DEFAULT_TOLERANCE = {"metric": "auto", "max_drop": 0.01}
+DEFAULT_MIN_SQNR_DB = 30.0
+
+
+def parse_precisions(raw) -> list[str]:
+    if raw in (None, "", []):
+        return [AUTO]
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise KilnError("precisions must be a list of names.", code="invalid_precisions")
+    unknown = [p for p in raw if p not in PRECISIONS and p != AUTO]
+    if unknown:
+        raise KilnError(
+            f"Unknown precision {', '.join(map(repr, unknown))}; use {', '.join(PRECISIONS)} or auto.",
+            code="invalid_precisions",
+        )
+    if AUTO in raw and len(raw) > 1:
+        raise KilnError("auto cannot be combined with explicit precisions.", code="invalid_precisions")
+    return list(dict.fromkeys(raw))
+
+
+def resolve_precisions(requested: list[str], *, has_calibration: bool) -> list[str]:
+    """Expand `auto` into the candidates the host builds."""
+    if requested != [AUTO]:
+        return requested
+    candidates = ["fp32", "fp16", "int8-dynamic", "int4-weight"]
+    if has_calibration:
+        candidates.insert(2, "int8")
+    return candidates
+
+
+def parse_tolerance(raw) -> dict:
+    if raw in (None, {}):
+        return dict(DEFAULT_TOLERANCE)
+    if not isinstance(raw, dict):
+        raise KilnError('tolerance must be an object like {"metric": "cosine", "max_drop": 0.01}.', code="invalid_tolerance")
+    metric = raw.get("metric", "auto")
+    if metric not in TOLERANCE_METRICS:
+        raise KilnError(f"Unknown tolerance metric {metric!r}; use one of {', '.join(TOLERANCE_METRICS)}.", code="invalid_tolerance")
+    tolerance = {"metric": metric}
+    if metric == "sqnr":
+        tolerance["min_value"] = _number(raw.get("min_value", DEFAULT_MIN_SQNR_DB), "tolerance.min_value")
+        return tolerance
+    max_drop = _number(raw.get("max_drop", DEFAULT_TOLERANCE["max_drop"]), "tolerance.max_drop")
+    if not 0 <= max_drop <= 1:
+        raise KilnError("tolerance.max_drop is a fraction between 0 and 1 (0.01 = one point).", code="invalid_tolerance")
+    tolerance["max_drop"] = max_drop
+    return tolerance
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool):
+        raise KilnError(f"{name} must be a number.", code="invalid_tolerance")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise KilnError(f"{name} must be a number, got {value!r}.", code="invalid_tolerance") from exc
+    if number != number or number in (float("inf"), float("-inf")):
+        raise KilnError(f"{name} must be finite.", code="invalid_tolerance")
+    return number
+
+
+def parse_targets(raw) -> list:
+    """Targets are agent ids or `label=value` strings; empty means every online agent."""
+    if raw in (None, ""):
+        return []
+    if not isinstance(raw, list):
+        raise KilnError('targets must be a list of agent ids or "label=value" strings.', code="invalid_targets")
+    parsed = []
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool):
+            parsed.append(item)
+        elif isinstance(item, str) and item.isdigit():
+            parsed.append(int(item))
+        elif isinstance(item, str) and "=" in item.removeprefix("label="):
+            key, _, value = item.removeprefix("label=").partition("=")
+            if not key or not value:
+                raise KilnError(f"Bad target {item!r}: write label=value.", code="invalid_targets")
+            parsed.append(f"{key}={value}")
+        else:
+            raise KilnError(f"Bad target {item!r}: use an agent id or label=value.", code="invalid_targets")
+    return parsed

@@ -1,0 +1,308 @@
+"""The host-side stages of a job, one function per Celery task; each can run twice safely."""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from django.db import transaction
+
+from kiln.registry.models import SourceFormat
+from kiln.registry.selectors import blob_file, model_version_onnx_path
+from kiln.registry.services import blob_create
+from workers.convert import convert_model
+from workers.inspect import validate_onnx
+from workers.quantize import NotApplicable, build_variant
+from workers.reference import compute_reference_outputs
+
+from . import specs
+from .models import STAGES, Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
+from .services import enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+
+logger = logging.getLogger(__name__)
+
+SYNTHETIC_SAMPLES = 16
+
+
+class StageFailed(Exception):
+    """A stage cannot go on for a reason the user should read."""
+
+
+def _stage_index(stage: str) -> int:
+    return STAGES.index(stage) if stage in STAGES else len(STAGES)
+
+
+def _load_active_job(job_id: int, stage: str) -> DeploymentJob | None:
+    job = DeploymentJob.objects.select_related("model_version__blob", "model_version__model", "organization").filter(pk=job_id).first()
+    if job is None or job.is_terminal:
+        return None
+    if _stage_index(job.stage) > _stage_index(stage):
+        return None  # a redelivered task: a later stage already runs
+    return job
+
+
+@contextmanager
+def _scratch_dir():
+    path = Path(tempfile.mkdtemp(prefix="kiln-stage-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_stage(job_id: int, stage: str, body) -> bool:
+    """Run one stage's body with bookkeeping; returns True when the next stage may start."""
+    job = _load_active_job(job_id, stage)
+    if job is None:
+        return False
+    job_stage_start(job=job, stage=stage)
+    try:
+        message = body(job) or ""
+    except StageFailed as exc:
+        job_fail(job=job, stage=stage, message=str(exc))
+        return False
+    except Exception as exc:  # noqa: BLE001 - an unexpected error must fail the job, not leave it running
+        from celery.exceptions import SoftTimeLimitExceeded
+
+        if isinstance(exc, SoftTimeLimitExceeded):
+            job_fail(job=job, stage=stage, message="The stage ran past its time limit.")
+            return False
+        logger.exception("stage %s of job %s crashed", stage, job_id)
+        job_fail(job=job, stage=stage, message=f"Unexpected error: {type(exc).__name__}: {exc}")
+        return False
+    job.refresh_from_db()
+    if job.is_terminal:
+        return False
+    job_stage_finish(job=job, stage=stage, message=message)
+    return True
+
+
+def _store_artifact(*, job, kind: str, name: str, path: Path, precision: str = "", backend: str = "") -> Artifact:
+    blob = blob_create(organization=job.organization, path=path)
+    artifact, _ = Artifact.objects.update_or_create(
+        job=job, kind=kind, name=name,
+        defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},
+    )
+    return artifact
+
+
+def _source_model_path(job) -> Path:
+    return model_version_onnx_path(job.model_version)
+
+
+def _working_model_path(job) -> Path:
+    """The converted model when conversion produced one, else the upload itself."""
+    if job.converted_blob_id:
+        return blob_file(job.converted_blob)
+    return _source_model_path(job)
+
+
+# -- validate -------------------------------------------------------------------------------
+
+def _validate(job) -> str:
+    result = validate_onnx(_source_model_path(job))
+    if not result["ok"]:
+        raise StageFailed(f"The ONNX checker rejected the model: {result['error']}")
+    return "The ONNX checker accepted the model."
+
+
+def job_validate(*, job_id: int) -> None:
+    if run_stage(job_id, "validate", _validate):
+        enqueue_stage(job_id=job_id, stage="convert")
+
+
+# -- convert --------------------------------------------------------------------------------
+
+def _convert(job) -> str:
+    if job.model_version.source_format == SourceFormat.ONNX_ZIP:
+        job_event_add(job=job, stage="convert", level="warning", message="Models with external data are used as uploaded; conversion skipped.")
+        return "skipped: external-data model"
+    with _scratch_dir() as scratch:
+        out = scratch / "converted.onnx"
+        report = convert_model(_source_model_path(job), out)
+        for step in report["steps"]:
+            level = "info" if step["status"] == "applied" else "warning"
+            reason = f": {step['reason']}" if step.get("reason") else ""
+            job_event_add(job=job, stage="convert", level=level, message=f"{step['name']} {step['status']}{reason}")
+        extra_files = [p for p in scratch.iterdir() if p.name != "converted.onnx"]
+        if extra_files or not out.exists():
+            job_event_add(job=job, stage="convert", level="warning", message="The converted model needs external data; the uploaded model is used instead.")
+            return "kept the uploaded model"
+        artifact = _store_artifact(job=job, kind=ArtifactKind.CONVERTED, name="converted.onnx", path=out, precision="fp32")
+    job.converted_blob = artifact.blob
+    job.save(update_fields=["converted_blob", "updated_at"])
+    applied = [s["name"] for s in report["steps"] if s["status"] == "applied"]
+    return f"opset {report.get('opset')}; applied: {', '.join(applied) or 'nothing'}"
+
+
+def job_convert(*, job_id: int) -> None:
+    if run_stage(job_id, "convert", _convert):
+        enqueue_stage(job_id=job_id, stage="reference")
+
+
+# -- reference ------------------------------------------------------------------------------
+
+def _synthetic_inputs(signature: dict, path: Path) -> None:
+    """Seeded random inputs for jobs without datasets: accuracy is then measured against FP32 only."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for spec in signature.get("inputs", []):
+        dims = [d if isinstance(d, int) and d > 0 else 1 for d in spec["shape"]]
+        dims = [SYNTHETIC_SAMPLES] + dims[1:] if dims else [SYNTHETIC_SAMPLES]
+        dtype = np.dtype(spec["dtype"])
+        if np.issubdtype(dtype, np.floating):
+            arrays[spec["name"]] = rng.standard_normal(dims).astype(dtype)
+        elif dtype == np.bool_:
+            arrays[spec["name"]] = rng.integers(0, 2, dims).astype(dtype)
+        else:
+            arrays[spec["name"]] = rng.integers(0, 8, dims).astype(dtype)
+    np.savez(path, **arrays)
+
+
+def _validation_inputs(job, scratch: Path) -> Path:
+    if job.validation_dataset_id:
+        return blob_file(job.validation_dataset.blob)
+    if job.calibration_dataset_id:
+        job_event_add(job=job, stage="reference", level="warning", message="No validation dataset: the calibration dataset is used to compare outputs with FP32.")
+        return blob_file(job.calibration_dataset.blob)
+    job_event_add(job=job, stage="reference", level="warning", message=f"No datasets: {SYNTHETIC_SAMPLES} seeded random inputs are used to compare outputs with FP32.")
+    path = scratch / "synthetic-validation.npz"
+    _synthetic_inputs(job.model_version.signature, path)
+    return path
+
+
+def _reference(job) -> str:
+    with _scratch_dir() as scratch:
+        inputs = _validation_inputs(job, scratch)
+        out = scratch / "reference.npz"
+        summary = compute_reference_outputs(_source_model_path(job), inputs, out)
+        reference = _store_artifact(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
+        validation_blob = blob_create(organization=job.organization, path=inputs)
+    job.reference_blob = reference.blob
+    job.validation_blob = validation_blob
+    job.save(update_fields=["reference_blob", "validation_blob", "updated_at"])
+    return f"FP32 reference outputs on {summary['samples']} samples."
+
+
+def job_reference(*, job_id: int) -> None:
+    if run_stage(job_id, "reference", _reference):
+        enqueue_stage(job_id=job_id, stage="quantize")
+
+
+# -- quantize -------------------------------------------------------------------------------
+
+def _plan_variants(job) -> str:
+    precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
+    for precision in precisions:
+        Variant.objects.get_or_create(job=job, key=precision, defaults={"organization": job.organization, "precision": precision})
+    return f"planned {len(precisions)} variant(s): {', '.join(precisions)}"
+
+
+def job_quantize(*, job_id: int) -> None:
+    """Plan the variants and fan out one build task each; the last one to finish dispatches."""
+    from workers import tasks
+
+    if not run_stage_open(job_id, "quantize", _plan_variants):
+        return
+    for variant_id in Variant.objects.filter(job_id=job_id, status__in=[VariantStatus.PENDING, VariantStatus.BUILDING]).values_list("id", flat=True):
+        transaction.on_commit(lambda vid=variant_id: tasks.variant_build.delay(vid))
+
+
+def run_stage_open(job_id: int, stage: str, body) -> bool:
+    """Like run_stage, but the stage stays running: fan-out tasks finish it."""
+    job = _load_active_job(job_id, stage)
+    if job is None:
+        return False
+    job_stage_start(job=job, stage=stage)
+    try:
+        job_event_add(job=job, stage=stage, message=body(job))
+    except Exception as exc:  # noqa: BLE001
+        logger.exception("stage %s of job %s crashed", stage, job_id)
+        job_fail(job=job, stage=stage, message=f"{type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
+    calibration = blob_file(job.calibration_dataset.blob) if job.calibration_dataset_id else None
+    with _scratch_dir() as scratch:
+        out = scratch / f"{variant.key}.onnx"
+        built = build_variant(model_path=_working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration)
+        artifact = _store_artifact(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
+    variant.artifact = artifact
+    variant.recipe = built.get("recipe", {})
+    variant.backends = built.get("backends", ["onnxruntime"])
+    variant.status = VariantStatus.READY
+
+
+def variant_build(*, variant_id: int) -> None:
+    """Build one host-side variant; its failure fails the variant, not the job."""
+    variant = Variant.objects.select_related("job").filter(pk=variant_id).first()
+    if variant is None or variant.job.is_terminal or variant.status in (VariantStatus.READY, VariantStatus.SKIPPED, VariantStatus.FAILED):
+        return
+    job = variant.job
+    variant.status = VariantStatus.BUILDING
+    variant.save(update_fields=["status"])
+    try:
+        _build_variant_artifact(variant, job)
+        job_event_add(job=job, stage="quantize", message=f"Built {variant.key} ({variant.artifact.blob.size_bytes} bytes).")
+    except NotApplicable as exc:
+        variant.status, variant.error = VariantStatus.SKIPPED, str(exc)
+        job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} skipped: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one variant's failure is reported, the job goes on
+        logger.exception("variant %s failed", variant_id)
+        variant.status, variant.error = VariantStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        job_event_add(job=job, stage="quantize", level="error", message=f"{variant.key} failed: {variant.error}")
+    variant.save()
+    _finish_quantize_if_done(job.id)
+
+
+@transaction.atomic
+def _finish_quantize_if_done(job_id: int) -> None:
+    job = DeploymentJob.objects.select_for_update().get(pk=job_id)
+    if job.is_terminal or job.stage != "quantize":
+        return
+    variants = list(job.variants.all())
+    done = [v for v in variants if v.status in (VariantStatus.READY, VariantStatus.SKIPPED, VariantStatus.FAILED)]
+    job_progress(job=job, progress=0.25 + 0.3 * len(done) / max(1, len(variants)))
+    if len(done) < len(variants):
+        return
+    ready = [v for v in variants if v.status == VariantStatus.READY]
+    if not ready:
+        reasons = "; ".join(f"{v.key}: {v.error}" for v in variants)
+        job_fail(job=job, stage="quantize", message=f"No variant could be built. {reasons}")
+        return
+    job_stage_finish(job=job, stage="quantize", message=f"{len(ready)} of {len(variants)} variants built")
+    enqueue_stage(job_id=job_id, stage="dispatch")
+
+
+# -- dispatch -------------------------------------------------------------------------------
+
+def job_dispatch(*, job_id: int) -> None:
+    from kiln.fleet.services import job_dispatch_device_tasks
+
+    job = _load_active_job(job_id, "dispatch")
+    if job is None:
+        return
+    job_stage_start(job=job, stage="dispatch")
+    job_dispatch_device_tasks(job=job)
+
+
+# -- report ---------------------------------------------------------------------------------
+
+def _report(job) -> str:
+    from kiln.reports.services import report_build
+
+    return report_build(job=job)
+
+
+def job_report(*, job_id: int) -> None:
+    from .services import job_succeed
+
+    if run_stage(job_id, "report", _report):
+        job = DeploymentJob.objects.get(pk=job_id)
+        if not job.is_terminal:
+            job_succeed(job=job, message="Report ready.")

@@ -1,0 +1,58 @@
+from django.urls import reverse
+from rest_framework import serializers
+
+from ..models import Dataset, Model, ModelVersion
+
+
+class ModelVersionSerializer(serializers.ModelSerializer):
+    sha256 = serializers.CharField(source="blob.sha256", read_only=True)
+    size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
+    model = serializers.IntegerField(source="model_id", read_only=True)
+    download_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id", "model", "number", "sha256", "size_bytes", "source_format", "filename", "signature", "opset",
+            "op_histogram", "parameter_count", "validation", "created_at", "download_url",
+        ]
+
+    def get_download_url(self, version) -> str:
+        return reverse("model-version-download", args=[version.model_id, version.number])
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    versions = ModelVersionSerializer(many=True, read_only=True)
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["id", "name", "created_at", "latest_version", "versions"]
+
+    def get_latest_version(self, model) -> dict | None:
+        versions = list(model.versions.all())
+        return ModelVersionSerializer(versions[-1]).data if versions else None
+
+
+class ModelUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    file = serializers.FileField()
+
+
+class VersionUploadSerializer(serializers.Serializer):
+    file = serializers.FileField()
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    sha256 = serializers.CharField(source="blob.sha256", read_only=True)
+    size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
+
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "sha256", "size_bytes", "created_at"]
+
+
+class DatasetUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    kind = serializers.ChoiceField(choices=["calibration", "validation"])
+    file = serializers.FileField()

@@ -1,0 +1,75 @@
+"""Blobs (content-addressed files), models, model versions and datasets."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from kiln.accounts.models import Organization
+
+
+class Blob(models.Model):
+    """One stored file; identical bytes share one file on disk (keyed by sha256)."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="blobs")
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    storage_key = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["organization", "sha256"], name="one_blob_per_org_and_digest")]
+
+
+class Model(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=200)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class SourceFormat(models.TextChoices):
+    ONNX = "onnx"
+    ONNX_ZIP = "onnx-zip"
+
+
+class ModelVersion(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="model_versions")
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    blob = models.ForeignKey(Blob, on_delete=models.PROTECT, related_name="+")
+    source_format = models.CharField(max_length=16, choices=SourceFormat.choices)
+    filename = models.CharField(max_length=255)
+    onnx_member = models.CharField(max_length=255, blank=True, default="")
+    signature = models.JSONField(default=dict)
+    opset = models.IntegerField(null=True)
+    op_histogram = models.JSONField(default=dict)
+    parameter_count = models.BigIntegerField(default=0)
+    validation = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [models.UniqueConstraint(fields=["model", "number"], name="one_number_per_model")]
+
+
+class DatasetKind(models.TextChoices):
+    CALIBRATION = "calibration"
+    VALIDATION = "validation"
+
+
+class Dataset(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="datasets")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=DatasetKind.choices)
+    blob = models.ForeignKey(Blob, on_delete=models.PROTECT, related_name="+")
+    samples = models.IntegerField()
+    arrays = models.JSONField(default=dict)
+    has_labels = models.BooleanField(default=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

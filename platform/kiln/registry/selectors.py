@@ -1,0 +1,43 @@
+"""Reads for the registry, always scoped to one organization."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.shortcuts import get_object_or_404
+
+from . import storage
+from .models import Dataset, Model, ModelVersion, SourceFormat
+
+
+def model_list(*, organization, search: str = ""):
+    queryset = Model.objects.filter(organization=organization).prefetch_related("versions__blob")
+    if search:
+        queryset = queryset.filter(name__icontains=search)
+    return queryset
+
+
+def model_get(*, organization, model_id: int) -> Model:
+    return get_object_or_404(Model.objects.prefetch_related("versions__blob"), organization=organization, pk=model_id)
+
+
+def model_version_get(*, organization, version_id: int) -> ModelVersion:
+    return get_object_or_404(ModelVersion.objects.select_related("blob", "model"), organization=organization, pk=version_id)
+
+
+def dataset_list(*, organization):
+    return Dataset.objects.filter(organization=organization).select_related("blob")
+
+
+def dataset_get(*, organization, dataset_id: int) -> Dataset:
+    return get_object_or_404(Dataset.objects.select_related("blob"), organization=organization, pk=dataset_id)
+
+
+def model_version_onnx_path(version: ModelVersion) -> Path:
+    """The ONNX file of a version on disk (inside its extracted archive for zips)."""
+    if version.source_format == SourceFormat.ONNX_ZIP:
+        return storage.extracted_dir(version.blob.sha256) / version.onnx_member
+    return storage.blob_path(version.blob.sha256)
+
+
+def blob_file(blob) -> Path:
+    return storage.blob_path(blob.sha256)

@@ -1,0 +1,163 @@
+"""Writes for the registry: store uploads as blobs, create models, versions and datasets."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+
+from kiln.core.errors import KilnError
+from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
+from workers.datasets import InvalidDataset, inspect_npz
+from workers.inspect import inspect_onnx, validate_onnx
+
+from . import storage
+from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat
+
+MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
+
+
+def blob_create(*, organization, path: Path, sha256: str | None = None, move: bool = False) -> Blob:
+    """Store a file as a content-addressed blob of this organization (idempotent)."""
+    if sha256 is None:
+        sha256, size = storage.file_sha256(path)
+    else:
+        size = Path(path).stat().st_size
+    storage.put_file(Path(path), sha256=sha256, move=move)
+    blob, _ = Blob.objects.get_or_create(
+        organization=organization,
+        sha256=sha256,
+        defaults={"size_bytes": size, "storage_key": f"{sha256[:2]}/{sha256}"},
+    )
+    return blob
+
+
+def _source_format(filename: str) -> str:
+    suffix = Path(filename or "").suffix.lower()
+    if suffix not in MODEL_SUFFIXES:
+        raise KilnError(
+            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, or a .zip holding one .onnx with its external data.",
+            code="unsupported_format",
+        )
+    return MODEL_SUFFIXES[suffix]
+
+
+def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str) -> tuple[dict, str]:
+    """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
+    onnx_path = upload_path
+    member = ""
+    staging = None
+    if source_format == SourceFormat.ONNX_ZIP:
+        staging = storage.new_temp_dir("extract-")
+        try:
+            onnx_path = extract_model_archive(
+                upload_path,
+                staging,
+                max_total_bytes=settings.MAX_ARCHIVE_UNCOMPRESSED_BYTES,
+                max_ratio=settings.MAX_ARCHIVE_RATIO,
+            )
+        except (UnsafeArchive, UnsupportedArchive) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise KilnError(str(exc), code="unsafe_archive" if isinstance(exc, UnsafeArchive) else "unsupported_format") from exc
+        member = str(Path(onnx_path).relative_to(staging))
+    try:
+        validation = validate_onnx(onnx_path)
+        if not validation["ok"]:
+            raise KilnError(f"This is not a valid ONNX model: {validation['error']}", code="invalid_model")
+        facts = inspect_onnx(onnx_path)
+        facts["validation"] = validation
+    except KilnError:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as exc:  # the inspector raises on unreadable protobufs
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"This is not a valid ONNX model: {exc}", code="invalid_model") from exc
+    if staging:
+        target = storage.extracted_dir(sha256)
+        if target.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(staging), target)
+    return facts, member
+
+
+def _create_version(*, model: Model, upload, source_format: str, facts: dict, member: str) -> ModelVersion:
+    blob = blob_create(organization=model.organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+    number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    return ModelVersion.objects.create(
+        organization=model.organization,
+        model=model,
+        number=number,
+        blob=blob,
+        source_format=source_format,
+        filename=Path(upload.name).name[:255],
+        onnx_member=member,
+        signature=facts["signature"],
+        opset=facts.get("opset"),
+        op_histogram=facts.get("op_histogram", {}),
+        parameter_count=facts.get("parameter_count", 0),
+        validation=facts["validation"],
+    )
+
+
+def model_create(*, organization, user, name: str, upload) -> Model:
+    """Create a model and its version 1 from an uploaded file; nothing is kept on bad input."""
+    name = (name or "").strip() or Path(upload.name).stem
+    source_format = _source_format(upload.name)
+    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256)
+    with transaction.atomic():
+        model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
+        _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    return model
+
+
+def model_version_create(*, model: Model, upload) -> ModelVersion:
+    source_format = _source_format(upload.name)
+    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256)
+    with transaction.atomic():
+        Model.objects.select_for_update().filter(pk=model.pk).first()
+        return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+
+
+def model_delete(*, model: Model) -> None:
+    from kiln.pipeline.models import DeploymentJob
+
+    if DeploymentJob.objects.filter(model_version__model=model).exists():
+        raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+    model.delete()
+
+
+def dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+    if kind not in DatasetKind.values:
+        raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
+    if Path(upload.name or "").suffix.lower() != ".npz":
+        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples).", code="unsupported_format")
+    try:
+        info = inspect_npz(Path(upload.temporary_file_path()))
+    except InvalidDataset as exc:
+        raise KilnError(str(exc), code="invalid_dataset") from exc
+    blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+    return Dataset.objects.create(
+        organization=organization,
+        name=((name or "").strip() or Path(upload.name).stem)[:200],
+        kind=kind,
+        blob=blob,
+        samples=info["samples"],
+        arrays=info["arrays"],
+        has_labels=info["has_labels"],
+        created_by=user,
+    )
+
+
+def dataset_delete(*, dataset: Dataset) -> None:
+    from kiln.pipeline.models import DeploymentJob
+    from django.db.models import Q
+
+    if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
+        raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
+    dataset.delete()

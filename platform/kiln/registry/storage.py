@@ -1,0 +1,56 @@
+"""Content-addressed blob files on the local filesystem."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+
+CHUNK = 1024 * 1024
+
+
+def blob_path(sha256: str) -> Path:
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError("not a sha256 hex digest")
+    return settings.BLOB_ROOT / sha256[:2] / sha256
+
+
+def extracted_dir(sha256: str) -> Path:
+    """Where a zipped model's members live once safely extracted."""
+    return settings.BLOB_ROOT / "extracted" / sha256
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def put_file(source: Path, *, sha256: str, move: bool = False) -> Path:
+    """Store a file under its digest; an existing copy is kept (same bytes, same name)."""
+    target = blob_path(sha256)
+    if target.exists():
+        if move:
+            Path(source).unlink(missing_ok=True)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    if move:
+        shutil.move(str(source), staging)
+    else:
+        shutil.copyfile(source, staging)
+    os.replace(staging, target)
+    return target
+
+
+def new_temp_dir(prefix: str) -> Path:
+    import tempfile
+
+    settings.UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=settings.UPLOAD_TMP_DIR))

@@ -1,0 +1,76 @@
+"""Build the per-device reports of a job from its device tasks (idempotent)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db import transaction
+from django.urls import reverse
+
+from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
+
+from .models import Report
+from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
+
+
+def _entry(task: DeviceTask, tolerance: dict) -> dict:
+    metrics = task.metrics or {}
+    accuracy = task.accuracy or {}
+    variant = task.variant
+    artifact = task.compiled_artifact or variant.artifact
+    return {
+        "id": task.id,
+        "task": task.id,
+        "variant": variant.id,
+        "key": variant.key,
+        "backend": task.backend,
+        "precision": variant.precision,
+        "recipe": variant.recipe,
+        "status": task.status,
+        "error": task.error or None,
+        "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
+        "latency_ms": metrics.get("latency_ms") if task.status == DeviceTaskStatus.SUCCEEDED else None,
+        "throughput_per_s": metrics.get("throughput_per_s"),
+        "load_ms": metrics.get("load_ms"),
+        "first_inference_ms": metrics.get("first_inference_ms"),
+        "peak_memory_mb": metrics.get("peak_memory_mb"),
+        "threads": metrics.get("threads"),
+        "unstable": metrics.get("unstable"),
+        "size_bytes": variant.artifact.blob.size_bytes if variant.artifact else None,
+        "accuracy": score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy)) if accuracy else {"value": None, "within_tolerance": False},
+        "profile": task.profile or {},
+        "artifact": {"id": artifact.id, "sha256": artifact.blob.sha256, "download_url": reverse("artifact-download", args=[artifact.id])} if artifact else None,
+        "variant_artifact": {"id": variant.artifact.id, "sha256": variant.artifact.blob.sha256, "download_url": reverse("artifact-download", args=[variant.artifact.id])} if variant.artifact else None,
+    }
+
+
+def _group_agent(tasks: list[DeviceTask]):
+    pinned = next((t.pinned_agent for t in tasks if t.pinned_agent_id), None)
+    return pinned or next((t.leased_by for t in tasks if t.leased_by_id), None)
+
+
+@transaction.atomic
+def report_build(*, job) -> str:
+    """Score every device task of the job per target; raise StageFailed when nothing was measured."""
+    from kiln.pipeline.stages import StageFailed
+
+    tasks = DeviceTask.objects.filter(job=job).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
+    groups: dict[str, list[DeviceTask]] = defaultdict(list)
+    for task in tasks:
+        groups[task.target].append(task)
+    Report.objects.filter(job=job).delete()
+    summaries = []
+    for target, members in sorted(groups.items()):
+        entries = [_entry(task, job.tolerance) for task in members]
+        front = pareto_ids(entries)
+        for entry in entries:
+            entry["pareto"] = entry["id"] in front
+        recommended, reason = recommend(entries, job.tolerance)
+        agent = _group_agent(members)
+        Report.objects.create(
+            organization=job.organization, job=job, target=target, agent=agent,
+            recommended_task_id=recommended, reason=reason, data={"variants": entries},
+        )
+        summaries.append(f"{agent.name if agent else target}: {reason}")
+    if not any(t.status == DeviceTaskStatus.SUCCEEDED for t in tasks):
+        raise StageFailed("No device task succeeded; the report lists each error.")
+    return " | ".join(summaries)

@@ -1,0 +1,205 @@
+"""Kiln settings: read once from the environment, validated at start-up."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = BASE_DIR.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+DEBUG = _env_bool("KILN_DEBUG", False)
+DATA_DIR = Path(os.environ.get("KILN_DATA_DIR", REPO_ROOT / "var")).resolve()
+
+SECRET_KEY = os.environ.get("KILN_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not _env_bool("KILN_ALLOW_INSECURE_DEFAULTS", True):
+        raise ImproperlyConfigured("Set KILN_SECRET_KEY to a long random string.")
+    # The embedded default keeps a per-install key on disk so tokens survive restarts.
+    _key_file = DATA_DIR / "secret_key"
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    if not _key_file.exists():
+        import secrets
+
+        fd = os.open(_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
+    SECRET_KEY = _key_file.read_text().strip()
+if len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured("KILN_SECRET_KEY must be at least 32 characters.")
+
+# Token digests use their own key so that rotating SECRET_KEY (sessions) keeps API tokens valid.
+TOKEN_HMAC_KEY = os.environ.get("KILN_TOKEN_HMAC_KEY", SECRET_KEY)
+
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("KILN_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("KILN_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "kiln.core",
+    "kiln.accounts",
+    "kiln.registry",
+    "kiln.pipeline",
+    "kiln.fleet",
+    "kiln.reports",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "kiln.urls"
+WSGI_APPLICATION = "kiln.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(DATA_DIR / "kiln.sqlite3"),
+            # Worker, web and tests share one file; wait for the write lock instead of failing.
+            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
+            "TEST": {"NAME": str(DATA_DIR / "test-kiln.sqlite3")},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
+# The built UI is served at / by WhiteNoise (assets) and a catch-all view (index.html).
+WHITENOISE_ROOT = FRONTEND_DIST if FRONTEND_DIST.exists() else None
+WHITENOISE_USE_FINDERS = True
+
+# Blob storage: local filesystem under KILN_DATA_DIR/blobs, content-addressed.
+BLOB_ROOT = Path(os.environ.get("KILN_BLOB_ROOT", DATA_DIR / "blobs")).resolve()
+UPLOAD_TMP_DIR = DATA_DIR / "tmp"
+MAX_UPLOAD_BYTES = _env_int("KILN_MAX_UPLOAD_BYTES", 4 * 1024**3)
+MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
+MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
+UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
+FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
+# Uploads stream to a temp file past this size instead of memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+ALLOW_SIGNUP = _env_bool("KILN_ALLOW_SIGNUP", True)
+
+# Celery: Redis when REDIS_URL is set, otherwise an embedded filesystem transport.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+CELERY_QUEUE_DIR = DATA_DIR / "queue"
+CELERY_TASK_ALWAYS_EAGER = _env_bool("KILN_CELERY_EAGER", False)
+
+# Fleet timing, chosen by the server and obeyed by agents.
+AGENT_HEARTBEAT_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_SECONDS", 10)
+AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
+AGENT_LONG_POLL_SECONDS = _env_int("KILN_AGENT_LONG_POLL_SECONDS", 20)
+AGENT_LEASE_SECONDS = _env_int("KILN_AGENT_LEASE_SECONDS", 120)
+AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
+DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
+BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
+BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
+BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)
+BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS", "1"))
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "kiln.accounts.authentication.ApiTokenAuthentication",
+        "kiln.accounts.authentication.CsrfSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["kiln.accounts.permissions.IsOrganizationMember"],
+    "DEFAULT_PAGINATION_CLASS": "kiln.core.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "kiln.core.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Kiln API",
+    "DESCRIPTION": "Upload a model once; Kiln quantizes, compiles and measures it on your devices.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("KILN_LOG_LEVEL", "INFO")},
+    "loggers": {"django.server": {"level": "WARNING"}},
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")

@@ -1,0 +1,24 @@
+"""URL map: REST API, agent protocol, OpenAPI, admin, and the single-page UI."""
+from django.contrib import admin
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from kiln.core.views import health, spa_index
+
+api_v1 = [
+    path("health/", health, name="health"),
+    path("", include("kiln.accounts.api.urls")),
+    path("", include("kiln.registry.api.urls")),
+    path("", include("kiln.pipeline.api.urls")),
+    path("", include("kiln.reports.api.urls")),
+    path("", include("kiln.fleet.api.urls")),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("api/agent/v1/", include("kiln.fleet.api.agent_urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("admin/", admin.site.urls),
+    re_path(r"^(?!api/|admin/|static/).*$", spa_index, name="spa"),
+]

@@ -1,0 +1,49 @@
+"""The Celery app: JSON-only messages, late acks, results kept in the database rows."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from celery import Celery
+
+_PLATFORM_DIR = Path(__file__).resolve().parent.parent / "platform"
+if str(_PLATFORM_DIR) not in sys.path:
+    sys.path.insert(0, str(_PLATFORM_DIR))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kiln.settings")
+
+app = Celery("kiln")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    event_serializer="json",
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_ignore_result=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    task_default_queue="kiln",
+)
+
+
+def _configure_filesystem_broker() -> None:
+    """The embedded default: a broker in a folder, so `make up` needs no Redis."""
+    from django.conf import settings
+
+    if not str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
+        return
+    queue_dir = Path(settings.CELERY_QUEUE_DIR)
+    (queue_dir / "out").mkdir(parents=True, exist_ok=True)
+    (queue_dir / "processed").mkdir(parents=True, exist_ok=True)
+    app.conf.broker_transport_options = {
+        "data_folder_in": str(queue_dir / "out"),
+        "data_folder_out": str(queue_dir / "out"),
+        "processed_folder": str(queue_dir / "processed"),
+        "store_processed": False,
+    }
+
+
+_configure_filesystem_broker()
+app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
