@@ -22,6 +22,13 @@ from workers.inspect import default_opset, iter_tensors, load_graph_only
 # Above this the single protobuf file risks the 2 GB protobuf limit, so weights go to a side file.
 LARGE_MODEL_BYTES = 1_500_000_000
 MIN_OPSET = 13
+# Models up to this size get a numerical before/after probe of the simplification.
+PROBE_MAX_BYTES = 256_000_000
+_ORT_NUMPY_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
 
 StepFunction = Callable[..., "str | None"]
 
@@ -94,8 +101,61 @@ def _simplify(source: Path, output: Path, *, target_opset: int) -> str | None:
         return "onnxslim returned no model"
     if _signature(slimmed) != before:
         return "onnxslim changed the model's inputs or outputs; kept the unsimplified model"
+    mismatch = _output_mismatch(onnx.load(str(source)), slimmed)
+    if mismatch:
+        return f"onnxslim changed the model's outputs ({mismatch}); kept the unsimplified model"
     save_model(slimmed, output)
     return None
+
+
+def _output_mismatch(original: onnx.ModelProto, simplified: onnx.ModelProto) -> str | None:
+    """Run both models on one probe input and describe any difference; None when they agree or can't be compared.
+
+    Folding and fusions should be exact up to float rounding; a real difference means a bad rewrite.
+    """
+    if _tensor_bytes(original) > PROBE_MAX_BYTES:
+        return None  # Two sessions over a huge model cost more than the check is worth.
+    import numpy as np
+    import onnxruntime as ort
+
+    try:
+        sessions = [
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            for model in (original, simplified)
+        ]
+        feeds = _probe_feeds(sessions[0])
+        expected, actual = (session.run(None, feeds) for session in sessions)
+    except Exception:  # noqa: BLE001 - a model we cannot probe is not evidence of a bad rewrite
+        return None
+    for name, want, got in zip(
+        (output.name for output in sessions[0].get_outputs()), expected, actual, strict=True
+    ):
+        want, got = np.asarray(want), np.asarray(got)
+        if want.shape != got.shape:
+            return f"output {name!r} shape {list(want.shape)} became {list(got.shape)}"
+        if want.dtype.kind in "fc" and not np.allclose(want, got, rtol=1e-3, atol=1e-4, equal_nan=True):
+            return f"output {name!r} differs by up to {float(np.nanmax(np.abs(want - got))):.3g}"
+        if want.dtype.kind not in "fc" and not np.array_equal(want, got):
+            return f"output {name!r} differs"
+    return None
+
+
+def _probe_feeds(session) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for model_input in session.get_inputs():
+        # Symbolic dims become 1; integer inputs are zeros so that index-like inputs stay in range.
+        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in model_input.shape]
+        dtype = _ORT_NUMPY_TYPES.get(model_input.type)
+        if dtype is None:
+            raise ValueError(f"cannot probe input type {model_input.type}")
+        if np.dtype(dtype).kind == "f":
+            feeds[model_input.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[model_input.name] = np.zeros(shape, dtype=dtype)
+    return feeds
 
 
 def _check_with_fallback(candidates: list[tuple[str, Path]]) -> tuple[Path, dict[str, Any]]:

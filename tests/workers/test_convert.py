@@ -122,3 +122,21 @@ def test_unreadable_source_raises(tmp_path):
     src.write_bytes(b"\x00\xff" * 10)
     with pytest.raises(ValueError):
         convert_model(src, tmp_path / "out.onnx")
+
+
+def test_simplification_that_changes_outputs_is_rejected(digits, digits_path, tmp_path, monkeypatch):
+    import onnxslim
+
+    def wrong_slim(model, *args, **kwargs):
+        # A "simplification" that silently scales the classifier weights.
+        for tensor in model.graph.initializer:
+            if tensor.name == "fc.weight":
+                tensor.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor) * 2, "fc.weight"))
+        return model
+
+    monkeypatch.setattr(onnxslim, "slim", wrong_slim)
+    dst = tmp_path / "d.onnx"
+    result = convert_model(digits_path, dst)
+    simplify = _steps(result)["simplify"]
+    assert simplify["status"] == "skipped" and "changed the model's outputs" in simplify["reason"]
+    np.testing.assert_allclose(run_model(dst, {"input": digits.x_val})[0], run_model(digits_path, {"input": digits.x_val})[0], atol=1e-5)

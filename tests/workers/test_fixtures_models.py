@@ -6,6 +6,7 @@ import zipfile
 
 import numpy as np
 import onnx
+import pytest
 
 from tests.fixtures.models import (
     build_transformer_like,
@@ -62,3 +63,8 @@ def test_write_npz_writes_exactly_the_given_path(tmp_path):
     path = write_npz(tmp_path / "data.bin", a=np.arange(3))
     assert path.exists() and not (tmp_path / "data.bin.npz").exists()
     assert np.load(path)["a"].tolist() == [0, 1, 2]
+
+
+def test_cached_digits_arrays_are_read_only(digits):
+    with pytest.raises(ValueError, match="read-only"):
+        digits.x_val[0, 0, 0, 0] = 1.0
