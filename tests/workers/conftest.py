@@ -58,13 +58,3 @@ def transformer_inputs() -> np.ndarray:
 @pytest.fixture(scope="session")
 def transformer_calibration(transformer_inputs: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_npz(tmp_path_factory.mktemp("tcalib") / "calibration.npz", input=transformer_inputs)
-
-
-def run_model(path: Path | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run a model file on onnxruntime CPU with one thread (the test machine is shared)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)

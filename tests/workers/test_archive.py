@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from tests.fixtures.models import make_model_zip, save_with_external_data
-from tests.workers.conftest import run_model
+from tests.workers.helpers import run_model
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 
 LIMIT = 50_000_000

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from tests.fixtures.models import save_with_external_data
-from tests.workers.conftest import run_model
+from tests.workers.helpers import run_model
 from workers import convert
 from workers.convert import convert_model
 from workers.inspect import inspect_onnx

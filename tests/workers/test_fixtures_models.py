@@ -14,7 +14,7 @@ from tests.fixtures.models import (
     train_digits_cnn,
     write_npz,
 )
-from tests.workers.conftest import run_model
+from tests.workers.helpers import run_model
 
 
 def test_digits_cnn_is_accurate_and_has_the_documented_signature(digits):

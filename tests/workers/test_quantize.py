@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.fixtures.models import save_with_external_data, write_npz
-from tests.workers.conftest import run_model
+from tests.workers.helpers import run_model
 from workers.inspect import model_size_bytes
 from workers.quantize import (
     PRECISIONS,

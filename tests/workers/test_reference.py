@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from tests.fixtures.models import write_npz
-from tests.workers.conftest import run_model
+from tests.workers.helpers import run_model
 from workers.datasets import InvalidDataset
 from workers.reference import compute_reference_outputs
 
