@@ -4,6 +4,7 @@ import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
 import { useDeleteModel, useModel } from '../api/hooks';
 import type { ModelVersion, TensorSpec } from '../api/types';
+import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatNumber, formatShape } from '../format';
@@ -47,24 +48,17 @@ function SignatureTable({ caption, tensors, testId }: { caption: string; tensors
 function OpHistogram({ histogram }: { histogram: Record<string, number> }) {
   const entries = Object.entries(histogram ?? {}).sort((a, b) => b[1] - a[1]);
   if (entries.length === 0) return <p className="muted">No operator counts recorded.</p>;
-  const max = entries[0][1] || 1;
   const total = entries.reduce((sum, [, count]) => sum + count, 0);
   return (
     <div>
       <p className="muted small">
         {total} nodes, {entries.length} operator types
       </p>
-      <ul className="histogram" data-testid="op-histogram" aria-label="Operator histogram">
-        {entries.map(([op, count]) => (
-          <li key={op}>
-            <span className="histogram-label">{op}</span>
-            <span className="histogram-bar" aria-hidden="true">
-              <span style={{ width: `${(count / max) * 100}%` }} />
-            </span>
-            <span className="histogram-value">{count}</span>
-          </li>
-        ))}
-      </ul>
+      <BarList
+        data={entries.map(([op, count]) => ({ label: op, value: count }))}
+        ariaLabel="Operator histogram"
+        testId="op-histogram"
+      />
     </div>
   );
 }

@@ -1,26 +1,16 @@
 /**
- * The report's charts (loaded on demand so recharts stays out of the main bundle): latency
- * against accuracy with the tolerance line, and time per operator type for one variant.
+ * The report's charts, loaded on demand: latency against accuracy with the tolerance line
+ * (uPlot, ~23 kB gzipped, instead of recharts at ~127 kB), and time per operator type.
  */
-import { useId, useState } from 'react';
-import {
-  Bar,
-  BarChart,
-  CartesianGrid,
-  Legend,
-  ReferenceLine,
-  ResponsiveContainer,
-  Scatter,
-  ScatterChart,
-  Tooltip,
-  XAxis,
-  YAxis,
-  ZAxis,
-} from 'recharts';
-import type { ReportDevice, Tolerance } from '../../api/types';
+import { useEffect, useId, useMemo, useRef, useState } from 'react';
+import uPlot from 'uplot';
+import 'uplot/dist/uPlot.min.css';
+import type { ReportDevice, ReportVariant, Tolerance } from '../../api/types';
+import { BarList } from '../../components/BarList';
+import { formatNumber } from '../../format';
 import { variantLabel } from './ReportTable';
 
-const COLORS = { good: '#2f6f4f', bad: '#b04a3a', recommended: '#b4532a', grid: '#e4ded6', axis: '#6b6259' };
+const COLORS = { good: '#2f6f4f', bad: '#b04a3a', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
 
 /** The accuracy value a variant must reach: the FP32 reference minus the allowed drop. */
 export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): number | null {
@@ -33,54 +23,114 @@ export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): 
   return reference - tolerance.max_drop;
 }
 
-interface Point {
-  x: number;
-  y: number;
-  name: string;
+/** Mounts a uPlot chart that follows its container's width. */
+function UPlot({ options, data, label, testId }: { options: Omit<uPlot.Options, 'width'>; data: uPlot.AlignedData; label: string; testId: string }) {
+  const container = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    const element = container.current;
+    if (!element) return undefined;
+    const plot = new uPlot({ ...options, width: element.clientWidth || 560 } as uPlot.Options, data, element);
+    const observer =
+      typeof ResizeObserver === 'undefined'
+        ? null
+        : new ResizeObserver(() => plot.setSize({ width: element.clientWidth || 560, height: options.height }));
+    observer?.observe(element);
+    return () => {
+      observer?.disconnect();
+      plot.destroy();
+    };
+  }, [options, data]);
+  return <div ref={container} className="uplot-host" role="img" aria-label={label} data-testid={testId} />;
+}
+
+function scatterPoint(size: number, fill: string): uPlot.Series.Points {
+  return { show: true, size, fill, stroke: fill, width: 1 };
 }
 
 export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
-  const groups: Record<'recommended' | 'within' | 'outside', Point[]> = { recommended: [], within: [], outside: [] };
-  for (const variant of device.variants) {
-    const x = variant.latency_ms?.p50;
-    const y = variant.accuracy?.value;
-    if (typeof x !== 'number' || typeof y !== 'number') continue;
-    const point = { x, y, name: variantLabel(variant) };
-    if (variant.id === device.recommended) groups.recommended.push(point);
-    else if (variant.accuracy?.within_tolerance === false) groups.outside.push(point);
-    else groups.within.push(point);
-  }
   const threshold = toleranceThreshold(device, tolerance);
   const metric = device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric;
-  const count = groups.recommended.length + groups.within.length + groups.outside.length;
-  if (count === 0) return <p className="muted">No variant has both a latency and an accuracy yet.</p>;
 
+  const chart = useMemo(() => {
+    const points = device.variants
+      .filter((variant): variant is ReportVariant & { latency_ms: { p50: number }; accuracy: { value: number } } =>
+        typeof variant.latency_ms?.p50 === 'number' && typeof variant.accuracy?.value === 'number',
+      )
+      .sort((a, b) => a.latency_ms.p50 - b.latency_ms.p50);
+    if (points.length === 0) return null;
+    const pick = (predicate: (variant: ReportVariant) => boolean) =>
+      points.map((variant) => (predicate(variant) ? variant.accuracy.value : null));
+    const isRecommended = (variant: ReportVariant) => variant.id === device.recommended;
+    const data: uPlot.AlignedData = [
+      points.map((variant) => variant.latency_ms.p50),
+      pick((variant) => !isRecommended(variant) && variant.accuracy?.within_tolerance !== false),
+      pick((variant) => !isRecommended(variant) && variant.accuracy?.within_tolerance === false),
+      pick(isRecommended),
+    ];
+    const values = points.map((variant) => variant.accuracy.value).concat(threshold === null ? [] : [threshold]);
+    const low = Math.min(...values);
+    const high = Math.max(...values);
+    const pad = (high - low || Math.abs(high) || 1) * 0.15;
+    const none = () => null;
+    const options: Omit<uPlot.Options, 'width'> = {
+      height: 300,
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false }, points: { size: 12 } },
+      scales: {
+        x: { time: false, range: (_u, min, max) => [Math.max(0, min - (max - min || max) * 0.2), max + (max - min || max) * 0.2] },
+        y: { range: () => [low - pad, high + pad] },
+      },
+      axes: [
+        { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid } },
+        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64 },
+      ],
+      series: [
+        { label: 'Variant', value: (_u, value, _s, index) => (index === null || index === undefined ? '—' : `${variantLabel(points[index])} · ${formatNumber(value, 3)} ms`) },
+        { label: 'Within tolerance', stroke: COLORS.good, paths: none, points: scatterPoint(10, COLORS.good) },
+        { label: 'Outside tolerance', stroke: COLORS.bad, paths: none, points: scatterPoint(10, COLORS.bad) },
+        { label: 'Recommended', stroke: COLORS.recommended, paths: none, points: scatterPoint(16, COLORS.recommended) },
+      ],
+      hooks: {
+        draw: [
+          (u) => {
+            if (threshold === null) return;
+            // The tolerance is a horizontal line across the whole plot, not a data series.
+            const { ctx, bbox } = u;
+            const y = Math.round(u.valToPos(threshold, 'y', true));
+            ctx.save();
+            ctx.strokeStyle = COLORS.bad;
+            ctx.lineWidth = 1.5 * devicePixelRatio;
+            ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+            ctx.beginPath();
+            ctx.moveTo(bbox.left, y);
+            ctx.lineTo(bbox.left + bbox.width, y);
+            ctx.stroke();
+            ctx.fillStyle = COLORS.bad;
+            ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
+            ctx.textAlign = 'right';
+            ctx.fillText('tolerance', bbox.left + bbox.width - 4 * devicePixelRatio, y - 4 * devicePixelRatio);
+            ctx.restore();
+          },
+        ],
+      },
+    };
+    const recommended = points.find(isRecommended);
+    const label =
+      `Scatter of ${points.length} variants, latency p50 against ${metric}.` +
+      (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
+      (recommended
+        ? ` Recommended: ${variantLabel(recommended)} at ${formatNumber(recommended.latency_ms.p50, 3)} ms, ${formatNumber(recommended.accuracy.value, 4)}.`
+        : '');
+    return { data, options, label };
+  }, [device, threshold, metric]);
+
+  if (!chart) return <p className="muted">No variant has both a latency and an accuracy yet.</p>;
   return (
-    <figure className="chart" data-testid="latency-accuracy-chart">
+    <figure className="chart">
       <figcaption>
-        Latency p50 against {metric}; the dashed line is the tolerance (FP32 − {tolerance.max_drop}). Lower-left is faster,
-        higher is more accurate.
+        Faster is further left, more accurate is higher. Variants must stay above the dashed tolerance line (FP32 − {tolerance.max_drop}).
       </figcaption>
-      <ResponsiveContainer width="100%" height={300}>
-        <ScatterChart margin={{ top: 16, right: 24, bottom: 24, left: 8 }}>
-          <CartesianGrid stroke={COLORS.grid} />
-          <XAxis type="number" dataKey="x" name="Latency p50" unit=" ms" stroke={COLORS.axis} label={{ value: 'Latency p50 (ms)', position: 'bottom', offset: 4 }} />
-          <YAxis type="number" dataKey="y" name={metric} domain={['auto', 'auto']} stroke={COLORS.axis} width={72} />
-          <ZAxis range={[80, 80]} />
-          <Tooltip
-            cursor={{ strokeDasharray: '3 3' }}
-            formatter={(value) => (typeof value === 'number' ? value.toPrecision(4) : String(value))}
-            labelFormatter={() => ''}
-          />
-          <Legend verticalAlign="top" height={28} />
-          {threshold !== null ? (
-            <ReferenceLine y={threshold} stroke={COLORS.bad} strokeDasharray="6 4" label={{ value: 'tolerance', position: 'insideTopRight', fill: COLORS.bad }} />
-          ) : null}
-          <Scatter name="Within tolerance" data={groups.within} fill={COLORS.good} />
-          <Scatter name="Outside tolerance" data={groups.outside} fill={COLORS.bad} shape="cross" />
-          <Scatter name="Recommended" data={groups.recommended} fill={COLORS.recommended} shape="star" />
-        </ScatterChart>
-      </ResponsiveContainer>
+      <UPlot options={chart.options} data={chart.data} label={chart.label} testId="latency-accuracy-chart" />
     </figure>
   );
 }
@@ -94,13 +144,10 @@ export function OpTypeBreakdown({ device }: { device: ReportDevice }) {
     profiled.find((candidate) => candidate.id === selected) ??
     profiled.find((candidate) => candidate.id === device.recommended) ??
     profiled[0];
-  const data = [...(variant.profile?.by_op_type ?? [])]
-    .sort((a, b) => b.time_ms - a.time_ms)
-    .slice(0, 15)
-    .map((row) => ({ op: row.op_type, time: row.time_ms, count: row.count }));
+  const rows = [...(variant.profile?.by_op_type ?? [])].sort((a, b) => b.time_ms - a.time_ms).slice(0, 15);
 
   return (
-    <figure className="chart" data-testid="op-type-chart">
+    <figure className="chart">
       <div className="field field-inline">
         <label htmlFor={selectId}>Variant</label>
         <select id={selectId} value={variant.id} onChange={(event) => setSelected(Number(event.target.value))} data-testid="profile-variant-select">
@@ -112,16 +159,17 @@ export function OpTypeBreakdown({ device }: { device: ReportDevice }) {
           ))}
         </select>
       </div>
-      <figcaption>Time per operator type for {variantLabel(variant)} (top {data.length}).</figcaption>
-      <ResponsiveContainer width="100%" height={Math.max(160, data.length * 26 + 40)}>
-        <BarChart data={data} layout="vertical" margin={{ top: 8, right: 24, bottom: 8, left: 8 }}>
-          <CartesianGrid stroke={COLORS.grid} horizontal={false} />
-          <XAxis type="number" unit=" ms" stroke={COLORS.axis} />
-          <YAxis type="category" dataKey="op" width={120} stroke={COLORS.axis} />
-          <Tooltip formatter={(value) => `${typeof value === 'number' ? value.toPrecision(3) : value} ms`} />
-          <Bar dataKey="time" name="Time" fill={COLORS.recommended} radius={[0, 3, 3, 0]} />
-        </BarChart>
-      </ResponsiveContainer>
+      <figcaption>Time per operator type for {variantLabel(variant)}, slowest first.</figcaption>
+      <BarList
+        testId="op-type-chart"
+        ariaLabel={`Time by operator type for ${variantLabel(variant)}`}
+        data={rows.map((row) => ({
+          label: row.op_type,
+          value: row.time_ms,
+          display: `${formatNumber(row.time_ms, 3)} ms`,
+          title: `${row.count} node${row.count === 1 ? '' : 's'}, ${Math.round((row.share ?? 0) * 100)}% of the time`,
+        }))}
+      />
     </figure>
   );
 }
