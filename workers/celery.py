@@ -37,11 +37,13 @@ def _configure_filesystem_broker() -> None:
     queue_dir = Path(settings.CELERY_QUEUE_DIR)
     (queue_dir / "out").mkdir(parents=True, exist_ok=True)
     (queue_dir / "processed").mkdir(parents=True, exist_ok=True)
+    (queue_dir / "control").mkdir(parents=True, exist_ok=True)
     app.conf.broker_transport_options = {
         "data_folder_in": str(queue_dir / "out"),
         "data_folder_out": str(queue_dir / "out"),
         "processed_folder": str(queue_dir / "processed"),
         "store_processed": False,
+        "control_folder": str(queue_dir / "control"),
     }
 
 

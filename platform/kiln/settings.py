@@ -131,6 +131,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
 # The built UI is served at / by WhiteNoise (assets) and a catch-all view (index.html).
 WHITENOISE_ROOT = FRONTEND_DIST if FRONTEND_DIST.exists() else None

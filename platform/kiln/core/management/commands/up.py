@@ -1,0 +1,116 @@
+"""Run the whole platform locally: migrate, make a demo account, start web, worker and an agent."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from kiln.accounts.models import Role
+
+DEMO_USERNAME = "demo"
+DEMO_ORGANIZATION = "Demo"
+
+
+def _demo_credentials() -> dict:
+    """The demo account's password and token, made once and kept in a 0600 file."""
+    path = settings.DATA_DIR / "demo-credentials.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from django.contrib.auth import get_user_model
+
+    from kiln.accounts.services import api_token_create, membership_ensure, organization_get_or_create
+    from kiln.fleet.services import registration_token_create
+
+    password = secrets.token_urlsafe(12)
+    user, _ = get_user_model().objects.get_or_create(username=DEMO_USERNAME)
+    user.set_password(password)
+    user.save()
+    organization = organization_get_or_create(name=DEMO_ORGANIZATION)
+    membership_ensure(user=user, organization=organization, role=Role.OWNER)
+    _, token = api_token_create(user=user, organization=organization, name="make up")
+    _, registration = registration_token_create(organization=organization, user=user, name="local agent")
+    credentials = {"username": DEMO_USERNAME, "password": password, "token": token, "registration_token": registration}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(credentials, handle)
+    return credentials
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the demo account, and run web + Celery worker + a local agent until Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=os.environ.get("KILN_BIND", "127.0.0.1:8000"))
+        parser.add_argument("--no-agent", action="store_true", help="Do not start the local agent.")
+
+    def handle(self, *args, **options):
+        call_command("migrate", verbosity=0)
+        credentials = _demo_credentials()
+        url = f"http://{options['bind']}"
+        repo = settings.REPO_ROOT
+        bin_dir = Path(sys.executable).parent
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "platform")])}
+        processes = [
+            subprocess.Popen([str(bin_dir / "gunicorn"), "kiln.wsgi:application", "--bind", options["bind"], "--workers", "2",
+                              "--threads", "8", "--timeout", "300", "--chdir", str(repo / "platform")], env=env),
+            subprocess.Popen([str(bin_dir / "celery"), "-A", "workers.celery", "worker", "--loglevel", "INFO", "--concurrency", "1"],
+                             env=env, cwd=repo),
+        ]
+        if not options["no_agent"]:
+            processes.append(self._start_agent(url, credentials, bin_dir, env))
+        self.stdout.write(self.style.SUCCESS(f"\nKiln is running at {url}/"))
+        self.stdout.write(f"  sign in as {credentials['username']} / {credentials['password']}")
+        self.stdout.write(f"  API docs: {url}/api/docs/")
+        self.stdout.write(f"  API token: {credentials['token']}\n")
+        self._wait(processes)
+
+    def _start_agent(self, url: str, credentials: dict, bin_dir: Path, env: dict) -> subprocess.Popen:
+        config = settings.DATA_DIR / "agent.json"
+        agent_env = {**env, "KILN_AGENT_CONFIG": str(config)}
+        if not config.exists():
+            # The server must answer before the agent can register.
+            self._wait_for(url)
+            subprocess.run([str(bin_dir / "kiln-agent"), "register", "--server", url, "--registration-token",
+                            credentials["registration_token"], "--name", "local", "--label", "host=local"], env=agent_env, check=True)
+        return subprocess.Popen([str(bin_dir / "kiln-agent"), "run", "--work-dir", str(settings.DATA_DIR / "agent-work")], env=agent_env)
+
+    def _wait_for(self, url: str, timeout: float = 60) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/api/v1/health/", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise SystemExit(f"The web server did not answer at {url} within {timeout:.0f} s.")
+
+    def _wait(self, processes: list[subprocess.Popen]) -> None:
+        def stop(*_):
+            for process in processes:
+                if process.poll() is None:
+                    process.terminate()
+            for process in processes:
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        while all(process.poll() is None for process in processes):
+            time.sleep(1)
+        failed = next(p for p in processes if p.poll() is not None)
+        self.stderr.write(f"{' '.join(map(str, failed.args[:3]))} exited with {failed.returncode}; stopping.")
+        stop()

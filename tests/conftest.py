@@ -1,0 +1,183 @@
+"""Shared fixtures: tenants with API clients, small real models, and a live stack of real processes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Tenant:
+    user: object
+    organization: object
+    token: str
+    client: object
+
+
+def make_tenant(*, username: str, organization: str, role: str = "owner", password: str | None = None) -> Tenant:
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from kiln.accounts.services import api_token_create, membership_ensure, organization_get_or_create
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    if password:
+        user.set_password(password)
+        user.save()
+    org = organization_get_or_create(name=organization)
+    membership_ensure(user=user, organization=org, role=role)
+    _, secret = api_token_create(user=user, organization=org, name="tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return Tenant(user=user, organization=org, token=secret, client=client)
+
+
+@pytest.fixture
+def tenant(db) -> Tenant:
+    return make_tenant(username="alice", organization="Acme")
+
+
+@pytest.fixture
+def other_tenant(db) -> Tenant:
+    return make_tenant(username="mallory", organization="Rival")
+
+
+@pytest.fixture(scope="session")
+def digits():
+    from tests.fixtures.models import train_digits_cnn
+
+    return train_digits_cnn()
+
+
+@pytest.fixture(scope="session")
+def model_files(tmp_path_factory, digits):
+    """The digits CNN as an .onnx file plus calibration and validation .npz files."""
+    import onnx
+
+    from tests.fixtures.models import write_npz
+
+    root = tmp_path_factory.mktemp("digits")
+    model = root / "digits.onnx"
+    onnx.save(digits.model, model)
+    calibration = write_npz(root / "calibration.npz", input=digits.x_calib)
+    validation = write_npz(root / "validation.npz", input=digits.x_val, labels=digits.y_val)
+    return {"model": model, "calibration": calibration, "validation": validation, "root": root}
+
+
+def upload(client, url: str, path: Path, **fields):
+    with open(path, "rb") as handle:
+        return client.post(url, {**fields, "file": handle}, format="multipart")
+
+
+# -- live stack: the real server, a real Celery worker process, real agent processes ---------
+
+def _database_url_for_children() -> str:
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+@dataclass
+class LiveStack:
+    url: str
+    env: dict
+    log_dir: Path
+    processes: list = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        process = subprocess.Popen(args, env={**self.env, **(env or {})}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process.log_path = self.log_dir / f"{name}.log"
+        self.processes.append(process)
+        return process
+
+    def create_user(self, username: str, password: str, organization: str) -> Tenant:
+        return make_tenant(username=username, organization=organization, password=password)
+
+    def registration_token(self, tenant: Tenant) -> str:
+        from kiln.fleet.services import registration_token_create
+
+        _, secret = registration_token_create(organization=tenant.organization, user=tenant.user, name="tests")
+        return secret
+
+    def start_agent(self, tenant: Tenant, name: str, *, labels: dict | None = None, backends: str | None = None) -> subprocess.Popen:
+        config = self.log_dir / f"agent-{name}.json"
+        agent_env = {"KILN_AGENT_CONFIG": str(config)}
+        if backends:
+            agent_env["KILN_AGENT_BACKENDS"] = backends
+        register = [sys.executable, "-m", "devices.agent", "register", "--server", self.url, "--registration-token",
+                    self.registration_token(tenant), "--name", name]
+        for key, value in (labels or {}).items():
+            register += ["--label", f"{key}={value}"]
+        subprocess.run(register, env={**self.env, **agent_env}, cwd=REPO, check=True, capture_output=True, timeout=60)
+        return self.spawn(f"agent-{name}", [sys.executable, "-m", "devices.agent", "run", "--work-dir", str(self.log_dir / f"work-{name}")], agent_env)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.log_path.read_text(errors='replace')[-4000:]}" for p in self.processes)
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.5, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
+
+
+@pytest.fixture
+def kiln_stack(transactional_db, live_server, tmp_path, settings):
+    """A live server (this process), a real Celery worker process, and agents on demand."""
+    from django.conf import settings as django_settings
+
+    # Short intervals so that lease expiry and cancellation are observable within a test.
+    settings.AGENT_LEASE_SECONDS = 8
+    settings.AGENT_HEARTBEAT_SECONDS = 2
+    settings.AGENT_LONG_POLL_SECONDS = 2
+    settings.AGENT_OFFLINE_AFTER_SECONDS = 30
+    settings.BENCHMARK_MIN_RUNS = 20
+    settings.BENCHMARK_MIN_SECONDS = 0.3
+    settings.BENCHMARK_WARMUP_RUNS = 3
+    settings.BENCHMARK_WARMUP_SECONDS = 0.05
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url_for_children(),
+        "KILN_DATA_DIR": str(django_settings.DATA_DIR),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    stack = LiveStack(url=live_server.url, env=env, log_dir=tmp_path)
+    stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
+                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle"])
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,182 @@
+"""Registry: uploads are validated, hashed, stored once; bad input is a 4xx that leaves nothing behind."""
+from __future__ import annotations
+
+import zipfile
+
+import onnx
+import pytest
+
+from kiln.registry import storage
+from kiln.registry.models import Blob, Dataset, Model
+from tests.conftest import upload
+from tests.fixtures.models import build_transformer_like, make_model_zip, write_npz
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def private_blob_root(settings, tmp_path):
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    settings.UPLOAD_TMP_DIR = tmp_path / "uploads"
+
+
+def blob_files(settings) -> list:
+    return [p for p in settings.BLOB_ROOT.rglob("*") if p.is_file()] if settings.BLOB_ROOT.exists() else []
+
+
+def test_upload_onnx_creates_model_and_version_with_signature(tenant, model_files):
+    response = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    version = body["versions"][0]
+    assert body["name"] == "digits" and version["number"] == 1
+    assert version["signature"]["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 1, 8, 8]}]
+    assert version["signature"]["outputs"][0]["shape"] == ["batch", 10]
+    assert version["op_histogram"]["Conv"] == 2
+    assert version["parameter_count"] > 1000
+    assert version["validation"]["ok"] is True
+    assert version["opset"] == 17
+    downloaded = tenant.client.get(version["download_url"])
+    assert b"".join(downloaded.streaming_content) == model_files["model"].read_bytes()
+
+
+def test_identical_bytes_are_stored_once(tenant, model_files, settings):
+    upload(tenant.client, "/api/v1/models/", model_files["model"], name="a")
+    second = upload(tenant.client, "/api/v1/models/", model_files["model"], name="b")
+    assert second.status_code == 201
+    assert Blob.objects.count() == 1
+    assert len(blob_files(settings)) == 1
+
+
+def test_new_version_gets_the_next_number(tenant, model_files, tmp_path):
+    model_id = upload(tenant.client, "/api/v1/models/", model_files["model"], name="m").json()["id"]
+    other = tmp_path / "transformer.onnx"
+    onnx.save(build_transformer_like(), other)
+    response = upload(tenant.client, f"/api/v1/models/{model_id}/versions/", other)
+    assert response.status_code == 201, response.content
+    assert response.json()["number"] == 2
+    assert "LayerNormalization" in response.json()["op_histogram"]
+
+
+def test_zip_with_external_data_is_accepted(tenant, tmp_path):
+    archive = make_model_zip(build_transformer_like(hidden=64), tmp_path / "big.zip")
+    response = upload(tenant.client, "/api/v1/models/", archive, name="zipped")
+    assert response.status_code == 201, response.content
+    assert response.json()["versions"][0]["source_format"] == "onnx-zip"
+
+
+@pytest.mark.parametrize(
+    "content, filename, code",
+    [
+        (b"this is not a model", "model.onnx", "invalid_model"),
+        (b"", "empty.onnx", "invalid"),
+        (b"\x08\x07", "model.txt", "unsupported_format"),
+    ],
+)
+def test_bad_model_uploads_are_400_and_leave_nothing(tenant, settings, tmp_path, content, filename, code):
+    path = tmp_path / filename
+    path.write_bytes(content)
+    response = upload(tenant.client, "/api/v1/models/", path)
+    assert response.status_code == 400
+    assert response.json()["code"] == code
+    assert response.json()["error"]
+    assert Model.objects.count() == 0 and Blob.objects.count() == 0
+    assert blob_files(settings) == []
+
+
+def test_truncated_onnx_is_rejected(tenant, model_files, tmp_path, settings):
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(model_files["model"].read_bytes()[:-4000])
+    response = upload(tenant.client, "/api/v1/models/", truncated)
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_model"
+    assert Model.objects.count() == 0 and blob_files(settings) == []
+
+
+def _zip(path, entries: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+@pytest.mark.parametrize("member", ["../escape.onnx", "/abs/model.onnx"])
+def test_zip_slip_is_refused(tenant, model_files, tmp_path, settings, member):
+    archive = tmp_path / "evil.zip"
+    _zip(archive, {member: model_files["model"].read_bytes()})
+    response = upload(tenant.client, "/api/v1/models/", archive)
+    assert response.status_code == 400
+    assert response.json()["code"] == "unsafe_archive"
+    assert not (tmp_path / "escape.onnx").exists()
+    assert Model.objects.count() == 0 and blob_files(settings) == []
+
+
+def test_zip_bomb_is_refused(tenant, tmp_path, settings):
+    settings.MAX_ARCHIVE_RATIO = 50
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as handle:
+        handle.writestr("model.onnx", b"\0" * (20 * 1024 * 1024))
+    response = upload(tenant.client, "/api/v1/models/", archive)
+    assert response.status_code == 400
+    assert response.json()["code"] == "unsafe_archive"
+
+
+def test_upload_over_the_limit_is_413_before_reading(tenant, model_files, settings):
+    settings.MAX_UPLOAD_BYTES = 1024
+    response = upload(tenant.client, "/api/v1/models/", model_files["model"])
+    assert response.status_code == 413
+    assert response.json()["code"] == "upload_too_large"
+    assert Model.objects.count() == 0
+
+
+def test_streamed_upload_over_the_limit_stops_in_the_handler(tenant, settings):
+    """A body without a trustworthy Content-Length is cut off by the streaming handler."""
+    from django.test import RequestFactory
+
+    from kiln.core.errors import UploadTooLarge
+    from kiln.registry.uploads import HashingUploadHandler
+
+    settings.MAX_UPLOAD_BYTES = 10
+    handler = HashingUploadHandler(RequestFactory().post("/"))
+    handler.new_file("file", "x.onnx", "application/octet-stream", 0)
+    with pytest.raises(UploadTooLarge):
+        handler.receive_data_chunk(b"x" * 11, 0)
+
+
+def test_dataset_upload_reports_samples_and_arrays(tenant, model_files):
+    response = upload(tenant.client, "/api/v1/datasets/", model_files["validation"], name="val", kind="validation")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["samples"] == 360 and body["has_labels"] is True
+    assert body["arrays"]["input"]["shape"] == [360, 1, 8, 8]
+
+
+def test_dataset_with_pickled_objects_is_refused(tenant, tmp_path):
+    import numpy as np
+
+    path = tmp_path / "evil.npz"
+    np.savez(path, input=np.array([object(), object()], dtype=object))
+    response = upload(tenant.client, "/api/v1/datasets/", path, kind="calibration")
+    assert response.status_code == 400
+    assert Dataset.objects.count() == 0
+
+
+def test_dataset_with_nan_is_refused(tenant, tmp_path):
+    import numpy as np
+
+    path = write_npz(tmp_path / "nan.npz", input=np.full((4, 1, 8, 8), np.nan, dtype=np.float32))
+    response = upload(tenant.client, "/api/v1/datasets/", path, kind="calibration")
+    assert response.status_code == 400
+    assert "input" in response.json()["error"]
+
+
+def test_dataset_must_be_npz(tenant, tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("1,2,3")
+    response = upload(tenant.client, "/api/v1/datasets/", path, kind="calibration")
+    assert response.status_code == 400
+    assert response.json()["code"] == "unsupported_format"
+
+
+def test_blob_paths_refuse_non_digests():
+    with pytest.raises(ValueError):
+        storage.blob_path("../../etc/passwd")
