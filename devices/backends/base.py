@@ -51,7 +51,8 @@ class CompiledModel(abc.ABC):
     @abc.abstractmethod
     def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
         """Return a zero-argument callable that runs one inference on `feeds` as cheaply as the
-        runtime allows; the benchmark's timing loop calls only this."""
+        runtime allows; the benchmark's timing loop calls only this. The callable may share
+        state with the model: it is valid until the next bind() or run()."""
 
     @abc.abstractmethod
     def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:

@@ -38,6 +38,19 @@ def _spec(port) -> TensorSpec:
     )
 
 
+def _owned_tensor(ov, array: np.ndarray):
+    """A tensor with its own memory holding a copy of `array`.
+
+    `ov.Tensor(array)` corrupted the heap (glibc "unaligned tcache chunk" aborts, later, in
+    unrelated allocations) when `array` was a view into a larger array, such as the first rows
+    of a validation set; numpy copying into OpenVINO-allocated memory is safe.
+    """
+    array = np.asarray(array)
+    tensor = ov.Tensor(ov.Type(array.dtype), ov.Shape(list(array.shape)))
+    tensor.data[...] = array
+    return tensor
+
+
 class OpenVinoCompiledModel(CompiledModel):
     """A compiled model imported from the exported blob."""
 
@@ -61,11 +74,14 @@ class OpenVinoCompiledModel(CompiledModel):
         }
 
     def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+        """Bound to the model's single infer request: valid until the next bind() or run()."""
         import openvino as ov
 
-        request = self.compiled.create_infer_request()
+        # One request serves run() and every bound call: they never overlap, and extra requests
+        # on a dynamic-shape model were part of heap corruption seen in tests.
+        request = self.request
         for name, array in feeds.items():
-            request.set_tensor(name, ov.Tensor(np.ascontiguousarray(array)))
+            request.set_tensor(name, _owned_tensor(ov, array))
         return request.infer
 
     def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:

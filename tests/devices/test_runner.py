@@ -1,0 +1,187 @@
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from devices.agent.client import AgentClient, RetryPolicy
+from devices.agent.runner import (
+    LOG_LIMIT_BYTES, TaskLogCapture, TaskRunner, evaluate_outputs, load_npz, make_feeds,
+)
+from devices.backends import get_backend
+
+from .conftest import Answer, reference_logits
+
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+PROGRESS = "/api/agent/v1/tasks/{}/progress"
+
+
+@pytest.fixture
+def runner(agent_server, tmp_path):
+    client = AgentClient(agent_server.url, "kiln_agt_t", sleep=lambda s: None,
+                         retry=RetryPolicy(max_attempts=2, base_s=0.0, cap_s=0.0))
+    return TaskRunner(client, tmp_path / "work", threads=1)
+
+
+def _stages(agent_server, task_id):
+    return [r.json()["stage"] for r in agent_server.hits("POST", PROGRESS.format(task_id))]
+
+
+@pytest.mark.parametrize("backend", [
+    "onnxruntime",
+    pytest.param("openvino", marks=pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")),
+])
+def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tmp_path):
+    task = agent_server.serve_task(31, tiny_task_files, attempt=2, backend=backend)
+    assert runner.run(task) == "succeeded"
+
+    assert _stages(agent_server, 31) == ["download", "compile", "benchmark", "profile", "evaluate", "upload"]
+    upload = agent_server.hits("POST", "/api/agent/v1/tasks/31/artifact")[0]
+    assert b'name="attempt"\r\n\r\n2\r\n' in upload.body
+    [result] = agent_server.results(31)
+    assert result["attempt"] == 2 and result["status"] == "succeeded" and result["error"] is None
+    speed = result["metrics"]
+    assert [row["batch_size"] for row in speed["by_batch"]] == [1, 2]
+    assert {"p50", "p90", "p99", "mean", "std", "cv"} <= set(speed["latency_ms"])
+    assert speed["load_ms"] > 0 and speed["first_inference_ms"] > 0 and speed["peak_memory_mb"] > 0
+    assert speed["threads"] == 1 and speed["size_bytes"] > 0
+    accuracy = result["accuracy"]
+    assert accuracy["cosine"] > 0.9999
+    assert accuracy["top1_agreement"] == 1.0
+    assert accuracy["accuracy"] == pytest.approx(5 / 6)
+    assert accuracy["reference_accuracy"] == pytest.approx(5 / 6)
+    assert result["profile"]["by_op_type"]
+    assert "compiled in" in result["log"]
+    assert not list((tmp_path / "work").iterdir())  # the task's scratch directory is gone
+
+
+def test_sha256_mismatch_is_retried_then_fails_the_task(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(5, tiny_task_files, sha256_override={"model": "0" * 64})
+    assert runner.run(task) == "failed"
+    assert len(agent_server.hits("GET", "/api/agent/v1/tasks/5/files/model")) == 3
+    [result] = agent_server.results(5)
+    actual = hashlib.sha256(tiny_task_files["model"]).hexdigest()
+    assert result["status"] == "failed"
+    assert result["error"] == f"sha256 mismatch for model: expected {'0' * 64} got {actual}"
+    assert "sha256 mismatch" in result["log"]
+    assert not agent_server.hits("POST", "/api/agent/v1/tasks/5/artifact")
+
+
+def test_cancel_in_a_progress_answer_stops_without_a_result(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(6, tiny_task_files)
+    agent_server.route("POST", PROGRESS.format(6), lambda request: Answer(
+        200, {"cancel": request.json()["stage"] == "benchmark", "lease_expires_at": "x"}))
+    assert runner.run(task) == "canceled"
+    assert _stages(agent_server, 6) == ["download", "compile", "benchmark"]
+    assert agent_server.results(6) == []
+
+
+def test_cancel_event_aborts_a_running_benchmark(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(7, tiny_task_files, benchmark={"min_runs": 10**9, "min_seconds": 600})
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    assert runner.run(task, cancel) == "canceled"
+    assert agent_server.results(7) == []
+
+
+def test_stopping_during_benchmark_hands_the_task_back(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(8, tiny_task_files, benchmark={"min_runs": 10**9, "min_seconds": 600})
+    threading.Timer(0.5, runner.stop_event.set).start()
+    assert runner.run(task) == "handed_back"
+    [result] = agent_server.results(8)
+    assert result["status"] == "failed" and result["error"] == "agent stopping"
+
+
+def test_stopping_during_evaluate_finishes_the_task(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(9, tiny_task_files)
+
+    def progress(request):
+        if request.json()["stage"] == "evaluate":
+            runner.stop_event.set()
+        return Answer(200, {"cancel": False})
+
+    agent_server.route("POST", PROGRESS.format(9), progress)
+    assert runner.run(task) == "succeeded"
+    assert agent_server.results(9)[0]["status"] == "succeeded"
+    assert agent_server.hits("POST", "/api/agent/v1/tasks/9/artifact")
+
+
+def test_stale_attempt_drops_the_task(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(10, tiny_task_files)
+    agent_server.route("POST", PROGRESS.format(10), Answer(409, {"error": "stale attempt"}))
+    assert runner.run(task) == "stale"
+    assert agent_server.results(10) == []
+
+
+def test_a_backend_this_agent_lacks_fails_the_task(agent_server, runner, tiny_task_files, monkeypatch):
+    monkeypatch.setenv("KILN_AGENT_BACKENDS", "onnxruntime")
+    task = agent_server.serve_task(11, tiny_task_files, backend="openvino")
+    assert runner.run(task) == "failed"
+    assert "KILN_AGENT_BACKENDS" in agent_server.results(11)[0]["error"]
+
+
+def test_task_without_validation_data_skips_evaluation(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(12, {"model": tiny_task_files["model"]})
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(12)
+    assert result["accuracy"] is None and result["metrics"]["latency_ms"]["p50"] > 0
+    assert "evaluate" not in _stages(agent_server, 12)
+
+
+def test_evaluate_with_a_static_batch_pads_the_last_chunk(static_batch_model_path, tmp_path):
+    compiled = get_backend("onnxruntime").compile(static_batch_model_path, tmp_path)
+    inputs = np.random.default_rng(4).standard_normal((6, 1, 8, 8)).astype(np.float32)
+    outputs = evaluate_outputs(compiled, {"input": inputs})
+    assert outputs["logits"].shape == (6, 10)
+    expected = np.concatenate([
+        compiled.run({"input": inputs[:4]})["logits"],
+        compiled.run({"input": np.concatenate([inputs[4:], inputs[5:6], inputs[5:6]])})["logits"][:2],
+    ])
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-6)
+
+
+def test_evaluate_matches_the_reference(tiny_model_path, tmp_path):
+    compiled = get_backend("onnxruntime").compile(tiny_model_path, tmp_path)
+    inputs = np.random.default_rng(5).standard_normal((3, 1, 8, 8)).astype(np.float64)  # cast to float32
+    outputs = evaluate_outputs(compiled, {"input": inputs})
+    np.testing.assert_allclose(outputs["logits"], reference_logits(tiny_model_path, inputs.astype(np.float32)),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_make_feeds_uses_validation_rows_or_random_data(tiny_model_path, tmp_path):
+    compiled = get_backend("onnxruntime").compile(tiny_model_path, tmp_path)
+    samples = {"input": np.arange(2 * 64, dtype=np.float64).reshape(2, 1, 8, 8)}
+    feeds = make_feeds(compiled.input_specs, 3, samples)
+    assert feeds["input"].shape == (3, 1, 8, 8) and feeds["input"].dtype == np.float32
+    np.testing.assert_array_equal(feeds["input"][2], feeds["input"][1])  # padded with the last row
+    assert make_feeds(compiled.input_specs, 5)["input"].shape == (5, 1, 8, 8)
+
+
+def test_npz_files_never_unpickle(tmp_path):
+    path = tmp_path / "evil.npz"
+    np.savez(path, payload=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        load_npz(path)
+
+
+def test_log_capture_keeps_the_last_64_kb_of_its_thread():
+    capture = TaskLogCapture(threading.get_ident())
+    log = logging.getLogger("devices.test")
+    log.addHandler(capture)
+    log.setLevel(logging.INFO)
+    try:
+        for index in range(3000):
+            log.info("line %05d %s", index, "x" * 40)
+        other = threading.Thread(target=lambda: log.info("from another thread"))
+        other.start()
+        other.join()
+    finally:
+        log.removeHandler(capture)
+    text = capture.text()
+    assert len(text.encode()) <= LOG_LIMIT_BYTES
+    assert "line 02999" in text and "line 00000" not in text
+    assert "another thread" not in text
