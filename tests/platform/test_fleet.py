@@ -1,0 +1,207 @@
+"""The agent protocol: enrolment, capability matching, leases, stale attempts, cancellation."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from kiln.fleet.models import Agent
+from kiln.pipeline.models import DeviceTask, DeviceTaskStatus, JobStatus
+from tests.conftest import make_tenant, upload
+
+pytestmark = pytest.mark.django_db
+
+ORT_ONLY = {"runtimes": {"onnxruntime": "1.32"}, "cores": 2}
+ORT_AND_OV = {"runtimes": {"onnxruntime": "1.32", "openvino": "2026.4"}, "cores": 2}
+
+
+@pytest.fixture(autouse=True)
+def private_storage(settings, tmp_path):
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    settings.AGENT_LONG_POLL_SECONDS = 0
+
+
+def registration_token(tenant) -> str:
+    response = tenant.client.post("/api/v1/agents/registration-tokens/", {"name": "lab"}, format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["token"] in body["register_command"]
+    return body["token"]
+
+
+def register(tenant, name: str, capabilities: dict, labels: dict | None = None) -> APIClient:
+    response = APIClient().post(
+        "/api/agent/v1/register",
+        {"registration_token": registration_token(tenant), "name": name, "labels": labels or {}, "capabilities": capabilities},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["agent_token"].startswith("kiln_agt_") and body["heartbeat_interval_s"] > 0
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {body['agent_token']}")
+    client.agent_id = body["agent_id"]
+    return client
+
+
+@pytest.fixture
+def waiting_job(tenant, model_files, django_capture_on_commit_callbacks):
+    """A job whose host stages are done: fp32 and int8-dynamic variants wait for devices."""
+    version = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()["versions"][0]["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32", "int8-dynamic"]}, format="json").json()
+    return job["id"]
+
+
+@pytest.fixture
+def pool_job(tenant, model_files, django_capture_on_commit_callbacks):
+    """A job targeted at the label pool=a, so that any agent of the pool may take its tasks."""
+    version = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()["versions"][0]["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32"], "targets": ["pool=a"]}, format="json").json()
+    return job["id"]
+
+
+def lease(client, wait_s=0):
+    return client.post("/api/agent/v1/tasks/lease", {"wait_s": wait_s}, format="json")
+
+
+def test_bad_registration_token_is_401():
+    response = APIClient().post("/api/agent/v1/register", {"registration_token": "kiln_reg_nope", "name": "x"}, format="json")
+    assert response.status_code == 401
+
+
+def test_revoked_registration_token_cannot_enrol(tenant):
+    secret = registration_token(tenant)
+    token_id = tenant.client.get("/api/v1/agents/registration-tokens/").json()[0]["id"]
+    tenant.client.post(f"/api/v1/agents/registration-tokens/{token_id}/revoke/")
+    response = APIClient().post("/api/agent/v1/register", {"registration_token": secret, "name": "x"}, format="json")
+    assert response.status_code == 401
+
+
+def test_agent_token_is_hashed_at_rest(tenant):
+    agent_client = register(tenant, "box", ORT_ONLY)
+    secret = agent_client._credentials["HTTP_AUTHORIZATION"].split()[1]
+    agent = Agent.objects.get(pk=agent_client.agent_id)
+    assert secret not in (agent.digest, agent.lookup_prefix)
+
+
+def test_tasks_go_only_to_agents_with_the_backend(tenant, waiting_job):
+    ort_only = register(tenant, "ort-only", ORT_ONLY)
+    both = register(tenant, "both", ORT_AND_OV)
+    # The first lease re-dispatches the waiting job to every online agent.
+    leased = []
+    for client in (ort_only, both):
+        while (response := lease(client)).status_code == 200:
+            task = response.json()
+            leased.append((client.agent_id, task["backend"]))
+            assert task["files"]["model"]["sha256"] and task["files"]["reference"]["url"]
+            client.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "failed", "error": "test"}, format="json")
+    openvino_agents = {agent for agent, backend in leased if backend == "openvino"}
+    assert openvino_agents == {both.agent_id}
+    assert (ort_only.agent_id, "onnxruntime") in leased
+    assert DeviceTask.objects.filter(job_id=waiting_job).count() == 2 + 4
+
+
+def test_waiting_job_runs_once_an_agent_connects(tenant, waiting_job):
+    from kiln.pipeline.models import DeploymentJob
+
+    assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.WAITING_FOR_DEVICES
+    agent = register(tenant, "late", ORT_ONLY)
+    assert lease(agent).status_code == 200
+    assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.RUNNING
+
+
+def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings):
+    first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
+    task = lease(first).json()
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    second = register(tenant, "second", ORT_ONLY, labels={"pool": "a"})
+    retaken = lease(second).json()
+    assert retaken["id"] == task["id"] and retaken["attempt"] == task["attempt"] + 1
+    stale = first.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "succeeded", "metrics": {"latency_ms": {"p50": 1}}}, format="json")
+    assert stale.status_code == 409
+    row = DeviceTask.objects.get(pk=task["id"])
+    assert row.status == DeviceTaskStatus.LEASED and row.metrics == {}
+    ok = second.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": retaken["attempt"], "status": "succeeded", "metrics": {"latency_ms": {"p50": 1}}}, format="json")
+    assert ok.status_code == 200
+    again = second.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": retaken["attempt"], "status": "succeeded"}, format="json")
+    assert again.status_code == 409
+
+
+def test_lease_expiry_gives_up_after_the_last_attempt(tenant, waiting_job, settings):
+    settings.DEVICE_TASK_MAX_ATTEMPTS = 1
+    agent = register(tenant, "flaky", ORT_ONLY)
+    task = lease(agent).json()
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    agent.post("/api/agent/v1/heartbeat", {}, format="json")
+    row = DeviceTask.objects.get(pk=task["id"])
+    assert row.status == DeviceTaskStatus.FAILED and "expired" in row.error
+
+
+def test_malformed_unknown_and_foreign_task_calls_are_4xx(tenant, waiting_job):
+    agent = register(tenant, "box", ORT_ONLY)
+    task = lease(agent).json()
+    malformed = agent.post(f"/api/agent/v1/tasks/{task['id']}/result", "{not json", content_type="application/json")
+    assert malformed.status_code == 400
+    assert agent.post("/api/agent/v1/tasks/99999999/progress", {"attempt": 1}, format="json").status_code == 404
+    stranger = register(make_tenant(username="eve", organization="Evil"), "evil", ORT_ONLY)
+    assert stranger.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": 1, "status": "succeeded"}, format="json").status_code == 404
+    assert stranger.get(f"/api/agent/v1/tasks/{task['id']}/files/model").status_code == 404
+    other = register(tenant, "not-holder", ORT_ONLY)
+    assert other.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": 1, "status": "succeeded"}, format="json").status_code == 409
+    assert DeviceTask.objects.get(pk=task["id"]).status == DeviceTaskStatus.LEASED
+
+
+def test_only_the_lease_holder_downloads_task_files(tenant, waiting_job):
+    agent = register(tenant, "box", ORT_ONLY)
+    task = lease(agent).json()
+    response = agent.get(task["files"]["model"]["url"])
+    assert response.status_code == 200
+    import hashlib
+
+    assert hashlib.sha256(b"".join(response.streaming_content)).hexdigest() == task["files"]["model"]["sha256"]
+
+
+def test_cancel_reaches_a_running_task_through_heartbeat_and_progress(tenant, waiting_job):
+    agent = register(tenant, "box", ORT_ONLY)
+    task = lease(agent).json()
+    assert tenant.client.post(f"/api/v1/jobs/{waiting_job}/cancel/").status_code == 200
+    heartbeat = agent.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()
+    assert task["id"] in heartbeat["cancel"]
+    progress = agent.post(f"/api/agent/v1/tasks/{task['id']}/progress", {"attempt": task["attempt"], "stage": "benchmark"}, format="json").json()
+    assert progress["cancel"] is True
+    assert lease(agent).status_code == 204
+
+
+def test_revoked_agent_gets_401(tenant):
+    agent = register(tenant, "box", ORT_ONLY)
+    assert tenant.client.post(f"/api/v1/agents/{agent.agent_id}/revoke/").status_code == 200
+    assert agent.post("/api/agent/v1/heartbeat", {}, format="json").status_code == 401
+
+
+def test_results_complete_the_job_with_a_report(tenant, waiting_job, django_capture_on_commit_callbacks):
+    agent = register(tenant, "box", ORT_ONLY)
+    latencies = {"fp32": 2.0, "int8-dynamic": 1.0}
+    with django_capture_on_commit_callbacks(execute=True):
+        while (response := lease(agent)).status_code == 200:
+            task = response.json()
+            key = task["variant"]["key"]
+            agent.post(f"/api/agent/v1/tasks/{task['id']}/progress", {"attempt": task["attempt"], "stage": "benchmark", "percent": 50}, format="json")
+            result = {
+                "attempt": task["attempt"], "status": "succeeded",
+                "metrics": {"latency_ms": {"p50": latencies[key], "p90": latencies[key], "p99": latencies[key], "mean": latencies[key], "std": 0}},
+                "accuracy": {"cosine": 1.0 if key == "fp32" else 0.999, "top1_agreement": 1.0 if key == "fp32" else 0.995, "accuracy": None},
+            }
+            assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    report = tenant.client.get(f"/api/v1/jobs/{waiting_job}/report/").json()
+    assert report["status"] == "succeeded"
+    device = report["devices"][0]
+    assert device["agent"]["name"] == "box"
+    recommended = next(v for v in device["variants"] if v["id"] == device["recommended"])
+    assert recommended["precision"] == "int8-dynamic"
+    assert recommended["accuracy"]["metric"] == "top1_agreement" and recommended["accuracy"]["within_tolerance"]
+    assert "2.00x" in device["reason"]

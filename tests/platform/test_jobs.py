@@ -1,0 +1,164 @@
+"""Jobs: requests are checked up front; the host stages run through Celery tasks and record why."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from kiln.pipeline.models import Artifact, DeploymentJob, DeviceTask, JobStatus, Variant
+from kiln.registry.selectors import blob_file
+from tests.conftest import upload
+from tests.fixtures.models import write_npz
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def private_storage(settings, tmp_path):
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+
+
+@pytest.fixture
+def uploaded(tenant, model_files):
+    model = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()
+    calibration = upload(tenant.client, "/api/v1/datasets/", model_files["calibration"], kind="calibration").json()
+    validation = upload(tenant.client, "/api/v1/datasets/", model_files["validation"], kind="validation").json()
+    return {"version": model["versions"][0]["id"], "calibration": calibration["id"], "validation": validation["id"]}
+
+
+def create_job(tenant, **body):
+    return tenant.client.post("/api/v1/jobs/", body, format="json")
+
+
+@pytest.mark.parametrize(
+    "override, code",
+    [
+        ({"precisions": ["int3"]}, "invalid_precisions"),
+        ({"precisions": ["auto", "fp32"]}, "invalid_precisions"),
+        ({"tolerance": {"metric": "vibes"}}, "invalid_tolerance"),
+        ({"tolerance": {"metric": "cosine", "max_drop": "a lot"}}, "invalid_tolerance"),
+        ({"tolerance": {"metric": "cosine", "max_drop": 5}}, "invalid_tolerance"),
+        ({"targets": [{"gpu": True}]}, "invalid_targets"),
+        ({"targets": [999999]}, "invalid_targets"),
+    ],
+)
+def test_bad_job_requests_are_400_with_a_reason(tenant, uploaded, override, code):
+    response = create_job(tenant, model_version=uploaded["version"], **override)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code
+    assert DeploymentJob.objects.count() == 0
+
+
+def test_static_int8_needs_calibration(tenant, uploaded):
+    response = create_job(tenant, model_version=uploaded["version"], precisions=["int8"])
+    assert response.status_code == 400
+    assert "calibration" in response.json()["error"]
+
+
+def test_dataset_that_does_not_match_the_model_is_refused(tenant, uploaded, tmp_path):
+    wrong = write_npz(tmp_path / "wrong.npz", pixels=np.zeros((8, 64), dtype=np.float32))
+    dataset = upload(tenant.client, "/api/v1/datasets/", wrong, kind="calibration").json()
+    response = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=dataset["id"])
+    assert response.status_code == 400
+    assert response.json()["code"] == "dataset_mismatch"
+    assert "input" in response.json()["error"]
+
+
+def test_host_stages_build_every_variant_then_wait_for_devices(tenant, uploaded, model_files, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = create_job(
+            tenant,
+            model_version=uploaded["version"],
+            precisions=["fp32", "int8", "int8-dynamic", "int4-weight"],
+            calibration_dataset=uploaded["calibration"],
+            validation_dataset=uploaded["validation"],
+        )
+    assert response.status_code == 201, response.content
+    job = tenant.client.get(f"/api/v1/jobs/{response.json()['id']}/").json()
+    assert job["status"] == "waiting_for_devices", job["events"]
+    assert [s["status"] for s in job["stages"][:4]] == ["done"] * 4
+    variants = {v["key"]: v for v in job["variants"]}
+    assert variants["fp32"]["status"] == "ready" and variants["int8"]["status"] == "ready"
+    assert variants["int4-weight"]["status"] in ("ready", "skipped")
+    if variants["int4-weight"]["status"] == "skipped":
+        assert variants["int4-weight"]["error"]
+    assert any("Waiting for devices" in e["message"] for e in job["events"])
+    artifacts = tenant.client.get(f"/api/v1/jobs/{job['id']}/artifacts/").json()
+    kinds = {a["kind"] for a in artifacts}
+    assert {"converted", "reference", "variant"} <= kinds
+    int8 = Artifact.objects.get(job_id=job["id"], name="int8.onnx")
+    session = ort.InferenceSession(str(blob_file(int8.blob)), providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in __import__("onnx").load(str(blob_file(int8.blob))).graph.node}
+    assert "QuantizeLinear" in ops
+    x = np.load(model_files["validation"])["input"][:64]
+    fp32 = ort.InferenceSession(str(model_files["model"]), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    quantized = session.run(None, {"input": x})[0]
+    assert (fp32.argmax(1) == quantized.argmax(1)).mean() >= 0.95
+
+
+def test_conversion_step_failure_is_recorded_not_fatal(tenant, uploaded, monkeypatch, django_capture_on_commit_callbacks):
+    import onnxslim
+
+    def broken_slim(*args, **kwargs):
+        raise RuntimeError("slimming exploded")
+
+    monkeypatch.setattr(onnxslim, "slim", broken_slim)
+    with django_capture_on_commit_callbacks(execute=True):
+        job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["id"]
+    job = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert job["status"] == "waiting_for_devices"
+    messages = [e["message"] for e in job["events"] if e["stage"] == "convert"]
+    assert any(m.startswith("simplify skipped") and "slimming exploded" in m for m in messages), messages
+
+
+def test_invalid_model_on_disk_fails_validate_with_the_reason(tenant, uploaded, django_capture_on_commit_callbacks):
+    from kiln.registry.models import ModelVersion
+    from kiln.registry.selectors import model_version_onnx_path
+
+    version = ModelVersion.objects.get(pk=uploaded["version"])
+    path = model_version_onnx_path(version)
+    original = path.read_bytes()
+    try:
+        path.write_bytes(b"garbage")
+        with django_capture_on_commit_callbacks(execute=True):
+            job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["id"]
+    finally:
+        path.write_bytes(original)
+    job = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert job["status"] == "failed"
+    assert job["error"].startswith("validate:")
+
+
+def test_cancel_stops_queued_work(tenant, uploaded):
+    job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["id"]
+    response = tenant.client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert response.status_code == 200
+    assert response.json()["status"] == "canceled"
+    again = tenant.client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert again.status_code == 409
+    from workers.tasks import job_validate
+
+    job_validate.apply(args=[job_id])
+    job = DeploymentJob.objects.get(pk=job_id)
+    assert job.status == JobStatus.CANCELED
+    assert not Variant.objects.filter(job=job).exists() and not DeviceTask.objects.filter(job=job).exists()
+
+
+def test_stage_task_running_twice_leaves_one_result(tenant, uploaded, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32", "int8-dynamic"]).json()["id"]
+    from kiln.pipeline.stages import job_quantize, variant_build
+
+    job_quantize(job_id=job_id)
+    for variant in Variant.objects.filter(job_id=job_id):
+        variant_build(variant_id=variant.id)
+    assert Variant.objects.filter(job_id=job_id).count() == 2
+    assert Artifact.objects.filter(job_id=job_id, kind="variant").count() == 2
+
+
+def test_auto_without_calibration_skips_static_int8(tenant, uploaded, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        job_id = create_job(tenant, model_version=uploaded["version"]).json()["id"]
+    keys = set(Variant.objects.filter(job_id=job_id).values_list("key", flat=True))
+    assert "fp32" in keys and "int8-dynamic" in keys and "int8" not in keys
