@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register = commands.add_parser("register", help="register with a server and store the token")
     register.add_argument("--server", required=True, help="base URL of the Kiln server")
-    register.add_argument("--registration-token", required=True, help="a kiln_reg_… token")
+    register.add_argument("--registration-token", default=os.environ.get("KILN_AGENT_REGISTRATION_TOKEN"),
+                          help="a kiln_reg_… token (or env KILN_AGENT_REGISTRATION_TOKEN, which "
+                          "keeps it out of the process list)")
     register.add_argument("--name", default=socket.gethostname(), help="agent name (default: hostname)")
     register.add_argument("--label", action="append", default=[], type=_parse_label,
                           metavar="KEY=VALUE", help="a label for targeting; repeatable")
@@ -61,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _register(args) -> int:
     from devices.agent.capabilities import collect_capabilities
     from devices.agent.client import AgentClient
-    from devices.agent.config import AgentConfig, config_path, save_config
+    from devices.agent.config import AgentConfig, ConfigError, config_path, save_config
 
+    if not args.registration_token:
+        raise ConfigError("a registration token is required: --registration-token or "
+                          "KILN_AGENT_REGISTRATION_TOKEN (create one under Agents in the web UI)")
     path = config_path(args.config)
     labels = dict(args.label)
     client = AgentClient(args.server)

@@ -189,3 +189,25 @@ def test_run_with_a_revoked_token_exits_3(agent_server, tmp_path):
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 3
     assert "register the agent again" in stderr
+
+
+def test_register_without_a_token_says_what_to_set(tmp_path):
+    process = _cli("register", "--server", "http://127.0.0.1:9", "--config", str(tmp_path / "a.json"),
+                   env={"KILN_AGENT_REGISTRATION_TOKEN": ""})
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "KILN_AGENT_REGISTRATION_TOKEN" in stderr
+
+
+def test_the_agent_imports_neither_django_nor_the_server():
+    code = (
+        "import sys, devices.agent.cli, devices.agent.loop, devices.agent.runner, devices.metrics, "
+        "devices.bench, devices.backends.registry\n"
+        "devices.backends.registry.available_backends()\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'kiln', 'workers', 'celery'})\n"
+        "print(bad)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
