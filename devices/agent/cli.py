@@ -118,11 +118,13 @@ def _capabilities(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    # A task's log sent to the server keeps INFO lines even when the console shows less.
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(level)
+    logging.getLogger("devices").setLevel(min(level, logging.INFO))
     from devices.agent.client import AgentUnauthorized, ApiError, ServerUnavailable
     from devices.agent.config import ConfigError
 
