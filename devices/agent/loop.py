@@ -173,7 +173,7 @@ class Agent:
                 try:
                     self.client.result(task["id"], {
                         "attempt": task["attempt"], "status": "failed", "error": STOPPING_REASON,
-                        "metrics": None, "accuracy": None, "profile": None, "log": "",
+                        "metrics": {}, "accuracy": None, "profile": None, "log": "",
                     })
                 except (ApiError, ServerUnavailable) as exc:
                     if isinstance(exc, AgentUnauthorized):

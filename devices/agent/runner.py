@@ -256,7 +256,7 @@ class TaskRunner:
                 shutil.rmtree(task_dir, ignore_errors=True)
 
     def _failure(self, task: dict, reason: str, capture: TaskLogCapture) -> dict:
-        return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": None,
+        return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": {},
                 "accuracy": None, "profile": None, "log": capture.text()}
 
     def _post(self, task: dict, payload: dict, outcome: str) -> str:

@@ -66,6 +66,7 @@ def test_sha256_mismatch_is_retried_then_fails_the_task(agent_server, runner, ti
     [result] = agent_server.results(5)
     actual = hashlib.sha256(tiny_task_files["model"]).hexdigest()
     assert result["status"] == "failed"
+    assert result["metrics"] == {}  # an object even on failure: the server's field is not nullable
     assert result["error"] == f"sha256 mismatch for model: expected {'0' * 64} got {actual}"
     assert "sha256 mismatch" in result["log"]
     assert not agent_server.hits("POST", "/api/agent/v1/tasks/5/artifact")
