@@ -24,6 +24,10 @@ MIN_CALIBRATION_SAMPLES = 8
 INT4_BLOCK_SIZE = 32
 
 _CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
+# Computed by Kiln's own streaming calibrator (workers.quantize.calibration_methods), not onnxruntime's.
+_KILN_ONLY_METHODS = {"mse": "MSE"}
+_INTEGER_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+FP16_MAX = 65504.0
 
 _OPTIONS = {
     "fp32": set(),
@@ -31,9 +35,18 @@ _OPTIONS = {
     "int8": {
         "calibration_method", "per_channel", "nodes_to_exclude", "op_types_to_quantize",
         "max_calibration_samples", "calibration_batch_size", "skip_preprocess",
+        # Kiln's calibrator and the device's integer scheme (workers.quantize.schemes).
+        "calibrator", "percentile", "activation_type", "weight_type", "reduce_range",
+        # NNCF's ONNX backend (workers.quantize.nncf_onnx), with tool="nncf".
+        "tool", "preset", "model_type", "fast_bias_correction", "smooth_quant_alpha", "ignored_types",
     },
     "int8-dynamic": {"per_channel", "nodes_to_exclude", "op_types_to_quantize"},
-    "int4-weight": {"block_size", "nodes_to_exclude", "symmetric"},
+    "int4-weight": {
+        "block_size", "nodes_to_exclude", "symmetric",
+        # Mixes (workers.quantize.mixed) and NNCF's compress_weights with tool="nncf".
+        "int8_nodes", "gemm_to_matmul", "tool", "ratio", "sensitivity_metric", "awq", "scale_estimation",
+        "max_calibration_samples",
+    },
 }
 
 
@@ -98,7 +111,9 @@ def _build_fp32(model_path: Path, out_path: Path, **_: Any) -> dict[str, Any]:
     return {"method": "copy"}
 
 
-def _build_fp16(model_path: Path, out_path: Path, *, options: dict[str, Any], **_: Any) -> dict[str, Any]:
+def _build_fp16(
+    model_path: Path, out_path: Path, *, options: dict[str, Any], calibration_path: str | Path | None = None, **_: Any
+) -> dict[str, Any]:
     from onnxruntime.transformers.float16 import (
         DEFAULT_OP_BLOCK_LIST,
         convert_float_to_float16,
@@ -106,6 +121,8 @@ def _build_fp16(model_path: Path, out_path: Path, *, options: dict[str, Any], **
 
     custom_block_list = options.get("op_block_list")
     op_block_list = list(custom_block_list or DEFAULT_OP_BLOCK_LIST)
+    if calibration_path is not None:
+        _check_fp16_range(model_path, calibration_path)
     try:
         converted = convert_float_to_float16(
             onnx.load(str(model_path)),
@@ -140,6 +157,9 @@ def _build_int8_static(
 
     if calibration_path is None:
         raise QuantizationError("int8 needs a calibration dataset")
+    tool = options.get("tool", "onnxruntime")
+    if tool not in ("onnxruntime", "nncf"):
+        raise ValueError(f"unknown tool {tool!r}; choose onnxruntime or nncf")
     limit = options.get("max_calibration_samples")
     try:
         available = dataset_samples(calibration_path)
@@ -152,8 +172,28 @@ def _build_int8_static(
             "to estimate activation ranges"
         )
     method_key = str(options.get("calibration_method", "minmax")).lower()
-    if method_key not in _CALIBRATION_METHODS:
-        raise ValueError(f"unknown calibration_method {method_key!r}; choose one of {', '.join(_CALIBRATION_METHODS)}")
+    if method_key not in _CALIBRATION_METHODS and method_key not in _KILN_ONLY_METHODS:
+        choices = ", ".join([*_CALIBRATION_METHODS, *_KILN_ONLY_METHODS])
+        raise ValueError(f"unknown calibration_method {method_key!r}; choose one of {choices}")
+    from workers.quantize.calibration_methods import CalibrationError, check_sample_count
+
+    try:
+        check_sample_count(usable, method_key)
+    except CalibrationError as error:
+        raise QuantizationError(str(error)) from error
+    if tool == "nncf":
+        from workers.quantize.nncf_onnx import build_int8
+
+        try:
+            return build_int8(model_path, out_path, calibration_path=calibration_path, options={**options, "max_calibration_samples": usable})
+        except Exception as error:
+            raise QuantizationError(f"NNCF int8 quantization failed: {error}") from error
+    kiln_calibrator = options.get("calibrator", "onnxruntime") == "kiln" or method_key in _KILN_ONLY_METHODS
+    activation_name = str(options.get("activation_type", "uint8"))
+    weight_name = str(options.get("weight_type", "int8"))
+    if activation_name not in _INTEGER_TYPES or weight_name not in _INTEGER_TYPES:
+        raise ValueError("activation_type and weight_type must be uint8 or int8")
+    reduce_range = bool(options.get("reduce_range", False))
     per_channel = bool(options.get("per_channel", True))
     nodes_to_exclude = list(options.get("nodes_to_exclude") or [])
     large = model_size_bytes(model_path) > LARGE_MODEL_BYTES
@@ -172,39 +212,89 @@ def _build_int8_static(
             # ORT's histogram calibrators stack per-batch outputs and break on a ragged last batch.
             batch_size = 1
         reader = NpzCalibrationReader(calibration_path, input_names=input_names, batch_size=batch_size, limit=limit)
+        cache_path, kiln_summary = None, None
+        if kiln_calibrator:
+            cache_path, kiln_summary = _kiln_ranges(source, calibration_path, Path(scratch), method_key, options, limit or usable)
         try:
             quantize_static(
                 str(source),
                 str(out_path),
-                reader,
+                None if kiln_calibrator else reader,
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=options.get("op_types_to_quantize"),
                 per_channel=per_channel,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
+                reduce_range=reduce_range,
+                activation_type=getattr(QuantType, _INTEGER_TYPES[activation_name]),
+                weight_type=getattr(QuantType, _INTEGER_TYPES[weight_name]),
                 nodes_to_exclude=nodes_to_exclude,
                 use_external_data_format=large,
-                calibrate_method=getattr(CalibrationMethod, _CALIBRATION_METHODS[method_key]),
-                extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+                calibrate_method=CalibrationMethod.MinMax if kiln_calibrator else getattr(CalibrationMethod, _CALIBRATION_METHODS[method_key]),
+                extra_options={"WeightSymmetric": True, "ActivationSymmetric": activation_name == "int8"},
+                calibration_cache_path=cache_path,
             )
         except InvalidDataset as error:
             raise QuantizationError(f"calibration dataset unusable: {error}") from error
         except Exception as error:
             raise QuantizationError(f"static int8 quantization failed: {error}") from error
-    return {
+    recipe = {
         "method": "static",
         "quant_format": "QDQ",
-        "calibration_method": _CALIBRATION_METHODS[method_key],
+        "calibration_method": _CALIBRATION_METHODS.get(method_key) or _KILN_ONLY_METHODS[method_key],
         "per_channel": per_channel,
-        "weight_type": "int8",
+        "weight_type": weight_name,
         "weight_symmetric": True,
-        "activation_type": "uint8",
-        "activation_symmetric": False,
-        "samples": reader.samples_read,
+        "activation_type": activation_name,
+        "activation_symmetric": activation_name == "int8",
+        "samples": kiln_summary["samples"] if kiln_summary else reader.samples_read,
         "preprocess": preprocess,
         "nodes_excluded": nodes_to_exclude,
         "op_types": options.get("op_types_to_quantize") or "all supported",
     }
+    if reduce_range:
+        recipe["reduce_range"] = True
+    if kiln_summary:
+        recipe["calibrator"] = "kiln (streaming histograms)"
+        recipe["range_rules"] = kiln_summary["rules"]
+    return recipe
+
+
+def _kiln_ranges(
+    source: Path, calibration_path: str | Path, scratch: Path, method: str, options: dict[str, Any], samples: int
+) -> tuple[Path, dict[str, Any]]:
+    """Estimate ranges with Kiln's calibrator and write them where quantize_static reads a calibration cache."""
+    from workers.quantize.calibration_methods import (
+        DEFAULT_PERCENTILE,
+        CalibrationError,
+        calibrate,
+        write_ort_calibration_cache,
+    )
+
+    try:
+        result = calibrate(
+            source, calibration_path, method=method, max_samples=samples,
+            batch_size=int(options.get("calibration_batch_size", 16)),
+            percentile=float(options.get("percentile", DEFAULT_PERCENTILE)),
+        )
+    except CalibrationError as error:
+        raise QuantizationError(str(error)) from error
+    return write_ort_calibration_cache(result, scratch / "ranges.json"), result.summary()
+
+
+def _check_fp16_range(model_path: Path, calibration_path: str | Path) -> None:
+    """Refuse FP16 when the FP32 model's activations on the calibration data exceed what FP16 can hold."""
+    from workers.quantize.calibration_methods import CalibrationError, activation_absmax
+
+    try:
+        peaks = activation_absmax(model_path, calibration_path)
+    except (CalibrationError, InvalidDataset) as error:
+        raise QuantizationError(str(error)) from error
+    overflowing = sorted(((peak, name) for name, peak in peaks.items() if peak > FP16_MAX), reverse=True)
+    if overflowing:
+        listed = ", ".join(f"{name!r} ({peak:.3g})" for peak, name in overflowing[:5])
+        raise QuantizationError(
+            f"fp16 would overflow: {len(overflowing)} activation(s) exceed the FP16 maximum {FP16_MAX:g} on the "
+            f"calibration data, largest {listed}; keep the ops producing them in float (op_block_list) or use fp32/int8"
+        )
 
 
 def _preprocess(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> tuple[Path, str]:
@@ -253,34 +343,50 @@ def _build_int8_dynamic(model_path: Path, out_path: Path, *, options: dict[str, 
     }
 
 
-def _build_int4_weight(model_path: Path, out_path: Path, *, options: dict[str, Any], **_: Any) -> dict[str, Any]:
+def _build_int4_weight(
+    model_path: Path, out_path: Path, *, options: dict[str, Any], calibration_path: str | Path | None = None, **_: Any
+) -> dict[str, Any]:
     nodes_to_exclude = list(options.get("nodes_to_exclude") or [])
-    eligible = _matmuls_with_weights(load_graph_only(model_path), exclude=set(nodes_to_exclude))
+    graph = load_graph_only(model_path)
+    converted_gemms: list[str] = []
+    if options.get("gemm_to_matmul"):
+        from workers.quantize.mixed import gemm_to_matmul
+
+        graph, converted_gemms = gemm_to_matmul(graph)
+    eligible = _matmuls_with_weights(graph, exclude=set(nodes_to_exclude))
     if not eligible:
         raise NotApplicable("int4-weight needs MatMul weights; this model has none")
+    if options.get("tool", "onnxruntime") == "nncf":
+        from workers.quantize.nncf_onnx import build_int4
+
+        try:
+            return build_int4(model_path, out_path, calibration_path=calibration_path, options=options)
+        except ValueError as error:
+            raise QuantizationError(str(error)) from error
+        except Exception as error:
+            raise QuantizationError(f"NNCF int4 weight compression failed: {error}") from error
     try:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # noqa: F401
     except ImportError as error:
         # onnxruntime's quantizer imports onnx_ir, which onnxruntime does not declare as a dependency.
         raise QuantizationError(f"int4-weight needs the onnx-ir package: {error}") from error
 
     block_size = int(options.get("block_size", INT4_BLOCK_SIZE))
     symmetric = bool(options.get("symmetric", True))
-    large = model_size_bytes(model_path) > LARGE_MODEL_BYTES
+    int8_nodes = list(options.get("int8_nodes") or [])
     try:
-        quantizer = MatMulNBitsQuantizer(
-            onnx.load(str(model_path)),
-            bits=4,
-            block_size=block_size,
-            is_symmetric=symmetric,
-            nodes_to_exclude=nodes_to_exclude,
-            op_types_to_quantize=("MatMul",),
+        from workers.quantize.mixed import gemm_to_matmul, quantize_matmul_weights
+
+        model = onnx.load(str(model_path))
+        if converted_gemms:
+            model, _ = gemm_to_matmul(model)
+        model, counts = quantize_matmul_weights(
+            model, block_size=block_size, symmetric=symmetric, nodes_to_exclude=nodes_to_exclude, int8_nodes=int8_nodes,
         )
-        quantizer.process()
-        quantized = sum(1 for node in quantizer.model.model.graph.node if node.op_type == "MatMulNBits")
+        quantized = counts["int4"] + counts["int8"]
         if not quantized:
             raise NotApplicable("int4-weight found no MatMul weight it could quantize in this model")
-        quantizer.model.save_model_to_file(str(out_path), use_external_data_format=large)
+        save_model(model, out_path)
     except NotApplicable:
         raise
     except Exception as error:
@@ -294,6 +400,8 @@ def _build_int4_weight(model_path: Path, out_path: Path, *, options: dict[str, A
         "operator": "com.microsoft.MatMulNBits",
         "quantized_nodes": quantized,
         "nodes_excluded": nodes_to_exclude,
+        **({"int8_nodes": int8_nodes, "int8_quantized_nodes": counts["int8"]} if int8_nodes else {}),
+        **({"gemm_to_matmul": converted_gemms} if converted_gemms else {}),
     }
 
 
