@@ -1,0 +1,421 @@
+"""`precisions: auto`: plan rounds of candidate variants, measure them, refine until the tolerance is met with nothing faster left.
+
+`plan_round` is pure and deterministic: the pipeline calls it with what the devices measured, and
+`search_locally` calls it with what this host measured (the benchmark uses that). Round 1 is a
+broad sweep across backends, precisions, calibration methods and tools, including what the
+vendors' own default tools produce, so the answer is never worse than theirs. Later rounds only
+refine candidates that missed the tolerance yet are faster than the best variant that met it:
+keeping more of the most sensitive nodes in float (INT8), or moving the most sensitive weights to
+INT8 (INT4). Keeping nodes in float can only slow a variant down, so a family that is already
+slower than the best passing variant is never refined, and a family whose last refinement passed
+is finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workers.quantize.schemes import (
+    TRANSFORMER_INT8_OPS,
+    has_fast_fp16,
+    is_transformer,
+    ort_int8_scheme,
+)
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("auto", "accuracy", "cosine", "sqnr", "top1_agreement")
+KEEP_STEPS = (1, 2, 4, 8, 16, 32, 64)
+_KEEP_SUFFIX = re.compile(r"^(?P<base>.+?)-keep(?P<k>\d+)$")
+_MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
+_KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
+
+
+class InvalidTolerance(ValueError):
+    """The tolerance cannot be understood; the message says what a valid one looks like."""
+
+
+def parse_tolerance(tolerance: Any) -> dict[str, Any]:
+    """Normalize a tolerance: a dict `{"metric", "max_drop"}` (or `min_value` for sqnr), or text such as "1%", "0.01", "accuracy:1%"."""
+    if tolerance is None:
+        return {"metric": "auto", "max_drop": 0.01}
+    if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
+        tolerance = {"max_drop": tolerance}
+    if isinstance(tolerance, str):
+        metric, _, amount = tolerance.rpartition(":")
+        tolerance = {"metric": metric.strip() or "auto", "max_drop": amount.strip()}
+    if not isinstance(tolerance, dict):
+        raise InvalidTolerance(f"tolerance must be an object like {{'metric': 'auto', 'max_drop': 0.01}}, got {tolerance!r}")
+    metric = str(tolerance.get("metric", "auto")).strip().lower()
+    if metric not in METRICS:
+        raise InvalidTolerance(f"unknown tolerance metric {metric!r}; choose one of {', '.join(METRICS)}")
+    result: dict[str, Any] = {"metric": metric}
+    if metric == "sqnr":
+        result["min_value"] = _number(tolerance.get("min_value", 30.0), "min_value", allow_percent=False)
+        return result
+    max_drop = _number(tolerance.get("max_drop", 0.01), "max_drop", allow_percent=True)
+    if not 0.0 <= max_drop < 1.0:
+        raise InvalidTolerance(f"max_drop must be between 0 and 1 (a fraction: 0.01 is one point), got {max_drop:g}")
+    result["max_drop"] = max_drop
+    return result
+
+
+def _number(raw: Any, name: str, *, allow_percent: bool) -> float:
+    text = str(raw).strip()
+    try:
+        if allow_percent and text.endswith("%"):
+            value = float(text[:-1]) / 100.0
+        else:
+            value = float(text)
+    except ValueError:
+        example = "0.01 or '1%'" if allow_percent else "30"
+        raise InvalidTolerance(f"cannot parse tolerance {name} {raw!r}: expected a number such as {example}") from None
+    if not math.isfinite(value):
+        raise InvalidTolerance(f"tolerance {name} must be finite, got {raw!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+def plan_round(
+    *,
+    round_number: int,
+    model_facts: dict[str, Any],
+    device_isa: list[str],
+    backends: list[str],
+    has_calibration: bool,
+    tolerance: dict[str, Any],
+    sensitivity: list[dict[str, Any]] | None,
+    measured: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Candidate specs `{"key", "precision", "options", "backends"}` for this round; [] when the search is done."""
+    parse_tolerance(tolerance)
+    sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration)
+    if round_number <= 1:
+        return sweep
+    if not measured:
+        return []
+    templates = {spec["key"]: spec for spec in sweep}
+    usable = [entry for entry in measured if _p50(entry) is not None and _accuracy(entry) is not None]
+    passing = [_p50(entry) for entry in usable if _accuracy(entry).get("within_tolerance")]
+    best_passing = min(passing) if passing else math.inf
+    tried = {entry["key"] for entry in measured}
+
+    # The deepest refinement measured so far for each family, with its fastest latency and verdict.
+    families: dict[str, dict[str, Any]] = {}
+    for entry in usable:
+        family, depth = _family(entry["key"])
+        if family is None:
+            continue
+        state = families.setdefault(family, {"depth": -1, "p50": math.inf, "passed": False})
+        if depth > state["depth"]:
+            state.update(depth=depth, p50=math.inf, passed=False)
+        if depth == state["depth"]:
+            state["p50"] = min(state["p50"], _p50(entry))
+            state["passed"] = state["passed"] or bool(_accuracy(entry).get("within_tolerance"))
+
+    ranking = sensitivity or []
+    proposals: dict[str, dict[str, Any]] = {}
+    for family in sorted(families):
+        state = families[family]
+        # Refining only adds float work, so a family at or above the best passing latency cannot win.
+        if state["passed"] or state["p50"] >= best_passing:
+            continue
+        spec = _refine(family, state["depth"], templates, ranking)
+        if spec is not None and spec["key"] not in tried:
+            proposals[spec["key"]] = spec
+    return [proposals[key] for key in sorted(proposals)]
+
+
+def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has_calibration: bool) -> list[dict[str, Any]]:
+    ops = dict(model_facts.get("op_histogram") or {})
+    transformer = is_transformer(ops)
+    scheme = ort_int8_scheme(isa)
+    scheme_options = {"activation_type": scheme["activation_type"], "weight_type": scheme["weight_type"],
+                      "reduce_range": scheme["reduce_range"]}
+    specs = [_spec("fp32", "fp32", {})]
+    if has_fast_fp16(isa):
+        specs.append(_spec("fp16", "fp16", {}))
+    if "MatMul" in ops or "Gemm" in ops:
+        specs.append(_spec("int8-dynamic", "int8-dynamic", {}))
+    if has_calibration:
+        # What onnxruntime's quantize_static gives with its defaults (per-tensor MinMax QDQ), in the
+        # device's integer scheme: the vendor baseline every other candidate must beat.
+        specs.append(_spec("int8-minmax", "int8", {"calibration_method": "minmax", "per_channel": False, **scheme_options}))
+        specs.append(_spec("int8-mse", "int8", {"calibration_method": "mse", "per_channel": True, **scheme_options}))
+        specs.append(_spec("int8-entropy", "int8", {"calibration_method": "entropy", "calibrator": "kiln",
+                                                    "per_channel": True, **scheme_options}))
+        nncf_options: dict[str, Any] = {"tool": "nncf"}
+        if transformer:
+            # NNCF's transformer type keeps LayerNorm/Softmax-adjacent patterns in float and adds SmoothQuant.
+            nncf_options["model_type"] = "transformer"
+        specs.append(_spec("int8-nncf", "int8", nncf_options))
+        if transformer:
+            specs.append(_spec("int8-mse-transformer", "int8", {
+                "calibration_method": "mse", "per_channel": True, "op_types_to_quantize": list(TRANSFORMER_INT8_OPS),
+                **scheme_options}))
+    if "MatMul" in ops or "Gemm" in ops:
+        int4_options: dict[str, Any] = {"block_size": 32, "symmetric": True}
+        if "MatMul" not in ops:
+            int4_options["gemm_to_matmul"] = True
+        specs.append(_spec("int4-rtn", "int4-weight", int4_options))
+    return specs
+
+
+def _spec(key: str, precision: str, options: dict[str, Any], backends: list[str] | None = None) -> dict[str, Any]:
+    return {"key": key, "precision": precision, "options": options, "backends": backends}
+
+
+def _family(key: str) -> tuple[str | None, int]:
+    """(family, depth): "int8-mse-keep4" → ("int8-mse", 4); "int4-mix2" → ("int4-rtn", 2); "int8-mse" → ("int8-mse", 0)."""
+    if key in ("fp32", "fp16"):
+        return None, 0
+    mix = _MIX.match(key)
+    if mix:
+        return "int4-rtn", int(mix.group("k"))
+    keep = _KEEP_SUFFIX.match(key)
+    if keep:
+        return keep.group("base"), int(keep.group("k"))
+    return key, 0
+
+
+def _refine(family: str, depth: int, templates: dict[str, dict[str, Any]], ranking: list[dict[str, Any]]) -> dict[str, Any] | None:
+    template = templates.get(family)
+    if template is None or not ranking:
+        return None
+    next_depth = next((step for step in KEEP_STEPS if step > depth), None)
+    if template["precision"] == "int4-weight":
+        order = sorted((row for row in ranking if row.get("int4_sqnr_db") is not None),
+                       key=lambda row: row["int4_sqnr_db"])
+        if next_depth is None or not order or depth >= len(order):
+            return None
+        chosen = [row["node"] for row in order[: min(next_depth, len(order))]]
+        options = {**template["options"], "int8_nodes": chosen}
+        return _spec(f"int4-mix{len(chosen)}", "int4-weight", options, template["backends"])
+    ops = _KEEP_FLOAT_OPS.get(template["precision"])
+    if ops is None:
+        return None
+    op_filter = set(template["options"].get("op_types_to_quantize") or ops)
+    order = [row["node"] for row in ranking if row.get("op_type") in op_filter]
+    if next_depth is None or not order or depth >= len(order):
+        return None
+    chosen = order[: min(next_depth, len(order))]
+    options = {**template["options"], "nodes_to_exclude": chosen}
+    return _spec(f"{family}-keep{len(chosen)}", template["precision"], options, template["backends"])
+
+
+def _p50(entry: dict[str, Any]) -> float | None:
+    latency = entry.get("latency_ms") or {}
+    return latency.get("p50")
+
+
+def _accuracy(entry: dict[str, Any]) -> dict[str, Any] | None:
+    accuracy = entry.get("accuracy")
+    if not accuracy or accuracy.get("value") is None:
+        return None
+    return accuracy
+
+
+# ---------------------------------------------------------------------------------------------
+# The same rounds measured on this host
+
+
+def host_isa() -> list[str]:
+    """ISA flags of this CPU from /proc/cpuinfo (empty where unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return sorted(set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
+
+
+def _scoring():
+    try:
+        from kiln.reports import scoring
+    except ImportError:
+        # kiln lives under platform/, which is not a package (it would shadow stdlib `platform`).
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "platform"))
+        from kiln.reports import scoring
+    return scoring
+
+
+def search_locally(
+    *,
+    model_path: str | Path,
+    calibration_path: str | Path | None,
+    validation_path: str | Path,
+    tolerance: Any,
+    backends: tuple[str, ...] | list[str] = ("onnxruntime", "openvino"),
+    max_rounds: int = 4,
+    time_budget_s: float = 600.0,
+    work_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    threads: int | None = 1,
+    device_isa: list[str] | None = None,
+    benchmark: dict[str, Any] | None = None,
+    max_validation_samples: int = 512,
+    sensitivity_samples: int = 64,
+) -> dict[str, Any]:
+    """Run the auto search on this host: build each round's candidates, measure them on each backend, recommend.
+
+    Returns `{"variants", "recommended", "reason", "pareto", "rounds", "sensitivity", "elapsed_s", "stopped"}`
+    with variants shaped like the report's (`id`, `key`, `backend`, `precision`, `recipe`, `latency_ms`,
+    `accuracy`, `size_bytes`, `path`).
+    """
+    import tempfile
+
+    from devices.bench import BenchmarkSettings
+    from workers.inspect import inspect_onnx
+    from workers.quantize.cache import cached_build_variant
+    from workers.quantize.sensitivity import rank_nodes
+    from workers.quantize.variants import NotApplicable, QuantizationError
+
+    started = time.monotonic()
+    tolerance = parse_tolerance(tolerance)
+    scoring = _scoring()
+    settings = BenchmarkSettings.from_dict(benchmark or {"warmup_runs": 5, "warmup_seconds": 0.2,
+                                                         "min_runs": 20, "min_seconds": 0.6})
+    scratch = tempfile.TemporaryDirectory(prefix="kiln-search-") if work_dir is None else None
+    work = Path(work_dir or scratch.name)
+    work.mkdir(parents=True, exist_ok=True)
+    cache = Path(cache_dir) if cache_dir else work / "cache"
+    model_facts = inspect_onnx(model_path)
+    isa = device_isa if device_isa is not None else host_isa()
+    validation = _Validation(model_path, validation_path, max_validation_samples)
+
+    sensitivity = None
+    if calibration_path is not None:
+        sensitivity = rank_nodes(model_path=model_path, calibration_path=calibration_path, max_samples=sensitivity_samples)
+
+    entries: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    rounds = 0
+    stopped = "search complete: tolerance met with no faster candidate left"
+    for round_number in range(1, max_rounds + 1):
+        specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
+                           has_calibration=calibration_path is not None, tolerance=tolerance,
+                           sensitivity=sensitivity, measured=entries)
+        if not specs:
+            break
+        rounds = round_number
+        for spec in specs:
+            if time.monotonic() - started > time_budget_s:
+                stopped = f"time budget of {time_budget_s:g} s ran out in round {round_number}"
+                break
+            out = work / "variants" / f"{spec['key']}.onnx"
+            try:
+                built = cached_build_variant(cache_dir=cache, model_path=model_path, precision=spec["precision"],
+                                             out_path=out, calibration_path=calibration_path, options=spec["options"])
+            except (NotApplicable, QuantizationError) as error:
+                failures.append({"key": spec["key"], "error": str(error)})
+                continue
+            wanted = spec["backends"] or list(backends)
+            for backend in [name for name in wanted if name in built["backends"] and name in backends]:
+                entry = _measure(out, backend, spec, built, validation, settings, threads, work, tolerance, scoring)
+                entries.append(entry)
+        else:
+            continue
+        break
+    else:
+        if plan_round(round_number=max_rounds + 1, model_facts=model_facts, device_isa=isa, backends=list(backends),
+                      has_calibration=calibration_path is not None, tolerance=tolerance,
+                      sensitivity=sensitivity, measured=entries):
+            stopped = f"stopped after max_rounds={max_rounds} with refinements left"
+
+    recommended, reason = scoring.recommend(entries, tolerance)
+    pareto = scoring.pareto_ids(entries)
+    for entry in entries:
+        entry["pareto"] = entry["id"] in pareto
+    if scratch is not None:
+        # The caller gave no work_dir, so nobody can open the artifacts later; keep only the numbers.
+        for entry in entries:
+            entry.pop("path", None)
+        scratch.cleanup()
+    return {
+        "variants": entries,
+        "failures": failures,
+        "recommended": recommended,
+        "reason": reason,
+        "pareto": sorted(pareto),
+        "rounds": rounds,
+        "sensitivity": sensitivity,
+        "tolerance": tolerance,
+        "elapsed_s": time.monotonic() - started,
+        "stopped": stopped,
+    }
+
+
+class _Validation:
+    """Validation inputs (bounded), labels, and the FP32 reference outputs on them."""
+
+    def __init__(self, model_path: str | Path, validation_path: str | Path, limit: int):
+        import onnxruntime as ort
+
+        from workers.datasets import LABELS, iter_batches
+
+        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        self.input_names = [value.name for value in session.get_inputs()]
+        self.output_names = [value.name for value in session.get_outputs()]
+        first = session.get_inputs()[0].shape
+        self.static_batch = first[0] if first and isinstance(first[0], int) and first[0] > 0 else None
+        batch = self.static_batch or 16
+        self.batches = list(iter_batches(validation_path, input_names=self.input_names, batch_size=batch, limit=limit))
+        if self.static_batch:
+            self.batches = [b for b in self.batches if len(next(iter(b.values()))) == self.static_batch]
+        with np.load(validation_path) as archive:
+            self.labels = archive[LABELS][: sum(len(next(iter(b.values()))) for b in self.batches)] if LABELS in archive else None
+        self.reference = self.run(lambda feeds: dict(zip(self.output_names, session.run(None, feeds))))
+        single = {name: np.ascontiguousarray(value[: self.static_batch or 1]) for name, value in self.batches[0].items()}
+        self.benchmark_feeds = single
+
+    def run(self, infer) -> dict[str, np.ndarray]:
+        parts: dict[str, list[np.ndarray]] = {}
+        for feeds in self.batches:
+            for name, value in infer(feeds).items():
+                parts.setdefault(name, []).append(np.asarray(value))
+        return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[str, Any], validation: _Validation,
+             settings, threads: int | None, work: Path, tolerance: dict[str, Any], scoring) -> dict[str, Any]:
+    from devices.backends.registry import get_backend
+    from devices.bench import measure
+    from devices.metrics import compare_outputs
+
+    entry: dict[str, Any] = {
+        "id": f"{spec['key']}@{backend_name}", "key": spec["key"], "backend": backend_name,
+        "precision": spec["precision"], "options": spec["options"], "recipe": built["recipe"],
+        "size_bytes": built["size_bytes"], "cache": built.get("cache"), "path": str(path),
+        "latency_ms": None, "accuracy": {"value": None}, "error": None,
+    }
+    try:
+        compiled = get_backend(backend_name).compile(path, work / "compiled" / entry["id"], threads=threads)
+        try:
+            outputs = validation.run(compiled.run)
+            reference = {name: validation.reference[name] for name in validation.output_names}
+            metrics = compare_outputs({name: outputs[name] for name in reference}, reference, validation.labels)
+            metric = scoring.resolve_metric(tolerance, metrics)
+            entry["accuracy"] = scoring.score_accuracy(tolerance, metrics, metric)
+            entry["accuracy"].pop("outputs", None)
+            result = measure(compiled.bind(validation.benchmark_feeds), settings)
+            entry["latency_ms"] = result["latency_ms"]
+            entry["unstable"] = result["unstable"]
+        finally:
+            compiled.close()
+    except Exception as error:  # noqa: BLE001 - one failing variant must not end the search
+        logger.warning("measuring %s failed: %s", entry["id"], error)
+        entry["error"] = f"{type(error).__name__}: {error}"
+    return entry
