@@ -102,12 +102,18 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
                 <td>
                   <Capabilities agent={agent} />
                 </td>
-                <td className="chips">
-                  {Object.entries(agent.labels ?? {}).map(([key, value]) => (
-                    <span key={key} className="chip">
-                      {key}={value}
-                    </span>
-                  ))}
+                <td>
+                  {Object.keys(agent.labels ?? {}).length === 0 ? (
+                    <span className="muted">None</span>
+                  ) : (
+                    <div className="chips">
+                      {Object.entries(agent.labels).map(([key, value]) => (
+                        <span key={key} className="chip">
+                          {key}={value}
+                        </span>
+                      ))}
+                    </div>
+                  )}
                 </td>
                 <td>{agent.current_task ? `Task #${agent.current_task}` : <span className="muted">Idle</span>}</td>
                 <td title={agent.last_heartbeat_at ?? undefined}>{formatRelative(agent.last_heartbeat_at)}</td>

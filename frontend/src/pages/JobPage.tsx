@@ -38,7 +38,11 @@ function Timeline({ job }: { job: Job }) {
               {humanize(stage.name)} <StatusBadge status={stage.status} />
               <span className="muted small"> {durationText(stage)}</span>
             </div>
-            {stage.message ? <div className="muted small">{stage.message}</div> : null}
+            {stage.message ? (
+              <div className="muted small timeline-message" title={stage.message}>
+                {stage.message}
+              </div>
+            ) : null}
           </div>
         </li>
       ))}
@@ -224,13 +228,12 @@ export function JobPage() {
         <DeviceTasks tasks={data.device_tasks ?? []} job={data} />
       </section>
 
-      <div className="grid-2">
-        <section className="card" aria-labelledby="artifacts-heading">
+      <section className="card" aria-labelledby="artifacts-heading">
           <h2 id="artifacts-heading">Artifacts</h2>
           <ErrorMessage error={artifacts.error} />
           {artifacts.isPending ? <Loading /> : <ArtifactList artifacts={rows(artifacts.data)} />}
-        </section>
-        <section className="card" aria-labelledby="events-heading">
+      </section>
+      <section className="card" aria-labelledby="events-heading">
           <h2 id="events-heading">Event log</h2>
           {events.length === 0 ? (
             <EmptyState title="No events yet." />
@@ -247,8 +250,7 @@ export function JobPage() {
               ))}
             </ol>
           )}
-        </section>
-      </div>
+      </section>
     </>
   );
 }

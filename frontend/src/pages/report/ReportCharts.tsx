@@ -10,7 +10,7 @@ import { BarList } from '../../components/BarList';
 import { formatNumber } from '../../format';
 import { variantLabel } from './ReportTable';
 
-const COLORS = { good: '#2f6f4f', bad: '#b04a3a', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
+const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
 
 /** The accuracy value a variant must reach: the FP32 reference minus the allowed drop. */
 export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): number | null {
@@ -72,6 +72,7 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
     const high = Math.max(...values);
     const pad = (high - low || Math.abs(high) || 1) * 0.15;
     const none = () => null;
+    const yValue = (_u: uPlot, value: number | null) => (value === null || value === undefined ? '' : formatNumber(value, 4));
     const options: Omit<uPlot.Options, 'width'> = {
       height: 300,
       legend: { live: true },
@@ -86,9 +87,9 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
       ],
       series: [
         { label: 'Variant', value: (_u, value, _s, index) => (index === null || index === undefined ? '—' : `${variantLabel(points[index])} · ${formatNumber(value, 3)} ms`) },
-        { label: 'Within tolerance', stroke: COLORS.good, paths: none, points: scatterPoint(10, COLORS.good) },
-        { label: 'Outside tolerance', stroke: COLORS.bad, paths: none, points: scatterPoint(10, COLORS.bad) },
-        { label: 'Recommended', stroke: COLORS.recommended, paths: none, points: scatterPoint(16, COLORS.recommended) },
+        { label: 'Within tolerance', stroke: COLORS.good, fill: COLORS.good, paths: none, value: yValue, points: scatterPoint(10, COLORS.good) },
+        { label: 'Outside tolerance', stroke: COLORS.outside, fill: COLORS.outside, paths: none, value: yValue, points: scatterPoint(10, COLORS.outside) },
+        { label: 'Recommended', stroke: COLORS.recommended, fill: COLORS.recommended, paths: none, value: yValue, points: scatterPoint(16, COLORS.recommended) },
       ],
       hooks: {
         draw: [
