@@ -124,16 +124,19 @@ def ui_dist():
     return FRONTEND / "dist"
 
 
-@pytest.fixture
-def stack(request, ui_dist, tmp_path):
-    if EXTERNAL_URL:
+if EXTERNAL_URL:
+    @pytest.fixture
+    def stack(ui_dist, tmp_path):
         external = ExternalStack(url=EXTERNAL_URL, work_dir=tmp_path)
         yield external
         external.stop()
-        return
-    live = request.getfixturevalue("kiln_stack")
-    _check_ui_is_served(live.url)
-    yield live
+else:
+    # kiln_stack must be a static dependency: pytest-django sets up the test database only then
+    # (a getfixturevalue("kiln_stack") would query the development database).
+    @pytest.fixture
+    def stack(ui_dist, kiln_stack):
+        _check_ui_is_served(kiln_stack.url)
+        return kiln_stack
 
 
 def _check_ui_is_served(url: str) -> None:
