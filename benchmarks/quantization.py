@@ -1,0 +1,317 @@
+"""Kiln's `precisions: auto` against the vendors' default tools, side by side on this machine's CPU.
+
+For each model (the trained digits CNN, a ResNet-18-shaped CNN at 224×224 with random weights, a
+BERT-shaped encoder at sequence length 128 with random weights) this builds:
+
+- FP32 on ONNX Runtime and on OpenVINO,
+- onnxruntime.quantization.quantize_static and quantize_dynamic with their defaults,
+- nncf.quantize with its defaults (ONNX backend; measured on OpenVINO and ONNX Runtime),
+- Kiln's recommended variant for a 1% tolerance (workers.quantize.search.search_locally),
+
+then measures them interleaved in one process (one thread each, round-robin windows, the median
+of the per-window p50s) and prints latency, accuracy figure and each one's latency ratio to
+Kiln's pick (> 1: Kiln is faster). The digits CNN is scored on label accuracy (drop ≤ 1 point),
+the random-weight models on cosine similarity to FP32 (drop ≤ 0.01). A second table compares
+plain round-to-nearest INT4 weights with Kiln's INT4/INT8 mix on the digits CNN and the digits MLP.
+
+Run: `.venv/bin/python benchmarks/quantization.py` (about 5–10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from devices.backends.registry import get_backend  # noqa: E402
+from devices.bench import BenchmarkSettings, measure  # noqa: E402
+from devices.metrics import compare_outputs  # noqa: E402
+from kiln.reports import scoring  # noqa: E402
+from tests.fixtures.mlp import train_digits_mlp  # noqa: E402
+from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz  # noqa: E402
+from workers.quantize import build_variant  # noqa: E402
+from workers.quantize.calibration import NpzCalibrationReader  # noqa: E402
+from workers.quantize.search import search_locally  # noqa: E402
+from workers.quantize.sensitivity import rank_int4_weights, rank_nodes  # noqa: E402
+
+WINDOW = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def resnet18_like(seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18's layout (7×7 stem, 4 stages of 2 basic blocks, 64→512 channels, avgpool, fc 1000) with BN folded away."""
+    rng = np.random.default_rng(seed)
+    nodes, initializers = [], []
+
+    def conv(name, x, c_in, c_out, kernel, stride, relu=True):
+        fan_in = c_in * kernel * kernel
+        weight = (rng.standard_normal((c_out, c_in, kernel, kernel)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(weight, f"{name}.weight"))
+        initializers.append(numpy_helper.from_array((rng.standard_normal(c_out) * 0.01).astype(np.float32), f"{name}.bias"))
+        pad = kernel // 2
+        nodes.append(helper.make_node("Conv", [x, f"{name}.weight", f"{name}.bias"], [name], name=name,
+                                      kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [name], [f"{name}.relu"], name=f"{name}.relu"))
+            return f"{name}.relu"
+        return name
+
+    x = conv("stem", "input", 3, 64, 7, 2)
+    nodes.append(helper.make_node("MaxPool", [x], ["stem.pool"], name="stem.pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
+    x, channels = "stem.pool", 64
+    for stage, width in enumerate((64, 128, 256, 512), start=1):
+        for block in range(2):
+            stride = 2 if stage > 1 and block == 0 else 1
+            name = f"layer{stage}.{block}"
+            branch = conv(f"{name}.conv1", x, channels, width, 3, stride)
+            branch = conv(f"{name}.conv2", branch, width, width, 3, 1, relu=False)
+            shortcut = conv(f"{name}.downsample", x, channels, width, 1, stride, relu=False) if stride != 1 or channels != width else x
+            # Halving the residual sum keeps activations from growing block after block (no BN here).
+            nodes.append(helper.make_node("Add", [branch, shortcut], [f"{name}.sum"], name=f"{name}.add"))
+            initializers.append(numpy_helper.from_array(np.array(0.7, np.float32), f"{name}.half"))
+            nodes.append(helper.make_node("Mul", [f"{name}.sum", f"{name}.half"], [f"{name}.scaled"], name=f"{name}.scale"))
+            nodes.append(helper.make_node("Relu", [f"{name}.scaled"], [f"{name}.out"], name=f"{name}.relu"))
+            x, channels = f"{name}.out", width
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="avgpool"))
+    nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1))
+    initializers.append(numpy_helper.from_array((rng.standard_normal((1000, 512)) / np.sqrt(512)).astype(np.float32), "fc.weight"))
+    initializers.append(numpy_helper.from_array(np.zeros(1000, np.float32), "fc.bias"))
+    nodes.append(helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="fc", transB=1))
+    graph = helper.make_graph(nodes, "resnet18_like",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1000])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="kiln-bench-resnet18")
+    model.ir_version = 8
+    return model
+
+
+def prepare_models(work: Path) -> list[dict]:
+    models = []
+    digits = train_digits_cnn()
+    path = work / "digits.onnx"
+    onnx.save(digits.model, str(path))
+    models.append({"name": "digits CNN (trained)", "path": path, "tolerance": {"metric": "accuracy", "max_drop": 0.01},
+                   "calibration": write_npz(work / "digits-cal.npz", input=digits.x_calib),
+                   "validation": write_npz(work / "digits-val.npz", input=digits.x_val, labels=digits.y_val)})
+
+    rng = np.random.default_rng(0)
+    path = work / "resnet18.onnx"
+    onnx.save(resnet18_like(), str(path))
+    models.append({"name": "ResNet-18-shaped 224x224 (random)", "path": path, "tolerance": {"metric": "cosine", "max_drop": 0.01},
+                   "calibration": write_npz(work / "resnet-cal.npz", input=rng.standard_normal((32, 3, 224, 224)).astype(np.float32)),
+                   "validation": write_npz(work / "resnet-val.npz", input=rng.standard_normal((16, 3, 224, 224)).astype(np.float32))})
+
+    path = work / "bert.onnx"
+    onnx.save(build_transformer_like(seq_len=128, hidden=256, heads=4, layers=4, seed=0), str(path))
+    models.append({"name": "BERT-shaped encoder seq 128 (random)", "path": path, "tolerance": {"metric": "cosine", "max_drop": 0.01},
+                   "calibration": write_npz(work / "bert-cal.npz", input=rng.standard_normal((64, 128, 256)).astype(np.float32)),
+                   "validation": write_npz(work / "bert-val.npz", input=rng.standard_normal((32, 128, 256)).astype(np.float32))})
+    return models
+
+
+# ---------------------------------------------------------------------------------------------
+# Competitors: the vendors' tools called with their defaults
+
+
+def build_competitors(model: dict, work: Path) -> list[dict]:
+    import nncf
+    from onnxruntime.quantization import quantize_dynamic, quantize_static
+
+    from workers.datasets import iter_batches
+
+    path, name = model["path"], model["path"].stem
+    rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime"},
+            {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino"}]
+    static = work / f"{name}-ort-static.onnx"
+    quantize_static(str(path), str(static), NpzCalibrationReader(model["calibration"], input_names=["input"], batch_size=1))
+    rows.append({"tool": "ORT quantize_static (defaults)", "path": static, "backend": "onnxruntime"})
+    dynamic = work / f"{name}-ort-dynamic.onnx"
+    quantize_dynamic(str(path), str(dynamic))
+    rows.append({"tool": "ORT quantize_dynamic (defaults)", "path": dynamic, "backend": "onnxruntime"})
+    nncf_path = work / f"{name}-nncf.onnx"
+    batches = list(iter_batches(model["calibration"], input_names=["input"], batch_size=1))
+    onnx.save(nncf.quantize(onnx.load(str(path)), nncf.Dataset(batches)), str(nncf_path))
+    rows.append({"tool": "NNCF quantize (defaults)", "path": nncf_path, "backend": "openvino"})
+    rows.append({"tool": "NNCF quantize (defaults)", "path": nncf_path, "backend": "onnxruntime"})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+def load_validation(path: Path, limit: int = 512):
+    with np.load(path) as archive:
+        inputs = archive["input"][:limit]
+        labels = archive["labels"][:limit] if "labels" in archive else None
+    return inputs, labels
+
+
+def evaluate(rows: list[dict], model: dict, work: Path) -> None:
+    inputs, labels = load_validation(model["validation"])
+    reference = None
+    for index, row in enumerate(rows):
+        compiled = get_backend(row["backend"]).compile(row["path"], work / "compiled" / f"{model['path'].stem}-{index}", threads=1)
+        outputs = np.concatenate([compiled.run({"input": inputs[i : i + 16]})[compiled.output_names[0]]
+                                  for i in range(0, len(inputs), 16)])
+        if reference is None:
+            # The first row is FP32 on ONNX Runtime: the reference, as on a device.
+            reference = outputs
+        metrics = compare_outputs({"out": outputs}, {"out": reference}, labels)
+        metric = scoring.resolve_metric(model["tolerance"], metrics)
+        row["accuracy"] = scoring.score_accuracy(model["tolerance"], metrics, metric)
+        row["compiled"] = compiled
+        row["bound"] = compiled.bind({"input": np.ascontiguousarray(inputs[:1])})
+
+
+def interleaved_p50(rows: list[dict], rounds: int) -> None:
+    """Round-robin windows over all rows so drift on a shared machine hits every row alike."""
+    windows: list[list[float]] = [[] for _ in rows]
+    for _ in range(rounds):
+        for index, row in enumerate(rows):
+            windows[index].append(measure(row["bound"], WINDOW)["latency_ms"]["p50"])
+    for row, values in zip(rows, windows):
+        row["p50"] = statistics.median(values)
+        row["windows"] = values
+
+
+# ---------------------------------------------------------------------------------------------
+# INT4
+
+
+def int4_comparison(work: Path) -> list[dict]:
+    """Plain RTN INT4 weights vs Kiln's greedy INT4/INT8 mix (most INT4-sensitive weights in INT8) under 1 point."""
+    from tests.workers.helpers import run_model
+
+    results = []
+    digits, mlp = train_digits_cnn(), train_digits_mlp()
+    cases = [("digits CNN (fc as MatMul; convs stay FP32)", digits, {"gemm_to_matmul": True}),
+             ("digits MLP (3 MatMuls)", mlp, {})]
+    for name, data, base in cases:
+        stem = "int4-" + name.split()[1]
+        path = work / f"{stem}.onnx"
+        onnx.save(data.model, str(path))
+        calibration = write_npz(work / f"{stem}-cal.npz", input=data.x_calib)
+
+        def accuracy(model_path):
+            (logits,) = run_model(model_path, {"input": data.x_val})
+            return float((logits.argmax(1) == data.y_val).mean())
+
+        plain = work / f"{stem}-rtn.onnx"
+        build_variant(model_path=path, precision="int4-weight", out_path=plain, options={**base, "block_size": 32})
+        plain_accuracy = accuracy(plain)
+        ranking = rank_int4_weights(rank_nodes(model_path=path, calibration_path=calibration))
+        if not ranking and base.get("gemm_to_matmul"):
+            ranking = ["fc"]  # the ranking sees the Gemm; after conversion it is the only MatMul
+        mixed_accuracy, chosen = plain_accuracy, []
+        for k in range(1, len(ranking) + 1):
+            if data.fp32_accuracy - mixed_accuracy <= 0.01 and chosen:
+                break
+            chosen = ranking[:k]
+            mixed = work / f"{stem}-mix{k}.onnx"
+            build_variant(model_path=path, precision="int4-weight", out_path=mixed,
+                          options={**base, "block_size": 32, "int8_nodes": chosen})
+            mixed_accuracy = accuracy(mixed)
+            if data.fp32_accuracy - mixed_accuracy <= 0.01:
+                break
+        results.append({"model": name, "fp32": data.fp32_accuracy, "rtn": plain_accuracy, "mixed": mixed_accuracy,
+                        "int8_nodes": chosen, "int4_nodes": len(ranking) - len(chosen)})
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement windows per variant")
+    parser.add_argument("--budget", type=float, default=150.0, help="Kiln search time budget per model, seconds")
+    parser.add_argument("--only", help="run only models whose name contains this")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("nncf", "root"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as scratch:
+        work = Path(scratch)
+        summary = []
+        for model in prepare_models(work):
+            if arguments.only and arguments.only.lower() not in model["name"].lower():
+                continue
+            search_started = time.monotonic()
+            search = search_locally(model_path=model["path"], calibration_path=model["calibration"],
+                                    validation_path=model["validation"], tolerance=model["tolerance"],
+                                    work_dir=work / f"search-{model['path'].stem}", time_budget_s=arguments.budget,
+                                    max_rounds=3)
+            search_s = time.monotonic() - search_started
+            pick = next(entry for entry in search["variants"] if entry["id"] == search["recommended"])
+            rows = [*build_competitors(model, work),
+                    {"tool": f"Kiln auto: {pick['key']}", "path": Path(pick["path"]), "backend": pick["backend"], "kiln": True}]
+            evaluate(rows, model, work)
+            interleaved_p50(rows, arguments.rounds)
+            kiln = rows[-1]
+            print_table(model, rows, kiln, search, search_s)
+            summary.append(verdict(model, rows, kiln))
+            for row in rows:
+                row["compiled"].close()
+        int4 = int4_comparison(work)
+    print_int4(int4)
+    print("\nVerdicts")
+    for line in summary:
+        print("  " + line)
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+
+
+def print_table(model: dict, rows: list[dict], kiln: dict, search: dict, search_s: float) -> None:
+    tolerance = model["tolerance"]
+    print(f"\n## {model['name']}  (tolerance: {tolerance['metric']} drop <= {tolerance['max_drop']})")
+    print(f"Kiln search: {len(search['variants'])} measurements over {search['rounds']} round(s) in {search_s:.0f} s; "
+          f"{search['stopped']}")
+    print(f"Kiln reason: {search['reason'].split(' int8')[0]}")
+    print(f"| {'variant':<42} | {'backend':<11} | {'p50 ms':>8} | {'metric':>8} | {'value':>7} | {'drop':>7} | {'ok':<3} | {'ratio to Kiln':>13} |")
+    print(f"|{'-' * 44}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 5}|{'-' * 15}|")
+    for row in rows:
+        accuracy = row["accuracy"]
+        ratio = row["p50"] / kiln["p50"]
+        print(f"| {row['tool']:<42} | {row['backend']:<11} | {row['p50']:>8.3f} | {accuracy['metric']:>8} | "
+              f"{accuracy['value']:>7.4f} | {accuracy['drop']:>7.4f} | {'yes' if accuracy['within_tolerance'] else 'no':<3} | "
+              f"{ratio:>12.2f}x |")
+
+
+def verdict(model: dict, rows: list[dict], kiln: dict) -> str:
+    passing = [row for row in rows[:-1] if row["accuracy"]["within_tolerance"]]
+    fastest = min(passing, key=lambda row: row["p50"])
+    ratio = fastest["p50"] / kiln["p50"]
+    met = "meets" if kiln["accuracy"]["within_tolerance"] else "MISSES"
+    target = "target met" if ratio >= 1.0 and kiln["accuracy"]["within_tolerance"] else "TARGET NOT MET"
+    return (f"{model['name']}: Kiln ({kiln['tool'].split(': ')[1]} on {kiln['backend']}) {met} the tolerance; "
+            f"fastest passing competitor {fastest['tool']} on {fastest['backend']}: ratio {ratio:.2f}x -> {target}")
+
+
+def print_int4(results: list[dict]) -> None:
+    print("\n## INT4 weight precision: plain round-to-nearest vs Kiln's INT4/INT8 mix (accuracy, 1-point budget)")
+    print(f"| {'model':<44} | {'FP32':>6} | {'RTN INT4':>8} | {'Kiln mix':>8} | {'RTN loss':>8} | {'mix loss':>8} | INT8 weights |")
+    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 14}|")
+    for row in results:
+        print(f"| {row['model']:<44} | {row['fp32']:>6.4f} | {row['rtn']:>8.4f} | {row['mixed']:>8.4f} | "
+              f"{100 * (row['fp32'] - row['rtn']):>6.2f}pt | {100 * (row['fp32'] - row['mixed']):>6.2f}pt | "
+              f"{', '.join(row['int8_nodes'])} (+{row['int4_nodes']} INT4) |")
+
+
+if __name__ == "__main__":
+    main()
