@@ -75,6 +75,10 @@ export function makeQueryClient(): QueryClient {
       client.setQueryData(['me'], null);
     }
   });
+  client.getMutationCache().subscribe((event) => {
+    const error = event.mutation?.state.error;
+    if (error instanceof ApiError && error.status === 401) client.setQueryData(['me'], null);
+  });
   return client;
 }
 
