@@ -56,6 +56,12 @@ export function useMe() {
   });
 }
 
+/** Whether the current member may change things (viewers may only read). */
+export function useCanWrite(): boolean {
+  const me = useMe().data;
+  return !!me?.organization && me.organization.role !== 'viewer';
+}
+
 export function useLogin() {
   const client = useQueryClient();
   return useMutation({
@@ -96,10 +102,11 @@ export function useSwitchOrganization() {
   return useMutation({
     mutationFn: (organization: number) =>
       api<Me>('auth/organization/', { method: 'POST', body: { organization } }),
-    onSuccess: (me) => {
-      // Everything cached belongs to the previous organization.
-      client.removeQueries({ predicate: (query) => query.queryKey[0] !== 'me' });
-      client.setQueryData(keys.me, me);
+    onSuccess: () => {
+      // Everything cached, and everything mounted, shows the previous organization's data: start
+      // the app afresh rather than risk a page mixing two tenants.
+      client.clear();
+      window.location.assign('/models');
     },
   });
 }

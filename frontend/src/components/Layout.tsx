@@ -15,7 +15,6 @@ const NAV = [
 function OrganizationSwitcher() {
   const me = useMe().data;
   const switchOrganization = useSwitchOrganization();
-  const navigate = useNavigate();
   const id = useId();
   if (!me) return null;
   const organizations = me.organizations ?? [];
@@ -30,7 +29,7 @@ function OrganizationSwitcher() {
         value={me.organization?.id ?? ''}
         disabled={switchOrganization.isPending || organizations.length < 2}
         onChange={(event) =>
-          switchOrganization.mutate(Number(event.target.value), { onSuccess: () => navigate('/models') })
+          switchOrganization.mutate(Number(event.target.value))
         }
       >
         {organizations.map((organization) => (
@@ -103,6 +102,11 @@ export function Layout() {
         </div>
       </aside>
       <main id="main" className="content" tabIndex={-1}>
+        {me.data.organization?.role === 'viewer' ? (
+          <div className="alert alert-warn" data-testid="viewer-notice">
+            You are a viewer in {me.data.organization.name}: you can look at everything but not change it.
+          </div>
+        ) : null}
         {me.data.organization ? (
           <Outlet />
         ) : (

@@ -1,7 +1,7 @@
 /** Calibration and validation datasets (.npz): upload and list with their arrays. */
 import { useId, useState } from 'react';
 import { useQueryClient } from '@tanstack/react-query';
-import { keys, rows, useDatasets, useDeleteDataset } from '../api/hooks';
+import { keys, rows, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
 import type { Dataset, DatasetKind } from '../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
@@ -26,6 +26,7 @@ export function DatasetsPage() {
   const datasets = useDatasets();
   const deleteDataset = useDeleteDataset();
   const client = useQueryClient();
+  const canWrite = useCanWrite();
   const [name, setName] = useState('');
   const [kind, setKind] = useState<DatasetKind>('calibration');
   const nameId = useId();
@@ -69,6 +70,7 @@ export function DatasetsPage() {
           </div>
         </div>
         <UploadZone<Dataset>
+          disabled={!canWrite}
           label="NumPy archive (.npz)"
           accept={['.npz']}
           testId="dataset-upload"

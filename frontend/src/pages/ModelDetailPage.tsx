@@ -2,7 +2,7 @@
 import { useId, useState } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { useDeleteModel, useModel } from '../api/hooks';
+import { useDeleteModel, useModel, useCanWrite } from '../api/hooks';
 import type { ModelVersion, TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -137,6 +137,7 @@ export function ModelDetailPage() {
   const modelId = Number(useParams().modelId);
   const model = useModel(modelId);
   const client = useQueryClient();
+  const canWrite = useCanWrite();
   const navigate = useNavigate();
   const deleteModel = useDeleteModel();
   const [selected, setSelected] = useState<number | null>(null);
@@ -200,6 +201,7 @@ export function ModelDetailPage() {
       <section className="card" aria-labelledby="new-version-heading">
         <h2 id="new-version-heading">Upload a new version</h2>
         <UploadZone<ModelVersion>
+          disabled={!canWrite}
           label="ONNX model (.onnx or .zip)"
           accept={['.onnx', '.zip']}
           testId="version-upload"

@@ -2,7 +2,7 @@
 import { useDeferredValue, useId, useState } from 'react';
 import { Link } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { rows, useModels } from '../api/hooks';
+import { rows, useModels, useCanWrite } from '../api/hooks';
 import type { Model } from '../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
@@ -17,6 +17,7 @@ export function ModelsPage() {
   const deferredSearch = useDeferredValue(search);
   const models = useModels(deferredSearch);
   const client = useQueryClient();
+  const canWrite = useCanWrite();
   const [name, setName] = useState('');
   const nameId = useId();
   const searchId = useId();
@@ -39,6 +40,7 @@ export function ModelsPage() {
           />
         </div>
         <UploadZone<Model>
+          disabled={!canWrite}
           label="ONNX model (.onnx, or .zip with external data)"
           accept={['.onnx', '.zip']}
           multiple

@@ -131,6 +131,10 @@ describe('NewDeploymentPage', () => {
       if (url.startsWith('/api/v1/models/?') || url === '/api/v1/models/') return json({ count: 1, next: null, previous: null, results: [model] });
       if (url === '/api/v1/models/1/') return json(model);
       if (url === '/api/v1/datasets/') return json([calibration, validation]);
+      if (url === '/api/v1/auth/me/') {
+        const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'owner' };
+        return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });
+      }
       if (url === '/api/v1/agents/') return json([agent]);
       if (url === '/api/v1/jobs/' && init?.method === 'POST') return json({ id: 42, status: 'queued' }, 201);
       return json({ error: 'not found' }, 404);
@@ -161,6 +165,7 @@ describe('NewDeploymentPage', () => {
     await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
+    await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     expect(screen.getByTestId('form-errors')).toHaveTextContent('int8 needs a calibration dataset');
     expect(screen.getByLabelText('Calibration dataset')).toHaveAttribute('aria-invalid', 'true');
@@ -178,6 +183,7 @@ describe('NewDeploymentPage', () => {
     await screen.findByText('lab-box');
     await userEvent.click(screen.getByTestId('targets-selected'));
     await userEvent.click(screen.getByTestId('target-agent-5'));
+    await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await screen.findByText('job page');
     expect(jobPosts()).toHaveLength(1);
@@ -191,6 +197,20 @@ describe('NewDeploymentPage', () => {
     });
   });
 
+  it('does not let a viewer start a deployment', async () => {
+    const base = fetchMock.getMockImplementation()!;
+    fetchMock.mockImplementation(async (input, init) => {
+      if (String(input) === '/api/v1/auth/me/') {
+        const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'viewer' };
+        return new Response(JSON.stringify({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] }));
+      }
+      return base(input, init);
+    });
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeDisabled());
+  });
+
   it("shows the server's message when it refuses the job", async () => {
     const base = fetchMock.getMockImplementation()!;
     fetchMock.mockImplementation(async (input, init) => {
@@ -201,6 +221,7 @@ describe('NewDeploymentPage', () => {
     });
     renderPage();
     await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await waitFor(() => expect(screen.getByText(/No online agent has onnxruntime\./)).toBeInTheDocument());
   });

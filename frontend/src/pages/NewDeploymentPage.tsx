@@ -1,7 +1,7 @@
 /** Start a deployment: model version, datasets, precisions, tolerance and target devices. */
 import { useEffect, useId, useMemo, useState, type FormEvent, type ReactNode } from 'react';
 import { Link, useNavigate, useSearchParams } from 'react-router';
-import { rows, useAgents, useCreateJob, useDatasets, useModel, useModels } from '../api/hooks';
+import { rows, useAgents, useCanWrite, useCreateJob, useDatasets, useModel, useModels } from '../api/hooks';
 import { METRICS, PRECISIONS, type Precision, type ToleranceMetric } from '../api/types';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
 import { capabilitySummary } from '../components/capabilities';
@@ -74,6 +74,7 @@ export function NewDeploymentPage() {
   const datasets = useDatasets();
   const agents = useAgents();
   const createJob = useCreateJob();
+  const canWrite = useCanWrite();
 
   const modelList = rows(models.data);
   const datasetList = rows(datasets.data);
@@ -434,7 +435,7 @@ export function NewDeploymentPage() {
         ) : null}
         <ErrorMessage error={createJob.error} title="The server did not start the deployment:" />
         <div className="button-row">
-          <button type="submit" className="button button-primary" disabled={createJob.isPending} data-testid="start-deployment">
+          <button type="submit" className="button button-primary" disabled={createJob.isPending || !canWrite} data-testid="start-deployment">
             {createJob.isPending ? 'Starting…' : 'Start deployment'}
           </button>
           <Link to="/deployments" className="button button-ghost">

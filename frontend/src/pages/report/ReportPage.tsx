@@ -2,7 +2,7 @@
 import { lazy, Suspense } from 'react';
 import { Link, useParams } from 'react-router';
 import { ApiError } from '../../api/client';
-import { useReport } from '../../api/hooks';
+import { useJob, useReport } from '../../api/hooks';
 import type { ReportDevice, Tolerance } from '../../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
 import { capabilitySummary } from '../../components/capabilities';
@@ -64,6 +64,8 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
 export function ReportPage() {
   const jobId = Number(useParams().jobId);
   const report = useReport(jobId);
+  // A 404 report means "not ready" only when the job itself exists (another tenant's job is a 404 too).
+  const job = useJob(jobId);
 
   const header = (
     <PageHeader
@@ -84,14 +86,14 @@ export function ReportPage() {
 
   if (report.isPending) return <>{header}<Loading /></>;
   if (report.isError) {
-    const notReady = report.error instanceof ApiError && report.error.status === 404;
+    const notReady = report.error instanceof ApiError && report.error.status === 404 && !!job.data;
     return (
       <>
         {header}
         {notReady ? (
           <EmptyState title="The report is not ready yet.">It appears when the devices have reported their results.</EmptyState>
         ) : (
-          <ErrorMessage error={report.error} />
+          <ErrorMessage error={job.isError ? job.error : report.error} />
         )}
       </>
     );
