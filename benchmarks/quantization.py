@@ -283,6 +283,10 @@ def print_table(model: dict, rows: list[dict], kiln: dict, search: dict, search_
     print(f"Kiln search: {len(search['variants'])} measurements over {search['rounds']} round(s) in {search_s:.0f} s; "
           f"{search['stopped']}")
     print(f"Kiln reason: {search['reason'].split(' int8')[0]}")
+    measured = sorted((e for e in search["variants"] if e.get("latency_ms")), key=lambda e: e["latency_ms"]["p50"])
+    listed = ", ".join(f"{e['id']} {e['latency_ms']['p50']:.3f}ms{'' if e['accuracy']['within_tolerance'] else ' (miss)'}"
+                       for e in measured)
+    print(f"Kiln's own measurements (fastest first): {listed}")
     print(f"| {'variant':<42} | {'backend':<11} | {'p50 ms':>8} | {'metric':>8} | {'value':>7} | {'drop':>7} | {'ok':<3} | {'ratio to Kiln':>13} |")
     print(f"|{'-' * 44}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 5}|{'-' * 15}|")
     for row in rows:

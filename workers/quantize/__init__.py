@@ -1,4 +1,9 @@
-"""Build one precision variant of an ONNX model (fp32, fp16, int8, int8-dynamic, int4-weight)."""
+"""Build one precision variant of an ONNX model (fp32, fp16, int8, int8-dynamic, int4-weight), and search for the best one.
+
+`search.plan_round` / `search.search_locally` drive `precisions: auto`; `sensitivity.rank_nodes`
+ranks nodes by quantization error; `cache.variant_cache_key` names reusable builds;
+`calibration_methods` estimates activation ranges (MinMax, Percentile, Entropy, MSE).
+"""
 
 from workers.quantize.backends import runnable_backends
 from workers.quantize.calibration import NpzCalibrationReader

@@ -54,7 +54,8 @@ def test_round_one_picks_the_integer_scheme_from_isa_flags():
 def test_round_one_for_a_transformer_adds_the_float_layernorm_recipe_and_nncf_transformer_type():
     specs = {s["key"]: s for s in _plan(facts=TRANSFORMER_FACTS)}
     assert specs["int8-mse-transformer"]["options"]["op_types_to_quantize"] == ["MatMul", "Gemm", "Conv"]
-    assert specs["int8-nncf"]["options"]["model_type"] == "transformer"
+    assert specs["int8-nncf"]["options"] == {"tool": "nncf"}  # the vendor default stays in the sweep
+    assert specs["int8-nncf-transformer"]["options"]["model_type"] == "transformer"
     assert "gemm_to_matmul" not in specs["int4-rtn"]["options"]
 
 
