@@ -57,6 +57,13 @@ def job_dispatch(job_id: int) -> None:
     service(job_id=job_id)
 
 
+@app.task(name="kiln.job.collect", soft_time_limit=600, time_limit=660, **COMMON)
+def job_collect(job_id: int) -> None:
+    from kiln.pipeline.stages import job_collect as service
+
+    service(job_id=job_id)
+
+
 @app.task(name="kiln.job.report", soft_time_limit=300, time_limit=360, **COMMON)
 def job_report(job_id: int) -> None:
     from kiln.pipeline.stages import job_report as service
@@ -70,5 +77,6 @@ STAGE_TASKS = {
     "reference": job_reference,
     "quantize": job_quantize,
     "dispatch": job_dispatch,
+    "collect": job_collect,
     "report": job_report,
 }

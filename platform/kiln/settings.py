@@ -77,6 +77,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "kiln.core.middleware.UploadLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -146,8 +147,9 @@ MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
 MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
 UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
 FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
-# Uploads stream to a temp file past this size instead of memory.
-FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+# Every upload streams to a temp file, hashed on the way and cut off at the limit; set globally
+# because a session's CSRF check parses the body before any view could choose handlers.
+FILE_UPLOAD_HANDLERS = ["kiln.registry.uploads.HashingUploadHandler"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 ALLOW_SIGNUP = _env_bool("KILN_ALLOW_SIGNUP", True)

@@ -180,3 +180,27 @@ def test_dataset_must_be_npz(tenant, tmp_path):
 def test_blob_paths_refuse_non_digests():
     with pytest.raises(ValueError):
         storage.blob_path("../../etc/passwd")
+
+
+def test_browser_session_upload_works_with_csrf(model_files, db):
+    """A session's CSRF check parses the body before the view: uploads must still stream and hash."""
+    from rest_framework.test import APIClient
+
+    from tests.conftest import make_tenant
+
+    make_tenant(username="sam", organization="Sams", password="a-long-password-1")
+    client = APIClient(enforce_csrf_checks=True)
+    client.get("/api/v1/auth/csrf/")
+    client.post("/api/v1/auth/login/", {"username": "sam", "password": "a-long-password-1"}, format="json", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    with open(model_files["model"], "rb") as handle:
+        response = client.post("/api/v1/models/", {"name": "web", "file": handle}, format="multipart", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    assert response.status_code == 201, response.content
+    assert len(response.json()["versions"][0]["sha256"]) == 64
+
+
+def test_invalid_model_message_names_the_users_file(tenant, tmp_path):
+    path = tmp_path / "my-model.onnx"
+    path.write_bytes(b"\x0a\x05hello-not-onnx")
+    response = upload(tenant.client, "/api/v1/models/", path)
+    assert response.status_code == 400
+    assert "tmp" not in response.json()["error"].lower() or "my-model.onnx" in response.json()["error"]

@@ -265,7 +265,7 @@ def device_task_after_terminal(*, job_id: int) -> None:
             job_stage_finish(job=job, stage="devices", message=f"{len(tasks)} device task(s) finished")
             job.stage = "report"
             job.save(update_fields=["stage", "updated_at"])
-            enqueue_stage(job_id=job.id, stage="report")
+            enqueue_stage(job_id=job.id, stage="collect")
 
 
 # -- dispatch -------------------------------------------------------------------------------

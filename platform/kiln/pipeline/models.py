@@ -39,6 +39,8 @@ class DeploymentJob(models.Model):
     converted_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     validation_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     reference_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # The `auto` search: current round, sensitivity ranking, when the search started.
+    search = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -97,6 +99,9 @@ class Variant(models.Model):
     job = models.ForeignKey(DeploymentJob, on_delete=models.CASCADE, related_name="variants")
     key = models.CharField(max_length=120)
     precision = models.CharField(max_length=32)
+    options = models.JSONField(default=dict)
+    round = models.PositiveIntegerField(default=1)
+    cache_key = models.CharField(max_length=128, blank=True, default="", db_index=True)
     recipe = models.JSONField(default=dict)
     backends = models.JSONField(default=list)
     status = models.CharField(max_length=16, choices=VariantStatus.choices, default=VariantStatus.PENDING)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -194,10 +195,75 @@ def job_reference(*, job_id: int) -> None:
 
 # -- quantize -------------------------------------------------------------------------------
 
+def _target_facts(job) -> tuple[list[str], list[str]]:
+    """ISA flags and runtimes of the agents the job targets (all of the organization when unknown)."""
+    from kiln.fleet.services import resolve_targets
+
+    targets, _ = resolve_targets(job)
+    agents = [t.pinned_agent for t in targets if t.pinned_agent] or list(job.organization.agents.filter(revoked_at__isnull=True))
+    isa = sorted(set.intersection(*(set(a.capabilities.get("isa") or []) for a in agents))) if agents else []
+    backends = sorted(set().union(*(a.backends for a in agents))) if agents else ["onnxruntime", "openvino"]
+    return isa, backends
+
+
+def _sensitivity(job) -> list[dict] | None:
+    """Rank nodes by quantization error once per job; None without calibration data."""
+    if "sensitivity" in job.search or not job.calibration_dataset_id:
+        return job.search.get("sensitivity")
+    from workers.quantize.sensitivity import rank_nodes
+
+    try:
+        ranking = rank_nodes(model_path=_working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
+    except Exception as exc:  # noqa: BLE001 - the search goes on without a ranking
+        job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
+        ranking = []
+    job.search["sensitivity"] = ranking[:50]
+    if ranking:
+        top = ", ".join(f"{r['node']} ({r['sqnr_db']:.1f} dB)" for r in ranking[:3])
+        job_event_add(job=job, stage="quantize", message=f"Most quantization-sensitive nodes: {top}.")
+    return job.search["sensitivity"]
+
+
+def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]:
+    from workers.quantize.search import plan_round
+
+    isa, backends = _target_facts(job)
+    version = job.model_version
+    return plan_round(
+        round_number=round_number,
+        model_facts={"signature": version.signature, "op_histogram": version.op_histogram},
+        device_isa=isa,
+        backends=backends,
+        has_calibration=job.calibration_dataset_id is not None,
+        tolerance=job.tolerance,
+        sensitivity=_sensitivity(job),
+        measured=measured,
+    )
+
+
+def _create_variants(job, specs: list[dict], *, round_number: int) -> list[str]:
+    created = []
+    for spec in specs:
+        _, was_created = Variant.objects.get_or_create(
+            job=job, key=spec["key"],
+            defaults={"organization": job.organization, "precision": spec["precision"], "options": spec.get("options") or {},
+                      "round": round_number, "backends": spec.get("backends") or []},
+        )
+        if was_created:
+            created.append(spec["key"])
+    return created
+
+
 def _plan_variants(job) -> str:
+    if job.precisions == [specs.AUTO]:
+        job.search.setdefault("round", 1)
+        job.search.setdefault("started_at", time.time())
+        planned = _search_specs(job, round_number=1, measured=[])
+        job.save(update_fields=["search", "updated_at"])
+        created = _create_variants(job, planned, round_number=1)
+        return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
     precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
-    for precision in precisions:
-        Variant.objects.get_or_create(job=job, key=precision, defaults={"organization": job.organization, "precision": precision})
+    _create_variants(job, [{"key": p, "precision": p} for p in precisions], round_number=1)
     return f"planned {len(precisions)} variant(s): {', '.join(precisions)}"
 
 
@@ -226,15 +292,49 @@ def run_stage_open(job_id: int, stage: str, body) -> bool:
     return True
 
 
+def _variant_cache_key(variant: Variant, job: DeploymentJob) -> str:
+    from workers.quantize.cache import variant_cache_key
+
+    model_sha = (job.converted_blob or job.model_version.blob).sha256
+    calibration_sha = job.calibration_dataset.blob.sha256 if job.calibration_dataset_id else ""
+    return variant_cache_key(model_sha256=model_sha, precision=variant.precision, options={**variant.options, "_calibration": calibration_sha})
+
+
+def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
+    """Reuse a ready build with the same model bytes, recipe, data and toolchain versions."""
+    cached = (
+        Variant.objects.filter(organization=job.organization, cache_key=variant.cache_key, status=VariantStatus.READY, artifact__isnull=False)
+        .exclude(pk=variant.pk).select_related("artifact__blob").order_by("-id").first()
+    )
+    if cached is None:
+        return False
+    variant.artifact, _ = Artifact.objects.update_or_create(
+        job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx",
+        defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
+    )
+    variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id}
+    variant.backends = cached.backends
+    variant.status = VariantStatus.READY
+    job_event_add(job=job, stage="quantize", message=f"{variant.key}: reused the identical build of job {cached.job_id}.")
+    return True
+
+
 def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
+    variant.cache_key = _variant_cache_key(variant, job)
+    if _reuse_cached(variant, job):
+        return
     calibration = blob_file(job.calibration_dataset.blob) if job.calibration_dataset_id else None
     with _scratch_dir() as scratch:
         out = scratch / f"{variant.key}.onnx"
-        built = build_variant(model_path=_working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration)
+        built = build_variant(
+            model_path=_working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration, options=variant.options
+        )
         artifact = _store_artifact(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
     variant.artifact = artifact
     variant.recipe = built.get("recipe", {})
-    variant.backends = built.get("backends", ["onnxruntime"])
+    # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
+    built_backends = built.get("backends", ["onnxruntime"])
+    variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
     variant.status = VariantStatus.READY
 
 
@@ -248,7 +348,8 @@ def variant_build(*, variant_id: int) -> None:
     variant.save(update_fields=["status"])
     try:
         _build_variant_artifact(variant, job)
-        job_event_add(job=job, stage="quantize", message=f"Built {variant.key} ({variant.artifact.blob.size_bytes} bytes).")
+        if "cached_from_job" not in variant.recipe:
+            job_event_add(job=job, stage="quantize", message=f"Built {variant.key} ({variant.artifact.blob.size_bytes} bytes).")
     except NotApplicable as exc:
         variant.status, variant.error = VariantStatus.SKIPPED, str(exc)
         job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} skipped: {exc}")
@@ -271,6 +372,13 @@ def _finish_quantize_if_done(job_id: int) -> None:
     if len(done) < len(variants):
         return
     ready = [v for v in variants if v.status == VariantStatus.READY]
+    if not any(v.status == VariantStatus.READY for v in variants if v.round == job.search.get("round", 1)) and job.search.get("round", 1) > 1:
+        job_event_add(job=job, stage="quantize", level="warning", message="No candidate of this round could be built; reporting what was measured.")
+        job_stage_finish(job=job, stage="quantize", message="round without new variants")
+        job.stage = "report"
+        job.save(update_fields=["stage", "updated_at"])
+        enqueue_stage(job_id=job_id, stage="report")
+        return
     if not ready:
         reasons = "; ".join(f"{v.key}: {v.error}" for v in variants)
         job_fail(job=job, stage="quantize", message=f"No variant could be built. {reasons}")
@@ -289,6 +397,54 @@ def job_dispatch(*, job_id: int) -> None:
         return
     job_stage_start(job=job, stage="dispatch")
     job_dispatch_device_tasks(job=job)
+
+
+# -- collect: another search round, or the report ------------------------------------------
+
+MAX_SEARCH_ROUNDS = 4
+SEARCH_BUDGET_SECONDS = 3600
+
+
+def _measured_by_target(job) -> dict[str, list[dict]]:
+    from kiln.reports.services import scored_entries_by_target
+
+    return scored_entries_by_target(job=job)
+
+
+def _next_round_specs(job) -> list[dict]:
+    round_number = job.search.get("round", 1)
+    if job.precisions != [specs.AUTO] or round_number >= MAX_SEARCH_ROUNDS:
+        return []
+    if time.time() - job.search.get("started_at", time.time()) > SEARCH_BUDGET_SECONDS:
+        job_event_add(job=job, stage="devices", level="warning", message="The search's time budget is spent; reporting the best found.")
+        return []
+    proposals: dict[str, dict] = {}
+    for entries in _measured_by_target(job).values():
+        for spec in _search_specs(job, round_number=round_number + 1, measured=entries):
+            proposals.setdefault(spec["key"], spec)
+    existing = set(job.variants.values_list("key", flat=True))
+    return [spec for spec in proposals.values() if spec["key"] not in existing]
+
+
+def job_collect(*, job_id: int) -> None:
+    """After the devices: plan the search's next round, or go on to the report."""
+    from workers import tasks
+
+    job = DeploymentJob.objects.select_related("model_version", "calibration_dataset__blob", "converted_blob").filter(pk=job_id).first()
+    if job is None or job.is_terminal or job.stage != "report":
+        return
+    next_specs = _next_round_specs(job)
+    if not next_specs:
+        enqueue_stage(job_id=job_id, stage="report")
+        return
+    round_number = job.search.get("round", 1) + 1
+    job.search["round"] = round_number
+    job.save(update_fields=["search", "updated_at"])
+    created = _create_variants(job, next_specs, round_number=round_number)
+    job_stage_start(job=job, stage="quantize")
+    job_event_add(job=job, stage="quantize", message=f"Search round {round_number}: {len(created)} refined candidate(s): {', '.join(created)}.")
+    for variant_id in job.variants.filter(round=round_number, status=VariantStatus.PENDING).values_list("id", flat=True):
+        transaction.on_commit(lambda vid=variant_id: tasks.variant_build.delay(vid))
 
 
 # -- report ---------------------------------------------------------------------------------

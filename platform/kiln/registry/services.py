@@ -44,7 +44,7 @@ def _source_format(filename: str) -> str:
     return MODEL_SUFFIXES[suffix]
 
 
-def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str) -> tuple[dict, str]:
+def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filename: str) -> tuple[dict, str]:
     """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
     onnx_path = upload_path
     member = ""
@@ -65,7 +65,9 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str) -> tu
     try:
         validation = validate_onnx(onnx_path)
         if not validation["ok"]:
-            raise KilnError(f"This is not a valid ONNX model: {validation['error']}", code="invalid_model")
+            # The checker names the server's temp file; the user knows the file by its own name.
+            reason = str(validation["error"]).replace(str(onnx_path), filename).replace(Path(onnx_path).name, filename)
+            raise KilnError(f"This is not a valid ONNX model: {reason}", code="invalid_model")
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
     except KilnError:
@@ -109,7 +111,7 @@ def model_create(*, organization, user, name: str, upload) -> Model:
     """Create a model and its version 1 from an uploaded file; nothing is kept on bad input."""
     name = (name or "").strip() or Path(upload.name).stem
     source_format = _source_format(upload.name)
-    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256)
+    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
     with transaction.atomic():
         model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
         _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
@@ -118,7 +120,7 @@ def model_create(*, organization, user, name: str, upload) -> Model:
 
 def model_version_create(*, model: Model, upload) -> ModelVersion:
     source_format = _source_format(upload.name)
-    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256)
+    facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
     with transaction.atomic():
         Model.objects.select_for_update().filter(pk=model.pk).first()
         return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)

@@ -14,16 +14,6 @@ def upload_too_large() -> UploadTooLarge:
     return UploadTooLarge(f"The upload is larger than this server's limit of {limit_mb:.0f} MB (KILN_MAX_UPLOAD_BYTES).")
 
 
-def check_declared_length(request) -> None:
-    """Refuse a body whose declared length is over the limit before reading any of it."""
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > settings.MAX_UPLOAD_BYTES:
-        raise upload_too_large()
-
-
 class HashingUploadHandler(TemporaryFileUploadHandler):
     """Always spool to a temp file, compute sha256 on the way, stop at the size limit."""
 
@@ -44,6 +34,3 @@ class HashingUploadHandler(TemporaryFileUploadHandler):
         uploaded.sha256 = self.digest.hexdigest()
         return uploaded
 
-
-def use_hashing_handler(request) -> None:
-    request.upload_handlers = [HashingUploadHandler(request)]

@@ -17,6 +17,7 @@ def job_report(*, job) -> dict:
         "job": job.id,
         "status": job.status,
         "tolerance": job.tolerance,
+        "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
         "devices": [
             {
                 "agent": _agent_json(report),

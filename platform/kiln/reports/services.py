@@ -25,6 +25,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "backend": task.backend,
         "precision": variant.precision,
         "recipe": variant.recipe,
+        "round": variant.round,
         "status": task.status,
         "error": task.error or None,
         "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
@@ -48,18 +49,28 @@ def _group_agent(tasks: list[DeviceTask]):
     return pinned or next((t.leased_by for t in tasks if t.leased_by_id), None)
 
 
+def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
+    tasks = DeviceTask.objects.filter(job=job).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
+    groups: dict[str, list[DeviceTask]] = defaultdict(list)
+    for task in tasks:
+        groups[task.target].append(task)
+    return dict(sorted(groups.items()))
+
+
+def scored_entries_by_target(*, job) -> dict[str, list[dict]]:
+    """Every measured variant of the job, scored against its tolerance, per target."""
+    return {target: [_entry(task, job.tolerance) for task in members] for target, members in _tasks_by_target(job).items()}
+
+
 @transaction.atomic
 def report_build(*, job) -> str:
     """Score every device task of the job per target; raise StageFailed when nothing was measured."""
     from kiln.pipeline.stages import StageFailed
 
-    tasks = DeviceTask.objects.filter(job=job).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
-    groups: dict[str, list[DeviceTask]] = defaultdict(list)
-    for task in tasks:
-        groups[task.target].append(task)
+    groups = _tasks_by_target(job)
     Report.objects.filter(job=job).delete()
     summaries = []
-    for target, members in sorted(groups.items()):
+    for target, members in groups.items():
         entries = [_entry(task, job.tolerance) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
@@ -71,6 +82,6 @@ def report_build(*, job) -> str:
             recommended_task_id=recommended, reason=reason, data={"variants": entries},
         )
         summaries.append(f"{agent.name if agent else target}: {reason}")
-    if not any(t.status == DeviceTaskStatus.SUCCEEDED for t in tasks):
+    if not any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members):
         raise StageFailed("No device task succeeded; the report lists each error.")
     return " | ".join(summaries)

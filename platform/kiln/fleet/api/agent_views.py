@@ -16,7 +16,6 @@ from kiln.core.errors import KilnError
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import download_response
 from kiln.registry.selectors import blob_file
-from kiln.registry.uploads import check_declared_length, use_hashing_handler
 
 from .. import services
 from ..authentication import AgentTokenAuthentication, IsAgent
@@ -124,8 +123,6 @@ class ArtifactView(AgentView):
 
     @extend_schema(request=ArtifactUploadSerializer, responses={201: dict})
     def post(self, request, task_id: int):
-        check_declared_length(request)
-        use_hashing_handler(request)
         data = ArtifactUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = data.validated_data["file"]

@@ -11,7 +11,6 @@ from rest_framework.views import APIView
 from kiln.core.errors import KilnError
 
 from .. import selectors, services
-from ..uploads import check_declared_length, use_hashing_handler
 from .serializers import (
     DatasetSerializer,
     DatasetUploadSerializer,
@@ -23,13 +22,11 @@ from .serializers import (
 
 
 class StreamingUploadMixin:
-    """Check the declared size before reading, then stream the body through the hashing handler."""
+    """Multipart uploads: the body streams through HashingUploadHandler (see settings)."""
 
     parser_classes = [MultiPartParser]
 
     def parsed_upload(self, request, serializer_class):
-        check_declared_length(request)
-        use_hashing_handler(request)
         data = serializer_class(data=request.data)
         data.is_valid(raise_exception=True)
         return data.validated_data
