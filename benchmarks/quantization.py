@@ -34,16 +34,17 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
-from devices.backends.registry import get_backend  # noqa: E402
-from devices.bench import BenchmarkSettings, measure  # noqa: E402
-from devices.metrics import compare_outputs  # noqa: E402
-from kiln.reports import scoring  # noqa: E402
-from tests.fixtures.mlp import train_digits_mlp  # noqa: E402
-from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz  # noqa: E402
-from workers.quantize import build_variant  # noqa: E402
-from workers.quantize.calibration import NpzCalibrationReader  # noqa: E402
-from workers.quantize.search import search_locally  # noqa: E402
-from workers.quantize.sensitivity import rank_int4_weights, rank_nodes  # noqa: E402
+from kiln.reports import scoring
+
+from devices.backends.registry import get_backend
+from devices.bench import BenchmarkSettings, measure
+from devices.metrics import compare_outputs
+from tests.fixtures.mlp import train_digits_mlp
+from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
+from workers.quantize import build_variant
+from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.search import search_locally
+from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
 
 WINDOW = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
 
@@ -209,12 +210,12 @@ def int4_comparison(work: Path) -> list[dict]:
 
         (reference,) = run_model(path, {"input": data.x_val})
 
-        def accuracy(model_path):
+        sqnrs: dict[str, float] = {}
+
+        def accuracy(model_path, data=data, reference=reference, sqnrs=sqnrs):
             (logits,) = run_model(model_path, {"input": data.x_val})
             sqnrs[str(model_path)] = compare_outputs({"o": logits}, {"o": reference})["sqnr_db"]
             return float((logits.argmax(1) == data.y_val).mean())
-
-        sqnrs: dict[str, float] = {}
 
         plain = work / f"{stem}-rtn.onnx"
         build_variant(model_path=path, precision="int4-weight", out_path=plain, options={**base, "block_size": 32})

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import onnx
@@ -61,7 +61,7 @@ class Histogram:
         return (edges[:-1] + edges[1:]) / 2
 
     @classmethod
-    def from_values(cls, values: np.ndarray, bins: int = HISTOGRAM_BINS) -> "Histogram":
+    def from_values(cls, values: np.ndarray, bins: int = HISTOGRAM_BINS) -> Histogram:
         """A histogram of an in-memory array (tests, and small tensors)."""
         values = np.asarray(values, dtype=np.float64).ravel()
         histogram = cls.empty(float(values.min()), float(values.max()), bins)
@@ -69,7 +69,7 @@ class Histogram:
         return histogram
 
     @classmethod
-    def empty(cls, minimum: float, maximum: float, bins: int = HISTOGRAM_BINS) -> "Histogram":
+    def empty(cls, minimum: float, maximum: float, bins: int = HISTOGRAM_BINS) -> Histogram:
         absmax = max(abs(minimum), abs(maximum))
         return cls(np.zeros(bins, dtype=np.int64), absmax, minimum, maximum)
 
@@ -327,7 +327,7 @@ class ActivationTap:
         self._scratch: tempfile.TemporaryDirectory | None = None
         self.session = None
 
-    def __enter__(self) -> "ActivationTap":
+    def __enter__(self) -> Self:
         import onnxruntime as ort
 
         from workers.convert import save_model
@@ -351,7 +351,7 @@ class ActivationTap:
         self.static_batch = first[0] if first and isinstance(first[0], int) and first[0] > 0 else None
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.session = None
         if self._scratch is not None:
             self._scratch.cleanup()

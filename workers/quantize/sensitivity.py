@@ -22,7 +22,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from workers.datasets import dataset_samples
-from workers.quantize.calibration_methods import ActivationTap, calibrate, check_sample_count
+from workers.quantize.calibration_methods import (
+    ActivationTap,
+    calibrate,
+    check_sample_count,
+)
 
 CANDIDATE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 SQNR_CAP_DB = 200.0

@@ -175,7 +175,10 @@ def _build_int8_static(
     if method_key not in _CALIBRATION_METHODS and method_key not in _KILN_ONLY_METHODS:
         choices = ", ".join([*_CALIBRATION_METHODS, *_KILN_ONLY_METHODS])
         raise ValueError(f"unknown calibration_method {method_key!r}; choose one of {choices}")
-    from workers.quantize.calibration_methods import CalibrationError, check_sample_count
+    from workers.quantize.calibration_methods import (
+        CalibrationError,
+        check_sample_count,
+    )
 
     try:
         check_sample_count(usable, method_key)

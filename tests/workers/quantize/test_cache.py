@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from workers.quantize.cache import cached_build_variant, toolchain_versions, variant_cache_key
+from workers.quantize.cache import (
+    cached_build_variant,
+    toolchain_versions,
+    variant_cache_key,
+)
 
 SHA = "a" * 64
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from workers.quantize import PRECISIONS
-from workers.quantize.search import InvalidTolerance, parse_tolerance, plan_round, search_locally
+from workers.quantize.search import (
+    InvalidTolerance,
+    parse_tolerance,
+    plan_round,
+    search_locally,
+)
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TRANSFORMER_FACTS = {"op_histogram": {"MatMul": 8, "Add": 10, "LayerNormalization": 2, "Softmax": 1}}
