@@ -205,3 +205,20 @@ def test_results_complete_the_job_with_a_report(tenant, waiting_job, django_capt
     assert recommended["precision"] == "int8-dynamic"
     assert recommended["accuracy"]["metric"] == "top1_agreement" and recommended["accuracy"]["within_tolerance"]
     assert "2.00x" in device["reason"]
+
+
+def test_compiled_artifacts_of_every_task_are_listed_and_downloadable(tenant, waiting_job, tmp_path):
+    both = register(tenant, "both", ORT_AND_OV)
+    uploaded = []
+    while (response := lease(both)).status_code == 200:
+        task = response.json()
+        compiled = tmp_path / f"compiled-{task['id']}.bin"
+        compiled.write_bytes(f"engine for task {task['id']}".encode())
+        with open(compiled, "rb") as handle:
+            answer = both.post(f"/api/agent/v1/tasks/{task['id']}/artifact", {"attempt": task["attempt"], "file": handle}, format="multipart")
+        assert answer.status_code == 201, answer.content
+        uploaded.append(answer.json()["sha256"])
+        both.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "failed", "error": "test"}, format="json")
+    artifacts = [a for a in tenant.client.get(f"/api/v1/jobs/{waiting_job}/artifacts/").json() if a["kind"] == "compiled"]
+    assert sorted(a["sha256"] for a in artifacts) == sorted(uploaded) and len(uploaded) == 4
+    assert {a["backend"] for a in artifacts} == {"onnxruntime", "openvino"}

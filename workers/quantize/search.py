@@ -102,7 +102,7 @@ def plan_round(
     parse_tolerance(tolerance)
     sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration)
     if round_number <= 1:
-        return sweep
+        return sweep + _outlier_keep_specs(sweep, sensitivity or [])
     if not measured:
         return []
     templates = {spec["key"]: spec for spec in sweep}
@@ -208,8 +208,43 @@ def _refine(family: str, depth: int, templates: dict[str, dict[str, Any]], ranki
     order = [row["node"] for row in ranking if row.get("op_type") in op_filter]
     if next_depth is None or not order or depth >= len(order):
         return None
-    chosen = order[: min(next_depth, len(order))]
-    options = {**template["options"], "nodes_to_exclude": chosen}
+    return _keep_spec(family, template, order[: min(next_depth, len(order))])
+
+
+# A node this far below the median SQNR (and under the floor) collapses accuracy on its own.
+OUTLIER_MARGIN_DB = 12.0
+OUTLIER_FLOOR_DB = 25.0
+EARLY_KEEP_FAMILY = "int8-mse"
+
+
+def sensitivity_outliers(ranking: list[dict[str, Any]]) -> list[str]:
+    """Nodes whose quantization error stands far out from the rest, most sensitive first."""
+    scores = [row["sqnr_db"] for row in ranking if row.get("sqnr_db") is not None]
+    if len(scores) < 2:
+        return []
+    median = float(np.median(scores))
+    limit = min(OUTLIER_FLOOR_DB, median - OUTLIER_MARGIN_DB)
+    return [row["node"] for row in ranking if row.get("sqnr_db") is not None and row["sqnr_db"] < limit]
+
+
+def _outlier_keep_specs(sweep: list[dict[str, Any]], ranking: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round 1 already keeps clear outliers in float: a sweep that is known to miss wastes a round."""
+    templates = {spec["key"]: spec for spec in sweep}
+    template = templates.get(EARLY_KEEP_FAMILY)
+    outliers = sensitivity_outliers(ranking)
+    if template is None or not outliers:
+        return []
+    ops = set(template["options"].get("op_types_to_quantize") or _KEEP_FLOAT_OPS[template["precision"]])
+    op_of = {row["node"]: row.get("op_type") for row in ranking}
+    chosen = [node for node in outliers if op_of.get(node) in ops]
+    return [_keep_spec(EARLY_KEEP_FAMILY, template, chosen)] if chosen else []
+
+
+def _keep_spec(family: str, template: dict[str, Any], chosen: list[str]) -> dict[str, Any]:
+    # Only compute nodes are quantized, so an elementwise producer (a Mul, an Add) cannot hand
+    # the kept node an already-quantized input.
+    op_types = template["options"].get("op_types_to_quantize") or list(_KEEP_FLOAT_OPS[template["precision"]])
+    options = {**template["options"], "nodes_to_exclude": chosen, "op_types_to_quantize": op_types}
     return _spec(f"{family}-keep{len(chosen)}", template["precision"], options, template["backends"])
 
 

@@ -200,10 +200,12 @@ export function useCancelJob(id: number) {
 
 export function useArtifacts(id: number, jobStatus: string | undefined) {
   return useQuery({
-    queryKey: keys.artifacts(id),
+    // The status is part of the key so that the list is fetched once more when the job ends.
+    queryKey: [...keys.artifacts(id), jobStatus],
     queryFn: () => api<Paginated<Artifact> | Artifact[]>(`jobs/${id}/artifacts/`),
     enabled: !!jobStatus,
-    refetchInterval: isTerminal(jobStatus) ? false : 5000,
+    placeholderData: (previous) => previous,
+    refetchInterval: isTerminal(jobStatus) ? false : 3000,
   });
 }
 

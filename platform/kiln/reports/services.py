@@ -25,6 +25,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "backend": task.backend,
         "precision": variant.precision,
         "recipe": variant.recipe,
+        "options": variant.options,
         "round": variant.round,
         "status": task.status,
         "error": task.error or None,

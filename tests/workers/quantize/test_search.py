@@ -145,3 +145,31 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_path, mlp_cali
     assert result["reason"].startswith("Fastest variant within tolerance")
     assert result["sensitivity"][0]["node"] in {"fc1", "fc2", "fc3"}
     assert result["recommended"] in result["pareto"]
+
+
+def test_round_one_keeps_a_clear_outlier_in_float_with_only_compute_ops_quantized():
+    from workers.quantize.search import plan_round, sensitivity_outliers
+
+    ranking = [
+        {"node": "spiky", "op_type": "MatMul", "sqnr_db": 2.0},
+        {"node": "l0", "op_type": "MatMul", "sqnr_db": 40.0},
+        {"node": "l1", "op_type": "MatMul", "sqnr_db": 41.0},
+        {"node": "l2", "op_type": "MatMul", "sqnr_db": 43.0},
+    ]
+    assert sensitivity_outliers(ranking) == ["spiky"]
+    specs = plan_round(round_number=1, model_facts={"op_histogram": {"MatMul": 4}}, device_isa=["avx2"], backends=["onnxruntime"],
+                       has_calibration=True, tolerance={"metric": "cosine", "max_drop": 0.001}, sensitivity=ranking, measured=[])
+    keep = [s for s in specs if s["key"].endswith("-keep1")]
+    assert len(keep) == 1
+    assert keep[0]["options"]["nodes_to_exclude"] == ["spiky"]
+    assert set(keep[0]["options"]["op_types_to_quantize"]) <= {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+
+
+def test_round_one_adds_nothing_when_no_node_stands_out():
+    from workers.quantize.search import plan_round, sensitivity_outliers
+
+    ranking = [{"node": f"l{i}", "op_type": "MatMul", "sqnr_db": 38.0 + i} for i in range(4)]
+    assert sensitivity_outliers(ranking) == []
+    specs = plan_round(round_number=1, model_facts={"op_histogram": {"MatMul": 4}}, device_isa=["avx2"], backends=["onnxruntime"],
+                       has_calibration=True, tolerance={"metric": "cosine", "max_drop": 0.01}, sensitivity=ranking, measured=[])
+    assert not [s for s in specs if "-keep" in s["key"]]

@@ -1,0 +1,57 @@
+"""`precisions: auto` end to end: the search finds the sensitive layer, keeps it in float, and its pick holds up."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from devices.metrics import compare_outputs
+from tests.e2e.test_pipeline_stack import Api
+from tests.fixtures.models import write_npz
+from tests.fixtures.sensitive import SENSITIVE_NODE, build_sensitive_mlp, sensitive_inputs
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+TOLERANCE = {"metric": "cosine", "max_drop": 0.001}
+
+
+def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(kiln_stack, tmp_path):
+    tenant = kiln_stack.create_user("quinn", "a-long-password-1", "Quinn Labs")
+    api = Api(kiln_stack.url, tenant.token)
+    model_path = tmp_path / "sensitive.onnx"
+    onnx.save(build_sensitive_mlp(), model_path)
+    calibration = write_npz(tmp_path / "calibration.npz", input=sensitive_inputs(samples=64, seed=1))
+    validation_inputs = sensitive_inputs(samples=128, seed=2)
+    validation = write_npz(tmp_path / "validation.npz", input=validation_inputs)
+    version = api.upload("/api/v1/models/", model_path, name="sensitive")["versions"][0]["id"]
+    calibration_id = api.upload("/api/v1/datasets/", calibration, kind="calibration")["id"]
+    validation_id = api.upload("/api/v1/datasets/", validation, kind="validation")["id"]
+    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+
+    job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
+                                          "validation_dataset": validation_id, "tolerance": TOLERANCE})
+    job = api.wait_for_job(job["id"], kiln_stack, timeout=480)
+    assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
+
+    report = api.get(f"/api/v1/jobs/{job['id']}/report/").json()
+    assert report["search"]["sensitivity"][0]["node"] == SENSITIVE_NODE
+    variants = {v["key"]: v for v in report["devices"][0]["variants"]}
+    # Plain INT8 collapses on that one layer; keeping it in float recovers the accuracy.
+    assert variants["int8-mse"]["accuracy"]["within_tolerance"] is False
+    kept = [v for v in variants.values() if SENSITIVE_NODE in (v["options"].get("nodes_to_exclude") or [])]
+    assert kept and any(v["accuracy"]["within_tolerance"] for v in kept), {k: v["accuracy"]["value"] for k, v in variants.items()}
+
+    device = report["devices"][0]
+    recommended = next(v for v in device["variants"] if v["id"] == device["recommended"])
+    assert recommended["accuracy"]["within_tolerance"], device["reason"]
+    passing = [v for v in device["variants"] if v["accuracy"]["within_tolerance"] and v["latency_ms"]]
+    assert recommended["latency_ms"]["p50"] == min(v["latency_ms"]["p50"] for v in passing)
+
+    # Re-measured independently: the downloaded artifact against FP32 on the validation inputs.
+    artifact = api.get(recommended["variant_artifact"]["download_url"]).content
+    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
+    outputs = ort.InferenceSession(artifact, providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
+    cosine = compare_outputs({"output": outputs}, {"output": reference})["cosine"]
+    assert 1.0 - cosine <= TOLERANCE["max_drop"], cosine
+    assert np.isfinite(outputs).all()
