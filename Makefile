@@ -23,8 +23,8 @@ up: install frontend
 
 test: install frontend test-frontend test-python
 
-test-frontend:
-	cd frontend && ./.nodeenv/bin/npm test --silent 2>/dev/null || (cd frontend && npm test)
+test-frontend: frontend
+	cd frontend && . .nodeenv/bin/activate && npm test
 
 # KILN_DATA_DIR keeps test blobs and the SQLite test database away from a running `make up`.
 test-python: install

@@ -24,7 +24,7 @@ const PRECISION_HELP: Record<Precision, string> = {
 };
 
 const METRIC_HELP: Record<ToleranceMetric, string> = {
-  auto: 'Task accuracy when the validation set has labels, otherwise cosine similarity.',
+  auto: 'Task accuracy when the validation set has labels; otherwise top-1 agreement with FP32 for classifiers, else cosine similarity.',
   accuracy: 'Top-1 accuracy against labels (needs a labelled validation set).',
   cosine: 'Cosine similarity of outputs to the FP32 reference.',
   sqnr: 'Signal-to-quantization-noise ratio, in dB.',

@@ -16,7 +16,7 @@ class VariantSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Variant
-        fields = ["id", "key", "precision", "backends", "recipe", "status", "error", "size_bytes", "sha256"]
+        fields = ["id", "key", "precision", "round", "options", "backends", "recipe", "status", "error", "size_bytes", "sha256"]
 
     def get_size_bytes(self, variant) -> int | None:
         return variant.artifact.blob.size_bytes if variant.artifact else None
