@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices import bench  # noqa: E402
-from devices.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from devices import bench
+from devices.backends.onnxruntime import OnnxRuntimeBackend
 
 MAX_RATIO = 1.05
 

@@ -34,11 +34,10 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
-from kiln.reports import scoring
-
 from devices.backends.registry import get_backend
 from devices.bench import BenchmarkSettings, measure
 from devices.metrics import compare_outputs
+from kiln.reports import scoring
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
 from workers.quantize import build_variant

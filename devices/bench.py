@@ -11,8 +11,9 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class BenchmarkSettings:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "BenchmarkSettings":
+    def from_dict(cls, data: dict | None) -> BenchmarkSettings:
         data = data or {}
         defaults = cls()
         return cls(

@@ -4,7 +4,7 @@ server-side workers import this module too."""
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -65,7 +65,7 @@ def _run_step(name: str, step: StepFunction, source: Path, output: Path, *, targ
     started = time.perf_counter()
     try:
         skip_reason = step(source, output, target_opset=target_opset)
-    except Exception as error:  # noqa: BLE001 - one failing step must not sink the conversion
+    except Exception as error:
         status, reason = "skipped", f"{name} failed: {type(error).__name__}: {error}".strip()
     else:
         status, reason = ("skipped", skip_reason) if skip_reason else ("applied", None)
@@ -125,7 +125,7 @@ def _output_mismatch(original: onnx.ModelProto, simplified: onnx.ModelProto) -> 
         ]
         feeds = _probe_feeds(sessions[0])
         expected, actual = (session.run(None, feeds) for session in sessions)
-    except Exception:  # noqa: BLE001 - a model we cannot probe is not evidence of a bad rewrite
+    except Exception:
         return None
     for name, want, got in zip(
         (output.name for output in sessions[0].get_outputs()), expected, actual, strict=True
@@ -165,7 +165,7 @@ def _check_with_fallback(candidates: list[tuple[str, Path]]) -> tuple[Path, dict
     for label, path in reversed(candidates):
         try:
             onnx.checker.check_model(str(path), full_check=False)
-        except Exception as error:  # noqa: BLE001 - checker failures are verdicts
+        except Exception as error:
             first_error = first_error or f"{type(error).__name__}: {error}"
             continue
         if first_error is None:

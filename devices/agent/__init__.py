@@ -8,7 +8,7 @@ def _version() -> str:
         from importlib.metadata import version
 
         return version("kiln")
-    except Exception:  # noqa: BLE001 - running from a checkout without metadata
+    except Exception:
         return "0.1.0"
 
 

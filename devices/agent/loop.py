@@ -92,7 +92,7 @@ class Agent:
                 return
             except (ApiError, ServerUnavailable) as exc:
                 logger.warning("heartbeat failed: %s", exc)
-            except Exception:  # noqa: BLE001 - the heartbeat thread must not die silently
+            except Exception:
                 logger.exception("heartbeat failed")
 
     # -- main loop -----------------------------------------------------------------------------

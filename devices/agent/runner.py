@@ -13,8 +13,8 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class TaskLogCapture(logging.Handler):
             return
         try:
             line = self.format(record)
-        except Exception:  # noqa: BLE001 - a bad log call must not fail the task
+        except Exception:
             return
         self.lines.append(line)
         self.size += len(line.encode("utf-8", "replace")) + 1
@@ -241,7 +241,7 @@ class TaskRunner:
             except AgentStopping:
                 logger.info("task %s: handing back: %s", task["id"], STOPPING_REASON)
                 return self._post(task, self._failure(task, STOPPING_REASON, capture), "handed_back")
-            except Exception as exc:  # noqa: BLE001 - any failure fails this task, not the agent
+            except Exception as exc:
                 reason = str(exc) if isinstance(exc, TaskFailed) else f"{type(exc).__name__}: {exc}"
                 logger.error("task %s failed in %s: %s", task["id"], self.stage, reason,
                              exc_info=not isinstance(exc, TaskFailed))
@@ -325,7 +325,7 @@ class TaskRunner:
             profile = compiled.profile(profile_feeds, runs=PROFILE_RUNS)
         except NotImplementedError as exc:
             profile = {"by_op_type": [], "by_node": [], "error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - a profile is a bonus, not the result
+        except Exception as exc:
             logger.warning("profiling failed: %s: %s", type(exc).__name__, exc)
             profile = {"by_op_type": [], "by_node": [], "error": f"{type(exc).__name__}: {exc}"}
 

@@ -6,8 +6,9 @@ import functools
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -124,7 +125,7 @@ class OnnxRuntimeBackend(Backend):
     def available(self) -> bool:
         try:
             import onnxruntime as ort
-        except Exception:  # noqa: BLE001 - a broken install is as good as none
+        except Exception:
             return False
         return "CPUExecutionProvider" in ort.get_available_providers()
 

@@ -22,7 +22,7 @@ class TensorRtBackend(Backend):
     def available(self) -> bool:
         try:
             import tensorrt  # noqa: F401
-        except Exception:  # noqa: BLE001 - a broken install is as good as none
+        except Exception:
             return False
         return True
 

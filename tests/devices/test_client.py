@@ -4,7 +4,12 @@ import socket
 import pytest
 
 from devices.agent.client import (
-    AgentClient, AgentUnauthorized, ApiError, RetryPolicy, ServerUnavailable, StaleAttempt,
+    AgentClient,
+    AgentUnauthorized,
+    ApiError,
+    RetryPolicy,
+    ServerUnavailable,
+    StaleAttempt,
     parse_retry_after,
 )
 

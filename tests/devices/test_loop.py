@@ -8,8 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from devices.agent.client import AgentClient, RetryPolicy
 from devices.agent.config import AgentConfig, save_config
 from devices.agent.loop import Agent, jittered

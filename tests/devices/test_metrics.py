@@ -118,4 +118,4 @@ def test_metrics_module_imports_numpy_only():
         for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported <= {"__future__", "math", "typing", "numpy"}
+    assert imported <= {"__future__", "collections", "math", "typing", "numpy"}

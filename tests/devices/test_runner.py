@@ -1,7 +1,5 @@
 import hashlib
 import importlib.util
-import io
-import json
 import logging
 import threading
 
@@ -10,7 +8,12 @@ import pytest
 
 from devices.agent.client import AgentClient, RetryPolicy
 from devices.agent.runner import (
-    LOG_LIMIT_BYTES, TaskLogCapture, TaskRunner, evaluate_outputs, load_npz, make_feeds,
+    LOG_LIMIT_BYTES,
+    TaskLogCapture,
+    TaskRunner,
+    evaluate_outputs,
+    load_npz,
+    make_feeds,
 )
 from devices.backends import get_backend
 

@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path

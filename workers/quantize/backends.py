@@ -27,7 +27,7 @@ def _onnxruntime_loads(path: Path) -> bool:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as error:  # noqa: BLE001 - any failure means "not runnable here"
+    except Exception as error:
         logger.info("onnxruntime cannot load %s: %s", path.name, error)
         return False
     return True
@@ -42,7 +42,7 @@ def _openvino_compiles(path: Path) -> bool:
     try:
         # read_model alone accepts some graphs the CPU plugin then rejects, so compile too.
         core.compile_model(core.read_model(str(path)), "CPU")
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         logger.info("openvino cannot compile %s: %s", path.name, error)
         return False
     return True

@@ -393,7 +393,7 @@ def float_activation_names(model: onnx.ModelProto) -> list[str]:
     """Graph inputs and node outputs of float type (after shape inference), in graph order."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - without types we can only take what the graph declares
+    except Exception:
         inferred = model
     types = {value.name: value.type.tensor_type.elem_type
              for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}

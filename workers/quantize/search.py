@@ -411,7 +411,7 @@ class _Validation:
         self.batches = list(iter_batches(validation_path, input_names=self.input_names, batch_size=batch, limit=limit))
         if self.static_batch:
             self.batches = [b for b in self.batches if len(next(iter(b.values()))) == self.static_batch]
-        with np.load(validation_path) as archive:
+        with np.load(validation_path, allow_pickle=False) as archive:
             self.labels = archive[LABELS][: sum(len(next(iter(b.values()))) for b in self.batches)] if LABELS in archive else None
         self.reference = self.run(lambda feeds: dict(zip(self.output_names, session.run(None, feeds))))
         single = {name: np.ascontiguousarray(value[: self.static_batch or 1]) for name, value in self.batches[0].items()}
@@ -486,7 +486,7 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
             entry["unstable"] = result["unstable"]
         finally:
             compiled.close()
-    except Exception as error:  # noqa: BLE001 - one failing variant must not end the search
+    except Exception as error:
         logger.warning("measuring %s failed: %s", entry["id"], error)
         entry["error"] = f"{type(error).__name__}: {error}"
     return entry

@@ -312,7 +312,7 @@ def _preprocess(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> 
             str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
             external_data_location="preprocessed.onnx.data",
         )
-    except Exception as error:  # noqa: BLE001 - a best-effort pass, never a reason to fail
+    except Exception as error:
         logger.info("quant_pre_process failed on %s: %s", model_path.name, error)
         return model_path, f"skipped: {type(error).__name__}: {error}"
     return output, "applied"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -34,6 +35,13 @@ class Conflict(KilnError):
 class UploadTooLarge(KilnError):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "upload_too_large"
+
+
+def upload_too_large() -> UploadTooLarge:
+    from django.conf import settings
+
+    limit_mb = settings.MAX_UPLOAD_BYTES / 1024**2
+    return UploadTooLarge(f"The upload is larger than this server's limit of {limit_mb:.0f} MB (KILN_MAX_UPLOAD_BYTES).")
 
 
 def _flatten(detail) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from kiln.core.errors import json_error
+from kiln.core.errors import json_error, upload_too_large
 
 
 class UploadLimitMiddleware:
@@ -21,6 +21,6 @@ class UploadLimitMiddleware:
         except ValueError:
             declared = 0
         if declared > settings.MAX_UPLOAD_BYTES:
-            limit_mb = settings.MAX_UPLOAD_BYTES / 1024**2
-            return json_error(f"The upload is larger than this server's limit of {limit_mb:.0f} MB (KILN_MAX_UPLOAD_BYTES).", "upload_too_large", 413)
+            refusal = upload_too_large()
+            return json_error(refusal.message, refusal.error_code, refusal.status_code)
         return self.get_response(request)

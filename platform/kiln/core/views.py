@@ -6,8 +6,6 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from kiln.core.errors import json_error
-
 
 def health(request):
     """Liveness with a database round-trip, so a broken database shows up here."""
@@ -27,6 +25,3 @@ def spa_index(request):
         )
     return HttpResponse(index.read_bytes(), content_type="text/html; charset=utf-8")
 
-
-def not_found_json(request, exception=None):
-    return json_error("Not found.", "not_found", 404)

@@ -15,14 +15,13 @@ from django.utils import timezone
 from kiln.core.errors import Conflict, KilnError
 from kiln.core.tokens import issue_token
 from kiln.pipeline.models import (
+    TERMINAL_TASK_STATUSES,
     Artifact,
     ArtifactKind,
     DeploymentJob,
     DeviceTask,
     DeviceTaskStatus,
     JobStatus,
-    TERMINAL_TASK_STATUSES,
-    Variant,
     VariantStatus,
 )
 from kiln.pipeline.services import enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start

@@ -65,7 +65,7 @@ def run_stage(job_id: int, stage: str, body) -> bool:
     except StageFailed as exc:
         job_fail(job=job, stage=stage, message=str(exc))
         return False
-    except Exception as exc:  # noqa: BLE001 - an unexpected error must fail the job, not leave it running
+    except Exception as exc:
         from celery.exceptions import SoftTimeLimitExceeded
 
         if isinstance(exc, SoftTimeLimitExceeded):
@@ -214,7 +214,7 @@ def _sensitivity(job) -> list[dict] | None:
 
     try:
         ranking = rank_nodes(model_path=_working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
-    except Exception as exc:  # noqa: BLE001 - the search goes on without a ranking
+    except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
         ranking = []
     job.search["sensitivity"] = ranking[:50]
@@ -285,7 +285,7 @@ def run_stage_open(job_id: int, stage: str, body) -> bool:
     job_stage_start(job=job, stage=stage)
     try:
         job_event_add(job=job, stage=stage, message=body(job))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         logger.exception("stage %s of job %s crashed", stage, job_id)
         job_fail(job=job, stage=stage, message=f"{type(exc).__name__}: {exc}")
         return False
@@ -353,7 +353,7 @@ def variant_build(*, variant_id: int) -> None:
     except NotApplicable as exc:
         variant.status, variant.error = VariantStatus.SKIPPED, str(exc)
         job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} skipped: {exc}")
-    except Exception as exc:  # noqa: BLE001 - one variant's failure is reported, the job goes on
+    except Exception as exc:
         logger.exception("variant %s failed", variant_id)
         variant.status, variant.error = VariantStatus.FAILED, f"{type(exc).__name__}: {exc}"
         job_event_add(job=job, stage="quantize", level="error", message=f"{variant.key} failed: {variant.error}")

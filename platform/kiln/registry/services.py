@@ -157,8 +157,9 @@ def dataset_create(*, organization, user, name: str, kind: str, upload) -> Datas
 
 
 def dataset_delete(*, dataset: Dataset) -> None:
-    from kiln.pipeline.models import DeploymentJob
     from django.db.models import Q
+
+    from kiln.pipeline.models import DeploymentJob
 
     if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
         raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)

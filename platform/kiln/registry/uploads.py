@@ -6,12 +6,7 @@ import hashlib
 from django.conf import settings
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
 
-from kiln.core.errors import UploadTooLarge
-
-
-def upload_too_large() -> UploadTooLarge:
-    limit_mb = settings.MAX_UPLOAD_BYTES / 1024**2
-    return UploadTooLarge(f"The upload is larger than this server's limit of {limit_mb:.0f} MB (KILN_MAX_UPLOAD_BYTES).")
+from kiln.core.errors import upload_too_large
 
 
 class HashingUploadHandler(TemporaryFileUploadHandler):
