@@ -21,7 +21,7 @@ frontend: $(STAMP)
 up: install frontend
 	$(PY) platform/manage.py up
 
-test: install frontend test-frontend test-python
+test: install frontend lint test-frontend test-python
 
 test-frontend: frontend
 	cd frontend && . .nodeenv/bin/activate && npm test
