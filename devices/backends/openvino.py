@@ -29,13 +29,32 @@ def _config(threads: int | None, *, profiling: bool = False) -> dict:
     return config
 
 
-def _spec(port) -> TensorSpec:
+def _declared_names(model_path: Path) -> tuple[set[str], set[str]]:
+    """The ONNX graph's own input and output names (weights are not read)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    return {v.name for v in graph.input if v.name not in initializers}, {v.name for v in graph.output}
+
+
+def _port_name(port, declared: set[str]) -> str:
+    """The port's name as the ONNX model declares it.
+
+    A port can carry several tensor names once OpenVINO fuses nodes: an FP16 model's input Cast
+    (`graph_input_cast_0`) merges into the parameter, and `get_any_name()` may pick that one.
+    """
+    names = port.get_names()
+    return next((name for name in sorted(names) if name in declared), port.get_any_name())
+
+
+def _spec(port, declared: set[str]) -> TensorSpec:
     partial_shape = port.get_partial_shape()
     shape = tuple(
         dim.get_length() if dim.is_static else None for dim in partial_shape
     ) if partial_shape.rank.is_static else ()
     return TensorSpec(
-        name=port.get_any_name(), dtype=np.dtype(port.get_element_type().to_dtype()), shape=shape
+        name=_port_name(port, declared), dtype=np.dtype(port.get_element_type().to_dtype()), shape=shape
     )
 
 
@@ -63,8 +82,9 @@ class OpenVinoCompiledModel(CompiledModel):
         # Run what was exported, so that a broken blob fails here and not in a deployment.
         self.compiled = core.import_model(artifact_path.read_bytes(), DEVICE, _config(threads))
         self.request = self.compiled.create_infer_request()
-        self.input_specs = [_spec(port) for port in self.compiled.inputs]
-        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        declared_inputs, declared_outputs = _declared_names(source_model_path)
+        self.input_specs = [_spec(port, declared_inputs) for port in self.compiled.inputs]
+        self.output_names = [_port_name(port, declared_outputs) for port in self.compiled.outputs]
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

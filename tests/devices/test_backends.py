@@ -1,6 +1,7 @@
 import importlib.util
 
 import numpy as np
+import onnx
 import pytest
 
 from devices.backends import BackendUnavailable, available_backends, get_backend
@@ -121,3 +122,17 @@ def test_tensorrt_is_not_offered_without_the_package(monkeypatch):
 def test_tensorrt_compile_is_a_clear_seam(tiny_model_path, tmp_path):
     with pytest.raises(NotImplementedError, match="TensorRT backend is not implemented"):
         TensorRtBackend().compile(tiny_model_path, tmp_path)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_fp16_model_with_float_io_keeps_its_declared_input_names(backend_name, tiny_model_path, tmp_path, sample_feeds):
+    """OpenVINO fuses an FP16 model's input Cast into the parameter; the name must stay `input`."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    fp16 = convert_float_to_float16(onnx.load(str(tiny_model_path)), keep_io_types=True)
+    path = tmp_path / "fp16.onnx"
+    onnx.save(fp16, str(path))
+    compiled = get_backend(backend_name).compile(path, tmp_path / "work")
+    assert [spec.name for spec in compiled.input_specs] == [name for name in sample_feeds]
+    outputs = compiled.run(sample_feeds)
+    assert set(outputs) == {o.name for o in fp16.graph.output}

@@ -87,7 +87,9 @@ export type ToleranceMetric = (typeof METRICS)[number];
 
 export interface Tolerance {
   metric: ToleranceMetric | string;
-  max_drop: number;
+  max_drop?: number;
+  /** For the sqnr metric: the lowest acceptable SQNR in dB. */
+  min_value?: number;
 }
 
 export type JobStatus = 'queued' | 'running' | 'waiting_for_devices' | 'succeeded' | 'failed' | 'canceled';
@@ -237,6 +239,9 @@ export interface OpTypeTime {
 export interface ReportVariant {
   id: number;
   task?: number;
+  key?: string;
+  round?: number;
+  options?: Record<string, unknown> | null;
   backend: string;
   precision: string;
   recipe: Record<string, unknown> | null;
@@ -264,9 +269,17 @@ export interface ReportDevice {
   reason: string | null;
 }
 
+export interface SensitivityRow {
+  node: string;
+  op_type: string;
+  sqnr_db: number;
+  relative_error?: number;
+}
+
 export interface Report {
   job: number;
   status: JobStatus;
   tolerance: Tolerance;
+  search?: { rounds: number; sensitivity: SensitivityRow[] };
   devices: ReportDevice[];
 }

@@ -2,6 +2,7 @@
 import { Link, useParams } from 'react-router';
 import { isTerminal, rows, useArtifacts, useCancelJob, useJob } from '../api/hooks';
 import type { Artifact, DeviceTask, Job, JobStage } from '../api/types';
+import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { formatBytes, formatDate, humanize, percent } from '../format';
 
@@ -177,7 +178,7 @@ export function JobPage() {
         subtitle={
           <>
             {data.model ? <Link to={`/models/${data.model.id}`}>{data.model.name}</Link> : `Model version ${data.model_version}`}
-            {' · '}precisions {data.precisions?.join(', ')} · tolerance {data.tolerance?.metric} ≤ {data.tolerance?.max_drop}
+            {' · '}precisions {data.precisions?.join(', ')} · tolerance {data.tolerance ? toleranceText(data.tolerance) : '—'}
             {' · '}started {formatDate(data.created_at)}
           </>
         }

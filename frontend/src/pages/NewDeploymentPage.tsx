@@ -326,7 +326,7 @@ export function NewDeploymentPage() {
                 <p className="muted small">{METRIC_HELP[form.metric]}</p>
               </div>
               <div className="field">
-                <label htmlFor={ids.maxDrop}>Maximum drop{form.metric === 'sqnr' ? ' (dB)' : ''}</label>
+                <label htmlFor={ids.maxDrop}>{form.metric === 'sqnr' ? 'Minimum SQNR (dB)' : 'Maximum drop'}</label>
                 <input
                   id={ids.maxDrop}
                   type="number"

@@ -136,6 +136,7 @@ export function toJobCreate(form: DeploymentForm): JobCreate {
     calibration_dataset: form.calibrationDataset,
     validation_dataset: form.validationDataset,
     targets: form.targetMode === 'all' ? [] : [...form.targets],
-    tolerance: { metric: form.metric, max_drop: Number(form.maxDrop) },
+    // SQNR has no FP32 value to drop from (it is infinite there): the field is a floor in dB.
+    tolerance: form.metric === 'sqnr' ? { metric: 'sqnr', min_value: Number(form.maxDrop) } : { metric: form.metric, max_drop: Number(form.maxDrop) },
   };
 }

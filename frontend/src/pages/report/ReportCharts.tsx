@@ -14,13 +14,14 @@ const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommende
 
 /** The accuracy value a variant must reach: the FP32 reference minus the allowed drop. */
 export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): number | null {
+  if (tolerance.metric === 'sqnr') return tolerance.min_value ?? null;
   const withReference = device.variants.find(
     (variant) => typeof variant.accuracy?.reference_value === 'number' && Number.isFinite(variant.accuracy.reference_value),
   );
   const fp32 = device.variants.find((variant) => variant.precision === 'fp32' && typeof variant.accuracy?.value === 'number');
   const reference = withReference?.accuracy?.reference_value ?? fp32?.accuracy?.value ?? null;
   if (reference === null || reference === undefined || !Number.isFinite(reference)) return null;
-  return reference - tolerance.max_drop;
+  return reference - (tolerance.max_drop ?? 0);
 }
 
 /** Mounts a uPlot chart that follows its container's width. */
@@ -129,7 +130,7 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
   return (
     <figure className="chart">
       <figcaption>
-        Faster is further left, more accurate is higher. Variants must stay above the dashed tolerance line (FP32 − {tolerance.max_drop}).
+        Faster is further left, more accurate is higher. Variants must stay above the dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 − ${tolerance.max_drop ?? 0}`}).
       </figcaption>
       <UPlot options={chart.options} data={chart.data} label={chart.label} testId="latency-accuracy-chart" />
     </figure>

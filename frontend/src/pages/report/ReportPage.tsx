@@ -3,9 +3,10 @@ import { lazy, Suspense } from 'react';
 import { Link, useParams } from 'react-router';
 import { ApiError } from '../../api/client';
 import { useJob, useReport } from '../../api/hooks';
-import type { ReportDevice, Tolerance } from '../../api/types';
+import type { Report, ReportDevice, Tolerance } from '../../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
 import { capabilitySummary } from '../../components/capabilities';
+import { toleranceText } from '../../components/tolerance';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -31,6 +32,50 @@ export function Recommendation({ device }: { device: ReportDevice }) {
         </a>
       ) : null}
     </div>
+  );
+}
+
+/** What the `auto` search did: its rounds and the nodes that quantize worst. */
+export function SearchSummary({ report }: { report: Report }) {
+  const search = report.search;
+  if (!search || (search.rounds <= 1 && search.sensitivity.length === 0)) return null;
+  const kept = new Set(
+    report.devices.flatMap((device) => {
+      const chosen = device.variants.find((variant) => variant.id === device.recommended);
+      const excluded = chosen?.options?.nodes_to_exclude;
+      return Array.isArray(excluded) ? (excluded as string[]) : [];
+    }),
+  );
+  return (
+    <section className="card" aria-labelledby="search-heading" data-testid="search-summary">
+      <h2 id="search-heading">Quantization search</h2>
+      <p className="muted">
+        {search.rounds} round{search.rounds === 1 ? '' : 's'} of candidates measured on the devices. Nodes ranked by how much INT8 hurts
+        their output (lowest SQNR first); the recommended variant keeps the marked ones in float.
+      </p>
+      {search.sensitivity.length > 0 ? (
+        <table className="table" data-testid="sensitivity-table">
+          <thead>
+            <tr>
+              <th scope="col">Node</th>
+              <th scope="col">Op type</th>
+              <th scope="col" className="numeric">SQNR (dB)</th>
+              <th scope="col">In the recommendation</th>
+            </tr>
+          </thead>
+          <tbody>
+            {search.sensitivity.slice(0, 10).map((row) => (
+              <tr key={row.node}>
+                <td><code>{row.node}</code></td>
+                <td>{row.op_type}</td>
+                <td className="numeric">{row.sqnr_db.toFixed(1)}</td>
+                <td>{kept.has(row.node) ? <span className="badge">kept in float</span> : 'quantized'}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      ) : null}
+    </section>
   );
 }
 
@@ -76,7 +121,7 @@ export function ReportPage() {
           {report.data ? (
             <>
               {' '}
-              · tolerance: {report.data.tolerance.metric} may drop by at most {report.data.tolerance.max_drop}
+              · tolerance: {toleranceText(report.data.tolerance)}
             </>
           ) : null}
         </>
@@ -108,6 +153,7 @@ export function ReportPage() {
           <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} />
         ))
       )}
+      <SearchSummary report={report.data} />
     </>
   );
 }

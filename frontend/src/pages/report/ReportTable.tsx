@@ -15,7 +15,8 @@ interface Column {
 }
 
 export function variantLabel(variant: ReportVariant): string {
-  return `${variant.precision} · ${variant.backend}`;
+  // The key names the recipe (int8-mse-keep1); auto searches build several of one precision.
+  return `${variant.key ?? variant.precision} · ${variant.backend}`;
 }
 
 function formatDrop(drop: number | null | undefined): string {
@@ -26,7 +27,17 @@ function formatDrop(drop: number | null | undefined): string {
 
 export const COLUMNS: Column[] = [
   { key: 'backend', label: 'Backend', value: (v) => v.backend, render: (v) => v.backend },
-  { key: 'precision', label: 'Precision', value: (v) => v.precision, render: (v) => <strong>{v.precision}</strong> },
+  {
+    key: 'precision',
+    label: 'Precision',
+    value: (v) => v.key ?? v.precision,
+    render: (v) => (
+      <>
+        <strong>{v.precision}</strong>
+        {v.key && v.key !== v.precision ? <div className="muted small">{v.key}{v.round && v.round > 1 ? ` · round ${v.round}` : ''}</div> : null}
+      </>
+    ),
+  },
   { key: 'p50', label: 'Latency p50', numeric: true, value: (v) => v.latency_ms?.p50, render: (v) => formatMs(v.latency_ms?.p50) },
   { key: 'p99', label: 'Latency p99', numeric: true, value: (v) => v.latency_ms?.p99, render: (v) => formatMs(v.latency_ms?.p99) },
   {

@@ -1,0 +1,57 @@
+import { render, screen, within } from '@testing-library/react';
+import { describe, expect, it } from 'vitest';
+import type { Report } from '../../api/types';
+import { toleranceText } from '../../components/tolerance';
+import { SearchSummary } from './ReportPage';
+
+function report(rounds: number, excluded: string[]): Report {
+  return {
+    job: 1,
+    status: 'succeeded',
+    tolerance: { metric: 'cosine', max_drop: 0.001 },
+    search: {
+      rounds,
+      sensitivity: [
+        { node: 'sensitive', op_type: 'MatMul', sqnr_db: 0.4 },
+        { node: 'layer0', op_type: 'MatMul', sqnr_db: 39.6 },
+      ],
+    },
+    devices: [
+      {
+        agent: { id: 1, name: 'box' },
+        recommended: 7,
+        reason: 'fastest within tolerance',
+        variants: [
+          {
+            id: 7, key: 'int8-mse-keep1', round: 2, options: { nodes_to_exclude: excluded }, backend: 'onnxruntime', precision: 'int8',
+            recipe: null, latency_ms: null, throughput_per_s: null, peak_memory_mb: null, size_bytes: null, accuracy: null, artifact: null, pareto: true,
+          },
+        ],
+      },
+    ],
+  };
+}
+
+describe('SearchSummary', () => {
+  it('lists the most sensitive nodes and marks those the recommendation keeps in float', () => {
+    render(<SearchSummary report={report(2, ['sensitive'])} />);
+    expect(screen.getByText(/2 rounds of candidates/)).toBeInTheDocument();
+    const rows = within(screen.getByTestId('sensitivity-table')).getAllByRole('row').slice(1);
+    expect(rows.map((row) => within(row).getAllByRole('cell')[0].textContent)).toEqual(['sensitive', 'layer0']);
+    expect(within(rows[0]).getByText('kept in float')).toBeInTheDocument();
+    expect(within(rows[1]).getByText('quantized')).toBeInTheDocument();
+  });
+
+  it('renders nothing for a plain job without a search', () => {
+    const plain = { ...report(1, []), search: { rounds: 1, sensitivity: [] } };
+    const { container } = render(<SearchSummary report={plain} />);
+    expect(container).toBeEmptyDOMElement();
+  });
+});
+
+describe('toleranceText', () => {
+  it('says a floor for SQNR and a drop for the other metrics', () => {
+    expect(toleranceText({ metric: 'sqnr', min_value: 28 })).toBe('SQNR at least 28 dB');
+    expect(toleranceText({ metric: 'cosine', max_drop: 0.001 })).toBe('cosine may drop by at most 0.001');
+  });
+});
