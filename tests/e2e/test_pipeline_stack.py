@@ -145,3 +145,23 @@ def test_revoked_agent_gets_401_and_stops(kiln_stack, api_for):
     wait_until(lambda: process.poll() is not None, timeout=30, message="the agent to exit")
     assert process.returncode == 3
     assert "401" in process.log_path.read_text() or "revoked" in process.log_path.read_text().lower()
+
+
+def test_cancel_reaches_a_running_agent_and_it_takes_the_next_job(kiln_stack, api_for, model_files, settings):
+    settings.BENCHMARK_MIN_SECONDS = 120
+    api, tenant = api_for("erin", "Erins")
+    ids = upload_digits(api, model_files)
+    agent = kiln_stack.start_agent(tenant, "busy", backends="onnxruntime")
+    job = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32"], "validation_dataset": ids["validation"]})
+    task = wait_until(lambda: DeviceTask.objects.filter(job_id=job["id"], stage="benchmark").first(), timeout=90, message="benchmarking")
+    api.post(f"/api/v1/jobs/{job['id']}/cancel/", expect=200)
+    # The heartbeat is 2 s here: the agent must drop the two-minute benchmark long before it ends.
+    wait_until(lambda: "canceled by the server" in agent.log_path.read_text(), timeout=20, message="the agent to learn of the cancel")
+    task.refresh_from_db()
+    assert task.status == DeviceTaskStatus.CANCELED and task.metrics == {}
+    assert api.get(f"/api/v1/jobs/{job['id']}/").json()["status"] == "canceled"
+
+    settings.BENCHMARK_MIN_SECONDS = 0.3
+    follow_up = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32"], "validation_dataset": ids["validation"]})
+    assert api.wait_for_job(follow_up["id"], kiln_stack)["status"] == "succeeded"
+    assert agent.poll() is None

@@ -162,3 +162,32 @@ def test_auto_without_calibration_skips_static_int8(tenant, uploaded, django_cap
         job_id = create_job(tenant, model_version=uploaded["version"]).json()["id"]
     keys = set(Variant.objects.filter(job_id=job_id).values_list("key", flat=True))
     assert "fp32" in keys and "int8-dynamic" in keys and "int8" not in keys
+
+
+def test_identical_build_is_reused_from_the_cache_not_rebuilt(tenant, uploaded, monkeypatch, django_capture_on_commit_callbacks):
+    body = {"model_version": uploaded["version"], "precisions": ["int8"], "calibration_dataset": uploaded["calibration"]}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = create_job(tenant, **body).json()["id"]
+    import kiln.pipeline.stages as stages
+
+    def no_rebuild(**kwargs):
+        raise AssertionError("an identical variant was rebuilt")
+
+    monkeypatch.setattr(stages, "build_variant", no_rebuild)
+    with django_capture_on_commit_callbacks(execute=True):
+        second = create_job(tenant, **body).json()["id"]
+    original = Variant.objects.get(job_id=first, key="int8")
+    reused = Variant.objects.get(job_id=second, key="int8")
+    assert reused.status == "ready" and reused.recipe["cached_from_job"] == first
+    assert reused.cache_key == original.cache_key and reused.artifact.blob_id == original.artifact.blob_id
+    events = tenant.client.get(f"/api/v1/jobs/{second}/").json()["events"]
+    assert any("reused the identical build" in e["message"] for e in events)
+
+
+def test_a_different_calibration_set_is_a_different_build(tenant, uploaded, model_files, django_capture_on_commit_callbacks):
+    other = upload(tenant.client, "/api/v1/datasets/", model_files["validation"], kind="calibration").json()["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        first = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=uploaded["calibration"]).json()["id"]
+        second = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=other).json()["id"]
+    assert Variant.objects.get(job_id=first).cache_key != Variant.objects.get(job_id=second).cache_key
+    assert "cached_from_job" not in Variant.objects.get(job_id=second).recipe
