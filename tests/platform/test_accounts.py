@@ -112,3 +112,47 @@ def test_session_user_switches_between_own_organizations_only(db):
     assert switched.json()["organization"]["id"] == second.organization.id
     assert client.post("/api/v1/auth/organization/", {"organization": stranger.organization.id}, format="json").status_code == 404
     assert first.organization.id != second.organization.id
+
+
+def test_owner_adds_a_member_who_can_then_switch_to_the_organization(db):
+    owner = make_tenant(username="olga", organization="Olga Inc")
+    make_tenant(username="pete", organization="Pete Co", password="a-long-password-1")
+    added = owner.client.post("/api/v1/members/", {"username": "pete", "role": "viewer"}, format="json")
+    assert added.status_code == 201, added.content
+    assert owner.client.post("/api/v1/members/", {"username": "pete"}, format="json").status_code == 409
+    assert owner.client.post("/api/v1/members/", {"username": "nobody"}, format="json").status_code == 400
+    client = APIClient()
+    client.post("/api/v1/auth/login/", {"username": "pete", "password": "a-long-password-1"}, format="json")
+    names = {org["name"] for org in client.get("/api/v1/auth/me/").json()["organizations"]}
+    assert names == {"Olga Inc", "Pete Co"}
+    client.post("/api/v1/auth/organization/", {"organization": owner.organization.id}, format="json")
+    assert client.get("/api/v1/auth/me/").json()["organization"]["role"] == "viewer"
+
+
+def test_only_owners_change_members_and_the_last_owner_stays(db):
+    owner = make_tenant(username="olga", organization="Olga Inc")
+    member = make_tenant(username="max", organization="Olga Inc", role="member")
+    assert member.client.post("/api/v1/members/", {"username": "olga"}, format="json").status_code == 403
+    rows = {row["username"]: row for row in owner.client.get("/api/v1/members/").json()}
+    owner_row, member_row = rows["olga"], rows["max"]
+    assert owner.client.patch(f"/api/v1/members/{owner_row['id']}/", {"role": "member"}, format="json").status_code == 409
+    assert owner.client.delete(f"/api/v1/members/{owner_row['id']}/").status_code == 409
+    promoted = owner.client.patch(f"/api/v1/members/{member_row['id']}/", {"role": "owner"}, format="json")
+    assert promoted.json()["role"] == "owner"
+
+
+def test_removing_a_member_revokes_their_tokens_there(db):
+    owner = make_tenant(username="olga", organization="Olga Inc")
+    member = make_tenant(username="max", organization="Olga Inc", role="member")
+    assert member.client.get("/api/v1/models/").status_code == 200
+    member_row = next(row for row in owner.client.get("/api/v1/members/").json() if row["username"] == "max")
+    assert owner.client.delete(f"/api/v1/members/{member_row['id']}/").status_code == 204
+    assert member.client.get("/api/v1/models/").status_code == 401
+
+
+def test_members_of_another_organization_are_not_found(db):
+    owner = make_tenant(username="olga", organization="Olga Inc")
+    other = make_tenant(username="rex", organization="Rex Ltd")
+    foreign = other.client.get("/api/v1/members/").json()[0]["id"]
+    assert owner.client.patch(f"/api/v1/members/{foreign}/", {"role": "viewer"}, format="json").status_code == 404
+    assert owner.client.delete(f"/api/v1/members/{foreign}/").status_code == 404

@@ -31,7 +31,10 @@ def owned(tenant, model_files, settings, tmp_path):
         blob=blob_create(organization=tenant.organization, path=model_files["model"]),
     )
     token = tenant.client.post("/api/v1/tokens/", {"name": "t"}, format="json").json()
-    return {"model": model, "dataset": dataset, "job": job, "agent": agent, "registration": registration, "artifact": artifact, "token": token}
+    from kiln.accounts.models import Membership
+
+    membership = Membership.objects.get(user=tenant.user, organization=tenant.organization)
+    return {"membership": membership, "model": model, "dataset": dataset, "job": job, "agent": agent, "registration": registration, "artifact": artifact, "token": token}
 
 
 def object_routes(owned) -> list[tuple[str, str]]:
@@ -54,10 +57,12 @@ def object_routes(owned) -> list[tuple[str, str]]:
         ("post", f"/api/v1/agents/{owned['agent'].id}/revoke/"),
         ("post", f"/api/v1/agents/registration-tokens/{owned['registration'].id}/revoke/"),
         ("post", f"/api/v1/tokens/{owned['token']['id']}/revoke/"),
+        ("patch", f"/api/v1/members/{owned['membership'].id}/"),
+        ("delete", f"/api/v1/members/{owned['membership'].id}/"),
     ]
 
 
-LIST_ROUTES = ["/api/v1/models/", "/api/v1/datasets/", "/api/v1/jobs/", "/api/v1/agents/", "/api/v1/agents/registration-tokens/", "/api/v1/tokens/"]
+LIST_ROUTES = ["/api/v1/models/", "/api/v1/datasets/", "/api/v1/jobs/", "/api/v1/agents/", "/api/v1/agents/registration-tokens/", "/api/v1/tokens/", "/api/v1/members/"]
 
 
 def _ids(body) -> set:

@@ -44,3 +44,15 @@ class IsOrganizationMember(permissions.BasePermission):
             self.message = "Viewers can read but not change anything."
             return False
         return True
+
+
+class IsOrganizationOwner(IsOrganizationMember):
+    """Members may read; only owners change who belongs to the organization."""
+
+    def has_permission(self, request, view):
+        if not super().has_permission(request, view):
+            return False
+        if request.method in permissions.SAFE_METHODS or request.membership.role == Role.OWNER:
+            return True
+        self.message = "Only an owner can change the organization's members."
+        return False

@@ -28,3 +28,13 @@ def memberships_of(*, user) -> list[Membership]:
 
 def api_tokens_of(*, user, organization) -> list[ApiToken]:
     return list(ApiToken.objects.filter(user=user, organization=organization).order_by("-created_at"))
+
+
+def members_of(*, organization) -> list[Membership]:
+    return list(Membership.objects.select_related("user").filter(organization=organization).order_by("user__username"))
+
+
+def membership_in(*, organization, membership_id: int) -> Membership:
+    from django.shortcuts import get_object_or_404
+
+    return get_object_or_404(Membership.objects.select_related("user", "organization"), organization=organization, pk=membership_id)

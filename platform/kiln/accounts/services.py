@@ -77,3 +77,39 @@ def api_token_touch(*, token: ApiToken) -> None:
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+
+
+def _owners_left(organization: Organization, *, excluding: Membership) -> int:
+    return Membership.objects.filter(organization=organization, role=Role.OWNER).exclude(pk=excluding.pk).count()
+
+
+def membership_add(*, organization: Organization, username: str, role: str) -> Membership:
+    """Add an existing user to the organization with a role."""
+    User = get_user_model()
+    if role not in Role.values:
+        raise KilnError(f"role must be one of {', '.join(Role.values)}.", code="invalid_role")
+    user = User.objects.filter(username__iexact=(username or "").strip(), is_active=True).first()
+    if user is None:
+        raise KilnError("No user has that name; they sign up first, then you add them.", code="unknown_user")
+    if Membership.objects.filter(user=user, organization=organization).exists():
+        raise KilnError(f"{user.username} is already a member.", code="already_member", status_code=409)
+    return Membership.objects.create(user=user, organization=organization, role=role)
+
+
+@transaction.atomic
+def membership_change_role(*, membership: Membership, role: str) -> Membership:
+    if role not in Role.values:
+        raise KilnError(f"role must be one of {', '.join(Role.values)}.", code="invalid_role")
+    if membership.role == Role.OWNER and role != Role.OWNER and not _owners_left(membership.organization, excluding=membership):
+        raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership) -> None:
+    if membership.role == Role.OWNER and not _owners_left(membership.organization, excluding=membership):
+        raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
+    ApiToken.objects.filter(user=membership.user, organization=membership.organization, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    membership.delete()

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from ..models import ApiToken
+from ..models import ApiToken, Membership, Role
 
 
 class LoginSerializer(serializers.Serializer):
@@ -34,3 +34,21 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     expires_in_days = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=3650)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+    user = serializers.IntegerField(source="user_id", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "username", "role", "created_at"]
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.values, default=Role.MEMBER)
+
+
+class MembershipRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.values)

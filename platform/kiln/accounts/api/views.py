@@ -17,12 +17,15 @@ from kiln.core.errors import KilnError
 
 from .. import services
 from ..models import ApiToken
-from ..permissions import SESSION_ORGANIZATION_KEY, resolve_membership
-from ..selectors import api_tokens_of, membership_get, memberships_of
+from ..permissions import SESSION_ORGANIZATION_KEY, IsOrganizationOwner, resolve_membership
+from ..selectors import api_tokens_of, members_of, membership_get, membership_in, memberships_of
 from .serializers import (
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
     LoginSerializer,
+    MembershipCreateSerializer,
+    MembershipRoleSerializer,
+    MembershipSerializer,
     OrganizationChoiceSerializer,
     SignupSerializer,
 )
@@ -140,3 +143,34 @@ class ApiTokenRevokeView(APIView):
     def post(self, request, pk: int):
         token = get_object_or_404(ApiToken, pk=pk, user=request.user, organization=request.organization)
         return Response(ApiTokenSerializer(services.api_token_revoke(token=token)).data)
+
+
+class MemberListView(APIView):
+    permission_classes = [IsOrganizationOwner]
+
+    @extend_schema(responses={200: MembershipSerializer(many=True)})
+    def get(self, request):
+        return Response(MembershipSerializer(members_of(organization=request.organization), many=True).data)
+
+    @extend_schema(request=MembershipCreateSerializer, responses={201: MembershipSerializer})
+    def post(self, request):
+        data = MembershipCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_add(organization=request.organization, **data.validated_data)
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+class MemberDetailView(APIView):
+    permission_classes = [IsOrganizationOwner]
+
+    @extend_schema(request=MembershipRoleSerializer, responses={200: MembershipSerializer})
+    def patch(self, request, pk: int):
+        membership = membership_in(organization=request.organization, membership_id=pk)
+        data = MembershipRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(MembershipSerializer(services.membership_change_role(membership=membership, role=data.validated_data["role"])).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk: int):
+        services.membership_remove(membership=membership_in(organization=request.organization, membership_id=pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
