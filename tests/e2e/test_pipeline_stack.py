@@ -165,3 +165,24 @@ def test_cancel_reaches_a_running_agent_and_it_takes_the_next_job(kiln_stack, ap
     follow_up = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32"], "validation_dataset": ids["validation"]})
     assert api.wait_for_job(follow_up["id"], kiln_stack)["status"] == "succeeded"
     assert agent.poll() is None
+
+
+def test_corrupted_artifact_fails_only_its_task_with_the_reason(kiln_stack, api_for, model_files):
+    from kiln.pipeline.models import Variant
+    from kiln.registry.selectors import blob_file
+
+    api, tenant = api_for("fred", "Freds")
+    ids = upload_digits(api, model_files)
+    job = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32", "int8-dynamic"], "validation_dataset": ids["validation"]})
+    api.wait_for_job(job["id"], kiln_stack, statuses=("waiting_for_devices", "failed"))
+    # Bit rot on the server's disk: the bytes no longer match the digest the lease announces.
+    damaged = blob_file(Variant.objects.get(job_id=job["id"], key="int8-dynamic").artifact.blob)
+    damaged.write_bytes(damaged.read_bytes()[:-16] + b"\0" * 16)
+    kiln_stack.start_agent(tenant, "careful", backends="onnxruntime")
+    job = api.wait_for_job(job["id"], kiln_stack)
+    assert job["status"] == "succeeded", job["events"]
+    tasks = {t["variant"]: t for t in job["device_tasks"]}
+    variants = {v["key"]: v["id"] for v in job["variants"]}
+    assert tasks[variants["int8-dynamic"]]["status"] == "failed"
+    assert "sha256 mismatch" in tasks[variants["int8-dynamic"]]["error"]
+    assert tasks[variants["fp32"]]["status"] == "succeeded"
