@@ -11,7 +11,7 @@ from pathlib import Path
 from devices.agent.capabilities import collect_capabilities
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable
 from devices.agent.config import AgentConfig
-from devices.agent.runner import STOPPING_REASON, TaskRunner
+from devices.agent.runner import TaskRunner
 
 logger = logging.getLogger(__name__)
 
@@ -171,10 +171,7 @@ class Agent:
             if self.stop_event.is_set():
                 # A stop raced with the lease: give the task straight back.
                 try:
-                    self.client.result(task["id"], {
-                        "attempt": task["attempt"], "status": "failed", "error": STOPPING_REASON,
-                        "metrics": {}, "accuracy": None, "profile": None, "log": "",
-                    })
+                    self.client.result(task["id"], TaskRunner._hand_back(task))
                 except (ApiError, ServerUnavailable) as exc:
                     if isinstance(exc, AgentUnauthorized):
                         raise

@@ -2,7 +2,7 @@
 
 Stages run in that order so that the expensive, interruptible work comes first: when the agent
 is asked to stop, a task still downloading, compiling, benchmarking or profiling is handed back
-(reported failed with "agent stopping", so the server can lease it elsewhere at once), while a
+(reported as `handed_back`, so the server queues it again at once for another agent), while a
 task already evaluating or uploading is finished, which takes seconds.
 """
 
@@ -240,7 +240,7 @@ class TaskRunner:
                 raise
             except AgentStopping:
                 logger.info("task %s: handing back: %s", task["id"], STOPPING_REASON)
-                return self._post(task, self._failure(task, STOPPING_REASON, capture), "handed_back")
+                return self._post(task, self._hand_back(task, capture.text()), "handed_back")
             except Exception as exc:
                 reason = str(exc) if isinstance(exc, TaskFailed) else f"{type(exc).__name__}: {exc}"
                 logger.error("task %s failed in %s: %s", task["id"], self.stage, reason,
@@ -254,6 +254,12 @@ class TaskRunner:
             self.stage = None
             if not self.keep_work_dirs:
                 shutil.rmtree(task_dir, ignore_errors=True)
+
+    @staticmethod
+    def _hand_back(task: dict, log: str = "") -> dict:
+        """A result that returns the task to the queue at once, for another agent or a later lease."""
+        return {"attempt": task["attempt"], "status": "handed_back", "error": STOPPING_REASON, "metrics": {},
+                "accuracy": None, "profile": None, "log": log}
 
     def _failure(self, task: dict, reason: str, capture: TaskLogCapture) -> dict:
         return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": {},

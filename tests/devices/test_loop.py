@@ -178,7 +178,7 @@ def test_sigterm_during_benchmark_hands_the_task_back(agent_server, tiny_task_fi
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0, stderr
     [result] = agent_server.results(23)
-    assert result["status"] == "failed" and result["error"] == "agent stopping"
+    assert result["status"] == "handed_back" and result["error"] == "agent stopping"
 
 
 def test_run_with_a_revoked_token_exits_3(agent_server, tmp_path):

@@ -97,7 +97,7 @@ def test_stopping_during_benchmark_hands_the_task_back(agent_server, runner, tin
     threading.Timer(0.5, runner.stop_event.set).start()
     assert runner.run(task) == "handed_back"
     [result] = agent_server.results(8)
-    assert result["status"] == "failed" and result["error"] == "agent stopping"
+    assert result["status"] == "handed_back" and result["error"] == "agent stopping"
 
 
 def test_stopping_during_evaluate_finishes_the_task(agent_server, runner, tiny_task_files):

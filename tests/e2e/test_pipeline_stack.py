@@ -186,3 +186,23 @@ def test_corrupted_artifact_fails_only_its_task_with_the_reason(kiln_stack, api_
     assert tasks[variants["int8-dynamic"]]["status"] == "failed"
     assert "sha256 mismatch" in tasks[variants["int8-dynamic"]]["error"]
     assert tasks[variants["fp32"]]["status"] == "succeeded"
+
+
+def test_sigterm_hands_the_task_back_and_the_agent_exits_cleanly(kiln_stack, api_for, model_files, settings):
+    settings.AGENT_LEASE_SECONDS = 300  # so that only a hand-back, not a lease expiry, can requeue it
+    settings.BENCHMARK_MIN_SECONDS = 120
+    api, tenant = api_for("gina", "Ginas")
+    ids = upload_digits(api, model_files)
+    job = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32"], "targets": ["pool=y"],
+                                          "validation_dataset": ids["validation"]})
+    leaving = kiln_stack.start_agent(tenant, "leaving", labels={"pool": "y"}, backends="onnxruntime")
+    task = wait_until(lambda: DeviceTask.objects.filter(job_id=job["id"], stage="benchmark").first(), timeout=90, message="benchmarking")
+    os.killpg(leaving.pid, signal.SIGTERM)
+    assert leaving.wait(timeout=30) == 0
+    task.refresh_from_db()
+    assert task.status == DeviceTaskStatus.QUEUED and task.leased_by is None
+    settings.BENCHMARK_MIN_SECONDS = 0.3
+    kiln_stack.start_agent(tenant, "staying", labels={"pool": "y"}, backends="onnxruntime")
+    assert api.wait_for_job(job["id"], kiln_stack)["status"] == "succeeded"
+    task.refresh_from_db()
+    assert task.attempt == 2 and task.leased_by.name == "staying"

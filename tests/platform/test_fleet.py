@@ -222,3 +222,15 @@ def test_compiled_artifacts_of_every_task_are_listed_and_downloadable(tenant, wa
     artifacts = [a for a in tenant.client.get(f"/api/v1/jobs/{waiting_job}/artifacts/").json() if a["kind"] == "compiled"]
     assert sorted(a["sha256"] for a in artifacts) == sorted(uploaded) and len(uploaded) == 4
     assert {a["backend"] for a in artifacts} == {"onnxruntime", "openvino"}
+
+
+def test_a_stopping_agent_hands_its_task_back_to_the_queue(tenant, pool_job):
+    stopping = register(tenant, "stopping", ORT_ONLY, labels={"pool": "a"})
+    task = lease(stopping).json()
+    answer = stopping.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "handed_back", "error": "agent stopping"}, format="json")
+    assert answer.status_code == 200
+    row = DeviceTask.objects.get(pk=task["id"])
+    assert row.status == DeviceTaskStatus.QUEUED and row.leased_by is None and row.error == ""
+    other = register(tenant, "other", ORT_ONLY, labels={"pool": "a"})
+    again = lease(other).json()
+    assert again["id"] == task["id"] and again["attempt"] == task["attempt"] + 1

@@ -224,8 +224,10 @@ def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, path
 
 def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str) -> DeviceTask:
     """Store an agent's result for the attempt it holds; a stale or repeated one changes nothing."""
+    if status == HANDED_BACK:
+        return device_task_hand_back(agent=agent, task_id=task_id, attempt=attempt)
     if status not in (DeviceTaskStatus.SUCCEEDED, DeviceTaskStatus.FAILED):
-        raise KilnError("status must be succeeded or failed.", code="invalid")
+        raise KilnError("status must be succeeded, failed or handed_back.", code="invalid")
     with transaction.atomic():
         task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
         if task.status == DeviceTaskStatus.CANCELED:
@@ -248,6 +250,23 @@ def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str,
         detail = "" if status == DeviceTaskStatus.SUCCEEDED else f": {error}"
         job_event_add(job=task.job, stage="devices", level=level, message=f"{agent.name}: {task.variant.key} on {task.backend} {status}{detail}")
         device_task_after_terminal(job_id=task.job_id)
+    return task
+
+
+HANDED_BACK = "handed_back"
+
+
+def device_task_hand_back(*, agent: Agent, task_id: int, attempt: int) -> DeviceTask:
+    """A stopping agent returns its task: it goes back to the queue now, not after the lease runs out."""
+    with transaction.atomic():
+        task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
+        changed = DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt, leased_by=agent).update(
+            status=DeviceTaskStatus.QUEUED, leased_by=None, lease_expires_at=None, stage="requeued", message=f"handed back by {agent.name}"
+        )
+        if not changed:
+            raise Conflict("The task is no longer leased by this attempt.", code="stale_attempt")
+        job_event_add(job=task.job, stage="devices", level="warning", message=f"{agent.name} stopped and handed back task {task.id}; it is queued again.")
+    task.refresh_from_db()
     return task
 
 

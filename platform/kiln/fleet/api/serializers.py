@@ -69,7 +69,8 @@ class ProgressSerializer(serializers.Serializer):
 
 class ResultSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(min_value=1)
-    status = serializers.ChoiceField(choices=["succeeded", "failed"])
+    # handed_back: the agent is stopping before the task's long stages; queue it again.
+    status = serializers.ChoiceField(choices=["succeeded", "failed", "handed_back"])
     error = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
     metrics = serializers.DictField(required=False, default=dict)
     accuracy = serializers.DictField(required=False, default=dict, allow_null=True)
