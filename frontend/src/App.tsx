@@ -9,6 +9,7 @@ import { DatasetsPage } from './pages/DatasetsPage';
 import { DevicesPage } from './pages/DevicesPage';
 import { JobPage } from './pages/JobPage';
 import { JobsPage } from './pages/JobsPage';
+import { MembersPage } from './pages/MembersPage';
 import { ModelDetailPage } from './pages/ModelDetailPage';
 import { ModelsPage } from './pages/ModelsPage';
 import { NewDeploymentPage } from './pages/NewDeploymentPage';
@@ -52,6 +53,7 @@ export const routes: RouteObject[] = [
       { path: 'jobs/:jobId/report', element: <ReportPage /> },
       { path: 'devices', element: <DevicesPage /> },
       { path: 'settings/tokens', element: <TokensPage /> },
+      { path: 'members', element: <MembersPage /> },
       { path: '*', element: <NotFound /> },
     ],
   },

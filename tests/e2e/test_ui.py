@@ -452,3 +452,51 @@ def test_tokens_registration_command_and_sign_out(stack, new_page):
     expect(page).to_have_url(re.compile(r"/login"))
     page.goto("/datasets")
     expect(page).to_have_url(re.compile(r"/login\?next=%2Fdatasets"))
+
+
+def test_owner_adds_a_viewer_who_switches_organization(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    # Organizations are listed by name and the first is current at sign-in: the viewer's own
+    # ("Bakers …") comes before the one they join ("Millers …"), so the switch is a real one.
+    owner = new_user(stack, "fay", "Millers")
+    guest = new_user(stack, "gus", "Bakers")
+    with open(digits_files["model"], "rb") as handle:
+        created = api(stack, owner, "POST", "models/", data={"name": "millers-digits"}, files={"file": ("digits.onnx", handle)})
+    assert created.status_code == 201, created.text
+
+    # The owner adds the other user as a viewer on the Members page.
+    owner_page = new_page()
+    sign_in(owner_page, owner)
+    owner_page.get_by_role("link", name="Members").click()
+    expect(owner_page.get_by_role("heading", name="Members", level=1)).to_be_visible()
+    expect(owner_page.get_by_test_id("member-row")).to_have_count(1)
+    form = owner_page.get_by_role("form", name="Add member")
+    form.get_by_label("Username").fill(guest.username)
+    form.get_by_label("Role").select_option("viewer")
+    form.get_by_role("button", name="Add member").click()
+    expect(owner_page.get_by_test_id("member-added")).to_contain_text(f"Added {guest.username} as viewer")
+    row = owner_page.get_by_test_id("member-row").filter(has_text=guest.username)
+    expect(row.get_by_label(f"Role of {guest.username}")).to_have_value("viewer")
+    expect(row.get_by_role("button", name=f"Remove {guest.username}")).to_be_visible()
+    expect(owner_page.get_by_role("alert")).to_have_count(0)
+    screenshot(owner_page, "15-members")
+
+    # The new viewer signs in to their own organization, then switches to the owner's.
+    guest_page = new_page()
+    sign_in(guest_page, guest)
+    expect(guest_page.get_by_text("No models yet.")).to_be_visible()
+    expect(guest_page.get_by_test_id("viewer-notice")).to_have_count(0)
+    select_containing(guest_page.get_by_test_id("org-switcher"), owner.organization)
+    expect(guest_page).to_have_url(re.compile(r"/models$"))
+    expect(guest_page.get_by_test_id("org-switcher").locator("option:checked")).to_have_text(f"{owner.organization} (viewer)")
+    expect(guest_page.get_by_test_id("model-row").filter(has_text="millers-digits")).to_be_visible()
+    notice = guest_page.get_by_test_id("viewer-notice")
+    expect(notice).to_contain_text(f"You are a viewer in {owner.organization}")
+
+    # On the Members page the viewer sees the list, read-only.
+    guest_page.get_by_role("link", name="Members").click()
+    expect(guest_page.get_by_test_id("members-read-only")).to_contain_text("Only owners change members.")
+    expect(guest_page.get_by_test_id("member-row")).to_have_count(2)
+    expect(guest_page.get_by_role("form", name="Add member")).to_have_count(0)
+    expect(guest_page.get_by_role("button", name=re.compile("^Remove"))).to_have_count(0)

@@ -9,11 +9,13 @@ import type {
   Job,
   JobCreate,
   Me,
+  Member,
   Model,
   ModelVersion,
   Paginated,
   RegistrationToken,
   Report,
+  Role,
 } from './types';
 import { TERMINAL_JOB_STATUSES } from './types';
 
@@ -38,6 +40,7 @@ export const keys = {
   agents: ['agents'] as const,
   registrationTokens: ['registration-tokens'] as const,
   tokens: ['tokens'] as const,
+  members: ['members'] as const,
 };
 
 /** The signed-in user, or null when the session is anonymous (401). */
@@ -277,5 +280,39 @@ export function useRevokeToken() {
   return useMutation({
     mutationFn: (id: number) => api<ApiToken>(`tokens/${id}/revoke/`, { method: 'POST' }),
     onSuccess: () => client.invalidateQueries({ queryKey: keys.tokens }),
+  });
+}
+
+export function useMembers() {
+  return useQuery({ queryKey: keys.members, queryFn: () => api<Paginated<Member> | Member[]>('members/') });
+}
+
+/** After a change to the signed-in user's own membership, their role (and maybe access) changed too. */
+function refreshMembers(client: ReturnType<typeof useQueryClient>) {
+  void client.invalidateQueries({ queryKey: keys.members });
+  void client.invalidateQueries({ queryKey: keys.me });
+}
+
+export function useAddMember() {
+  const client = useQueryClient();
+  return useMutation({
+    mutationFn: (body: { username: string; role: Role }) => api<Member>('members/', { method: 'POST', body }),
+    onSuccess: () => client.invalidateQueries({ queryKey: keys.members }),
+  });
+}
+
+export function useChangeMemberRole() {
+  const client = useQueryClient();
+  return useMutation({
+    mutationFn: ({ id, role }: { id: number; role: Role }) => api<Member>(`members/${id}/`, { method: 'PATCH', body: { role } }),
+    onSuccess: () => refreshMembers(client),
+  });
+}
+
+export function useRemoveMember() {
+  const client = useQueryClient();
+  return useMutation({
+    mutationFn: (id: number) => api<null>(`members/${id}/`, { method: 'DELETE' }),
+    onSuccess: () => refreshMembers(client),
   });
 }

@@ -15,6 +15,17 @@ export interface Me {
   organizations: Organization[];
 }
 
+/** A user's membership in the current organization (`GET members/`). */
+export interface Member {
+  id: number;
+  user: number;
+  username: string;
+  role: Role;
+  created_at: string;
+}
+
+export const ROLES: Role[] = ['owner', 'member', 'viewer'];
+
 export interface Paginated<T> {
   count: number;
   next: string | null;

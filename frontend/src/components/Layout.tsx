@@ -10,6 +10,7 @@ const NAV = [
   { to: '/deployments', label: 'Deployments' },
   { to: '/devices', label: 'Devices' },
   { to: '/settings/tokens', label: 'API tokens' },
+  { to: '/members', label: 'Members' },
 ];
 
 function OrganizationSwitcher() {
