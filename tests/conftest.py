@@ -175,6 +175,10 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
         "PYTHONUNBUFFERED": "1",
     }
     stack = LiveStack(url=live_server.url, env=env, log_dir=tmp_path)
+    from workers.celery import app as celery_app
+
+    # Messages left in the broker by an earlier run name rows of an earlier database.
+    celery_app.control.purge()
     stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
                            "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle"])
     try:

@@ -191,3 +191,14 @@ def test_a_different_calibration_set_is_a_different_build(tenant, uploaded, mode
         second = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=other).json()["id"]
     assert Variant.objects.get(job_id=first).cache_key != Variant.objects.get(job_id=second).cache_key
     assert "cached_from_job" not in Variant.objects.get(job_id=second).recipe
+
+
+def test_a_stray_stage_message_for_a_job_elsewhere_in_its_pipeline_changes_nothing(tenant, uploaded):
+    job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["id"]
+    from workers.tasks import job_quantize, job_report
+
+    job_report.apply(args=[job_id])
+    job_quantize.apply(args=[job_id])
+    job = DeploymentJob.objects.get(pk=job_id)
+    assert job.status == JobStatus.QUEUED and job.stage == "validate"
+    assert not Variant.objects.filter(job=job).exists()

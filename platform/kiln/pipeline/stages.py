@@ -37,11 +37,18 @@ def _stage_index(stage: str) -> int:
 
 
 def _load_active_job(job_id: int, stage: str) -> DeploymentJob | None:
+    """The job, if this stage may run now: it is the job's stage, or the one the job just finished.
+
+    Anything else is a redelivered or stray message (a later stage already runs, or the message
+    belongs to an earlier life of the broker) and is dropped.
+    """
     job = DeploymentJob.objects.select_related("model_version__blob", "model_version__model", "organization").filter(pk=job_id).first()
     if job is None or job.is_terminal:
         return None
-    if _stage_index(job.stage) > _stage_index(stage):
-        return None  # a redelivered task: a later stage already runs
+    index = _stage_index(stage)
+    if _stage_index(job.stage) not in (index, index - 1):
+        logger.warning("dropping %s for job %s, which is at %s", stage, job_id, job.stage)
+        return None
     return job
 
 
