@@ -123,6 +123,9 @@ export interface JobEvent {
 
 export interface JobVariant {
   id: number;
+  key?: string;
+  round?: number;
+  options?: Record<string, unknown> | null;
   precision: string;
   backends: string[];
   recipe: Record<string, unknown> | null;

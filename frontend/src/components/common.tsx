@@ -37,6 +37,8 @@ const STATUS_TONE: Record<string, string> = {
   done: 'good',
   online: 'good',
   running: 'active',
+  building: 'active',
+  ready: 'good',
   leased: 'active',
   waiting_for_devices: 'warn',
   queued: 'neutral',

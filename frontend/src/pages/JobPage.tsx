@@ -1,7 +1,7 @@
 /** One deployment, live: stage timeline, device tasks, event log, artifacts, cancel. */
 import { Link, useParams } from 'react-router';
 import { isTerminal, rows, useArtifacts, useCancelJob, useJob } from '../api/hooks';
-import type { Artifact, DeviceTask, Job, JobStage } from '../api/types';
+import type { Artifact, DeviceTask, Job, JobStage, JobVariant } from '../api/types';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { formatBytes, formatDate, humanize, percent } from '../format';
@@ -61,10 +61,12 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
       </p>
     );
   }
+  const variantOf = (id: number) => job.variants?.find((candidate) => candidate.id === id);
   const variantName = (id: number) => {
-    const variant = job.variants?.find((candidate) => candidate.id === id);
-    return variant ? variant.precision : `variant ${id}`;
+    const variant = variantOf(id);
+    return variant ? (variant.key ?? variant.precision) : `variant ${id}`;
   };
+  const searched = (job.variants ?? []).some((variant) => (variant.round ?? 1) > 1);
   return (
     <div className="table-wrap">
       <table className="table" data-testid="device-tasks">
@@ -72,6 +74,7 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
           <tr>
             <th scope="col">Device</th>
             <th scope="col">Variant</th>
+            {searched ? <th scope="col">Round</th> : null}
             <th scope="col">Backend</th>
             <th scope="col">Status</th>
             <th scope="col">Stage</th>
@@ -84,6 +87,7 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
             <tr key={task.id} data-testid="device-task-row">
               <td>{task.agent?.name ?? task.target ?? 'Unassigned'}</td>
               <td>{variantName(task.variant)}</td>
+              {searched ? <td>{variantOf(task.variant)?.round ?? 1}</td> : null}
               <td>{task.backend}</td>
               <td>
                 <StatusBadge status={task.status} />
@@ -101,6 +105,40 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
                 />
               </td>
               <td>{task.attempt}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** Host-side builds, with the reason for each one skipped or failed. */
+export function VariantList({ variants }: { variants: JobVariant[] }) {
+  if (variants.length === 0) return <p className="muted">Variants are planned after the FP32 reference outputs.</p>;
+  return (
+    <div className="table-wrap">
+      <table className="table" data-testid="variants">
+        <thead>
+          <tr>
+            <th scope="col">Variant</th>
+            <th scope="col">Precision</th>
+            <th scope="col">Round</th>
+            <th scope="col">Status</th>
+            <th scope="col">Runs on</th>
+          </tr>
+        </thead>
+        <tbody>
+          {variants.map((variant) => (
+            <tr key={variant.id} data-testid="variant-row">
+              <td><code>{variant.key ?? variant.precision}</code></td>
+              <td>{variant.precision}</td>
+              <td>{variant.round ?? 1}</td>
+              <td>
+                <StatusBadge status={variant.status} />
+                {variant.error ? <div className="muted small">{variant.error}</div> : null}
+              </td>
+              <td>{variant.backends.join(', ') || '—'}</td>
             </tr>
           ))}
         </tbody>
@@ -222,6 +260,11 @@ export function JobPage() {
         </div>
         <ProgressBar value={terminal && data.status === 'succeeded' ? 1 : data.progress} label="Deployment progress" />
         <Timeline job={data} />
+      </section>
+
+      <section className="card" aria-labelledby="variants-heading">
+        <h2 id="variants-heading">Variants</h2>
+        <VariantList variants={data.variants ?? []} />
       </section>
 
       <section className="card" aria-labelledby="tasks-heading">

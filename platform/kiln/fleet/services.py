@@ -240,6 +240,7 @@ def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str,
             profile=profile or {},
             log=(log or "")[-MAX_LOG_CHARS:],
             stage="done",
+            message=_result_summary(status, metrics or {}, error),
             progress=1.0,
             finished_at=timezone.now(),
         )
@@ -254,6 +255,14 @@ def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str,
 
 
 HANDED_BACK = "handed_back"
+
+
+def _result_summary(status: str, metrics: dict, error: str) -> str:
+    """One line for the task list: the measured latency, or why it failed."""
+    if status != DeviceTaskStatus.SUCCEEDED:
+        return (error or "failed")[:2000]
+    p50 = (metrics.get("latency_ms") or {}).get("p50")
+    return f"p50 {p50:.3f} ms" if isinstance(p50, (int, float)) else "measured"
 
 
 def device_task_hand_back(*, agent: Agent, task_id: int, attempt: int) -> DeviceTask:
