@@ -142,7 +142,7 @@ class AgentClient:
         *,
         json: Any = None,
         data: dict | None = None,
-        files_factory: Callable[[], dict] | None = None,
+        body_factory: Callable[[], tuple[Any, str]] | None = None,
         read_timeout_s: float | None = None,
         stream: bool = False,
         authenticated: bool = True,
@@ -155,10 +155,14 @@ class AgentClient:
         timeout = (self.connect_timeout_s, read_timeout_s or self.timeout_s)
         retry_number = 0
         while True:
-            files = files_factory() if files_factory else None
+            body, send_headers = data, headers
+            if body_factory is not None:
+                # A streamed body (e.g. a multipart encoder): built afresh for every try.
+                body, content_type = body_factory()
+                send_headers = {**headers, "Content-Type": content_type}
             try:
                 response = self.session.request(
-                    method, url, json=json, data=data, files=files, headers=headers,
+                    method, url, json=json, data=body, headers=send_headers,
                     timeout=timeout, stream=stream,
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
@@ -229,17 +233,27 @@ class AgentClient:
         return self._json(self.request("POST", f"tasks/{task_id}/progress", json=body))
 
     def upload_artifact(self, task_id: int, *, attempt: int, path: Path) -> dict:
+        """Send the compiled artifact streamed from disk: an engine of gigabytes never sits in memory."""
+        from requests_toolbelt import MultipartEncoder
+
         path = Path(path)
+        handles = []
 
-        def files():
-            return {"file": (path.name, open(path, "rb"), "application/octet-stream")}
+        def body():
+            handle = open(path, "rb")  # noqa: SIM115 - closed below, after the last try
+            handles.append(handle)
+            encoder = MultipartEncoder({"attempt": str(attempt), "file": (path.name, handle, "application/octet-stream")})
+            return encoder, encoder.content_type
 
-        return self._json(
-            self.request(
-                "POST", f"tasks/{task_id}/artifact", data={"attempt": str(attempt)},
-                files_factory=files, read_timeout_s=max(self.timeout_s, 300.0),
+        try:
+            return self._json(
+                self.request(
+                    "POST", f"tasks/{task_id}/artifact", body_factory=body, read_timeout_s=max(self.timeout_s, 300.0),
+                )
             )
-        )
+        finally:
+            for handle in handles:
+                handle.close()
 
     def result(self, task_id: int, payload: dict) -> dict:
         return self._json(self.request("POST", f"tasks/{task_id}/result", json=payload))
