@@ -177,11 +177,6 @@ class AgentClient:
                 if wait_s is not None:
                     wait_s = min(wait_s, self.retry.max_retry_after_s)
                 response.close()
-            finally:
-                for _, value in (files or {}).items():
-                    handle = value[1] if isinstance(value, tuple) else value
-                    if hasattr(handle, "close"):
-                        handle.close()
             if retry_number + 1 >= self.retry.max_attempts:
                 raise ServerUnavailable(
                     f"{method} {url} failed {retry_number + 1} times, last: {failure}"
