@@ -40,6 +40,15 @@ def make_tenant(*, username: str, organization: str, role: str = "owner", passwo
     return Tenant(user=user, organization=org, token=secret, client=client)
 
 
+@pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Throttle counters live in the (per-process) cache: each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 @pytest.fixture
 def tenant(db) -> Tenant:
     return make_tenant(username="alice", organization="Acme")

@@ -184,6 +184,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "kiln.core.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Sign-in, sign-up and agent registration are where passwords and tokens get guessed.
+    "DEFAULT_THROTTLE_RATES": {"credentials": os.environ.get("KILN_CREDENTIALS_RATE", "30/min")},
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Kiln API",

@@ -156,3 +156,11 @@ def test_members_of_another_organization_are_not_found(db):
     foreign = other.client.get("/api/v1/members/").json()[0]["id"]
     assert owner.client.patch(f"/api/v1/members/{foreign}/", {"role": "viewer"}, format="json").status_code == 404
     assert owner.client.delete(f"/api/v1/members/{foreign}/").status_code == 404
+
+
+def test_password_guessing_is_throttled(db, settings):
+    make_tenant(username="tina", organization="Tina Co", password="a-long-password-1")
+    client = APIClient()
+    answers = [client.post("/api/v1/auth/login/", {"username": "tina", "password": f"guess-{i}"}, format="json").status_code for i in range(40)]
+    assert answers[0] == 400 and answers[-1] == 429
+    assert client.post("/api/v1/auth/login/", {"username": "tina", "password": "a-long-password-1"}, format="json").status_code == 429

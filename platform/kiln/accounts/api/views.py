@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from kiln.core.errors import KilnError
@@ -55,7 +56,14 @@ class CsrfView(APIView):
         return Response({"csrf_token": get_token(request)})
 
 
-class LoginView(APIView):
+class CredentialsThrottled:
+    """Calls that check a password or a secret: limited per client address."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "credentials"
+
+
+class LoginView(CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(request=LoginSerializer, responses={200: dict})
@@ -78,7 +86,7 @@ class LogoutView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class SignupView(APIView):
+class SignupView(CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(request=SignupSerializer, responses={201: dict})

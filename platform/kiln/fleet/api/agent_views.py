@@ -12,6 +12,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.errors import KilnError
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import download_response
@@ -71,7 +72,7 @@ def task_payload(task) -> dict:
     }
 
 
-class RegisterView(APIView):
+class RegisterView(CredentialsThrottled, APIView):
     authentication_classes = []
     permission_classes = [AllowAny]
     parser_classes = [JSONParser]
