@@ -281,6 +281,8 @@ export interface ReportDevice {
   variants: ReportVariant[];
   recommended: number | null;
   reason: string | null;
+  /** False while the job still runs: the figures so far, updated live. */
+  final?: boolean;
 }
 
 export interface SensitivityRow {

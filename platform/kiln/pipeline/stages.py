@@ -413,9 +413,10 @@ SEARCH_BUDGET_SECONDS = 3600
 
 
 def _measured_by_target(job) -> dict[str, list[dict]]:
-    from kiln.reports.services import scored_entries_by_target
+    from kiln.reports.services import device_reports
 
-    return scored_entries_by_target(job=job)
+    reports, _ = device_reports(job=job)
+    return {report.target: report.variants for report in reports}
 
 
 def _next_round_specs(job) -> list[dict]:

@@ -4,28 +4,36 @@ from __future__ import annotations
 from .models import Report
 
 
-def _agent_json(report: Report) -> dict | None:
-    agent = report.agent
+def _agent_json(agent) -> dict | None:
     if agent is None:
         return None
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
+def _device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool) -> dict:
+    return {"agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final}
+
+
 def job_report(*, job) -> dict:
-    reports = Report.objects.filter(job=job).select_related("agent")
+    """The stored report of a finished job; while it runs, the results measured so far."""
+    from .services import device_reports
+
+    stored = list(Report.objects.filter(job=job).select_related("agent"))
+    if stored:
+        devices = [
+            _device_json(agent=r.agent, target=r.target, variants=r.data.get("variants", []), recommended=r.recommended_task_id, reason=r.reason, final=True)
+            for r in stored
+        ]
+    else:
+        live, _ = device_reports(job=job)
+        devices = [
+            _device_json(agent=r.agent, target=r.target, variants=r.variants, recommended=r.recommended, reason=r.reason, final=False)
+            for r in live
+        ]
     return {
         "job": job.id,
         "status": job.status,
         "tolerance": job.tolerance,
         "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
-        "devices": [
-            {
-                "agent": _agent_json(report),
-                "target": report.target,
-                "variants": report.data.get("variants", []),
-                "recommended": report.recommended_task_id,
-                "reason": report.reason,
-            }
-            for report in reports
-        ],
+        "devices": devices,
     }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from django.db import transaction
 from django.urls import reverse
@@ -58,31 +59,42 @@ def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
     return dict(sorted(groups.items()))
 
 
-def scored_entries_by_target(*, job) -> dict[str, list[dict]]:
-    """Every measured variant of the job, scored against its tolerance, per target."""
-    return {target: [_entry(task, job.tolerance) for task in members] for target, members in _tasks_by_target(job).items()}
+@dataclass
+class DeviceReport:
+    target: str
+    agent: object
+    variants: list[dict]
+    recommended: int | None
+    reason: str
 
 
-@transaction.atomic
-def report_build(*, job) -> str:
-    """Score every device task of the job per target; raise StageFailed when nothing was measured."""
-    from kiln.pipeline.stages import StageFailed
-
+def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
+    """Score the job's device tasks per target, as they stand; also say whether any succeeded."""
     groups = _tasks_by_target(job)
-    Report.objects.filter(job=job).delete()
-    summaries = []
+    reports = []
     for target, members in groups.items():
         entries = [_entry(task, job.tolerance) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front
         recommended, reason = recommend(entries, job.tolerance)
-        agent = _group_agent(members)
+        reports.append(DeviceReport(target, _group_agent(members), entries, recommended, reason))
+    succeeded = any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members)
+    return reports, succeeded
+
+
+@transaction.atomic
+def report_build(*, job) -> str:
+    """Store the final per-device reports; raise StageFailed when nothing was measured."""
+    from kiln.pipeline.stages import StageFailed
+
+    reports, succeeded = device_reports(job=job)
+    Report.objects.filter(job=job).delete()
+    for report in reports:
         Report.objects.create(
-            organization=job.organization, job=job, target=target, agent=agent,
-            recommended_task_id=recommended, reason=reason, data={"variants": entries},
+            organization=job.organization, job=job, target=report.target, agent=report.agent,
+            recommended_task_id=report.recommended, reason=report.reason, data={"variants": report.variants},
         )
-        summaries.append(f"{agent.name if agent else target}: {reason}")
-    if not any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members):
+    if not succeeded:
         raise StageFailed("No device task succeeded; the report lists each error.")
-    return " | ".join(summaries)
+    return " | ".join(f"{r.agent.name if r.agent else r.target}: {r.reason}" for r in reports)

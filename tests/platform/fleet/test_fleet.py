@@ -234,3 +234,17 @@ def test_a_stopping_agent_hands_its_task_back_to_the_queue(tenant, pool_job):
     other = register(tenant, "other", ORT_ONLY, labels={"pool": "a"})
     again = lease(other).json()
     assert again["id"] == task["id"] and again["attempt"] == task["attempt"] + 1
+
+
+def test_report_shows_results_so_far_while_the_job_runs(tenant, waiting_job):
+    agent = register(tenant, "box", ORT_ONLY)
+    task = lease(agent).json()
+    result = {"attempt": task["attempt"], "status": "succeeded", "metrics": {"latency_ms": {"p50": 1.5}}, "accuracy": {"cosine": 1.0}}
+    assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    report = tenant.client.get(f"/api/v1/jobs/{waiting_job}/report/").json()
+    assert report["status"] == "running"
+    device = report["devices"][0]
+    assert device["final"] is False
+    statuses = {v["id"]: v["status"] for v in device["variants"]}
+    assert statuses[task["id"]] == "succeeded" and "queued" in statuses.values()
+    assert device["recommended"] == task["id"]

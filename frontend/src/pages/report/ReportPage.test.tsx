@@ -2,7 +2,7 @@ import { render, screen, within } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Report } from '../../api/types';
 import { toleranceText } from '../../components/tolerance';
-import { SearchSummary } from './ReportPage';
+import { Recommendation, SearchSummary } from './ReportPage';
 
 function report(rounds: number, excluded: string[]): Report {
   return {
@@ -46,6 +46,15 @@ describe('SearchSummary', () => {
     const plain = { ...report(1, []), search: { rounds: 1, sensitivity: [] } };
     const { container } = render(<SearchSummary report={plain} />);
     expect(container).toBeEmptyDOMElement();
+  });
+});
+
+describe('Recommendation', () => {
+  it('says "best so far" while the job still measures', () => {
+    const device = { ...report(1, []).devices[0], final: false };
+    render(<Recommendation device={device} />);
+    expect(screen.getByText('Best so far')).toBeInTheDocument();
+    expect(screen.queryByText('Recommended')).not.toBeInTheDocument();
   });
 });
 

@@ -20,10 +20,12 @@ export function Recommendation({ device }: { device: ReportDevice }) {
       </div>
     );
   }
+  const provisional = device.final === false;
   return (
     <div className="recommendation" data-testid="recommendation">
       <div>
-        <span className="badge badge-recommended">Recommended</span> <strong>{variantLabel(variant)}</strong>
+        <span className="badge badge-recommended">{provisional ? 'Best so far' : 'Recommended'}</span> <strong>{variantLabel(variant)}</strong>
+        {provisional ? <span className="muted small"> · still measuring; this page updates by itself</span> : null}
       </div>
       {device.reason ? <p className="recommendation-reason">{device.reason}</p> : null}
       {variant.artifact?.download_url ? (
