@@ -353,6 +353,15 @@ def test_upload_deploy_watch_report_and_download(stack, new_page, digits_files, 
     expect(table).to_contain_text("int8")
     expect(page.get_by_test_id("recommended-row").first).to_contain_text("Recommended")
     expect(page.get_by_test_id("recommendation").first).to_be_visible()
+    # The deployment package of the recommended variant downloads from the report.
+    with page.expect_download() as package_info:
+        page.get_by_test_id("package-download").first.click()
+    package = tmp_path / "package.zip"
+    package_info.value.save_as(str(package))
+    import zipfile
+
+    with zipfile.ZipFile(package) as archive:
+        assert {"model.onnx", "report.json", "run.py", "README.md"} <= set(archive.namelist())
     expect(page.get_by_test_id("latency-accuracy-chart").first.locator("canvas").first).to_be_visible()
     # Sorting by a column changes aria-sort.
     table.get_by_role("button", name=re.compile("^Size")).click()

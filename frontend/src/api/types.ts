@@ -283,6 +283,8 @@ export interface ReportDevice {
   reason: string | null;
   /** False while the job still runs: the figures so far, updated live. */
   final?: boolean;
+  /** The recommended variant bundled with its report and a run script. */
+  package?: { id: number; name: string; download_url: string } | null;
 }
 
 export interface SensitivityRow {

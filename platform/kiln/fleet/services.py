@@ -24,8 +24,7 @@ from kiln.pipeline.models import (
     JobStatus,
     VariantStatus,
 )
-from kiln.pipeline.services import enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
-from kiln.registry.services import blob_create
+from kiln.pipeline.services import artifact_store, enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
 from .models import Agent, RegistrationToken
 from .selectors import AGENT_TOKEN_PREFIX, REGISTRATION_TOKEN_PREFIX, registration_token_from_secret
@@ -213,10 +212,9 @@ def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, path
     if task.status != DeviceTaskStatus.LEASED:
         raise Conflict("The task is no longer leased.", code="not_leased")
     suffix = Path(filename or "").suffix[:16] or ".bin"
-    blob = blob_create(organization=task.organization, path=path)
-    artifact, _ = Artifact.objects.update_or_create(
+    artifact = artifact_store(
         job=task.job, kind=ArtifactKind.COMPILED, name=f"{task.variant.key}-{task.backend}-task{task.id}{suffix}",
-        defaults={"organization": task.organization, "blob": blob, "precision": task.variant.precision, "backend": task.backend},
+        path=path, precision=task.variant.precision, backend=task.backend,
     )
     DeviceTask.objects.filter(pk=task.pk).update(compiled_artifact=artifact)
     return artifact

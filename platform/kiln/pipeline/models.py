@@ -69,6 +69,7 @@ class ArtifactKind(models.TextChoices):
     REFERENCE = "reference"
     VARIANT = "variant"
     COMPILED = "compiled"
+    PACKAGE = "package"
 
 
 class Artifact(models.Model):

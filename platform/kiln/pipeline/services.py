@@ -10,7 +10,7 @@ from kiln.core.errors import KilnError
 from workers.datasets import check_dataset_against_signature
 
 from . import specs
-from .models import STAGES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
+from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,18 @@ def enqueue_stage(*, job_id: int, stage: str) -> None:
 
     task = tasks.STAGE_TASKS[stage]
     transaction.on_commit(lambda: task.delay(job_id))
+
+
+def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision: str = "", backend: str = "") -> Artifact:
+    """Keep a file as one of the job's artifacts (idempotent by job, kind and name)."""
+    from kiln.registry.services import blob_create
+
+    blob = blob_create(organization=job.organization, path=path)
+    artifact, _ = Artifact.objects.update_or_create(
+        job=job, kind=kind, name=name,
+        defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},
+    )
+    return artifact
 
 
 def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:

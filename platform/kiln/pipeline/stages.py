@@ -21,7 +21,7 @@ from workers.reference import compute_reference_outputs
 
 from . import specs
 from .models import STAGES, Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
-from .services import enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+from .services import artifact_store, enqueue_stage, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +88,6 @@ def run_stage(job_id: int, stage: str, body) -> bool:
     return True
 
 
-def _store_artifact(*, job, kind: str, name: str, path: Path, precision: str = "", backend: str = "") -> Artifact:
-    blob = blob_create(organization=job.organization, path=path)
-    artifact, _ = Artifact.objects.update_or_create(
-        job=job, kind=kind, name=name,
-        defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},
-    )
-    return artifact
-
-
 def _source_model_path(job) -> Path:
     return model_version_onnx_path(job.model_version)
 
@@ -139,7 +130,7 @@ def _convert(job) -> str:
         if extra_files or not out.exists():
             job_event_add(job=job, stage="convert", level="warning", message="The converted model needs external data; the uploaded model is used instead.")
             return "kept the uploaded model"
-        artifact = _store_artifact(job=job, kind=ArtifactKind.CONVERTED, name="converted.onnx", path=out, precision="fp32")
+        artifact = artifact_store(job=job, kind=ArtifactKind.CONVERTED, name="converted.onnx", path=out, precision="fp32")
     job.converted_blob = artifact.blob
     job.save(update_fields=["converted_blob", "updated_at"])
     applied = [s["name"] for s in report["steps"] if s["status"] == "applied"]
@@ -187,7 +178,7 @@ def _reference(job) -> str:
         inputs = _validation_inputs(job, scratch)
         out = scratch / "reference.npz"
         summary = compute_reference_outputs(_source_model_path(job), inputs, out)
-        reference = _store_artifact(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
+        reference = artifact_store(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
         validation_blob = blob_create(organization=job.organization, path=inputs)
     job.reference_blob = reference.blob
     job.validation_blob = validation_blob
@@ -336,7 +327,7 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
         built = build_variant(
             model_path=_working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration, options=variant.options
         )
-        artifact = _store_artifact(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
+        artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
     variant.artifact = artifact
     variant.recipe = built.get("recipe", {})
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.

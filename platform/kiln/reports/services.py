@@ -83,6 +83,25 @@ def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
     return reports, succeeded
 
 
+def _store_package(job, report: DeviceReport) -> None:
+    """The recommended variant of one device, bundled for download with its report and a run script."""
+    import tempfile
+    from pathlib import Path
+
+    from kiln.pipeline.models import ArtifactKind
+    from kiln.pipeline.services import artifact_store
+
+    from .packaging import build_device_package, package_name
+    from .selectors import device_json
+
+    device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason, final=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-package-") as scratch:
+        path = Path(scratch) / package_name(report.target)
+        if build_device_package(job=job, device=device, out_path=path):
+            chosen = next(v for v in report.variants if v["id"] == report.recommended)
+            artifact_store(job=job, kind=ArtifactKind.PACKAGE, name=path.name, path=path, precision=chosen["precision"], backend=chosen["backend"])
+
+
 @transaction.atomic
 def report_build(*, job) -> str:
     """Store the final per-device reports; raise StageFailed when nothing was measured."""
@@ -95,6 +114,7 @@ def report_build(*, job) -> str:
             organization=job.organization, job=job, target=report.target, agent=report.agent,
             recommended_task_id=report.recommended, reason=report.reason, data={"variants": report.variants},
         )
+        _store_package(job, report)
     if not succeeded:
         raise StageFailed("No device task succeeded; the report lists each error.")
     return " | ".join(f"{r.agent.name if r.agent else r.target}: {r.reason}" for r in reports)

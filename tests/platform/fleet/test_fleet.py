@@ -248,3 +248,36 @@ def test_report_shows_results_so_far_while_the_job_runs(tenant, waiting_job):
     statuses = {v["id"]: v["status"] for v in device["variants"]}
     assert statuses[task["id"]] == "succeeded" and "queued" in statuses.values()
     assert device["recommended"] == task["id"]
+
+
+def test_finished_job_offers_a_package_of_the_recommended_variant(tenant, waiting_job, tmp_path, django_capture_on_commit_callbacks):
+    import hashlib
+    import subprocess
+    import sys
+    import zipfile
+
+    import numpy as np
+
+    agent = register(tenant, "box", ORT_ONLY)
+    with django_capture_on_commit_callbacks(execute=True):
+        while (response := lease(agent)).status_code == 200:
+            task = response.json()
+            p50 = 1.0 if task["variant"]["key"] == "int8-dynamic" else 2.0
+            result = {"attempt": task["attempt"], "status": "succeeded", "metrics": {"latency_ms": {"p50": p50, "p99": p50}}, "accuracy": {"cosine": 0.9999}}
+            agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json")
+    report = tenant.client.get(f"/api/v1/jobs/{waiting_job}/report/").json()
+    chosen = next(v for v in report["devices"][0]["variants"] if v["id"] == report["devices"][0]["recommended"])
+    packages = [a for a in tenant.client.get(f"/api/v1/jobs/{waiting_job}/artifacts/").json() if a["kind"] == "package"]
+    assert len(packages) == 1 and packages[0]["precision"] == chosen["precision"]
+    assert report["devices"][0]["package"]["download_url"] == packages[0]["download_url"]
+    archive_path = tmp_path / packages[0]["name"]
+    archive_path.write_bytes(b"".join(tenant.client.get(packages[0]["download_url"]).streaming_content))
+    with zipfile.ZipFile(archive_path) as archive:
+        assert {"model.onnx", "report.json", "run.py", "README.md"} <= set(archive.namelist())
+        assert hashlib.sha256(archive.read("model.onnx")).hexdigest() == chosen["variant_artifact"]["sha256"]
+        assert "int8-dynamic" in archive.read("README.md").decode()
+        archive.extractall(tmp_path / "package")
+    np.savez(tmp_path / "inputs.npz", input=np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32))
+    run = subprocess.run([sys.executable, "run.py", str(tmp_path / "inputs.npz"), "--runs", "3"], cwd=tmp_path / "package", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("p50 ")

@@ -28,11 +28,18 @@ export function Recommendation({ device }: { device: ReportDevice }) {
         {provisional ? <span className="muted small"> · still measuring; this page updates by itself</span> : null}
       </div>
       {device.reason ? <p className="recommendation-reason">{device.reason}</p> : null}
-      {variant.artifact?.download_url ? (
-        <a className="button button-primary button-small" href={variant.artifact.download_url} download data-testid="recommended-download">
-          Download recommended artifact
-        </a>
-      ) : null}
+      <div className="button-row">
+        {variant.artifact?.download_url ? (
+          <a className="button button-primary button-small" href={variant.artifact.download_url} download data-testid="recommended-download">
+            Download recommended artifact
+          </a>
+        ) : null}
+        {device.package ? (
+          <a className="button button-small" href={device.package.download_url} download data-testid="package-download">
+            Download deployment package
+          </a>
+        ) : null}
+      </div>
     </div>
   );
 }
