@@ -1,6 +1,6 @@
-"""HTTP client of the agent protocol (`/api/agent/v1/`, docs/api.md).
+"""HTTP clients of the Kiln server: the retrying base, and the agent protocol (`/api/agent/v1/`).
 
-Retries only what may succeed on a second try: connection errors and timeouts, 429 and 5xx,
+`HttpClient` is shared with `kiln.Client` (the user-facing Python client). It retries only what may succeed on a second try: connection errors and timeouts, 429 and 5xx,
 with capped exponential backoff and full jitter, honouring Retry-After. Any other 4xx is an
 answer and raises at once.
 """
@@ -86,7 +86,7 @@ def _is_retryable_status(status: int) -> bool:
     return status == 429 or 500 <= status <= 599
 
 
-def _error_from(response: requests.Response) -> ApiError:
+def _error_from(response: requests.Response, error_classes: dict | None = None) -> ApiError:
     message, code, details = None, None, None
     try:
         body = response.json()
@@ -98,12 +98,17 @@ def _error_from(response: requests.Response) -> ApiError:
         pass
     if not message:
         message = (response.text or response.reason or "").strip()[:500] or "no message"
-    error_class = {401: AgentUnauthorized, 409: StaleAttempt}.get(response.status_code, ApiError)
+    error_class = (error_classes or {}).get(response.status_code, ApiError)
     return error_class(response.status_code, str(message), code, details)
 
 
-class AgentClient:
-    """Calls of the agent protocol against one server."""
+class HttpClient:
+    """One server, one bearer token, the retry policy; paths are relative to `api_prefix`."""
+
+    api_prefix = "/"
+    user_agent = "kiln"
+    # Statuses that deserve their own exception class in this client's callers.
+    error_classes: dict[int, type[ApiError]] = {}
 
     def __init__(
         self,
@@ -122,7 +127,7 @@ class AgentClient:
         self.retry = retry or RetryPolicy()
         self.sleep = sleep
         self.session = requests.Session()
-        self.session.headers["User-Agent"] = "kiln-agent"
+        self.session.headers["User-Agent"] = self.user_agent
         self.session.headers["Accept"] = "application/json"
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -133,7 +138,7 @@ class AgentClient:
             return path
         if path.startswith("/"):
             return urljoin(self.server + "/", path.lstrip("/"))
-        return self.server + API_PREFIX + path
+        return self.server + self.api_prefix + path
 
     def request(
         self,
@@ -146,10 +151,18 @@ class AgentClient:
         read_timeout_s: float | None = None,
         stream: bool = False,
         authenticated: bool = True,
+        headers: dict | None = None,
+        params: dict | None = None,
+        max_attempts: int | None = None,
     ) -> requests.Response:
-        """Send one call, retrying per the policy; return a 2xx response or raise."""
+        """Send one call, retrying per the policy; return a 2xx response or raise.
+
+        `max_attempts=1` is for calls that must not be repeated blindly (an upload chunk whose
+        offset the server may already have moved): the caller asks the server where it stands.
+        """
         url = self.url(path)
-        headers = {}
+        headers = dict(headers or {})
+        attempts = max_attempts or self.retry.max_attempts
         if authenticated and self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         timeout = (self.connect_timeout_s, read_timeout_s or self.timeout_s)
@@ -163,7 +176,7 @@ class AgentClient:
             try:
                 response = self.session.request(
                     method, url, json=json, data=body, headers=send_headers,
-                    timeout=timeout, stream=stream,
+                    timeout=timeout, stream=stream, params=params,
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 failure, wait_s = f"{type(exc).__name__}: {exc}", None
@@ -171,13 +184,13 @@ class AgentClient:
                 if response.status_code < 400:
                     return response
                 if not _is_retryable_status(response.status_code):
-                    raise _error_from(response)
+                    raise _error_from(response, self.error_classes)
                 failure = f"HTTP {response.status_code}"
                 wait_s = parse_retry_after(response.headers.get("Retry-After"))
                 if wait_s is not None:
                     wait_s = min(wait_s, self.retry.max_retry_after_s)
                 response.close()
-            if retry_number + 1 >= self.retry.max_attempts:
+            if retry_number + 1 >= attempts:
                 raise ServerUnavailable(
                     f"{method} {url} failed {retry_number + 1} times, last: {failure}"
                 )
@@ -194,6 +207,41 @@ class AgentClient:
             return response.json()
         except ValueError:
             raise ApiError(response.status_code, "the server answered with a body that is not JSON") from None
+
+    def download(self, url: str, destination: Path) -> str:
+        """Stream `url` into `destination`; return the sha256 (hex) of the bytes received."""
+        destination = Path(destination)
+        partial = destination.with_name(destination.name + ".part")
+        retry_number = 0
+        while True:
+            digest = hashlib.sha256()
+            response = self.request("GET", url, stream=True, read_timeout_s=max(self.timeout_s, 60.0))
+            try:
+                with open(partial, "wb") as handle:
+                    for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
+                        digest.update(chunk)
+                        handle.write(chunk)
+                os.replace(partial, destination)
+                return digest.hexdigest()
+            except (requests.ConnectionError, requests.Timeout,
+                    requests.exceptions.ChunkedEncodingError) as exc:
+                partial.unlink(missing_ok=True)
+                if retry_number + 1 >= self.retry.max_attempts:
+                    raise ServerUnavailable(f"download of {url} broke off: {exc}") from exc
+                wait_s = self.retry.backoff_s(retry_number)
+                logger.warning("download of %s broke off (%s); retrying in %.1f s", url, exc, wait_s)
+                self.sleep(wait_s)
+                retry_number += 1
+            finally:
+                response.close()
+
+
+class AgentClient(HttpClient):
+    """Calls of the agent protocol against one server."""
+
+    api_prefix = API_PREFIX
+    user_agent = "kiln-agent"
+    error_classes = {401: AgentUnauthorized, 409: StaleAttempt}
 
     # -- the protocol --------------------------------------------------------------------------
 
@@ -227,55 +275,14 @@ class AgentClient:
         body = {"attempt": attempt, "stage": stage, "message": message, "percent": percent}
         return self._json(self.request("POST", f"tasks/{task_id}/progress", json=body))
 
-    def upload_artifact(self, task_id: int, *, attempt: int, path: Path) -> dict:
-        """Send the compiled artifact streamed from disk: an engine of gigabytes never sits in memory."""
-        from requests_toolbelt import MultipartEncoder
+    def upload_artifact(self, task_id: int, *, attempt: int, path: Path, progress=None) -> dict:
+        """Send the compiled artifact as a resumable upload: a dropped connection costs only the
+        bytes in flight, and an engine of gigabytes never sits in memory."""
+        from devices.agent.resumable import upload_file
 
-        path = Path(path)
-        handles = []
-
-        def body():
-            handle = open(path, "rb")  # noqa: SIM115 - closed below, after the last try
-            handles.append(handle)
-            encoder = MultipartEncoder({"attempt": str(attempt), "file": (path.name, handle, "application/octet-stream")})
-            return encoder, encoder.content_type
-
-        try:
-            return self._json(
-                self.request(
-                    "POST", f"tasks/{task_id}/artifact", body_factory=body, read_timeout_s=max(self.timeout_s, 300.0),
-                )
-            )
-        finally:
-            for handle in handles:
-                handle.close()
+        upload = upload_file(self, Path(path), create_path="uploads", progress=progress)
+        body = {"attempt": attempt, "upload": upload["id"], "filename": Path(path).name}
+        return self._json(self.request("POST", f"tasks/{task_id}/artifact", json=body))
 
     def result(self, task_id: int, payload: dict) -> dict:
         return self._json(self.request("POST", f"tasks/{task_id}/result", json=payload))
-
-    def download(self, url: str, destination: Path) -> str:
-        """Stream `url` into `destination`; return the sha256 (hex) of the bytes received."""
-        destination = Path(destination)
-        partial = destination.with_name(destination.name + ".part")
-        retry_number = 0
-        while True:
-            digest = hashlib.sha256()
-            response = self.request("GET", url, stream=True, read_timeout_s=max(self.timeout_s, 60.0))
-            try:
-                with open(partial, "wb") as handle:
-                    for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
-                        digest.update(chunk)
-                        handle.write(chunk)
-                os.replace(partial, destination)
-                return digest.hexdigest()
-            except (requests.ConnectionError, requests.Timeout,
-                    requests.exceptions.ChunkedEncodingError) as exc:
-                partial.unlink(missing_ok=True)
-                if retry_number + 1 >= self.retry.max_attempts:
-                    raise ServerUnavailable(f"download of {url} broke off: {exc}") from exc
-                wait_s = self.retry.backoff_s(retry_number)
-                logger.warning("download of %s broke off (%s); retrying in %.1f s", url, exc, wait_s)
-                self.sleep(wait_s)
-                retry_number += 1
-            finally:
-                response.close()

@@ -3,9 +3,11 @@ protocol server on 127.0.0.1 (http.server in a thread) whose answers each test s
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +118,60 @@ class Answer:
 Route = Callable[[Request], Answer]
 
 
+UPLOADS = "/api/agent/v1/uploads"
+
+
+class FakeTus:
+    """The server side of resumable uploads, in memory; `drop_after` cuts the next chunk's connection."""
+
+    def __init__(self):
+        self.uploads: dict[str, dict] = {}
+        self.drop_after: int | None = None
+        self.patches: list[tuple[int, int]] = []
+
+    def _answer(self, handler, status: int, headers: dict | None = None, body: dict | None = None) -> None:
+        payload = json.dumps(body).encode() if body is not None else b""
+        handler.send_response(status)
+        for key, value in {**(headers or {}), "Content-Length": str(len(payload)), "Content-Type": "application/json"}.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(payload)
+
+    def handle(self, handler) -> None:
+        if handler.command == "POST" and handler.path == UPLOADS:
+            upload_id = str(len(self.uploads) + 1)
+            meta = dict(item.split(" ") for item in handler.headers.get("Upload-Metadata", "").split(",") if item)
+            self.uploads[upload_id] = {"length": int(handler.headers["Upload-Length"]), "data": bytearray(),
+                                       "sha256": base64.b64decode(meta.get("sha256", "")).decode()}
+            self._answer(handler, 201, {"Location": f"{UPLOADS}/{upload_id}", "Upload-Offset": "0"}, {"id": upload_id})
+            return
+        upload_id = handler.path.rsplit("/", 1)[-1]
+        upload = self.uploads[upload_id]
+        if handler.command == "HEAD":
+            self._answer(handler, 200, {"Upload-Offset": str(len(upload["data"]))})
+        elif handler.command == "PATCH":
+            offset, length = int(handler.headers["Upload-Offset"]), int(handler.headers["Content-Length"])
+            self.patches.append((offset, length))
+            if offset != len(upload["data"]):
+                handler.rfile.read(length)
+                self._answer(handler, 409, body={"error": "offset", "code": "offset_mismatch"})
+                return
+            if self.drop_after is not None:
+                upload["data"] += handler.rfile.read(min(self.drop_after, length))
+                self.drop_after = None
+                handler.close_connection = True
+                handler.connection.shutdown(socket.SHUT_RDWR)
+                return
+            upload["data"] += handler.rfile.read(length)
+            self._answer(handler, 204, {"Upload-Offset": str(len(upload["data"]))})
+        else:
+            complete = len(upload["data"]) == upload["length"]
+            digest = hashlib.sha256(upload["data"]).hexdigest() if complete else None
+            self._answer(handler, 200, body={"id": upload_id, "complete": complete, "sha256": digest,
+                                             "offset": len(upload["data"]), "length": upload["length"]})
+
+
 class FakeAgentServer:
     """Answers each (method, path) with a scripted route; records every request."""
 
@@ -132,6 +188,9 @@ class FakeAgentServer:
                 pass
 
             def _handle(self):
+                if self.path.startswith(UPLOADS):
+                    outer.tus.handle(self)
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 request = Request(self.command, self.path, dict(self.headers), body)
@@ -152,8 +211,9 @@ class FakeAgentServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_POST = _handle
+            do_GET = do_POST = do_HEAD = do_PATCH = _handle
 
+        self.tus = FakeTus()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

@@ -127,16 +127,29 @@ def test_register_sends_no_agent_token(agent_server):
                               "capabilities": {"os": "linux"}}
 
 
-def test_upload_is_multipart_with_attempt_and_file(agent_server, client, tmp_path):
+def test_artifact_goes_up_resumably_then_names_the_upload(agent_server, client, tmp_path):
     artifact = tmp_path / "model.blob"
     artifact.write_bytes(b"compiled-bytes")
     agent_server.route("POST", "/api/agent/v1/tasks/4/artifact", [Answer(502), Answer(201, {"sha256": "s"})])
     assert client.upload_artifact(4, attempt=3, path=artifact) == {"sha256": "s"}
     request = agent_server.hits("POST", "/api/agent/v1/tasks/4/artifact")[-1]
-    assert request.headers["Content-Type"].startswith("multipart/form-data")
-    assert b'name="attempt"\r\n\r\n3\r\n' in request.body
-    assert b'name="file"; filename="model.blob"' in request.body
-    assert b"compiled-bytes" in request.body
+    assert request.json() == {"attempt": 3, "upload": "1", "filename": "model.blob"}
+    assert bytes(agent_server.tus.uploads["1"]["data"]) == b"compiled-bytes"
+
+
+def test_dropped_chunk_resumes_from_the_servers_offset(agent_server, client, tmp_path):
+    from devices.agent.resumable import upload_file
+
+    data = bytes(range(256)) * 4096  # 1 MiB
+    source = tmp_path / "engine.bin"
+    source.write_bytes(data)
+    agent_server.tus.drop_after = 300_000
+    answer = upload_file(client, source, create_path="uploads", chunk_bytes=400_000)
+    assert answer["sha256"] == hashlib.sha256(data).hexdigest()
+    assert bytes(agent_server.tus.uploads["1"]["data"]) == data
+    # The chunk after the drop starts where the server said it stood, not where the client was.
+    offsets = [offset for offset, _ in agent_server.tus.patches]
+    assert offsets[:2] == [0, 300_000]
 
 
 def test_download_streams_to_disk_and_hashes(agent_server, client, tmp_path):

@@ -44,7 +44,7 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
 
     assert _stages(agent_server, 31) == ["download", "compile", "benchmark", "profile", "evaluate", "upload"]
     upload = agent_server.hits("POST", "/api/agent/v1/tasks/31/artifact")[0]
-    assert b'name="attempt"\r\n\r\n2\r\n' in upload.body
+    assert upload.json()["attempt"] == 2 and agent_server.tus.uploads[upload.json()["upload"]]["data"]
     [result] = agent_server.results(31)
     assert result["attempt"] == 2 and result["status"] == "succeeded" and result["error"] is None
     speed = result["metrics"]

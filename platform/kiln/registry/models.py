@@ -1,6 +1,8 @@
 """Blobs (content-addressed files), models, model versions and datasets."""
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -73,3 +75,27 @@ class Dataset(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class Upload(models.Model):
+    """A resumable upload in flight (tus): bytes land in a part file until the last chunk makes it a blob."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="uploads")
+    # "user:<id>" or "agent:<id>": only who started an upload may add to it or use it.
+    owner = models.CharField(max_length=40)
+    filename = models.CharField(max_length=255)
+    length = models.BigIntegerField()
+    offset = models.BigIntegerField(default=0)
+    expected_sha256 = models.CharField(max_length=64, blank=True, default="")
+    blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @property
+    def complete(self) -> bool:
+        return self.blob_id is not None

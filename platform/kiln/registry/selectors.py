@@ -6,7 +6,7 @@ from pathlib import Path
 from django.shortcuts import get_object_or_404
 
 from . import storage
-from .models import Dataset, Model, ModelVersion, SourceFormat
+from .models import Dataset, Model, ModelVersion, SourceFormat, Upload
 
 
 def model_list(*, organization, search: str = ""):
@@ -41,3 +41,8 @@ def model_version_onnx_path(version: ModelVersion) -> Path:
 
 def blob_file(blob) -> Path:
     return storage.blob_path(blob.sha256)
+
+
+def upload_get(*, organization, owner: str, upload_id) -> Upload:
+    """An upload of this organization started by this user or agent (anyone else: 404)."""
+    return get_object_or_404(Upload.objects.select_related("blob", "organization"), organization=organization, owner=owner, pk=upload_id)

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
-from kiln.core.errors import KilnError
+from kiln.core.errors import Conflict, KilnError, upload_too_large
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, inspect_npz
 from workers.inspect import inspect_onnx, validate_onnx
 
-from . import storage
-from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat
+from . import storage, uploads
+from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
 
@@ -164,3 +166,82 @@ def dataset_delete(*, dataset: Dataset) -> None:
     if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
         raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
     dataset.delete()
+
+
+# -- resumable uploads -----------------------------------------------------------------------
+
+UPLOAD_LIFETIME = timedelta(hours=24)
+
+
+def upload_create(*, organization, owner: str, length: int, metadata: dict[str, str]) -> Upload:
+    """Open a resumable upload of `length` bytes; expired ones of the organization go first."""
+    if length < 0:
+        raise KilnError("Upload-Length must be a byte count.", code="invalid_upload_length")
+    if length > settings.MAX_UPLOAD_BYTES:
+        raise upload_too_large()
+    expected = (metadata.get("sha256") or "").lower()
+    if expected and (len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected)):
+        raise KilnError("The sha256 metadata must be 64 hex digits.", code="invalid_metadata")
+    uploads_expire(organization=organization)
+    return Upload.objects.create(
+        organization=organization, owner=owner, length=length, expected_sha256=expected,
+        filename=Path(metadata.get("filename") or "upload.bin").name[:255] or "upload.bin",
+        expires_at=timezone.now() + UPLOAD_LIFETIME,
+    )
+
+
+def upload_append(*, upload: Upload, offset: int, stream, length: int) -> Upload:
+    """Add one chunk at `offset`; the last byte verifies the whole digest and stores the blob."""
+    if upload.complete:
+        raise Conflict("This upload is already complete.", code="upload_complete")
+    if offset != upload.offset:
+        raise Conflict(f"Upload-Offset {offset} does not match the server's offset {upload.offset}.", code="offset_mismatch",
+                       details={"offset": upload.offset})
+    if length > upload.length - offset:
+        raise KilnError("The chunk runs past the upload's declared length.", code="upload_too_long")
+    path = uploads.part_path(upload.id)
+    try:
+        written = uploads.append_chunk(path=path, offset=offset, stream=stream, length=length)
+    except uploads.ChunkInterrupted as broken:
+        Upload.objects.filter(pk=upload.pk, offset=offset).update(offset=offset + broken.written, updated_at=timezone.now())
+        raise KilnError("The chunk broke off; ask for the offset (HEAD) and send the rest.", code="chunk_interrupted") from None
+    if not Upload.objects.filter(pk=upload.pk, offset=offset).update(offset=offset + written, updated_at=timezone.now()):
+        raise Conflict("Another request moved this upload's offset.", code="offset_mismatch")
+    upload.refresh_from_db()
+    if upload.offset == upload.length:
+        _upload_finish(upload, path)
+    return upload
+
+
+def _upload_finish(upload: Upload, path: Path) -> None:
+    sha256, size = storage.file_sha256(path)
+    if upload.expected_sha256 and sha256 != upload.expected_sha256:
+        path.unlink(missing_ok=True)
+        upload.delete()
+        raise KilnError(
+            f"The assembled file's sha256 is {sha256}, not the {upload.expected_sha256} announced; the upload was discarded.",
+            code="digest_mismatch",
+        )
+    upload.blob = blob_create(organization=upload.organization, path=path, sha256=sha256, move=True)
+    upload.save(update_fields=["blob", "updated_at"])
+
+
+def upload_delete(*, upload: Upload) -> None:
+    uploads.part_path(upload.id).unlink(missing_ok=True)
+    upload.delete()
+
+
+def uploads_expire(*, organization) -> int:
+    expired = list(Upload.objects.filter(organization=organization, expires_at__lt=timezone.now()))
+    for upload in expired:
+        upload_delete(upload=upload)
+    return len(expired)
+
+
+def upload_consume(*, upload: Upload) -> uploads.StoredUpload:
+    """Hand a finished upload to a service that makes a model, version, dataset or artifact of it (once)."""
+    if not upload.complete:
+        raise Conflict(f"The upload has {upload.offset} of {upload.length} bytes; finish it first.", code="upload_incomplete")
+    stored = uploads.StoredUpload(name=upload.filename, path=storage.blob_path(upload.blob.sha256), sha256=upload.blob.sha256)
+    upload.delete()
+    return stored

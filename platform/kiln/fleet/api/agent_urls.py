@@ -10,4 +10,6 @@ urlpatterns = [
     path("tasks/<int:task_id>/artifact", views.ArtifactView.as_view(), name="agent-task-artifact"),
     path("tasks/<int:task_id>/result", views.ResultView.as_view(), name="agent-task-result"),
     path("tasks/<int:task_id>/files/<str:name>", views.TaskFileView.as_view(), name="agent-task-file"),
+    path("uploads", views.AgentUploadListView.as_view(), name="agent-uploads"),
+    path("uploads/<uuid:upload_id>", views.AgentUploadDetailView.as_view(), name="agent-upload-detail"),
 ]

@@ -15,8 +15,9 @@ from rest_framework.views import APIView
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.errors import KilnError
 from kiln.pipeline.models import DeviceTaskStatus
-from kiln.registry.api.views import download_response
-from kiln.registry.selectors import blob_file
+from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
+from kiln.registry.selectors import blob_file, upload_get
+from kiln.registry.services import upload_consume
 
 from .. import services
 from ..authentication import AgentTokenAuthentication, IsAgent
@@ -119,16 +120,43 @@ class ProgressView(AgentView):
         return Response(answer)
 
 
+class AgentUploadActorMixin:
+    """Agents upload engines resumably too; an upload belongs to the agent that started it."""
+
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [IsAgent]
+
+    def actor(self, request) -> tuple[object, str]:
+        return request.auth.organization, f"agent:{request.auth.id}"
+
+    def upload_url(self, upload) -> str:
+        return reverse("agent-upload-detail", args=[upload.id])
+
+
+class AgentUploadListView(AgentUploadActorMixin, UploadListView):
+    pass
+
+
+class AgentUploadDetailView(AgentUploadActorMixin, UploadDetailView):
+    pass
+
+
 class ArtifactView(AgentView):
-    parser_classes = [MultiPartParser]
+    parser_classes = [MultiPartParser, JSONParser]
 
     @extend_schema(request=ArtifactUploadSerializer, responses={201: dict})
     def post(self, request, task_id: int):
         data = ArtifactUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        upload = data.validated_data["file"]
+        values = data.validated_data
+        if "upload" in values:
+            stored = upload_get(organization=self.agent.organization, owner=f"agent:{self.agent.id}", upload_id=values["upload"])
+            upload = upload_consume(upload=stored)
+        else:
+            upload = values["file"]
         artifact = services.device_task_store_artifact(
-            agent=self.agent, task_id=task_id, attempt=data.validated_data["attempt"], path=Path(upload.temporary_file_path()), filename=upload.name
+            agent=self.agent, task_id=task_id, attempt=values["attempt"], path=Path(upload.temporary_file_path()),
+            filename=values.get("filename") or upload.name,
         )
         return Response({"sha256": artifact.blob.sha256, "artifact": artifact.id}, status=status.HTTP_201_CREATED)
 

@@ -79,8 +79,17 @@ class ResultSerializer(serializers.Serializer):
 
 
 class ArtifactUploadSerializer(serializers.Serializer):
+    """The compiled artifact: a multipart `file`, or the id of the agent's finished resumable upload."""
+
     attempt = serializers.IntegerField(min_value=1)
-    file = serializers.FileField()
+    file = serializers.FileField(required=False)
+    upload = serializers.UUIDField(required=False)
+    filename = serializers.CharField(max_length=255, required=False)
+
+    def validate(self, attrs):
+        if ("file" in attrs) == ("upload" in attrs):
+            raise serializers.ValidationError("Send either a file (multipart) or the id of a finished upload.")
+        return attrs
 
 
 def agent_intervals() -> dict:

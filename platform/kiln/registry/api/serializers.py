@@ -34,13 +34,24 @@ class ModelSerializer(serializers.ModelSerializer):
         return ModelVersionSerializer(versions[-1]).data if versions else None
 
 
-class ModelUploadSerializer(serializers.Serializer):
+class FileOrUploadSerializer(serializers.Serializer):
+    """Exactly one of `file` (multipart) or `upload` (the id of a finished resumable upload)."""
+
+    file = serializers.FileField(required=False)
+    upload = serializers.UUIDField(required=False)
+
+    def validate(self, attrs):
+        if ("file" in attrs) == ("upload" in attrs):
+            raise serializers.ValidationError("Send either a file (multipart) or the id of a finished upload.")
+        return attrs
+
+
+class ModelUploadSerializer(FileOrUploadSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    file = serializers.FileField()
 
 
-class VersionUploadSerializer(serializers.Serializer):
-    file = serializers.FileField()
+class VersionUploadSerializer(FileOrUploadSerializer):
+    pass
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -52,7 +63,6 @@ class DatasetSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "sha256", "size_bytes", "created_at"]
 
 
-class DatasetUploadSerializer(serializers.Serializer):
+class DatasetUploadSerializer(FileOrUploadSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     kind = serializers.ChoiceField(choices=["calibration", "validation"])
-    file = serializers.FileField()

@@ -9,4 +9,6 @@ urlpatterns = [
     path("models/<int:pk>/versions/<int:number>/download/", views.ModelVersionDownloadView.as_view(), name="model-version-download"),
     path("datasets/", views.DatasetListView.as_view(), name="datasets"),
     path("datasets/<int:pk>/", views.DatasetDetailView.as_view(), name="dataset-detail"),
+    path("uploads/", views.UploadListView.as_view(), name="uploads"),
+    path("uploads/<uuid:upload_id>/", views.UploadDetailView.as_view(), name="upload-detail"),
 ]

@@ -1,16 +1,19 @@
 """Models, versions and datasets: upload, list, inspect, download."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import FileResponse
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.parsers import MultiPartParser
+from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.core.errors import KilnError
 
 from .. import selectors, services
+from ..uploads import parse_metadata
 from .serializers import (
     DatasetSerializer,
     DatasetUploadSerializer,
@@ -22,14 +25,20 @@ from .serializers import (
 
 
 class StreamingUploadMixin:
-    """Multipart uploads: the body streams through HashingUploadHandler (see settings)."""
+    """A file either in a multipart body (streamed through HashingUploadHandler, see settings) or
+    as the id of a finished resumable upload in a JSON body (`{"upload": "<id>", ...}`)."""
 
-    parser_classes = [MultiPartParser]
+    parser_classes = [MultiPartParser, JSONParser]
 
     def parsed_upload(self, request, serializer_class):
         data = serializer_class(data=request.data)
         data.is_valid(raise_exception=True)
-        return data.validated_data
+        values = dict(data.validated_data)
+        upload_id = values.pop("upload", None)
+        if upload_id is not None:
+            upload = selectors.upload_get(organization=request.organization, owner=f"user:{request.user.id}", upload_id=upload_id)
+            values["file"] = services.upload_consume(upload=upload)
+        return values
 
 
 def download_response(path, filename: str) -> FileResponse:
@@ -116,4 +125,101 @@ class DatasetDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request, pk: int):
         services.dataset_delete(dataset=selectors.dataset_get(organization=request.organization, dataset_id=pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# -- resumable uploads (tus 1.0.0: core, creation, termination) -------------------------------
+
+TUS_HEADERS = {"Tus-Resumable": "1.0.0"}
+
+
+class UploadActorMixin:
+    """Who acts on uploads: a member of the request's organization (the agent API overrides this)."""
+
+    def actor(self, request) -> tuple[object, str]:
+        return request.organization, f"user:{request.user.id}"
+
+    def upload_url(self, upload) -> str:
+        return reverse("upload-detail", args=[upload.id])
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        for header, value in TUS_HEADERS.items():
+            response[header] = value
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+def upload_json(upload, url: str) -> dict:
+    return {"id": str(upload.id), "url": url, "filename": upload.filename, "length": upload.length, "offset": upload.offset,
+            "complete": upload.complete, "sha256": upload.blob.sha256 if upload.blob_id else None, "expires_at": upload.expires_at}
+
+
+def _header_int(request, name: str) -> int:
+    raw = request.META.get("HTTP_" + name.upper().replace("-", "_"), "")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise KilnError(f"The {name} header must be a byte count.", code="invalid_header") from None
+    if value < 0:
+        raise KilnError(f"The {name} header must not be negative.", code="invalid_header")
+    return value
+
+
+class UploadListView(UploadActorMixin, APIView):
+    @extend_schema(request=None, responses={201: dict})
+    def post(self, request):
+        organization, owner = self.actor(request)
+        metadata = parse_metadata(request.META.get("HTTP_UPLOAD_METADATA", ""))
+        upload = services.upload_create(organization=organization, owner=owner, length=_header_int(request, "Upload-Length"), metadata=metadata)
+        url = self.upload_url(upload)
+        response = Response(upload_json(upload, url), status=status.HTTP_201_CREATED)
+        response["Location"] = url
+        response["Upload-Offset"] = "0"
+        return response
+
+    def options(self, request, *args, **kwargs):
+        response = Response(status=status.HTTP_204_NO_CONTENT)
+        response["Tus-Version"] = "1.0.0"
+        response["Tus-Extension"] = "creation,termination"
+        response["Tus-Max-Size"] = str(settings.MAX_UPLOAD_BYTES)
+        return response
+
+
+class UploadDetailView(UploadActorMixin, APIView):
+    def _upload(self, request, upload_id):
+        organization, owner = self.actor(request)
+        return selectors.upload_get(organization=organization, owner=owner, upload_id=upload_id)
+
+    def _offset_response(self, upload, status_code: int) -> Response:
+        response = Response(status=status_code)
+        response["Upload-Offset"] = str(upload.offset)
+        response["Upload-Length"] = str(upload.length)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, upload_id):
+        upload = self._upload(request, upload_id)
+        response = Response(upload_json(upload, self.upload_url(upload)))
+        response["Upload-Offset"] = str(upload.offset)
+        return response
+
+    def head(self, request, upload_id):
+        return self._offset_response(self._upload(request, upload_id), status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses={204: None})
+    def patch(self, request, upload_id):
+        upload = self._upload(request, upload_id)
+        if request.content_type.split(";")[0].strip() != "application/offset+octet-stream":
+            raise KilnError("A chunk is sent as application/offset+octet-stream.", code="unsupported_media_type", status_code=415)
+        raw_length = request.META.get("CONTENT_LENGTH") or ""
+        if not raw_length.isdigit():
+            raise KilnError("A chunk needs a Content-Length.", code="length_required", status_code=411)
+        length = int(raw_length)
+        # Read from the raw request: DRF's parsers would buffer the chunk in memory.
+        upload = services.upload_append(upload=upload, offset=_header_int(request, "Upload-Offset"), stream=request._request, length=length)
+        return self._offset_response(upload, status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, upload_id):
+        services.upload_delete(upload=self._upload(request, upload_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
