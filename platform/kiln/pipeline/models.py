@@ -41,6 +41,12 @@ class DeploymentJob(models.Model):
     reference_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # The `auto` search: current round, sensitivity ranking, when the search started.
     search = models.JSONField(default=dict, blank=True)
+    # A re-run repeats another job's inputs; its report says what differed.
+    rerun_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns")
+    # Deployment package options: {"encrypt": bool, "preprocessing": {...}, "postprocessing": {...}}.
+    package = models.JSONField(default=dict, blank=True)
+    # Versions of the host-side toolchain when the job was created; devices report their own.
+    toolchain = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

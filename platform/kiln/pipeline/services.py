@@ -47,9 +47,11 @@ def _check_targets(targets: list, *, organization) -> None:
             raise KilnError(f"Unknown agent id(s): {', '.join(map(str, missing))}.", code="invalid_targets")
 
 
-def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None) -> DeploymentJob:
+def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
+               package=None, rerun_of: DeploymentJob | None = None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
+    parsed_package = specs.parse_package(package)
     parsed_tolerance = specs.parse_tolerance(tolerance)
     parsed_targets = specs.parse_targets(targets)
     signature = model_version.signature
@@ -71,10 +73,23 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             targets=parsed_targets,
             tolerance=parsed_tolerance,
             stages=_initial_stages(),
+            package=parsed_package,
+            toolchain={"host": specs.host_toolchain()},
+            rerun_of=rerun_of,
         )
-        job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.")
+        again = f" Re-run of job {rerun_of.id}." if rerun_of else ""
+        job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.{again}")
         enqueue_stage(job_id=job.id, stage="validate")
     return job
+
+
+def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
+    """The same inputs again (model version, datasets, precisions, targets, tolerance, package)."""
+    return job_create(
+        organization=job.organization, user=user, model_version=job.model_version, precisions=job.precisions,
+        calibration_dataset=job.calibration_dataset, validation_dataset=job.validation_dataset, targets=job.targets,
+        tolerance=job.tolerance, package=job.package, rerun_of=job,
+    )
 
 
 def enqueue_stage(*, job_id: int, stage: str) -> None:

@@ -89,3 +89,41 @@ def parse_targets(raw) -> list:
         else:
             raise KilnError(f"Bad target {item!r}: use an agent id or label=value.", code="invalid_targets")
     return parsed
+
+
+PACKAGE_TEXT_LIMIT = 4000
+
+
+def parse_package(raw) -> dict:
+    """Package options: `encrypt` (bool) and the pre/post-processing the package declares (objects)."""
+    if raw in (None, {}):
+        return {"encrypt": False}
+    if not isinstance(raw, dict):
+        raise KilnError('package must be an object like {"encrypt": true}.', code="invalid_package")
+    unknown = sorted(set(raw) - {"encrypt", "preprocessing", "postprocessing"})
+    if unknown:
+        raise KilnError(f"Unknown package option(s): {', '.join(unknown)}.", code="invalid_package")
+    if not isinstance(raw.get("encrypt", False), bool):
+        raise KilnError("package.encrypt must be true or false.", code="invalid_package")
+    parsed = {"encrypt": raw.get("encrypt", False)}
+    for key in ("preprocessing", "postprocessing"):
+        if key in raw:
+            import json
+
+            if not isinstance(raw[key], dict) or len(json.dumps(raw[key])) > PACKAGE_TEXT_LIMIT:
+                raise KilnError(f"package.{key} must be an object of at most {PACKAGE_TEXT_LIMIT} characters as JSON.", code="invalid_package")
+            parsed[key] = raw[key]
+    return parsed
+
+
+def host_toolchain() -> dict:
+    """Versions of the host-side toolchain that converts and quantizes (installed distributions)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in ("kiln", "onnx", "onnxruntime", "onnxslim", "nncf", "openvino"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return versions

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.urls import reverse
 
-from .models import Report
+from .models import Measurement, Report
 
 
 def _agent_json(agent) -> dict | None:
@@ -12,10 +12,12 @@ def _agent_json(agent) -> dict | None:
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
-def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None) -> dict:
+def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None) -> dict:
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
-        "package": {"id": package.id, "name": package.name, "download_url": reverse("artifact-download", args=[package.id])} if package else None,
+        "package": {"id": package.id, "name": package.name, "sha256": package.blob.sha256,
+                    "download_url": reverse("artifact-download", args=[package.id])} if package else None,
+        "estimate": estimate,
     }
 
 
@@ -28,10 +30,10 @@ def job_report(*, job) -> dict:
 
     stored = list(Report.objects.filter(job=job).select_related("agent"))
     if stored:
-        packages = {a.name: a for a in job.artifacts.filter(kind=ArtifactKind.PACKAGE)}
+        packages = {a.name: a for a in job.artifacts.filter(kind=ArtifactKind.PACKAGE).select_related("blob")}
         devices = [
             device_json(agent=r.agent, target=r.target, variants=r.data.get("variants", []), recommended=r.recommended_task_id, reason=r.reason,
-                        final=True, package=packages.get(package_name(r.target)))
+                        final=True, package=packages.get(package_name(r.target)), estimate=r.data.get("estimate"))
             for r in stored
         ]
     else:
@@ -46,4 +48,118 @@ def job_report(*, job) -> dict:
         "tolerance": job.tolerance,
         "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
         "devices": devices,
+        "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},
+        "rerun": rerun_differences(job=job) if job.rerun_of_id else None,
     }
+
+
+# -- the performance database ----------------------------------------------------------------
+
+def device_toolchains(*, job) -> dict:
+    """Per device of a job: the runtime versions and agent version its measurements ran with."""
+    toolchains: dict[str, dict] = {}
+    for row in Measurement.objects.filter(job=job).values("agent_name", "backend", "backend_version", "agent_version"):
+        device = toolchains.setdefault(row["agent_name"], {"agent_version": row["agent_version"], "runtimes": {}})
+        device["runtimes"][row["backend"]] = row["backend_version"]
+    return toolchains
+
+
+def _differences(label: str, before: dict, after: dict) -> list[str]:
+    return [f"{label}{name}: {before.get(name) or 'none'} → {after.get(name) or 'none'}"
+            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+
+
+def rerun_differences(*, job) -> dict:
+    """What changed since the job this one repeats: toolchain versions, and each variant's p50."""
+    earlier = job.rerun_of
+    differences = _differences("host ", (earlier.toolchain or {}).get("host") or {}, (job.toolchain or {}).get("host") or {})
+    before_devices, after_devices = device_toolchains(job=earlier), device_toolchains(job=job)
+    for device in sorted(set(before_devices) & set(after_devices)):
+        before, after = before_devices[device], after_devices[device]
+        differences += _differences(f"{device} ", {"agent": before["agent_version"], **before["runtimes"]}, {"agent": after["agent_version"], **after["runtimes"]})
+    before_rows = {(m.variant_key, m.backend, m.device_key): m for m in Measurement.objects.filter(job=earlier)}
+    latency = []
+    for row in Measurement.objects.filter(job=job).order_by("agent_name", "variant_key", "backend"):
+        previous = before_rows.get((row.variant_key, row.backend, row.device_key))
+        if previous is not None:
+            latency.append({"variant_key": row.variant_key, "backend": row.backend, "agent": row.agent_name, "before_p50_ms": previous.p50_ms,
+                            "after_p50_ms": row.p50_ms, "ratio": row.p50_ms / previous.p50_ms if previous.p50_ms else None, "regression": row.regression})
+    return {"job": earlier.id, "differences": differences, "latency": latency}
+
+
+PERFORMANCE_FILTERS = {
+    "model": "model_id", "model_version": "model_version_id", "model_sha256": "model_sha256", "job": "job_id", "agent": "agent_id",
+    "device": "device_key", "backend": "backend", "backend_version": "backend_version", "precision": "precision", "variant": "variant_key",
+}
+PERFORMANCE_ORDERING = {"measured_at", "-measured_at", "p50_ms", "-p50_ms", "slowdown", "-slowdown"}
+
+
+def performance_list(*, organization, filters: dict):
+    """Measurements of one organization, filtered by the query parameters documented in docs/api.md."""
+    from kiln.core.errors import KilnError
+
+    queryset = Measurement.objects.filter(organization=organization).select_related("baseline")
+    for name, field in PERFORMANCE_FILTERS.items():
+        value = filters.get(name)
+        if value in (None, ""):
+            continue
+        if field.endswith("_id") and not str(value).isdigit():
+            raise KilnError(f"{name} must be an id.", code="invalid_filter")
+        queryset = queryset.filter(**{field: value})
+    regression = filters.get("regression")
+    if regression not in (None, ""):
+        if regression not in ("true", "false"):
+            raise KilnError("regression must be true or false.", code="invalid_filter")
+        queryset = queryset.filter(regression=regression == "true")
+    ordering = filters.get("ordering") or "-measured_at"
+    if ordering not in PERFORMANCE_ORDERING:
+        raise KilnError(f"ordering must be one of {', '.join(sorted(PERFORMANCE_ORDERING))}.", code="invalid_filter")
+    return queryset.order_by(ordering, "-id")
+
+
+def _fp32_rows(*, organization, device_key: str | None = None, backend: str | None = None, exclude_model_sha256: str | None = None):
+    rows = Measurement.objects.filter(organization=organization, precision="fp32").exclude(op_work={})
+    if device_key is not None:
+        rows = rows.filter(device_key=device_key)
+    if backend is not None:
+        rows = rows.filter(backend=backend)
+    if exclude_model_sha256:
+        rows = rows.exclude(model_sha256=exclude_model_sha256)
+    return rows
+
+
+def estimate_for_device(*, organization, device_key: str, backend: str, work: dict, exclude_model_sha256: str | None = None) -> dict | None:
+    """The estimated FP32 p50 of a model with this work on one device and backend; None when nothing was measured there."""
+    from .estimate import estimate_ms, fit_rates
+
+    rows = list(_fp32_rows(organization=organization, device_key=device_key, backend=backend, exclude_model_sha256=exclude_model_sha256)
+                .values("p50_ms", "op_work", "profile_by_op_type", "model_sha256"))
+    if not rows:
+        return None
+    rates = fit_rates(rows)
+    p50_ms, coverage = estimate_ms(work, rates)
+    if p50_ms is None:
+        return None
+    return {"p50_ms": p50_ms, "coverage": coverage, "models": len({row["model_sha256"] for row in rows})}
+
+
+def model_version_estimates(*, version) -> dict:
+    """Estimated FP32 latency of a model version on every device and backend with measurements of other models."""
+    from kiln.registry.selectors import model_version_onnx_path
+    from workers.cost import op_work
+
+    work = op_work(model_version_onnx_path(version))
+    pairs = (_fp32_rows(organization=version.organization, exclude_model_sha256=version.blob.sha256)
+             .order_by("device_key", "backend", "-measured_at").values("device_key", "backend", "agent_id", "agent_name").distinct())
+    seen, devices = set(), []
+    for pair in pairs:
+        if (pair["device_key"], pair["backend"]) in seen:
+            continue
+        seen.add((pair["device_key"], pair["backend"]))
+        predicted = estimate_for_device(organization=version.organization, device_key=pair["device_key"], backend=pair["backend"], work=work,
+                                        exclude_model_sha256=version.blob.sha256)
+        if predicted:
+            devices.append({"agent": {"id": pair["agent_id"], "name": pair["agent_name"]}, "device": pair["device_key"], "backend": pair["backend"], **predicted})
+    measured = list(Measurement.objects.filter(organization=version.organization, model_sha256=version.blob.sha256, precision="fp32")
+                    .order_by("-measured_at").values("agent_name", "backend", "p50_ms", "job_id")[:20])
+    return {"model_version": version.id, "work": work, "devices": devices, "measured": measured}

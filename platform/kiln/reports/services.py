@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
 
-from .models import Report
+from .models import Measurement, Report
 from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
 
 
@@ -108,13 +108,119 @@ def report_build(*, job) -> str:
     from kiln.pipeline.stages import StageFailed
 
     reports, succeeded = device_reports(job=job)
+    measurements_record(job=job, reports=reports)
     Report.objects.filter(job=job).delete()
     for report in reports:
         Report.objects.create(
             organization=job.organization, job=job, target=report.target, agent=report.agent,
-            recommended_task_id=report.recommended, reason=report.reason, data={"variants": report.variants},
+            recommended_task_id=report.recommended, reason=report.reason,
+            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report)},
         )
         _store_package(job, report)
     if not succeeded:
         raise StageFailed("No device task succeeded; the report lists each error.")
     return " | ".join(f"{r.agent.name if r.agent else r.target}: {r.reason}" for r in reports)
+
+
+# -- the performance database ----------------------------------------------------------------
+
+def device_key(agent) -> str:
+    capabilities = agent.capabilities or {}
+    return f"{agent.name}|{capabilities.get('cpu_model') or ''}"
+
+
+def _job_op_work(job) -> dict:
+    from kiln.registry.selectors import model_version_onnx_path
+    from workers.cost import op_work
+
+    try:
+        return op_work(model_version_onnx_path(job.model_version))
+    except Exception:  # an estimate is a bonus: a model the cost walk cannot read still gets measured rows
+        return {}
+
+
+def _measurement_values(job, task: DeviceTask, entry: dict, work: dict) -> dict:
+    metrics = task.metrics or {}
+    latency = metrics.get("latency_ms") or {}
+    agent = task.leased_by
+    capabilities = agent.capabilities or {}
+    variant = task.variant
+    return {
+        "organization": job.organization, "job": job, "model": job.model_version.model, "model_version": job.model_version,
+        "model_name": job.model_version.model.name, "model_sha256": job.model_version.blob.sha256, "op_histogram": job.model_version.op_histogram,
+        "op_work": work, "variant_key": variant.key, "variant_sha256": variant.artifact.blob.sha256 if variant.artifact else "",
+        "precision": variant.precision, "recipe": variant.recipe, "backend": task.backend,
+        "backend_version": str((capabilities.get("runtimes") or {}).get(task.backend) or ""),
+        "compile_options": {"options": variant.options, "threads": metrics.get("threads"), "batch_size": metrics.get("batch_size"),
+                            "benchmark": metrics.get("settings") or {}},
+        "agent": agent, "agent_name": agent.name, "device_key": device_key(agent), "agent_version": str(capabilities.get("agent_version") or ""),
+        "capabilities": capabilities, "latency_ms": latency, "p50_ms": float(latency["p50"]), "std_ms": float(latency.get("std") or 0.0),
+        "runs": int(metrics.get("runs") or latency.get("count") or 0), "throughput_per_s": metrics.get("throughput_per_s"),
+        "peak_memory_mb": metrics.get("peak_memory_mb"), "load_ms": metrics.get("load_ms"), "accuracy": entry.get("accuracy") or {},
+        "profile_by_op_type": (task.profile or {}).get("by_op_type") or [], "measured_at": task.finished_at or job.updated_at,
+    }
+
+
+def _flag_regression(measurement: Measurement) -> dict | None:
+    from kiln.pipeline.services import job_event_add
+
+    from .regressions import compare
+
+    baseline = (
+        Measurement.objects.filter(organization=measurement.organization, model_sha256=measurement.model_sha256, variant_key=measurement.variant_key,
+                                   backend=measurement.backend, device_key=measurement.device_key, measured_at__lt=measurement.measured_at)
+        .exclude(job=measurement.job).order_by("-measured_at", "-id").first()
+    )
+    if baseline is None:
+        return None
+    verdict = compare(p50_ms=measurement.p50_ms, std_ms=measurement.std_ms, baseline_p50_ms=baseline.p50_ms, baseline_std_ms=baseline.std_ms)
+    measurement.baseline, measurement.slowdown, measurement.regression = baseline, verdict["slowdown"], verdict["flagged"]
+    measurement.save(update_fields=["baseline", "slowdown", "regression"])
+    if verdict["flagged"]:
+        job_event_add(
+            job=measurement.job, stage="report", level="warning",
+            message=(f"Regression: {measurement.variant_key} on {measurement.backend} ({measurement.agent_name}) is {verdict['slowdown']:.2f}x slower "
+                     f"than in job {baseline.job_id}: p50 {baseline.p50_ms:.3f} → {measurement.p50_ms:.3f} ms, beyond the noise of ±{verdict['noise_ms']:.3f} ms."),
+        )
+    return regression_json(measurement)
+
+
+def regression_json(measurement: Measurement) -> dict | None:
+    if measurement.baseline_id is None:
+        return None
+    baseline = measurement.baseline
+    return {"flagged": measurement.regression, "slowdown": measurement.slowdown, "baseline": baseline.id, "baseline_job": baseline.job_id,
+            "baseline_p50_ms": baseline.p50_ms, "baseline_backend_version": baseline.backend_version}
+
+
+def measurements_record(*, job, reports: list[DeviceReport]) -> None:
+    """Keep every successful device task of the job as a measurement; flag regressions on the entries."""
+    tasks = {t.id: t for t in DeviceTask.objects.filter(job=job, status=DeviceTaskStatus.SUCCEEDED).select_related("variant__artifact__blob", "leased_by")}
+    work = _job_op_work(job) if tasks else {}
+    for report in reports:
+        for entry in report.variants:
+            task = tasks.get(entry["id"])
+            if task is None or task.leased_by is None or not (task.metrics or {}).get("latency_ms"):
+                continue
+            measurement, _ = Measurement.objects.update_or_create(device_task=task, defaults=_measurement_values(job, task, entry, work))
+            entry["measurement"] = measurement.id
+            entry["regression"] = _flag_regression(measurement)
+
+
+def device_estimate(*, job, report: DeviceReport) -> dict | None:
+    """What the performance database predicted for this device's FP32 latency, against what was measured."""
+    from .selectors import estimate_for_device
+
+    fp32 = next((e for e in report.variants if e["precision"] == "fp32" and e.get("latency_ms") and e.get("measurement")), None)
+    if fp32 is None:
+        return None
+    measurement = Measurement.objects.get(pk=fp32["measurement"])
+    predicted = estimate_for_device(organization=job.organization, device_key=measurement.device_key, backend=measurement.backend,
+                                    work=measurement.op_work, exclude_model_sha256=measurement.model_sha256)
+    if predicted is None:
+        return {"backend": measurement.backend, "estimated_p50_ms": None, "measured_p50_ms": measurement.p50_ms, "error": None, "coverage": 0.0,
+                "models": 0, "note": "No other model was measured on this device yet."}
+    from .estimate import relative_error
+
+    return {"backend": measurement.backend, "estimated_p50_ms": predicted["p50_ms"], "measured_p50_ms": measurement.p50_ms,
+            "error": relative_error(predicted["p50_ms"], measurement.p50_ms), "coverage": predicted["coverage"], "models": predicted["models"]}

@@ -44,7 +44,7 @@ class JobListSerializer(serializers.ModelSerializer):
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance",
-            "calibration_dataset", "validation_dataset", "created_at", "finished_at",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain",
         ]
 
     def get_model(self, job) -> dict:
@@ -68,6 +68,7 @@ class JobCreateSerializer(serializers.Serializer):
     validation_dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
     targets = serializers.JSONField(required=False, default=list)
     tolerance = serializers.JSONField(required=False, default=dict)
+    package = serializers.JSONField(required=False, default=dict)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

@@ -34,6 +34,7 @@ class JobListView(generics.ListAPIView):
             validation_dataset=dataset_get(organization=organization, dataset_id=values["validation_dataset"]) if values["validation_dataset"] else None,
             targets=values["targets"],
             tolerance=values["tolerance"],
+            package=values["package"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
@@ -49,6 +50,13 @@ class JobCancelView(APIView):
     def post(self, request, pk: int):
         job = services.job_cancel(job=selectors.job_get(organization=request.organization, job_id=pk))
         return Response(JobSerializer(selectors.job_get(organization=request.organization, job_id=job.id)).data)
+
+
+class JobRerunView(APIView):
+    @extend_schema(request=None, responses={201: JobSerializer})
+    def post(self, request, pk: int):
+        job = services.job_rerun(job=selectors.job_get(organization=request.organization, job_id=pk), user=request.user)
+        return Response(JobSerializer(selectors.job_get(organization=request.organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
 
 class JobArtifactsView(APIView):

@@ -1,13 +1,39 @@
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kiln.core.errors import KilnError
 from kiln.pipeline.selectors import job_get
+from kiln.registry.selectors import model_version_get
 
-from ..selectors import job_report
+from ..selectors import PERFORMANCE_FILTERS, job_report, model_version_estimates, performance_list
+from .serializers import MeasurementSerializer
 
 
 class JobReportView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request, pk: int):
         return Response(job_report(job=job_get(organization=request.organization, job_id=pk)))
+
+
+class PerformanceListView(generics.ListAPIView):
+    """Every measurement of the organization across jobs, devices and toolchain versions."""
+
+    serializer_class = MeasurementSerializer
+
+    @extend_schema(parameters=[OpenApiParameter(name, str) for name in [*PERFORMANCE_FILTERS, "regression", "ordering"]])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        return performance_list(organization=self.request.organization, filters=self.request.query_params)
+
+
+class PerformanceEstimateView(APIView):
+    @extend_schema(parameters=[OpenApiParameter("model_version", int, required=True)], responses={200: dict})
+    def get(self, request):
+        raw = request.query_params.get("model_version", "")
+        if not raw.isdigit():
+            raise KilnError("model_version (an id) is required.", code="invalid_filter")
+        return Response(model_version_estimates(version=model_version_get(organization=request.organization, version_id=int(raw))))
