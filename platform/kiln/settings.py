@@ -154,6 +154,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 ALLOW_SIGNUP = _env_bool("KILN_ALLOW_SIGNUP", True)
 
+# Deployment packages are signed with this Ed25519 key (PEM, PKCS#8); generated there on first use.
+PACKAGE_SIGNING_KEY_FILE = Path(os.environ.get("KILN_PACKAGE_SIGNING_KEY", DATA_DIR / "package-signing-key.pem")).resolve()
+
 # Celery: Redis when REDIS_URL is set, otherwise an embedded filesystem transport.
 REDIS_URL = os.environ.get("REDIS_URL", "")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://")

@@ -65,3 +65,12 @@ class Measurement(models.Model):
     class Meta:
         ordering = ["-measured_at", "-id"]
         indexes = [models.Index(fields=["organization", "model_sha256", "variant_key", "backend", "device_key"], name="measurement_series")]
+
+
+class PackageKey(models.Model):
+    """An organization's AES-256-GCM key for encrypted packages, stored wrapped by a key derived from the server's."""
+
+    organization = models.OneToOneField(Organization, on_delete=models.CASCADE, related_name="package_key")
+    key_id = models.CharField(max_length=32)
+    wrapped_key = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)

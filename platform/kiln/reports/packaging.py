@@ -1,6 +1,14 @@
-"""Deployment packages: per device, the recommended variant with its report and a script to run it."""
+"""Deployment packages: per device, the recommended variant with its report and a script to run it.
+
+Every package has a manifest (each file's sha256, the toolchain versions, the model's inputs and
+outputs, the pre/post-processing the job declared) signed by the server's Ed25519 key; `run.py`
+checks it before it loads anything. With `package.encrypt`, the model files are AES-256-GCM
+encrypted with the organization's key and opened only in memory by `run.py`.
+"""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import zipfile
@@ -8,41 +16,11 @@ from pathlib import Path
 
 from kiln.registry.selectors import blob_file
 
-RUN_SCRIPT = '''"""Run the packaged model with ONNX Runtime and time it: `python run.py inputs.npz`.
+from . import signing
 
-The inputs are an .npz with one array per model input (first axis = samples), as uploaded to Kiln.
-"""
-import argparse
-import statistics
-import time
-
-import numpy as np
-import onnxruntime as ort
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("inputs", help=".npz of input arrays, first axis = samples")
-    parser.add_argument("--model", default="model.onnx")
-    parser.add_argument("--runs", type=int, default=50)
-    args = parser.parse_args()
-    session = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    with np.load(args.inputs, allow_pickle=False) as data:
-        feeds = {name: data[name][:1] for name in names}
-    for _ in range(10):
-        session.run(None, feeds)
-    times = []
-    for _ in range(args.runs):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append((time.perf_counter() - start) * 1000)
-    print(f"p50 {statistics.median(times):.3f} ms over {args.runs} runs (batch 1)")
-
-
-if __name__ == "__main__":
-    main()
-'''
+RUN_SCRIPT_PATH = Path(__file__).with_name("package_run.py")
+FORMAT = "kiln-package/1"
+ZIP64_FROM_BYTES = 1 << 31
 
 
 def package_name(target: str) -> str:
@@ -65,26 +43,94 @@ def _readme(job, device: dict, chosen: dict) -> str:
         "- `model.onnx`: the variant (runs on ONNX Runtime; OpenVINO reads it too).",
         "- `compiled/`: the engine the device built from it, when the agent uploaded one.",
         "- `report.json`: every variant measured on this device.",
-        "- `run.py`: `python run.py your-inputs.npz` times the model here.",
+        "- `manifest.json`, `manifest.sig`, `signing-key.pem`: every file's sha256 and the toolchain, signed by the Kiln server.",
+        "- `run.py`: `python run.py your-inputs.npz` verifies the package, then times the model here",
+        "  (`--verify-only` only checks; `--public-key` pins the server's key from `kiln packages signing-key`).",
+        *(["", "The model files are encrypted (`.enc`, AES-256-GCM). Set `KILN_PACKAGE_KEY` to your organization's key",
+           "(`kiln packages key`); `run.py` decrypts them in memory only."] if (job.package or {}).get("encrypt") else []),
         "",
     ])
 
 
+class _HashingWriter:
+    """Counts and hashes what goes into a zip entry."""
+
+    def __init__(self, target):
+        self.target, self.digest, self.size = target, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.target.write(data)
+
+
+def _add_file(archive: zipfile.ZipFile, source: Path, name: str, *, role: str, key: bytes | None) -> dict:
+    """Stream one file into the package, encrypted when a key is given; returns its manifest entry."""
+    stored = f"{name}.enc" if key else name
+    info = zipfile.ZipInfo(stored)
+    # Ciphertext does not compress; the model as is usually does a little.
+    info.compress_type = zipfile.ZIP_STORED if key else zipfile.ZIP_DEFLATED
+    with open(source, "rb") as handle, archive.open(info, "w", force_zip64=source.stat().st_size >= ZIP64_FROM_BYTES) as entry:
+        writer = _HashingWriter(entry)
+        if key:
+            signing.encrypt_stream(key=key, source=handle, target=writer, associated_data=name.encode())
+        else:
+            while block := handle.read(signing.STREAM_BYTES):
+                writer.write(block)
+    return {"path": stored, "original_path": name, "role": role, "sha256": writer.digest.hexdigest(), "size_bytes": writer.size, "encrypted": bool(key)}
+
+
+def _add_text(archive: zipfile.ZipFile, name: str, text: str, *, role: str) -> dict:
+    data = text.encode()
+    archive.writestr(name, data)
+    return {"path": name, "original_path": name, "role": role, "sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data), "encrypted": False}
+
+
+def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str | None) -> dict:
+    agent = device.get("agent") or {}
+    capabilities = agent.get("capabilities") or {}
+    version = job.model_version
+    return {
+        "format": FORMAT,
+        "job": job.id,
+        "model": {"name": version.model.name, "version": version.number, "sha256": version.blob.sha256},
+        "variant": {"key": chosen.get("key"), "precision": chosen["precision"], "recipe": chosen.get("recipe") or {}},
+        "backend": chosen["backend"],
+        "device": {"name": agent.get("name"), "target": device["target"], "cpu_model": capabilities.get("cpu_model")},
+        "measured": {"latency_ms": chosen.get("latency_ms"), "accuracy": chosen.get("accuracy")},
+        "toolchain": {"host": (job.toolchain or {}).get("host") or {},
+                      "device": {"agent_version": capabilities.get("agent_version"), "runtimes": capabilities.get("runtimes") or {}}},
+        "signature": version.signature,
+        "preprocessing": (job.package or {}).get("preprocessing"),
+        "postprocessing": (job.package or {}).get("postprocessing"),
+        "encryption": {"algorithm": "AES-256-GCM", "key": "organization", "key_id": key_id, "associated_data": "original_path"} if key_id else None,
+        "signing_key_fingerprint": signing.public_key_fingerprint(),
+        "files": files,
+    }
+
+
 def build_device_package(*, job, device: dict, out_path: Path) -> bool:
-    """Write the package of one device's recommended variant; False when nothing was recommended."""
+    """Write the signed package of one device's recommended variant; False when nothing was recommended."""
     from kiln.pipeline.models import Artifact
 
     chosen = next((v for v in device["variants"] if v["id"] == device["recommended"]), None)
     if chosen is None or not chosen.get("variant_artifact"):
         return False
+    key, key_id = signing.organization_package_key(organization=job.organization) if (job.package or {}).get("encrypt") else (None, None)
     variant_artifact = Artifact.objects.select_related("blob").get(pk=chosen["variant_artifact"]["id"])
     with zipfile.ZipFile(out_path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.write(blob_file(variant_artifact.blob), "model.onnx")
+        files = [_add_file(archive, blob_file(variant_artifact.blob), "model.onnx", role="model", key=key)]
         compiled = chosen.get("artifact")
         if compiled and compiled["id"] != variant_artifact.id:
             compiled_artifact = Artifact.objects.select_related("blob").get(pk=compiled["id"])
-            archive.write(blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}")
-        archive.writestr("report.json", json.dumps({"job": job.id, "tolerance": job.tolerance, **device}, indent=2, default=str))
-        archive.writestr("run.py", RUN_SCRIPT)
-        archive.writestr("README.md", _readme(job, device, chosen))
+            files.append(_add_file(archive, blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}", role="compiled", key=key))
+        files += [
+            _add_text(archive, "report.json", json.dumps({"job": job.id, "tolerance": job.tolerance, **device}, indent=2, default=str), role="report"),
+            _add_text(archive, "run.py", RUN_SCRIPT_PATH.read_text(), role="script"),
+            _add_text(archive, "README.md", _readme(job, device, chosen), role="readme"),
+            _add_text(archive, "signing-key.pem", signing.public_key_pem(), role="signing-key"),
+        ]
+        manifest = json.dumps(_manifest(job=job, device=device, chosen=chosen, files=files, key_id=key_id), indent=2, sort_keys=True, default=str).encode()
+        archive.writestr("manifest.json", manifest)
+        archive.writestr("manifest.sig", base64.b64encode(signing.sign(manifest)))
     return True

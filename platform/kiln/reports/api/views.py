@@ -1,3 +1,5 @@
+import base64
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
@@ -7,6 +9,7 @@ from kiln.core.errors import KilnError
 from kiln.pipeline.selectors import job_get
 from kiln.registry.selectors import model_version_get
 
+from .. import signing
 from ..selectors import PERFORMANCE_FILTERS, job_report, model_version_estimates, performance_list
 from .serializers import MeasurementSerializer
 
@@ -37,3 +40,20 @@ class PerformanceEstimateView(APIView):
         if not raw.isdigit():
             raise KilnError("model_version (an id) is required.", code="invalid_filter")
         return Response(model_version_estimates(version=model_version_get(organization=request.organization, version_id=int(raw))))
+
+
+class PackageSigningKeyView(APIView):
+    """The public half of the key that signs deployment packages, to pin with `run.py --public-key`."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response({"public_key_pem": signing.public_key_pem(), "fingerprint": signing.public_key_fingerprint(), "algorithm": "Ed25519"})
+
+
+class PackageKeyView(APIView):
+    """The organization's key for encrypted packages (members only; made on first use)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        key, key_id = signing.organization_package_key(organization=request.organization)
+        return Response({"key": base64.b64encode(key).decode(), "key_id": key_id, "algorithm": "AES-256-GCM"})

@@ -1,0 +1,138 @@
+"""Verify this Kiln deployment package, load its model (decrypting it in memory if needed), and time it.
+
+    python run.py inputs.npz                       # verify, then run on the backend Kiln measured
+    python run.py --verify-only                    # only check the signature and every file's digest
+    python run.py inputs.npz --public-key kiln.pem # pin the server's key (kiln packages signing key)
+    KILN_PACKAGE_KEY=... python run.py inputs.npz  # an encrypted package: the organization's key
+
+The inputs are an .npz with one array per model input (first axis = samples), as uploaded to Kiln.
+Needs numpy, cryptography, and onnxruntime or openvino. Exit code 2: the package failed verification.
+"""
+import argparse
+import base64
+import hashlib
+import io
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+HERE = Path(__file__).resolve().parent
+NONCE_BYTES = 12
+UNSIGNED = {"manifest.json", "manifest.sig"}
+
+
+class VerificationFailed(Exception):
+    """The package is not what the server signed."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(root: Path, public_key_pem: bytes | None = None) -> dict:
+    """The manifest, once its signature and every listed file check out and nothing else is there."""
+    manifest_bytes = (root / "manifest.json").read_bytes()
+    signature = base64.b64decode((root / "manifest.sig").read_bytes())
+    key = load_pem_public_key(public_key_pem or (root / "signing-key.pem").read_bytes())
+    try:
+        key.verify(signature, manifest_bytes)
+    except InvalidSignature:
+        raise VerificationFailed("the manifest's signature does not match (wrong key, or the manifest was changed)") from None
+    manifest = json.loads(manifest_bytes)
+    listed = {entry["path"]: entry for entry in manifest["files"]}
+    present = {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    extra = sorted(present - set(listed) - UNSIGNED)
+    if extra:
+        raise VerificationFailed(f"files not in the manifest: {', '.join(extra)}")
+    for path, entry in listed.items():
+        if path not in present:
+            raise VerificationFailed(f"{path} is missing")
+        if _sha256(root / path) != entry["sha256"]:
+            raise VerificationFailed(f"{path} does not match its digest in the manifest")
+    return manifest
+
+
+def read_model_file(root: Path, entry: dict, key: bytes | None) -> bytes:
+    """A model file's bytes; an encrypted one is opened here, in memory, and never written out."""
+    data = (root / entry["path"]).read_bytes()
+    if not entry.get("encrypted"):
+        return data
+    if key is None:
+        raise SystemExit("This package is encrypted: pass --key or set KILN_PACKAGE_KEY (kiln packages key).")
+    try:
+        return AESGCM(key).decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], entry["original_path"].encode())
+    except InvalidTag:
+        raise SystemExit(f"{entry['path']} does not open with this key (wrong key, or another organization's package).") from None
+
+
+def load(root: Path, manifest: dict, key: bytes | None, backend: str):
+    """A callable `run(feeds) -> outputs`, on the backend asked for, from the engine Kiln measured when there is one."""
+    files = {entry["original_path"]: entry for entry in manifest["files"] if entry.get("role") in ("model", "compiled")}
+    compiled = next((entry for entry in files.values() if entry["role"] == "compiled"), None)
+    if compiled is not None and manifest["backend"] != backend:
+        compiled = None
+    if backend == "openvino":
+        import openvino as ov
+
+        core = ov.Core()
+        if compiled is not None:
+            engine = core.import_model(io.BytesIO(read_model_file(root, compiled, key)), "CPU")
+        else:
+            engine = core.compile_model(core.read_model(read_model_file(root, files["model.onnx"], key)), "CPU")
+        request = engine.create_infer_request()
+        return [port.get_any_name() for port in engine.inputs], request.infer
+    import onnxruntime as ort
+
+    source = compiled if compiled is not None and compiled["original_path"].endswith(".onnx") else files["model.onnx"]
+    session = ort.InferenceSession(read_model_file(root, source, key), providers=["CPUExecutionProvider"])
+    return [i.name for i in session.get_inputs()], lambda feeds: session.run(None, feeds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="?", help=".npz of input arrays, first axis = samples")
+    parser.add_argument("--verify-only", action="store_true")
+    parser.add_argument("--public-key", help="PEM of the server's signing key to trust (default: the one in the package)")
+    parser.add_argument("--key", default=os.environ.get("KILN_PACKAGE_KEY"), help="base64 key of an encrypted package")
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], help="default: the backend Kiln measured")
+    parser.add_argument("--runs", type=int, default=50)
+    args = parser.parse_args()
+    try:
+        manifest = verify(HERE, Path(args.public_key).read_bytes() if args.public_key else None)
+    except (VerificationFailed, OSError, ValueError, KeyError) as exc:
+        print(f"package verification failed: {exc}", file=sys.stderr)
+        return 2
+    print(f"verified: {len(manifest['files'])} files signed by key {manifest['signing_key_fingerprint']}")
+    if args.verify_only:
+        return 0
+    if not args.inputs:
+        parser.error("inputs is required unless --verify-only")
+    key = base64.b64decode(args.key) if args.key else None
+    names, run = load(HERE, manifest, key, args.backend or manifest["backend"])
+    with np.load(args.inputs, allow_pickle=False) as data:
+        feeds = {name: data[name][:1] for name in names}
+    for _ in range(10):
+        run(feeds)
+    times = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        run(feeds)
+        times.append((time.perf_counter() - start) * 1000)
+    print(f"p50 {statistics.median(times):.3f} ms over {args.runs} runs (batch 1, {args.backend or manifest['backend']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
