@@ -13,6 +13,7 @@ import { MembersPage } from './pages/MembersPage';
 import { ModelDetailPage } from './pages/ModelDetailPage';
 import { ModelsPage } from './pages/ModelsPage';
 import { NewDeploymentPage } from './pages/NewDeploymentPage';
+import { PerformancePage } from './pages/PerformancePage';
 import { ReportPage } from './pages/report/ReportPage';
 import { TokensPage } from './pages/TokensPage';
 
@@ -51,6 +52,7 @@ export const routes: RouteObject[] = [
       { path: 'deployments/new', element: <NewDeploymentPage /> },
       { path: 'jobs/:jobId', element: <JobPage /> },
       { path: 'jobs/:jobId/report', element: <ReportPage /> },
+      { path: 'performance', element: <PerformancePage /> },
       { path: 'devices', element: <DevicesPage /> },
       { path: 'settings/tokens', element: <TokensPage /> },
       { path: 'members', element: <MembersPage /> },

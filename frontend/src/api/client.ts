@@ -208,3 +208,115 @@ export function uploadWithProgress<T>(
 export function isAbort(error: unknown): boolean {
   return error instanceof DOMException && error.name === 'AbortError';
 }
+
+/** Bytes per PATCH of a resumable upload: small enough that a dropped connection costs little. */
+export const UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024;
+const UPLOAD_MAX_FAILURES = 6;
+
+function base64Text(text: string): string {
+  const bytes = new TextEncoder().encode(text);
+  let binary = '';
+  bytes.forEach((byte) => {
+    binary += String.fromCharCode(byte);
+  });
+  return btoa(binary);
+}
+
+interface XhrResult {
+  status: number;
+  text: string;
+  header: (name: string) => string | null;
+}
+
+/** One XMLHttpRequest as a promise: resolves on 2xx, rejects with ApiError (or AbortError). */
+function xhrSend(
+  method: string,
+  url: string,
+  body: Blob | null,
+  headers: Record<string, string>,
+  register: (xhr: XMLHttpRequest) => void,
+  onProgress?: (loaded: number) => void,
+): Promise<XhrResult> {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    register(xhr);
+    xhr.open(method, url);
+    xhr.withCredentials = true;
+    xhr.setRequestHeader('Accept', 'application/json');
+    xhr.setRequestHeader('Tus-Resumable', '1.0.0');
+    const token = csrfToken();
+    if (token && !SAFE_METHODS.has(method)) xhr.setRequestHeader('X-CSRFToken', token);
+    Object.entries(headers).forEach(([name, value]) => xhr.setRequestHeader(name, value));
+    if (onProgress) xhr.upload.onprogress = (event) => onProgress(event.loaded);
+    xhr.onload = () => {
+      const text = typeof xhr.responseText === 'string' ? xhr.responseText : '';
+      if (xhr.status >= 200 && xhr.status < 300) resolve({ status: xhr.status, text, header: (name) => xhr.getResponseHeader(name) });
+      else reject(errorFromResponse(xhr.status, xhr.statusText, text));
+    };
+    xhr.onerror = () => reject(new ApiError(NETWORK_ERROR_MESSAGE, 0, 'network_error'));
+    xhr.onabort = () => reject(new DOMException('Upload canceled', 'AbortError'));
+    xhr.send(body);
+  });
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Sends the form's `file` as a resumable upload (tus: chunks at offsets), then posts the other
+ * form fields with the finished upload's id as JSON to `path`. A dropped chunk is resumed from
+ * the offset the server reports, with backoff, so a flaky connection does not lose a large file.
+ */
+export function resumableUpload<T>(
+  path: string,
+  form: FormData,
+  onProgress?: (progress: UploadProgress) => void,
+): UploadHandle<T> {
+  let current: XMLHttpRequest | null = null;
+  let aborted = false;
+  const controller = new AbortController();
+  const register = (xhr: XMLHttpRequest) => {
+    current = xhr;
+  };
+  const promise = (async () => {
+    const file = form.get('file');
+    if (!(file instanceof Blob)) throw new ApiError('No file to upload.', 400, 'invalid');
+    const name = file instanceof File ? file.name : 'upload.bin';
+    const fields: Record<string, string> = {};
+    form.forEach((value, key) => {
+      if (key !== 'file' && typeof value === 'string') fields[key] = value;
+    });
+    const created = await xhrSend('POST', apiUrl('uploads/'), null, { 'Upload-Length': String(file.size), 'Upload-Metadata': `filename ${base64Text(name)}` }, register);
+    const upload = JSON.parse(created.text) as { id: string; url: string };
+    const location = created.header('Location') ?? upload.url;
+    let offset = 0;
+    let failures = 0;
+    onProgress?.({ loaded: 0, total: file.size });
+    while (offset < file.size) {
+      if (aborted) throw new DOMException('Upload canceled', 'AbortError');
+      const start = offset;
+      const chunk = file.slice(start, start + UPLOAD_CHUNK_BYTES);
+      try {
+        const answer = await xhrSend('PATCH', location, chunk, { 'Upload-Offset': String(start), 'Content-Type': 'application/offset+octet-stream' }, register,
+          (loaded) => onProgress?.({ loaded: start + loaded, total: file.size }));
+        offset = Number(answer.header('Upload-Offset') ?? start + chunk.size);
+        failures = 0;
+      } catch (error) {
+        const retryable = error instanceof ApiError && (error.status === 0 || error.status >= 500 || error.status === 409 || error.code === 'chunk_interrupted');
+        if (!retryable || ++failures > UPLOAD_MAX_FAILURES) throw error;
+        await sleep(Math.min(30_000, 500 * 2 ** failures) * Math.random());
+        const where = await xhrSend('HEAD', location, null, {}, register);
+        offset = Number(where.header('Upload-Offset') ?? start);
+      }
+    }
+    onProgress?.({ loaded: file.size, total: file.size });
+    return api<T>(path, { method: 'POST', body: { ...fields, upload: upload.id }, signal: controller.signal });
+  })();
+  return {
+    promise,
+    abort: () => {
+      aborted = true;
+      (current as XMLHttpRequest | null)?.abort();
+      controller.abort();
+    },
+  };
+}

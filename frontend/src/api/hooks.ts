@@ -1,6 +1,7 @@
 /** React Query bindings for every resource the UI reads or writes. */
+import { useEffect, useState } from 'react';
 import { useMutation, useQuery, useQueryClient, type Query } from '@tanstack/react-query';
-import { api, ApiError } from './client';
+import { api, ApiError, apiUrl } from './client';
 import type {
   Agent,
   ApiToken,
@@ -9,8 +10,10 @@ import type {
   Job,
   JobCreate,
   Me,
+  Measurement,
   Member,
   Model,
+  ModelEstimate,
   ModelVersion,
   Paginated,
   RegistrationToken,
@@ -26,14 +29,26 @@ export function rows<T>(data: Paginated<T> | T[] | undefined | null): T[] {
 }
 
 export const JOB_POLL_MS = 1500;
+export const PAGE_SIZE = 50;
+
+/** `?page=N&…` for a list route; empty values are left out. */
+export function listQuery(params: Record<string, string | number | boolean | null | undefined>): string {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== null && value !== undefined && value !== '' && value !== false) search.set(key, String(value));
+  }
+  const text = search.toString();
+  return text ? `?${text}` : '';
+}
 export const AGENT_POLL_MS = 5000;
 
 export const keys = {
   me: ['me'] as const,
-  models: (search: string) => ['models', { search }] as const,
+  models: (search: string, page = 1) => ['models', { search, page }] as const,
   model: (id: number) => ['models', id] as const,
   datasets: ['datasets'] as const,
   jobs: ['jobs'] as const,
+  performance: ['performance'] as const,
   job: (id: number) => ['jobs', id] as const,
   artifacts: (id: number) => ['jobs', id, 'artifacts'] as const,
   report: (id: number) => ['jobs', id, 'report'] as const,
@@ -114,12 +129,12 @@ export function useSwitchOrganization() {
   });
 }
 
-export function useModels(search: string) {
+export function useModels(search: string, page = 1, pageSize = PAGE_SIZE) {
   const query = search.trim();
   return useQuery({
-    queryKey: keys.models(query),
+    queryKey: [...keys.models(query, page), pageSize],
     queryFn: ({ signal }) =>
-      api<Paginated<Model> | Model[]>(`models/${query ? `?search=${encodeURIComponent(query)}` : ''}`, { signal }),
+      api<Paginated<Model> | Model[]>(`models/${listQuery({ search: query, page: page > 1 ? page : null, page_size: pageSize !== PAGE_SIZE ? pageSize : null })}`, { signal }),
     placeholderData: (previous) => previous,
   });
 }
@@ -144,8 +159,12 @@ export function useDeleteModel() {
   });
 }
 
-export function useDatasets() {
-  return useQuery({ queryKey: keys.datasets, queryFn: () => api<Paginated<Dataset> | Dataset[]>('datasets/') });
+export function useDatasets(page = 1, pageSize = PAGE_SIZE) {
+  return useQuery({
+    queryKey: [...keys.datasets, { page, pageSize }],
+    queryFn: () => api<Paginated<Dataset> | Dataset[]>(`datasets/${listQuery({ page: page > 1 ? page : null, page_size: pageSize !== PAGE_SIZE ? pageSize : null })}`),
+    placeholderData: (previous) => previous,
+  });
 }
 
 export function useDeleteDataset() {
@@ -160,25 +179,100 @@ export function isTerminal(status: string | undefined): boolean {
   return !!status && (TERMINAL_JOB_STATUSES as string[]).includes(status);
 }
 
-export function useJobs() {
+export function useJobs(page = 1) {
   return useQuery({
-    queryKey: keys.jobs,
-    queryFn: () => api<Paginated<Job> | Job[]>('jobs/'),
+    queryKey: [...keys.jobs, { page }],
+    queryFn: () => api<Paginated<Job> | Job[]>(`jobs/${listQuery({ page: page > 1 ? page : null })}`),
+    placeholderData: (previous) => previous,
     refetchInterval: (query) =>
       rows(query.state.data).some((job) => !isTerminal(job.status)) ? 3000 : false,
   });
 }
 
-function pollWhileRunning(query: Query<Job, Error, Job, readonly unknown[]>): number | false {
+function pollWhileRunning(query: Query<Job, Error, Job, readonly ["jobs", number]>): number | false {
   if (query.state.error) return 5000;
   return isTerminal(query.state.data?.status) ? false : JOB_POLL_MS;
 }
 
+/**
+ * Live job updates pushed by the server (server-sent events); returns whether the stream is open.
+ * While it is, the job query does not poll; when the browser has no EventSource or the stream
+ * fails, polling takes over again.
+ */
+export function useJobStream(id: number, enabled: boolean): boolean {
+  const client = useQueryClient();
+  const [open, setOpen] = useState(false);
+  useEffect(() => {
+    if (!enabled || typeof EventSource === 'undefined') return undefined;
+    const source = new EventSource(apiUrl(`jobs/${id}/stream/`));
+    source.addEventListener('job', (event) => {
+      const job = JSON.parse((event as MessageEvent<string>).data) as Job;
+      client.setQueryData(keys.job(id), job);
+      if (isTerminal(job.status)) {
+        void client.invalidateQueries({ queryKey: keys.report(id) });
+        source.close();
+        setOpen(false);
+      }
+    });
+    source.onopen = () => setOpen(true);
+    source.onerror = () => {
+      // EventSource reconnects by itself while it can; a closed one means the server refused.
+      if (source.readyState === EventSource.CLOSED) setOpen(false);
+    };
+    return () => {
+      source.close();
+      setOpen(false);
+    };
+  }, [client, id, enabled]);
+  return open;
+}
+
 export function useJob(id: number) {
-  return useQuery({
+  const query = useQuery({
     queryKey: keys.job(id),
     queryFn: () => api<Job>(`jobs/${id}/`),
-    refetchInterval: pollWhileRunning,
+    refetchInterval: (current) => (streaming ? false : pollWhileRunning(current)),
+  });
+  const streaming = useJobStream(id, !!query.data && !isTerminal(query.data.status));
+  return query;
+}
+
+export function useRerunJob(id: number) {
+  const client = useQueryClient();
+  return useMutation({
+    mutationFn: () => api<Job>(`jobs/${id}/rerun/`, { method: 'POST' }),
+    onSuccess: (job) => {
+      client.setQueryData(keys.job(job.id), job);
+      void client.invalidateQueries({ queryKey: keys.jobs });
+    },
+  });
+}
+
+export interface PerformanceFilters {
+  model?: number | null;
+  agent?: number | null;
+  backend?: string;
+  precision?: string;
+  job?: number | null;
+  regression?: boolean;
+  ordering?: string;
+}
+
+export function usePerformance(filters: PerformanceFilters, page = 1, pageSize = PAGE_SIZE) {
+  const query = listQuery({ ...filters, regression: filters.regression ? 'true' : null, page: page > 1 ? page : null, page_size: pageSize !== PAGE_SIZE ? pageSize : null });
+  return useQuery({
+    queryKey: [...keys.performance, query],
+    queryFn: () => api<Paginated<Measurement>>(`performance/${query}`),
+    placeholderData: (previous) => previous,
+  });
+}
+
+export function useEstimate(versionId: number | null) {
+  return useQuery({
+    queryKey: ['estimate', versionId],
+    queryFn: () => api<ModelEstimate>(`performance/estimate/?model_version=${versionId}`),
+    enabled: !!versionId,
+    staleTime: 60_000,
   });
 }
 

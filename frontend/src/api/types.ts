@@ -168,6 +168,9 @@ export interface Job {
   device_tasks?: DeviceTask[];
   created_at: string;
   finished_at: string | null;
+  rerun_of?: number | null;
+  package?: { encrypt?: boolean } | null;
+  toolchain?: { host?: Record<string, string> } | null;
 }
 
 export interface JobCreate {
@@ -273,6 +276,26 @@ export interface ReportVariant {
   pareto: boolean;
   status?: string;
   error?: string | null;
+  regression?: Regression | null;
+}
+
+export interface Regression {
+  flagged: boolean;
+  slowdown: number | null;
+  baseline: number;
+  baseline_job: number | null;
+  baseline_p50_ms: number;
+  baseline_backend_version?: string;
+}
+
+export interface DeviceEstimate {
+  backend: string;
+  estimated_p50_ms: number | null;
+  measured_p50_ms: number;
+  error: number | null;
+  coverage: number;
+  models: number;
+  note?: string;
 }
 
 export interface ReportDevice {
@@ -285,6 +308,8 @@ export interface ReportDevice {
   final?: boolean;
   /** The recommended variant bundled with its report and a run script. */
   package?: { id: number; name: string; download_url: string } | null;
+  /** What the performance database predicted before measuring, and its error. */
+  estimate?: DeviceEstimate | null;
 }
 
 export interface SensitivityRow {
@@ -300,4 +325,36 @@ export interface Report {
   tolerance: Tolerance;
   search?: { rounds: number; sensitivity: SensitivityRow[] };
   devices: ReportDevice[];
+  rerun?: {
+    job: number;
+    differences: string[];
+    latency: { variant_key: string; backend: string; agent: string; before_p50_ms: number; after_p50_ms: number; ratio: number | null; regression: boolean }[];
+  } | null;
+}
+
+export interface Measurement {
+  id: number;
+  job: number | null;
+  model: { id: number | null; name: string; version: number | null };
+  model_sha256: string;
+  variant_key: string;
+  precision: string;
+  backend: string;
+  backend_version: string;
+  agent: { id: number | null; name: string };
+  device_key: string;
+  agent_version: string;
+  latency_ms: LatencyMs;
+  p50_ms: number;
+  std_ms: number;
+  peak_memory_mb: number | null;
+  accuracy: AccuracyResult | Record<string, never>;
+  regression: Regression | null;
+  measured_at: string;
+}
+
+export interface ModelEstimate {
+  model_version: number;
+  devices: { agent: { id: number | null; name: string }; device: string; backend: string; p50_ms: number; coverage: number; models: number }[];
+  measured: { agent_name: string; backend: string; p50_ms: number; job_id: number | null }[];
 }

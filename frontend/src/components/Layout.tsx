@@ -8,6 +8,7 @@ const NAV = [
   { to: '/models', label: 'Models' },
   { to: '/datasets', label: 'Datasets' },
   { to: '/deployments', label: 'Deployments' },
+  { to: '/performance', label: 'Performance' },
   { to: '/devices', label: 'Devices' },
   { to: '/settings/tokens', label: 'API tokens' },
   { to: '/members', label: 'Members' },

@@ -3,7 +3,7 @@
  * and the server's error message shown next to the file that caused it.
  */
 import { useEffect, useId, useRef, useState, type DragEvent, type ReactNode } from 'react';
-import { errorMessage, isAbort, uploadWithProgress, type UploadHandle, type UploadProgress } from '../api/client';
+import { errorMessage, isAbort, resumableUpload, type UploadHandle, type UploadProgress } from '../api/client';
 import { formatBytes } from '../format';
 import { ProgressBar } from './common';
 
@@ -33,7 +33,7 @@ export interface UploadZoneProps<T> {
   disabled?: boolean;
   hint?: ReactNode;
   testId?: string;
-  /** Injected in tests; defaults to the XMLHttpRequest uploader. */
+  /** Injected in tests; defaults to the resumable (tus) uploader. */
   uploader?: Uploader;
 }
 
@@ -54,7 +54,7 @@ export function UploadZone<T>({
   disabled = false,
   hint,
   testId = 'upload',
-  uploader = uploadWithProgress,
+  uploader = resumableUpload,
 }: UploadZoneProps<T>) {
   const inputId = useId();
   const hintId = useId();

@@ -127,3 +127,36 @@ export function PageHeader({ title, subtitle, actions }: { title: ReactNode; sub
     </header>
   );
 }
+
+/** Previous / next through a paginated list, with where the user is. */
+export function Pager({
+  page,
+  count,
+  pageSize,
+  onPage,
+  label,
+}: {
+  page: number;
+  count: number;
+  pageSize: number;
+  onPage: (page: number) => void;
+  label: string;
+}) {
+  const pages = Math.max(1, Math.ceil(count / pageSize));
+  if (count <= pageSize && page === 1) return null;
+  const first = (page - 1) * pageSize + 1;
+  const last = Math.min(count, page * pageSize);
+  return (
+    <nav className="pager" aria-label={`${label} pages`} data-testid="pager">
+      <button type="button" className="button button-small" disabled={page <= 1} onClick={() => onPage(page - 1)}>
+        Previous
+      </button>
+      <span className="muted small" data-testid="pager-status">
+        {first}–{last} of {count} · page {page} of {pages}
+      </span>
+      <button type="button" className="button button-small" disabled={page >= pages} onClick={() => onPage(page + 1)}>
+        Next
+      </button>
+    </nav>
+  );
+}

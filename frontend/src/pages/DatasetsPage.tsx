@@ -1,9 +1,9 @@
 /** Calibration and validation datasets (.npz): upload and list with their arrays. */
 import { useId, useState } from 'react';
 import { useQueryClient } from '@tanstack/react-query';
-import { keys, rows, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
+import { keys, PAGE_SIZE, rows, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
 import type { Dataset, DatasetKind } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
+import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, StatusBadge } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatShape } from '../format';
 import { fileStem } from './ModelsPage';
@@ -23,7 +23,8 @@ export function DatasetArrays({ dataset }: { dataset: Dataset }) {
 }
 
 export function DatasetsPage() {
-  const datasets = useDatasets();
+  const [page, setPage] = useState(1);
+  const datasets = useDatasets(page);
   const deleteDataset = useDeleteDataset();
   const client = useQueryClient();
   const canWrite = useCanWrite();
@@ -150,6 +151,7 @@ export function DatasetsPage() {
                 ))}
               </tbody>
             </table>
+            <Pager page={page} count={datasets.data && !Array.isArray(datasets.data) ? datasets.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Datasets" />
           </div>
         )}
       </section>

@@ -1,6 +1,6 @@
 /** One deployment, live: stage timeline, device tasks, event log, artifacts, cancel. */
-import { Link, useParams } from 'react-router';
-import { isTerminal, rows, useArtifacts, useCancelJob, useJob } from '../api/hooks';
+import { Link, useNavigate, useParams } from 'react-router';
+import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useRerunJob } from '../api/hooks';
 import type { Artifact, DeviceTask, Job, JobStage, JobVariant } from '../api/types';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
@@ -197,6 +197,9 @@ export function JobPage() {
   const jobId = Number(useParams().jobId);
   const job = useJob(jobId);
   const cancel = useCancelJob(jobId);
+  const rerun = useRerunJob(jobId);
+  const navigate = useNavigate();
+  const canWrite = useCanWrite();
   const artifacts = useArtifacts(jobId, job.data?.status);
 
   if (job.isPending) return <Loading />;
@@ -218,6 +221,11 @@ export function JobPage() {
             {data.model ? <Link to={`/models/${data.model.id}`}>{data.model.name}</Link> : `Model version ${data.model_version}`}
             {' · '}precisions {data.precisions?.join(', ')} · tolerance {data.tolerance ? toleranceText(data.tolerance) : '—'}
             {' · '}started {formatDate(data.created_at)}
+            {data.rerun_of ? (
+              <>
+                {' · '}re-run of <Link to={`/jobs/${data.rerun_of}`}>#{data.rerun_of}</Link>
+              </>
+            ) : null}
           </>
         }
         actions={
@@ -235,6 +243,17 @@ export function JobPage() {
                 {cancel.isPending ? 'Canceling…' : 'Cancel deployment'}
               </button>
             ) : null}
+            {terminal && canWrite ? (
+              <button
+                type="button"
+                className="button"
+                disabled={rerun.isPending}
+                onClick={() => rerun.mutate(undefined, { onSuccess: (job) => navigate(`/jobs/${job.id}`) })}
+                data-testid="rerun-job"
+              >
+                {rerun.isPending ? 'Starting…' : 'Re-run'}
+              </button>
+            ) : null}
             {data.status === 'succeeded' || data.stage === 'report' || data.stage === 'done' ? (
               <Link to={`/jobs/${data.id}/report`} className="button button-primary" data-testid="open-report">
                 Open report
@@ -244,6 +263,7 @@ export function JobPage() {
         }
       />
       <ErrorMessage error={cancel.error} />
+      <ErrorMessage error={rerun.error} />
       {job.isError ? <ErrorMessage error={job.error} title="Live updates paused:" /> : null}
       {data.error ? (
         <div className="alert alert-error" role="alert" data-testid="job-error">

@@ -1,11 +1,13 @@
 /** Every deployment of the organization, newest first. */
+import { useState } from 'react';
 import { Link } from 'react-router';
-import { rows, useJobs } from '../api/hooks';
-import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
+import { PAGE_SIZE, rows, useJobs } from '../api/hooks';
+import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, ProgressBar, StatusBadge } from '../components/common';
 import { formatDate, humanize } from '../format';
 
 export function JobsPage() {
-  const jobs = useJobs();
+  const [page, setPage] = useState(1);
+  const jobs = useJobs(page);
   const list = rows(jobs.data);
   return (
     <>
@@ -49,6 +51,7 @@ export function JobsPage() {
                 <tr key={job.id} data-testid="job-row">
                   <td>
                     <Link to={`/jobs/${job.id}`}>#{job.id}</Link>
+                    {job.rerun_of ? <div className="muted small">re-run of #{job.rerun_of}</div> : null}
                   </td>
                   <td>{job.model?.name ?? `version ${job.model_version}`}</td>
                   <td>
@@ -63,6 +66,7 @@ export function JobsPage() {
               ))}
             </tbody>
           </table>
+          <Pager page={page} count={jobs.data && !Array.isArray(jobs.data) ? jobs.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Deployments" />
         </div>
       )}
     </>

@@ -2,7 +2,7 @@
 import { useId, useState } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { useDeleteModel, useModel, useCanWrite } from '../api/hooks';
+import { useDeleteModel, useEstimate, useModel, useCanWrite } from '../api/hooks';
 import type { ModelVersion, TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -128,8 +128,49 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
           <h2 id="ops-heading">Operators</h2>
           <OpHistogram histogram={version.op_histogram} />
         </section>
+        <LatencyEstimate versionId={version.id} />
       </div>
     </div>
+  );
+}
+
+/** FP32 latency per known device, predicted from per-operator timings of other models before any job runs. */
+function LatencyEstimate({ versionId }: { versionId: number }) {
+  const estimate = useEstimate(versionId);
+  return (
+    <section className="card" aria-labelledby="estimate-heading" data-testid="latency-estimate">
+      <h2 id="estimate-heading">Estimated latency</h2>
+      {estimate.isPending ? <Loading /> : null}
+      <ErrorMessage error={estimate.error} />
+      {estimate.data && estimate.data.devices.length === 0 ? (
+        <p className="muted">No device has measured another model yet; the estimate appears once one has.</p>
+      ) : null}
+      {estimate.data && estimate.data.devices.length > 0 ? (
+        <table className="table">
+          <thead>
+            <tr>
+              <th scope="col">Device</th>
+              <th scope="col">Backend</th>
+              <th scope="col">FP32 p50 (estimated)</th>
+              <th scope="col">Operators with own timing</th>
+            </tr>
+          </thead>
+          <tbody>
+            {estimate.data.devices.map((row) => (
+              <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
+                <td>{row.agent.name}</td>
+                <td>{row.backend}</td>
+                <td>{formatNumber(row.p50_ms, 3)} ms</td>
+                <td>{Math.round(row.coverage * 100)}% of the work, from {row.models} model{row.models === 1 ? '' : 's'}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      ) : null}
+      {estimate.data && estimate.data.measured.length > 0 ? (
+        <p className="muted small">Measured so far: {estimate.data.measured.map((row) => `${formatNumber(row.p50_ms, 3)} ms on ${row.agent_name} (${row.backend})`).join(', ')}.</p>
+      ) : null}
+    </section>
   );
 }
 

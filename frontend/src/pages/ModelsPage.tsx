@@ -2,9 +2,9 @@
 import { useDeferredValue, useId, useState } from 'react';
 import { Link } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { rows, useModels, useCanWrite } from '../api/hooks';
+import { PAGE_SIZE, rows, useModels, useCanWrite } from '../api/hooks';
 import type { Model } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader } from '../components/common';
+import { EmptyState, ErrorMessage, Loading, PageHeader, Pager } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate } from '../format';
 
@@ -15,7 +15,8 @@ export function fileStem(name: string): string {
 export function ModelsPage() {
   const [search, setSearch] = useState('');
   const deferredSearch = useDeferredValue(search);
-  const models = useModels(deferredSearch);
+  const [page, setPage] = useState(1);
+  const models = useModels(deferredSearch, page);
   const client = useQueryClient();
   const canWrite = useCanWrite();
   const [name, setName] = useState('');
@@ -73,7 +74,10 @@ export function ModelsPage() {
               type="search"
               value={search}
               placeholder="Model name"
-              onChange={(event) => setSearch(event.target.value)}
+              onChange={(event) => {
+              setSearch(event.target.value);
+              setPage(1);
+            }}
               data-testid="model-search"
             />
           </div>
@@ -121,6 +125,7 @@ export function ModelsPage() {
                 })}
               </tbody>
             </table>
+            <Pager page={page} count={models.data && !Array.isArray(models.data) ? models.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Models" />
           </div>
         )}
       </section>

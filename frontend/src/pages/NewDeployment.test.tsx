@@ -130,7 +130,7 @@ describe('NewDeploymentPage', () => {
       const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
       if (url.startsWith('/api/v1/models/?') || url === '/api/v1/models/') return json({ count: 1, next: null, previous: null, results: [model] });
       if (url === '/api/v1/models/1/') return json(model);
-      if (url === '/api/v1/datasets/') return json([calibration, validation]);
+      if (url === '/api/v1/datasets/' || url.startsWith('/api/v1/datasets/?')) return json([calibration, validation]);
       if (url === '/api/v1/auth/me/') {
         const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'owner' };
         return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });

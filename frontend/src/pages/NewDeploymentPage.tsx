@@ -69,9 +69,9 @@ export function NewDeploymentPage() {
   }));
   const [submitted, setSubmitted] = useState(false);
 
-  const models = useModels('');
+  const models = useModels('', 1, 500);
   const model = useModel(modelId ?? 0);
-  const datasets = useDatasets();
+  const datasets = useDatasets(1, 500);
   const agents = useAgents();
   const createJob = useCreateJob();
   const canWrite = useCanWrite();

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
 
-from .models import Artifact, DeploymentJob
+from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 
 
 def job_list(*, organization):
@@ -23,3 +23,15 @@ def job_artifacts(*, job: DeploymentJob):
 
 def artifact_get(*, organization, artifact_id: int) -> Artifact:
     return get_object_or_404(Artifact.objects.select_related("blob"), organization=organization, pk=artifact_id)
+
+
+def job_change_fingerprint(*, job_id: int) -> tuple:
+    """Changes whenever anything the job page shows changes: the job row, its events, its tasks' progress."""
+    from django.db.models import Count, Max, Sum
+
+    job = DeploymentJob.objects.filter(pk=job_id).values_list("updated_at", "status").first()
+    tasks = DeviceTask.objects.filter(job_id=job_id).aggregate(count=Count("id"), progress=Sum("progress"), attempts=Sum("attempt"),
+                                                                 started=Max("started_at"), finished=Max("finished_at"))
+    events = JobEvent.objects.filter(job_id=job_id).count()
+    stages = tuple(DeviceTask.objects.filter(job_id=job_id).values_list("stage", "status").order_by("id"))
+    return job, tuple(sorted(tasks.items())), events, stages

@@ -76,7 +76,8 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
     const yValue = (_u: uPlot, value: number | null) => (value === null || value === undefined ? '' : formatNumber(value, 4));
     const options: Omit<uPlot.Options, 'width'> = {
       height: 300,
-      legend: { live: true },
+      // A live legend shows each series' value under the cursor, which is empty everywhere but on a point.
+      legend: { live: false },
       cursor: { drag: { x: false, y: false }, points: { size: 12 } },
       scales: {
         x: { time: false, range: (_u, min, max) => [Math.max(0, min - (max - min || max) * 0.2), max + (max - min || max) * 0.2] },

@@ -7,6 +7,7 @@ import type { Report, ReportDevice, Tolerance } from '../../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
+import { formatNumber } from '../../format';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -88,6 +89,77 @@ export function SearchSummary({ report }: { report: Report }) {
   );
 }
 
+/** Regressions against earlier measurements of the same variant on this device, and the latency estimate's error. */
+export function DeviceFindings({ device }: { device: ReportDevice }) {
+  const regressions = device.variants.filter((variant) => variant.regression?.flagged);
+  const estimate = device.estimate;
+  if (regressions.length === 0 && !estimate) return null;
+  return (
+    <div className="stack">
+      {regressions.map((variant) => (
+        <div key={variant.id} className="alert alert-warn" role="status" data-testid="regression">
+          <strong className="regression">Regression:</strong> {variantLabel(variant)} is {formatNumber(variant.regression?.slowdown ?? null, 2)}x slower than in{' '}
+          <Link to={`/jobs/${variant.regression?.baseline_job}/report`}>deployment #{variant.regression?.baseline_job}</Link> (p50{' '}
+          {formatNumber(variant.regression?.baseline_p50_ms ?? null, 3)} → {formatNumber(variant.latency_ms?.p50 ?? null, 3)} ms), beyond the measured noise.
+        </div>
+      ))}
+      {estimate ? (
+        <p className="muted small estimate-note" data-testid="estimate-error">
+          {estimate.estimated_p50_ms !== null && estimate.error !== null
+            ? `Estimated before measuring: FP32 ${formatNumber(estimate.estimated_p50_ms, 3)} ms on ${estimate.backend}; measured ${formatNumber(estimate.measured_p50_ms, 3)} ms (error ${estimate.error >= 0 ? '+' : ''}${Math.round(estimate.error * 100)}%, from ${estimate.models} other model${estimate.models === 1 ? '' : 's'}).`
+            : `No estimate before measuring: ${estimate.note ?? 'no other model was measured on this device.'}`}
+        </p>
+      ) : null}
+    </div>
+  );
+}
+
+/** For a re-run: what differed from the job it repeats. */
+export function RerunSummary({ report }: { report: Report }) {
+  const rerun = report.rerun;
+  if (!rerun) return null;
+  return (
+    <section className="card" aria-labelledby="rerun-heading" data-testid="rerun-summary">
+      <h2 id="rerun-heading">
+        Re-run of <Link to={`/jobs/${rerun.job}/report`}>deployment #{rerun.job}</Link>
+      </h2>
+      {rerun.differences.length === 0 ? (
+        <p className="muted">Same toolchain versions on the host and the devices.</p>
+      ) : (
+        <ul data-testid="rerun-differences">
+          {rerun.differences.map((line) => (
+            <li key={line}>{line}</li>
+          ))}
+        </ul>
+      )}
+      {rerun.latency.length > 0 ? (
+        <table className="table">
+          <thead>
+            <tr>
+              <th scope="col">Variant</th>
+              <th scope="col">Device</th>
+              <th scope="col" className="numeric">p50 before</th>
+              <th scope="col" className="numeric">p50 now</th>
+              <th scope="col" className="numeric">Ratio</th>
+            </tr>
+          </thead>
+          <tbody>
+            {rerun.latency.map((row) => (
+              <tr key={`${row.variant_key}-${row.backend}-${row.agent}`}>
+                <td>{row.variant_key} on {row.backend}</td>
+                <td>{row.agent}</td>
+                <td className="numeric">{formatNumber(row.before_p50_ms, 3)} ms</td>
+                <td className="numeric">{formatNumber(row.after_p50_ms, 3)} ms</td>
+                <td className={`numeric${row.regression ? ' regression' : ''}`}>{formatNumber(row.ratio, 2)}x{row.regression ? ' (regression)' : ''}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      ) : null}
+    </section>
+  );
+}
+
 function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
@@ -100,6 +172,7 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
           </div>
         </div>
         <Recommendation device={device} />
+        <DeviceFindings device={device} />
         {device.variants.length === 0 ? (
           <EmptyState title="No variant has finished on this device yet." />
         ) : (
@@ -162,6 +235,7 @@ export function ReportPage() {
           <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} />
         ))
       )}
+      <RerunSummary report={report.data} />
       <SearchSummary report={report.data} />
     </>
   );

@@ -1,6 +1,11 @@
 """Deployment jobs: create, list, detail, cancel, artifacts, downloads."""
 from __future__ import annotations
 
+import json
+import time
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
@@ -71,3 +76,44 @@ class ArtifactDownloadView(APIView):
     def get(self, request, pk: int):
         artifact = selectors.artifact_get(organization=request.organization, artifact_id=pk)
         return download_response(blob_file(artifact.blob), artifact.name)
+
+
+STREAM_POLL_SECONDS = 1.0
+STREAM_KEEPALIVE_SECONDS = 15.0
+# A stream ends after this long and the browser's EventSource reconnects: no connection lives forever.
+STREAM_MAX_SECONDS = 300.0
+
+
+def job_event_stream(*, organization, job_id: int, poll_s: float = STREAM_POLL_SECONDS, max_s: float = STREAM_MAX_SECONDS):
+    """Server-sent events: the job (as GET jobs/{id}/ answers) each time it changes, until it ends."""
+    started = last_sent = time.monotonic()
+    fingerprint = None
+    yield "retry: 2000\n\n"
+    while True:
+        current = selectors.job_change_fingerprint(job_id=job_id)
+        if current != fingerprint:
+            fingerprint = current
+            job = selectors.job_get(organization=organization, job_id=job_id)
+            yield f"event: job\ndata: {json.dumps(JobSerializer(job).data, cls=DjangoJSONEncoder)}\n\n"
+            last_sent = time.monotonic()
+            if job.is_terminal:
+                return
+        now = time.monotonic()
+        if now - started > max_s:
+            return
+        if now - last_sent > STREAM_KEEPALIVE_SECONDS:
+            yield ": keep-alive\n\n"
+            last_sent = now
+        time.sleep(poll_s)
+
+
+class JobStreamView(APIView):
+    """`text/event-stream` of job updates, for the job page instead of polling."""
+
+    @extend_schema(responses={(200, "text/event-stream"): str})
+    def get(self, request, pk: int):
+        job = selectors.job_get(organization=request.organization, job_id=pk)
+        response = StreamingHttpResponse(job_event_stream(organization=request.organization, job_id=job.id), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response

@@ -1,0 +1,60 @@
+/** Pure summaries of performance-database rows for the Performance page's charts. */
+import type { Measurement } from '../api/types';
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const middle = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
+}
+
+/** "Which device should I buy?": per device and backend, the fastest p50 of any variant (latest measurement of each). */
+export function fastestPerDevice(rows: Measurement[]): { label: string; p50: number; variant: string }[] {
+  const best = new Map<string, { label: string; p50: number; variant: string }>();
+  for (const row of rows) {
+    const label = `${row.agent.name} · ${row.backend}`;
+    const current = best.get(label);
+    if (!current || row.p50_ms < current.p50) best.set(label, { label, p50: row.p50_ms, variant: `${row.variant_key}` });
+  }
+  return [...best.values()].sort((a, b) => a.p50 - b.p50);
+}
+
+/** One device across toolchain versions: median p50 per backend version (same filters, so the same models and variants). */
+export function p50ByToolchain(rows: Measurement[]): { label: string; p50: number; count: number }[] {
+  const groups = new Map<string, number[]>();
+  for (const row of rows) {
+    const label = `${row.agent.name} · ${row.backend} ${row.backend_version || '?'}`;
+    groups.set(label, [...(groups.get(label) ?? []), row.p50_ms]);
+  }
+  return [...groups.entries()].map(([label, values]) => ({ label, p50: median(values), count: values.length })).sort((a, b) => a.label.localeCompare(b.label));
+}
+
+export interface JobComparisonRow {
+  key: string;
+  variant: string;
+  backend: string;
+  device: string;
+  before: number | null;
+  after: number | null;
+  ratio: number | null;
+}
+
+/** A job against an earlier one of the same model: p50 per variant, backend and device, side by side. */
+export function compareJobs(rows: Measurement[], job: number, earlier: number): JobComparisonRow[] {
+  const cells = new Map<string, JobComparisonRow>();
+  for (const row of rows) {
+    if (row.job !== job && row.job !== earlier) continue;
+    const key = `${row.variant_key}|${row.backend}|${row.device_key}`;
+    const cell = cells.get(key) ?? { key, variant: row.variant_key, backend: row.backend, device: row.agent.name, before: null, after: null, ratio: null };
+    if (row.job === job) cell.after = row.p50_ms;
+    else cell.before = row.p50_ms;
+    cells.set(key, cell);
+  }
+  return [...cells.values()]
+    .map((cell) => ({ ...cell, ratio: cell.before && cell.after ? cell.after / cell.before : null }))
+    .sort((a, b) => a.key.localeCompare(b.key));
+}
+
+/** Jobs present in the rows, newest first. */
+export function jobsIn(rows: Measurement[]): number[] {
+  return [...new Set(rows.map((row) => row.job).filter((job): job is number => job !== null))].sort((a, b) => b - a);
+}
