@@ -280,4 +280,4 @@ def test_finished_job_offers_a_package_of_the_recommended_variant(tenant, waitin
     np.savez(tmp_path / "inputs.npz", input=np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32))
     run = subprocess.run([sys.executable, "run.py", str(tmp_path / "inputs.npz"), "--runs", "3"], cwd=tmp_path / "package", capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("p50 ")
+    assert run.stdout.startswith("verified: ") and "\np50 " in run.stdout

@@ -6,11 +6,12 @@ from django.http import FileResponse
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.core.errors import KilnError
+from kiln.core.parsers import BoundedJSONParser
 
 from .. import selectors, services
 from ..uploads import parse_metadata
@@ -28,7 +29,7 @@ class StreamingUploadMixin:
     """A file either in a multipart body (streamed through HashingUploadHandler, see settings) or
     as the id of a finished resumable upload in a JSON body (`{"upload": "<id>", ...}`)."""
 
-    parser_classes = [MultiPartParser, JSONParser]
+    parser_classes = [MultiPartParser, BoundedJSONParser]
 
     def parsed_upload(self, request, serializer_class):
         data = serializer_class(data=request.data)
