@@ -34,7 +34,8 @@ def owned(tenant, model_files, settings, tmp_path):
     from kiln.accounts.models import Membership
 
     membership = Membership.objects.get(user=tenant.user, organization=tenant.organization)
-    return {"membership": membership, "model": model, "dataset": dataset, "job": job, "agent": agent, "registration": registration, "artifact": artifact, "token": token}
+    upload_url = tenant.client.post("/api/v1/uploads/", HTTP_UPLOAD_LENGTH="10", HTTP_TUS_RESUMABLE="1.0.0")["Location"]
+    return {"upload": upload_url, "membership": membership, "model": model, "dataset": dataset, "job": job, "agent": agent, "registration": registration, "artifact": artifact, "token": token}
 
 
 def object_routes(owned) -> list[tuple[str, str]]:
@@ -50,6 +51,11 @@ def object_routes(owned) -> list[tuple[str, str]]:
         ("delete", f"/api/v1/datasets/{owned['dataset']['id']}/"),
         ("get", f"/api/v1/jobs/{job_id}/"),
         ("post", f"/api/v1/jobs/{job_id}/cancel/"),
+        ("post", f"/api/v1/jobs/{job_id}/rerun/"),
+        ("get", f"/api/v1/performance/estimate/?model_version={owned['model']['versions'][0]['id']}"),
+        ("get", owned["upload"]),
+        ("patch", owned["upload"]),
+        ("delete", owned["upload"]),
         ("get", f"/api/v1/jobs/{job_id}/artifacts/"),
         ("get", f"/api/v1/jobs/{job_id}/report/"),
         ("get", f"/api/v1/artifacts/{owned['artifact'].id}/download/"),
