@@ -404,5 +404,63 @@ def perf(ctx, model_id, agent_id, backend, precision, job_id, regressions, limit
     console.print(table)
 
 
+# -- packages ----------------------------------------------------------------------------------
+
+@main.group()
+def packages() -> None:
+    """Deployment packages: the keys that sign and encrypt them, and verification."""
+
+
+@packages.command("signing-key")
+@click.pass_context
+def packages_signing_key(ctx) -> None:
+    """Print the server's Ed25519 public key (PEM), to pin with `run.py --public-key`."""
+    click.echo(_client(ctx).package_signing_key(), nl=False)
+
+
+@packages.command("key")
+@click.pass_context
+def packages_key(ctx) -> None:
+    """Print the organization's package key (base64): KILN_PACKAGE_KEY for encrypted packages."""
+    click.echo(_client(ctx).package_key())
+
+
+def _safe_extract(archive_path: Path, target: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(archive_path) as archive:
+        for member in archive.infolist():
+            name = Path(member.filename)
+            if name.is_absolute() or ".." in name.parts:
+                raise click.ClickException(f"{archive_path.name} holds an unsafe path: {member.filename}")
+        archive.extractall(target)
+
+
+@packages.command("verify")
+@click.argument("package", type=click.Path(exists=True, path_type=Path))
+@click.option("--public-key", "public_key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM to trust; default: the key of the server you are logged in to.")
+@click.pass_context
+def packages_verify(ctx, package: Path, public_key: Path | None) -> None:
+    """Check a package (.zip or folder) against the server's signature without running anything in it."""
+    import tempfile
+
+    from kiln.reports.package_run import VerificationFailed, verify
+
+    pem = public_key.read_bytes() if public_key else _client(ctx).package_signing_key().encode()
+    with tempfile.TemporaryDirectory(prefix="kiln-verify-") as scratch:
+        root = package
+        if package.is_file():
+            _safe_extract(package, Path(scratch))
+            root = Path(scratch)
+        try:
+            manifest = verify(root, pem)
+        except (VerificationFailed, OSError, ValueError, KeyError) as exc:
+            errors.print(f"[red]package verification failed[/red]: {exc}")
+            sys.exit(EXIT_ERROR)
+    encrypted = " (model files encrypted)" if manifest.get("encryption") else ""
+    console.print(f"Verified: {len(manifest['files'])} files of job {manifest['job']}, {manifest['variant']['key']} on {manifest['backend']}{encrypted}.")
+
+
 if __name__ == "__main__":
     main()
