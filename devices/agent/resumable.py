@@ -103,8 +103,9 @@ def upload_resume(client: HttpClient, url: str, path: Path, *, chunk_bytes: int 
         except (ServerUnavailable, requests.RequestException) as exc:
             failure = exc
         except ApiError as exc:
-            # 409: the server's offset differs from ours (an earlier chunk landed after all).
-            if exc.status != 409:
+            # 409: the server's offset differs from ours (an earlier chunk landed after all);
+            # 423: the server still writes the broken chunk (it has not yet seen the connection drop).
+            if exc.status not in (409, 423):
                 raise
             failure = exc
         finally:

@@ -301,7 +301,7 @@ export function resumableUpload<T>(
         offset = Number(answer.header('Upload-Offset') ?? start + chunk.size);
         failures = 0;
       } catch (error) {
-        const retryable = error instanceof ApiError && (error.status === 0 || error.status >= 500 || error.status === 409 || error.code === 'chunk_interrupted');
+        const retryable = error instanceof ApiError && (error.status === 0 || error.status >= 500 || error.status === 409 || error.status === 423 || error.code === 'chunk_interrupted');
         if (!retryable || ++failures > UPLOAD_MAX_FAILURES) throw error;
         await sleep(Math.min(30_000, 500 * 2 ** failures) * Math.random());
         const where = await xhrSend('HEAD', location, null, {}, register);
