@@ -518,3 +518,77 @@ def test_owner_adds_a_viewer_who_switches_organization(stack, new_page, digits_f
     expect(guest_page.get_by_test_id("member-row")).to_have_count(2)
     expect(guest_page.get_by_role("form", name="Add member")).to_have_count(0)
     expect(guest_page.get_by_role("button", name=re.compile("^Remove"))).to_have_count(0)
+
+
+def test_live_job_rerun_performance_page_and_estimate(stack, new_page, digits_files, tmp_path):
+    """Job pages update over server-sent events; a re-run from the UI; the performance database page; an estimate."""
+    import onnx
+    from playwright.sync_api import expect
+
+    from tests.fixtures.models import build_transformer_like
+
+    user = new_user(stack, "perf", "Benchmarks")
+    start_agent(stack, user, "perf-box")
+    with open(digits_files["model"], "rb") as handle:
+        model = api(stack, user, "POST", "models/", data={"name": "digits"}, files={"file": ("digits.onnx", handle)}).json()
+    page = new_page()
+    sign_in(page, user)
+    # Wait for the agent before starting, so the job goes straight to the device.
+    page.get_by_role("link", name="Devices").click()
+    expect(page.get_by_test_id("agent-row").filter(has_text="perf-box")).to_contain_text("Online", timeout=60_000)
+    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32"]}).json()
+
+    detail_polls = []
+    page.on("request", lambda request: detail_polls.append(request.url) if re.search(rf"/api/v1/jobs/{job['id']}/$", request.url) else None)
+    with page.expect_request(re.compile(rf"/api/v1/jobs/{job['id']}/stream/")):
+        page.goto(f"/jobs/{job['id']}")
+    status = page.get_by_test_id("job-status")
+    expect(status).to_have_attribute("data-status", "succeeded", timeout=JOB_TIMEOUT_MS)
+    # Pushed, not polled: the page read the job once, then the stream carried every change.
+    assert len(detail_polls) <= 2, detail_polls
+    expect(page.get_by_test_id("stage-report")).to_have_attribute("data-status", "done")
+
+    # Re-run from the job page: a new job, live too, whose report names the one it repeats.
+    page.get_by_test_id("rerun-job").click()
+    expect(page).not_to_have_url(re.compile(rf"/jobs/{job['id']}$"))
+    expect(page.get_by_text(f"re-run of #{job['id']}")).to_be_visible()
+    expect(page.get_by_test_id("job-status")).to_have_attribute("data-status", "succeeded", timeout=JOB_TIMEOUT_MS)
+    page.get_by_test_id("open-report").click()
+    expect(page.get_by_test_id("rerun-summary")).to_contain_text(f"Re-run of deployment #{job['id']}")
+    expect(page.get_by_test_id("estimate-error").first).to_be_visible()
+    # The chart's legend names its series (a live legend showed empty values).
+    legend = page.locator(".u-legend").first
+    expect(legend).to_contain_text("Within tolerance")
+    expect(legend).to_contain_text("Recommended")
+    screenshot(page, "16-rerun-report")
+
+    # The performance database: both jobs' measurements, the device chart and the job comparison.
+    page.get_by_role("link", name="Performance").click()
+    expect(page.get_by_role("heading", name="Performance", level=1)).to_be_visible()
+    page.get_by_label("Model", exact=True).select_option(label="digits")
+    measured = api(stack, user, "GET", f"performance/?model={model['id']}").json()["count"]
+    assert measured >= 2, "two jobs measured at least one variant each"
+    rows = page.get_by_test_id("performance-row")
+    expect(rows).to_have_count(measured)
+    expect(rows.first).to_contain_text("perf-box")
+    expect(page.get_by_test_id("device-chart")).to_contain_text("perf-box")
+    expect(page.get_by_test_id("toolchain-chart")).to_contain_text("onnxruntime")
+    expect(page.get_by_test_id("job-comparison")).to_contain_text("fp32")
+    screenshot(page, "17-performance")
+    # A long page: the sidebar is still there at the bottom of the window once scrolled down.
+    page.set_viewport_size({"width": 1280, "height": 500})
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    assert page.evaluate("document.elementFromPoint(20, window.innerHeight - 5).closest('.sidebar, .shell') !== null")
+    assert "gradient" in page.evaluate("getComputedStyle(document.querySelector('.shell')).backgroundImage")
+
+    # Another model gets an estimate on this device before any job runs.
+    other = tmp_path / "transformer.onnx"
+    onnx.save(build_transformer_like(), str(other))
+    with open(other, "rb") as handle:
+        second = api(stack, user, "POST", "models/", data={"name": "encoder"}, files={"file": ("transformer.onnx", handle)}).json()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"/models/{second['id']}")
+    estimate = page.get_by_test_id("latency-estimate")
+    expect(estimate.get_by_test_id("estimate-row")).to_contain_text("perf-box")
+    expect(estimate).to_contain_text("ms")
+    screenshot(page, "18-model-estimate")

@@ -228,13 +228,14 @@ export function useJobStream(id: number, enabled: boolean): boolean {
 }
 
 export function useJob(id: number) {
-  const query = useQuery({
+  // The stream starts once the job is known to be running; every render after the first fetch sees it in the cache.
+  const cached = useQueryClient().getQueryData<Job>(keys.job(id));
+  const streaming = useJobStream(id, !!cached && !isTerminal(cached.status));
+  return useQuery({
     queryKey: keys.job(id),
     queryFn: () => api<Job>(`jobs/${id}/`),
     refetchInterval: (current) => (streaming ? false : pollWhileRunning(current)),
   });
-  const streaming = useJobStream(id, !!query.data && !isTerminal(query.data.status));
-  return query;
 }
 
 export function useRerunJob(id: number) {
