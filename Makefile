@@ -38,6 +38,7 @@ lint: install
 bench: install
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/quantization.py
+	$(PY) benchmarks/latency_estimate.py
 
 clean:
 	rm -rf var/test frontend/dist

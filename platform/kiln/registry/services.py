@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -300,6 +301,19 @@ def upload_consume(*, upload: Upload) -> uploads.StoredUpload:
     """Hand a finished upload to a service that makes a model, version, dataset or artifact of it (once)."""
     if not upload.complete:
         raise Conflict(f"The upload has {upload.offset} of {upload.length} bytes; finish it first.", code="upload_incomplete")
-    stored = uploads.StoredUpload(name=upload.filename, path=storage.blob_path(upload.blob.sha256), sha256=upload.blob.sha256)
+    stored = uploads.StoredUpload(name=upload.filename, path=storage.blob_path(upload.blob.sha256), sha256=upload.blob.sha256, blob=upload.blob)
     upload.delete()
     return stored
+
+
+@contextmanager
+def upload_released_on_error(*, upload):
+    """When what a finished upload was for is refused (an invalid model), its blob goes too: nothing is left behind."""
+    try:
+        yield
+    except KilnError:
+        blob = getattr(upload, "blob", None)
+        if blob is not None:
+            with transaction.atomic():
+                blob_release(blob=blob)
+        raise

@@ -103,9 +103,10 @@ def append_chunk(*, path: Path, offset: int, stream, length: int) -> int:
 class StoredUpload:
     """A finished resumable upload, shaped like Django's uploaded file for the registry's services."""
 
-    def __init__(self, *, name: str, path: Path, sha256: str):
+    def __init__(self, *, name: str, path: Path, sha256: str, blob=None):
         self.name = name
         self.sha256 = sha256
+        self.blob = blob
         self._path = path
 
     def temporary_file_path(self) -> str:

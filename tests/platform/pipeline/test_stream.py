@@ -42,8 +42,10 @@ def test_a_quiet_stream_ends_after_its_time_so_the_browser_reconnects(tenant, jo
 
 def test_the_route_is_an_event_stream_and_tenant_scoped(tenant, other_tenant, job):
     job_cancel(job=job)
-    response = tenant.client.get(f"/api/v1/jobs/{job.id}/stream/")
+    # What EventSource sends: content negotiation must let it through.
+    response = tenant.client.get(f"/api/v1/jobs/{job.id}/stream/", HTTP_ACCEPT="text/event-stream")
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     body = b"".join(response.streaming_content).decode()
     assert events(body.split("\n\n"))[0]["status"] == "canceled"
-    assert other_tenant.client.get(f"/api/v1/jobs/{job.id}/stream/").status_code == 404
+    refused = other_tenant.client.get(f"/api/v1/jobs/{job.id}/stream/", HTTP_ACCEPT="text/event-stream")
+    assert refused.status_code == 404 and json.loads(refused.content)["code"] == "not_found"

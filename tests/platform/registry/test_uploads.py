@@ -137,3 +137,13 @@ def test_file_and_upload_together_are_refused(tenant, model_files):
     with open(model_files["model"], "rb") as handle:
         answer = tenant.client.post("/api/v1/models/", {"file": handle, "upload": "6f1c1b9e-0000-4000-8000-000000000000"}, format="multipart")
     assert answer.status_code == 400
+
+
+def test_a_refused_model_leaves_no_blob_behind(tenant):
+    data = b"this is a text file, not an ONNX protobuf\n"
+    url = create(tenant.client, data, filename="bad.onnx")["Location"]
+    patch(tenant.client, url, data, 0)
+    assert Blob.objects.count() == 1
+    answer = tenant.client.post("/api/v1/models/", {"upload": tenant.client.get(url).json()["id"]}, format="json")
+    assert answer.status_code == 400 and answer.json()["code"] == "invalid_model"
+    assert not Blob.objects.exists() and not Upload.objects.exists()

@@ -8,6 +8,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -107,8 +108,20 @@ def job_event_stream(*, organization, job_id: int, poll_s: float = STREAM_POLL_S
         time.sleep(poll_s)
 
 
+class EventStreamRenderer(BaseRenderer):
+    """Lets `Accept: text/event-stream` (what EventSource sends) through content negotiation; errors stay JSON text."""
+
+    media_type = "text/event-stream"
+    format = "event-stream"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return json.dumps(data, cls=DjangoJSONEncoder).encode()
+
+
 class JobStreamView(APIView):
     """`text/event-stream` of job updates, for the job page instead of polling."""
+
+    renderer_classes = [EventStreamRenderer, JSONRenderer]
 
     @extend_schema(responses={(200, "text/event-stream"): str})
     def get(self, request, pk: int):

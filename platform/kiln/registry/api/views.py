@@ -57,9 +57,10 @@ class ModelListView(StreamingUploadMixin, generics.ListAPIView):
     @extend_schema(request=ModelUploadSerializer, responses={201: ModelSerializer})
     def post(self, request):
         data = self.parsed_upload(request, ModelUploadSerializer)
-        model = services.model_create(
-            organization=request.organization, user=request.user, name=data.get("name", ""), upload=data["file"]
-        )
+        with services.upload_released_on_error(upload=data["file"]):
+            model = services.model_create(
+                organization=request.organization, user=request.user, name=data.get("name", ""), upload=data["file"]
+            )
         model = selectors.model_get(organization=request.organization, model_id=model.id)
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
@@ -85,7 +86,8 @@ class ModelVersionListView(StreamingUploadMixin, APIView):
     def post(self, request, pk: int):
         model = selectors.model_get(organization=request.organization, model_id=pk)
         data = self.parsed_upload(request, VersionUploadSerializer)
-        version = services.model_version_create(model=model, upload=data["file"])
+        with services.upload_released_on_error(upload=data["file"]):
+            version = services.model_version_create(model=model, upload=data["file"])
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -108,13 +110,10 @@ class DatasetListView(StreamingUploadMixin, generics.ListAPIView):
     @extend_schema(request=DatasetUploadSerializer, responses={201: DatasetSerializer})
     def post(self, request):
         data = self.parsed_upload(request, DatasetUploadSerializer)
-        dataset = services.dataset_create(
-            organization=request.organization,
-            user=request.user,
-            name=data.get("name", ""),
-            kind=data["kind"],
-            upload=data["file"],
-        )
+        with services.upload_released_on_error(upload=data["file"]):
+            dataset = services.dataset_create(
+                organization=request.organization, user=request.user, name=data.get("name", ""), kind=data["kind"], upload=data["file"],
+            )
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 
