@@ -128,16 +128,17 @@ def _fp32_rows(*, organization, device_key: str | None = None, backend: str | No
     return rows
 
 
-def estimate_for_device(*, organization, device_key: str, backend: str, work: dict, exclude_model_sha256: str | None = None) -> dict | None:
+def estimate_for_device(*, organization, device_key: str, backend: str, work: dict, counts: dict,
+                        exclude_model_sha256: str | None = None) -> dict | None:
     """The estimated FP32 p50 of a model with this work on one device and backend; None when nothing was measured there."""
     from .estimate import estimate_ms, fit_rates
 
     rows = list(_fp32_rows(organization=organization, device_key=device_key, backend=backend, exclude_model_sha256=exclude_model_sha256)
-                .values("p50_ms", "op_work", "profile_by_op_type", "model_sha256"))
+                .values("p50_ms", "op_work", "op_histogram", "profile_by_op_type", "model_sha256"))
     if not rows:
         return None
     rates = fit_rates(rows)
-    p50_ms, coverage = estimate_ms(work, rates)
+    p50_ms, coverage = estimate_ms(work, counts, rates)
     if p50_ms is None:
         return None
     return {"p50_ms": p50_ms, "coverage": coverage, "models": len({row["model_sha256"] for row in rows})}
@@ -157,7 +158,7 @@ def model_version_estimates(*, version) -> dict:
             continue
         seen.add((pair["device_key"], pair["backend"]))
         predicted = estimate_for_device(organization=version.organization, device_key=pair["device_key"], backend=pair["backend"], work=work,
-                                        exclude_model_sha256=version.blob.sha256)
+                                        counts=version.op_histogram, exclude_model_sha256=version.blob.sha256)
         if predicted:
             devices.append({"agent": {"id": pair["agent_id"], "name": pair["agent_name"]}, "device": pair["device_key"], "backend": pair["backend"], **predicted})
     measured = list(Measurement.objects.filter(organization=version.organization, model_sha256=version.blob.sha256, precision="fp32")

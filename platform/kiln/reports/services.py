@@ -271,7 +271,7 @@ def device_estimate(*, job, report: DeviceReport) -> dict | None:
         return None
     measurement = Measurement.objects.get(pk=fp32["measurement"])
     predicted = estimate_for_device(organization=job.organization, device_key=measurement.device_key, backend=measurement.backend,
-                                    work=measurement.op_work, exclude_model_sha256=measurement.model_sha256)
+                                    work=measurement.op_work, counts=measurement.op_histogram, exclude_model_sha256=measurement.model_sha256)
     if predicted is None:
         return {"backend": measurement.backend, "estimated_p50_ms": None, "measured_p50_ms": measurement.p50_ms, "error": None, "coverage": 0.0,
                 "models": 0, "note": "No other model was measured on this device yet."}
