@@ -146,10 +146,13 @@ def estimate_for_device(*, organization, device_key: str, backend: str, work: di
 
 def model_version_estimates(*, version) -> dict:
     """Estimated FP32 latency of a model version on every device and backend with measurements of other models."""
+    from django.core.cache import cache
+
     from kiln.registry.selectors import model_version_onnx_path
     from workers.cost import op_work
 
-    work = op_work(model_version_onnx_path(version))
+    # Shape inference of a large model takes seconds; the same bytes always have the same work.
+    work = cache.get_or_set(f"kiln:op-work:{version.blob.sha256}", lambda: op_work(model_version_onnx_path(version)), 24 * 3600)
     pairs = (_fp32_rows(organization=version.organization, exclude_model_sha256=version.blob.sha256)
              .order_by("device_key", "backend", "-measured_at").values("device_key", "backend", "agent_id", "agent_name").distinct())
     seen, devices = set(), []

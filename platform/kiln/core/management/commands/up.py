@@ -70,7 +70,8 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"\nKiln is running at {url}/"))
         self.stdout.write(f"  sign in as {credentials['username']} / {credentials['password']}")
         self.stdout.write(f"  API docs: {url}/api/docs/")
-        self.stdout.write(f"  API token: {credentials['token']}\n")
+        self.stdout.write(f"  API token: {credentials['token']}")
+        self.stdout.write(f"  command line: .venv/bin/kiln login --server {url} --token {credentials['token']}\n")
         self._wait(processes)
 
     def _start_agent(self, url: str, credentials: dict, bin_dir: Path, env: dict) -> subprocess.Popen:
