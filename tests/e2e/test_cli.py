@@ -55,6 +55,12 @@ def test_login_upload_deploy_report_perf_and_rerun(kiln_stack, kiln, model_files
     [package] = list(packages.glob("*.zip"))
     with zipfile.ZipFile(package) as archive:
         assert {"manifest.json", "manifest.sig", "run.py", "model.onnx"} <= set(archive.namelist())
+    # Checked against the server's key (pinned by the CLI), then run where it was unpacked.
+    assert "Verified" in kiln("packages", "verify", package).stdout
+    (tmp_path / "kiln.pem").write_text(kiln("packages", "signing-key").stdout)
+    unpacked = _unpack(package, tmp_path / "plain")
+    ran = _run_package(unpacked, model_files["validation"], "--public-key", tmp_path / "kiln.pem")
+    assert ran.returncode == 0 and "p50" in ran.stdout, ran.stderr
 
     report = kiln("report", job_id)
     assert "cli-box" in report.stdout and "fp32" in report.stdout and "★" in report.stdout
@@ -73,13 +79,41 @@ def test_login_upload_deploy_report_perf_and_rerun(kiln_stack, kiln, model_files
     assert len(json.loads(kiln("perf", "--model", model["id"], "--json").stdout)) == 2 * len(rows)
 
     # A tolerance nothing meets: the job succeeds, the exit code says the tolerance was missed.
+    # Its package is encrypted: it runs with the organization's key and not without.
+    encrypted = tmp_path / "encrypted"
     missed = kiln("deploy", "digits", "--validation", validation["id"], "--precision", "int8-dynamic", "--metric", "cosine", "--tolerance", "0",
-                  "--wait", check=3)
+                  "--encrypt", "--wait", "--download", encrypted, check=3)
     assert "no" in missed.stdout
+    [sealed] = list(encrypted.glob("*.zip"))
+    unpacked = _unpack(sealed, tmp_path / "sealed")
+    assert (unpacked / "model.onnx.enc").exists() and not (unpacked / "model.onnx").exists()
+    key = kiln("packages", "key").stdout.strip()
+    with_key = _run_package(unpacked, model_files["validation"], env={"KILN_PACKAGE_KEY": key})
+    assert with_key.returncode == 0 and "p50" in with_key.stdout, with_key.stderr
+    without = _run_package(unpacked, model_files["validation"], env={"KILN_PACKAGE_KEY": ""})
+    assert without.returncode != 0 and "encrypted" in without.stderr
+    assert "Verified" in kiln("packages", "verify", sealed).stdout
+    # One changed byte and neither the CLI nor run.py accepts it.
+    data = bytearray((unpacked / "model.onnx.enc").read_bytes())
+    data[100] ^= 0x01
+    (unpacked / "model.onnx.enc").write_bytes(bytes(data))
+    assert _run_package(unpacked, model_files["validation"], env={"KILN_PACKAGE_KEY": key}).returncode == 2
+    assert "verification failed" in kiln("packages", "verify", unpacked, check=1).stderr
 
     # Errors are one line and exit 1.
     failed = kiln("report", 999999, check=1)
     assert "error (404" in failed.stderr
+
+
+def _unpack(package, directory):
+    with zipfile.ZipFile(package) as archive:
+        archive.extractall(directory)
+    return directory
+
+
+def _run_package(root, *args, env=None):
+    return subprocess.run([sys.executable, "run.py", *map(str, args), "--runs", "3"], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
 
 
 def _agent_id(tenant) -> int:

@@ -591,4 +591,6 @@ def test_live_job_rerun_performance_page_and_estimate(stack, new_page, digits_fi
     estimate = page.get_by_test_id("latency-estimate")
     expect(estimate.get_by_test_id("estimate-row").first).to_contain_text("perf-box")
     expect(estimate).to_contain_text("ms")
+    # The estimate's table fits the page: no horizontal scroll at laptop width.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     screenshot(page, "18-model-estimate")

@@ -146,13 +146,14 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
         <p className="muted">No device has measured another model yet; the estimate appears once one has.</p>
       ) : null}
       {estimate.data && estimate.data.devices.length > 0 ? (
+        <div className="table-wrap">
         <table className="table">
           <thead>
             <tr>
               <th scope="col">Device</th>
               <th scope="col">Backend</th>
-              <th scope="col">FP32 p50 (estimated)</th>
-              <th scope="col">Operators with own timing</th>
+              <th scope="col" className="numeric">FP32 p50</th>
+              <th scope="col" title="The share of this model's work whose operator types were timed on the device">Own timings</th>
             </tr>
           </thead>
           <tbody>
@@ -160,13 +161,15 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
               <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
                 <td>{row.agent.name}</td>
                 <td>{row.backend}</td>
-                <td>{formatNumber(row.p50_ms, 3)} ms</td>
-                <td>{Math.round(row.coverage * 100)}% of the work, from {row.models} model{row.models === 1 ? '' : 's'}</td>
+                <td className="numeric">{formatNumber(row.p50_ms, 3)} ms</td>
+                <td>{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
               </tr>
             ))}
           </tbody>
         </table>
+        </div>
       ) : null}
+      <p className="muted small">Predicted for FP32 before any job runs, from per-operator timings of other models on each device.</p>
       {estimate.data && estimate.data.measured.length > 0 ? (
         <p className="muted small">Measured so far: {estimate.data.measured.map((row) => `${formatNumber(row.p50_ms, 3)} ms on ${row.agent_name} (${row.backend})`).join(', ')}.</p>
       ) : null}
