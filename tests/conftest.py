@@ -189,7 +189,8 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
     # Messages left in the broker by an earlier run name rows of an earlier database.
     celery_app.control.purge()
     stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
-                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle"])
+                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+                           "--beat", "--schedule", str(tmp_path / "celerybeat-schedule")], {"KILN_HOUSEKEEPING_SECONDS": "1"})
     try:
         yield stack
     finally:

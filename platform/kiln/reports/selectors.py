@@ -1,9 +1,87 @@
-"""Reads for reports: the report document of a job."""
+"""Reads for reports: per-device scoring of a job's device tasks, and the report document."""
 from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
 
 from django.urls import reverse
 
+from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskStatus
+
 from .models import Report
+from .packaging import package_name
+from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
+
+
+def _entry(task: DeviceTask, tolerance: dict) -> dict:
+    metrics = task.metrics or {}
+    accuracy = task.accuracy or {}
+    variant = task.variant
+    artifact = task.compiled_artifact or variant.artifact
+    return {
+        "id": task.id,
+        "task": task.id,
+        "variant": variant.id,
+        "key": variant.key,
+        "backend": task.backend,
+        "precision": variant.precision,
+        "recipe": variant.recipe,
+        "options": variant.options,
+        "round": variant.round,
+        "status": task.status,
+        "error": task.error or None,
+        "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
+        "latency_ms": metrics.get("latency_ms") if task.status == DeviceTaskStatus.SUCCEEDED else None,
+        "throughput_per_s": metrics.get("throughput_per_s"),
+        "load_ms": metrics.get("load_ms"),
+        "first_inference_ms": metrics.get("first_inference_ms"),
+        "peak_memory_mb": metrics.get("peak_memory_mb"),
+        "threads": metrics.get("threads"),
+        "unstable": metrics.get("unstable"),
+        "size_bytes": variant.artifact.blob.size_bytes if variant.artifact else None,
+        "accuracy": score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy)) if accuracy else {"value": None, "within_tolerance": False},
+        "profile": task.profile or {},
+        "artifact": {"id": artifact.id, "sha256": artifact.blob.sha256, "download_url": reverse("artifact-download", args=[artifact.id])} if artifact else None,
+        "variant_artifact": {"id": variant.artifact.id, "sha256": variant.artifact.blob.sha256, "download_url": reverse("artifact-download", args=[variant.artifact.id])} if variant.artifact else None,
+    }
+
+
+def _group_agent(tasks: list[DeviceTask]):
+    pinned = next((t.pinned_agent for t in tasks if t.pinned_agent_id), None)
+    return pinned or next((t.leased_by for t in tasks if t.leased_by_id), None)
+
+
+def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
+    tasks = DeviceTask.objects.filter(job=job).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
+    groups: dict[str, list[DeviceTask]] = defaultdict(list)
+    for task in tasks:
+        groups[task.target].append(task)
+    return dict(sorted(groups.items()))
+
+
+@dataclass
+class DeviceReport:
+    target: str
+    agent: object
+    variants: list[dict]
+    recommended: int | None
+    reason: str
+
+
+def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
+    """Score the job's device tasks per target, as they stand; also say whether any succeeded."""
+    groups = _tasks_by_target(job)
+    reports = []
+    for target, members in groups.items():
+        entries = [_entry(task, job.tolerance) for task in members]
+        front = pareto_ids(entries)
+        for entry in entries:
+            entry["pareto"] = entry["id"] in front
+        recommended, reason = recommend(entries, job.tolerance)
+        reports.append(DeviceReport(target, _group_agent(members), entries, recommended, reason))
+    succeeded = any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members)
+    return reports, succeeded
+
 
 
 def _agent_json(agent) -> dict | None:
@@ -21,11 +99,6 @@ def device_json(*, agent, target: str, variants: list, recommended, reason: str,
 
 def job_report(*, job) -> dict:
     """The stored report of a finished job; while it runs, the results measured so far."""
-    from kiln.pipeline.models import ArtifactKind
-
-    from .packaging import package_name
-    from .services import device_reports
-
     stored = list(Report.objects.filter(job=job).select_related("agent"))
     if stored:
         packages = {a.name: a for a in job.artifacts.filter(kind=ArtifactKind.PACKAGE)}
