@@ -14,6 +14,7 @@ import re
 import zipfile
 from pathlib import Path
 
+from kiln.pipeline.models import Artifact
 from kiln.registry.selectors import blob_file
 
 from . import signing
@@ -111,8 +112,6 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
 
 def build_device_package(*, job, device: dict, out_path: Path) -> bool:
     """Write the signed package of one device's recommended variant; False when nothing was recommended."""
-    from kiln.pipeline.models import Artifact
-
     chosen = next((v for v in device["variants"] if v["id"] == device["recommended"]), None)
     if chosen is None or not chosen.get("variant_artifact"):
         return False

@@ -15,7 +15,8 @@ from tests.conftest import upload
 
 from .conftest import CAPABILITIES, measure, register
 
-pytestmark = pytest.mark.django_db
+# Transactional: the agent lease long-poll reads the database from executor threads (see tests/platform/fleet).
+pytestmark = pytest.mark.django_db(transaction=True)
 
 BOTH_RUNTIMES = {**CAPABILITIES, "runtimes": {"onnxruntime": "1.32.0", "openvino": "2026.4.1"}}
 

@@ -11,7 +11,8 @@ from tests.fixtures.models import build_transformer_like
 
 from .conftest import CAPABILITIES, measure
 
-pytestmark = pytest.mark.django_db
+# Transactional: the agent lease long-poll reads the database from executor threads (see tests/platform/fleet).
+pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_each_measurement_outlives_its_job_with_its_context(tenant, measured_job):
     row = Measurement.objects.get()
