@@ -33,9 +33,13 @@ def file_sha256(path: Path) -> tuple[str, int]:
 
 
 def put_file(source: Path, *, sha256: str, move: bool = False) -> Path:
-    """Store a file under its digest; an existing copy is kept (same bytes, same name)."""
+    """Store a file under its digest; an existing copy is kept when it still holds those bytes.
+
+    A stored copy that no longer hashes to its name (a damaged disk, a hand edit) would otherwise
+    be served for every later upload of the same bytes; it is replaced instead.
+    """
     target = blob_path(sha256)
-    if target.exists():
+    if target.exists() and file_sha256(target)[0] == sha256:
         if move:
             Path(source).unlink(missing_ok=True)
         return target

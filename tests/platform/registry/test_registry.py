@@ -204,3 +204,14 @@ def test_invalid_model_message_names_the_users_file(tenant, tmp_path):
     response = upload(tenant.client, "/api/v1/models/", path)
     assert response.status_code == 400
     assert "tmp" not in response.json()["error"].lower() or "my-model.onnx" in response.json()["error"]
+
+
+def test_a_damaged_stored_copy_is_replaced_by_the_next_upload_of_those_bytes(settings, tmp_path):
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    source = tmp_path / "model.bin"
+    source.write_bytes(b"weights" * 1000)
+    sha, _ = storage.file_sha256(source)
+    stored = storage.put_file(source, sha256=sha)
+    stored.write_bytes(b"bit rot" + stored.read_bytes()[7:])
+    storage.put_file(source, sha256=sha)
+    assert storage.file_sha256(stored)[0] == sha
