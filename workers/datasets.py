@@ -18,6 +18,12 @@ from typing import Any
 import numpy as np
 
 LABELS = "labels"
+# Numeric dtypes a model input (or labels) can have; anything else is refused from the header.
+ALLOWED_DTYPES = frozenset(
+    np.dtype(name) for name in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+    )
+)
 # Bytes scanned at a time when looking for NaN/Inf; bounds the memory of inspect_npz.
 _SCAN_BLOCK_BYTES = 16 << 20
 
@@ -38,12 +44,23 @@ class _ArrayHeader:
     def row_bytes(self) -> int:
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
-def inspect_npz(path: str | Path) -> dict[str, Any]:
-    """Describe a dataset (`samples`, `arrays` with dtype and shape, `has_labels`) after checking it."""
+
+def inspect_npz(path: str | Path, *, display_name: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+    """Describe a dataset (`samples`, `arrays` with dtype and shape, `has_labels`) after checking it.
+
+    Every header is checked before any data is read: dimensions, dtype, the declared size
+    against the stored member, and the total against `max_bytes`. Messages call the file
+    `display_name` (the user's own name for it), never the server's path.
+    """
     path = Path(path)
-    with _open_npz(path) as npz:
-        headers = _read_headers(npz, path)
+    label = display_name or path.name
+    with _open_npz(path, label) as npz:
+        headers = _read_headers(npz, label)
+        _check_total_bytes(headers, max_bytes)
         samples = _sample_count(headers)
         for header in headers.values():
             _check_finite(npz, header)
@@ -84,8 +101,8 @@ def iter_batches(
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     path = Path(path)
-    with _open_npz(path) as npz:
-        headers = _read_headers(npz, path)
+    with _open_npz(path, path.name) as npz:
+        headers = _read_headers(npz, path.name)
         missing = [name for name in input_names if name not in headers]
         if missing:
             raise InvalidDataset(f"{path.name} has no array named {', '.join(map(repr, missing))}")
@@ -100,41 +117,70 @@ def iter_batches(
 def dataset_samples(path: str | Path) -> int:
     """Return the number of samples in a dataset from its headers alone (no data is read)."""
     path = Path(path)
-    with _open_npz(path) as npz:
-        return _sample_count(_read_headers(npz, path))
+    with _open_npz(path, path.name) as npz:
+        return _sample_count(_read_headers(npz, path.name))
 
 
-def _open_npz(path: Path):
+HOW_TO_SAVE = "save one with numpy.savez(path, input_name=array, ...)"
+
+
+def _open_npz(path: Path, label: str):
     if not path.is_file():
-        raise InvalidDataset(f"{path.name}: no such file")
+        raise InvalidDataset(f"{label}: no such file")
     try:
         # Pickles are code execution; a dataset never needs them.
         loaded = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise InvalidDataset(f"{path.name} is not an .npz archive of arrays: {error}") from error
+        # numpy's own message names the server's temp file and suggests allow_pickle: neither helps.
+        raise InvalidDataset(f"{label} is not an .npz archive of numeric arrays; {HOW_TO_SAVE}") from error
     if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise InvalidDataset(f"{path.name} holds a single array (.npy), not an .npz archive of named arrays")
+        raise InvalidDataset(f"{label} holds a single array (.npy), not an .npz archive of named arrays; {HOW_TO_SAVE}")
     return loaded
 
 
-def _read_headers(npz: np.lib.npyio.NpzFile, path: Path) -> dict[str, _ArrayHeader]:
+def _read_headers(npz: np.lib.npyio.NpzFile, label: str) -> dict[str, _ArrayHeader]:
     members = [member for member in npz.zip.namelist() if member.endswith(".npy")]
     if not members:
-        raise InvalidDataset(f"{path.name} holds no arrays")
+        raise InvalidDataset(f"{label} holds no arrays; {HOW_TO_SAVE}")
     headers = {}
     for member in members:
         name = member[: -len(".npy")]
         try:
             with npz.zip.open(member) as stream:
                 shape, fortran_order, dtype = _read_npy_header(stream)
+                header_bytes = stream.tell()
         except (ValueError, EOFError, zipfile.BadZipFile) as error:
-            raise InvalidDataset(f"array {name!r} in {path.name} is unreadable: {error}") from error
-        if dtype.hasobject:
-            raise InvalidDataset(f"array {name!r} holds Python objects (dtype object); only numeric arrays are accepted")
-        if not shape:
-            raise InvalidDataset(f"array {name!r} is a scalar; every array needs a first axis of samples")
-        headers[name] = _ArrayHeader(name, member, tuple(int(d) for d in shape), np.dtype(dtype), bool(fortran_order))
+            raise InvalidDataset(f"array {name!r} in {label} is unreadable: {error}") from error
+        header = _ArrayHeader(name, member, tuple(shape), np.dtype(dtype), bool(fortran_order))
+        _check_header(header, stored_bytes=npz.zip.getinfo(member).file_size - header_bytes)
+        headers[name] = header
     return headers
+
+
+def _check_header(header: _ArrayHeader, *, stored_bytes: int) -> None:
+    """Refuse a header that lies about its data before anything trusts it for a read or an allocation."""
+    name = header.name
+    if header.dtype.hasobject:
+        raise InvalidDataset(f"array {name!r} holds Python objects (dtype object); only numeric arrays are accepted")
+    if header.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
+        allowed = ", ".join(sorted(dtype.name for dtype in ALLOWED_DTYPES))
+        raise InvalidDataset(f"array {name!r} has dtype {header.dtype.str}; use one of {allowed}")
+    if not header.shape:
+        raise InvalidDataset(f"array {name!r} is a scalar; every array needs a first axis of samples")
+    if any(type(dim) is not int or dim < 0 for dim in header.shape):
+        raise InvalidDataset(f"array {name!r} declares an impossible shape {list(header.shape)}: dimensions are counts, 0 or more")
+    declared = header.nbytes
+    if declared != stored_bytes:
+        raise InvalidDataset(
+            f"array {name!r} declares shape {list(header.shape)} of {header.dtype.name} ({declared} bytes) "
+            f"but holds {stored_bytes} bytes of data"
+        )
+
+
+def _check_total_bytes(headers: dict[str, _ArrayHeader], max_bytes: int | None) -> None:
+    total = sum(header.nbytes for header in headers.values())
+    if max_bytes is not None and total > max_bytes:
+        raise InvalidDataset(f"the arrays hold {total / 1024**2:.0f} MB in all, over this server's limit of {max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
 
 
 def _read_npy_header(stream) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -22,14 +22,17 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
 
 
 DEBUG = _env_bool("KILN_DEBUG", False)
@@ -78,6 +81,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "kiln.core.middleware.UploadLimitMiddleware",
+    "kiln.core.middleware.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -145,6 +149,13 @@ UPLOAD_TMP_DIR = DATA_DIR / "tmp"
 MAX_UPLOAD_BYTES = _env_int("KILN_MAX_UPLOAD_BYTES", 4 * 1024**3)
 MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
 MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
+# JSON bodies are read into memory, so they get their own, much smaller limits.
+MAX_JSON_BYTES = _env_int("KILN_MAX_JSON_BYTES", 1024**2, minimum=1024)
+MAX_AGENT_RESULT_BYTES = _env_int("KILN_MAX_AGENT_RESULT_BYTES", 4 * 1024**2, minimum=64 * 1024)
+# Declared array bytes of one dataset (checked from the .npy headers before any data is read).
+MAX_DATASET_BYTES = _env_int("KILN_MAX_DATASET_BYTES", 8 * 1024**3, minimum=1)
+# Elements of one model input at batch 1; stages allocate inputs this size, so it is refused at upload.
+MAX_INPUT_ELEMENTS = _env_int("KILN_MAX_INPUT_ELEMENTS", 2**28, minimum=1)
 UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
 FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
 # Every upload streams to a temp file, hashed on the way and cut off at the limit; set globally
@@ -153,12 +164,21 @@ FILE_UPLOAD_HANDLERS = ["kiln.registry.uploads.HashingUploadHandler"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 ALLOW_SIGNUP = _env_bool("KILN_ALLOW_SIGNUP", True)
+# Reverse proxies in front of Kiln that append to X-Forwarded-For; 0 trusts only the socket's peer.
+NUM_PROXIES = _env_int("KILN_NUM_PROXIES", 0, minimum=0)
 
 # Celery: Redis when REDIS_URL is set, otherwise an embedded filesystem transport.
 REDIS_URL = os.environ.get("REDIS_URL", "")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
 CELERY_QUEUE_DIR = DATA_DIR / "queue"
 CELERY_TASK_ALWAYS_EAGER = _env_bool("KILN_CELERY_EAGER", False)
+
+# One cache shared by every process (throttle counters must not be per process): Redis when
+# configured, otherwise files under the data folder, which the embedded default's processes share.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}}
 
 # Fleet timing, chosen by the server and obeyed by agents.
 AGENT_HEARTBEAT_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_SECONDS", 10)
@@ -179,6 +199,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["kiln.accounts.permissions.IsOrganizationMember"],
     "DEFAULT_PAGINATION_CLASS": "kiln.core.pagination.Pagination",
+    "DEFAULT_PARSER_CLASSES": [
+        "kiln.core.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "NUM_PROXIES": NUM_PROXIES,
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "kiln.core.errors.exception_handler",
@@ -210,6 +236,7 @@ LOGGING = {
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
+CSRF_FAILURE_VIEW = "kiln.core.views.csrf_failure"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")

@@ -1,7 +1,7 @@
 """URL map: REST API, agent protocol, OpenAPI, admin, and the single-page UI."""
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from kiln.core.views import health, spa_index
 
@@ -18,7 +18,12 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/agent/v1/", include("kiln.fleet.api.agent_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
     re_path(r"^(?!api/|admin/|static/).*$", spa_index, name="spa"),
 ]
+
+handler400 = "kiln.core.views.bad_request"
+handler403 = "kiln.core.views.permission_denied"
+handler404 = "kiln.core.views.not_found"
+handler500 = "kiln.core.views.server_error"

@@ -1,11 +1,12 @@
 """Writes for users, organizations, memberships and API tokens."""
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -15,12 +16,36 @@ from kiln.core.tokens import issue_token
 from .models import ApiToken, Membership, Organization, Role
 
 API_TOKEN_PREFIX = "kiln_pat_"
+SLUG_BASE_LENGTH = 100
+SLUG_ATTEMPTS = 8
+
+
+def organization_slug(name: str) -> str:
+    """The URL-safe base slug of an organization name; Unicode letters are kept ("Ωμέγα" → "ωμέγα")."""
+    return slugify(name, allow_unicode=True)[:SLUG_BASE_LENGTH] or "org"
+
+
+def organization_create(*, name: str) -> Organization:
+    """Create a new organization, always: a taken slug gets a random suffix, never a shared row."""
+    base = organization_slug(name)
+    slug = base
+    for _ in range(SLUG_ATTEMPTS):
+        if not Organization.objects.filter(slug=slug).exists():
+            try:
+                # A savepoint: losing a race for the slug must not break the caller's transaction.
+                with transaction.atomic():
+                    return Organization.objects.create(slug=slug, name=name)
+            except IntegrityError:
+                pass
+        slug = f"{base}-{secrets.token_hex(3)}"
+    raise KilnError("Could not find a free name for the organization; try again.", code="organization_slug", status_code=503)
 
 
 def organization_get_or_create(*, name: str) -> Organization:
-    slug = slugify(name)[:100] or "org"
-    organization, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": name})
-    return organization
+    """The organization with this name's base slug, created if missing: for operators' commands
+    (`create_api_token`, the demo account), never for sign-up, which always creates its own."""
+    organization = Organization.objects.filter(slug=organization_slug(name)).first()
+    return organization or organization_create(name=name)
 
 
 def membership_ensure(*, user, organization: Organization, role: str = Role.MEMBER) -> Membership:
@@ -30,7 +55,8 @@ def membership_ensure(*, user, organization: Organization, role: str = Role.MEMB
 
 @transaction.atomic
 def user_signup(*, username: str, password: str, organization_name: str):
-    """Create a user and a new organization they own."""
+    """Create a user and a new organization they own; joining an existing one is only ever an
+    owner's act (`membership_add`)."""
     User = get_user_model()
     username = (username or "").strip()
     organization_name = (organization_name or "").strip()
@@ -38,15 +64,13 @@ def user_signup(*, username: str, password: str, organization_name: str):
         raise KilnError("username, password and organization are required.", code="invalid")
     if User.objects.filter(username__iexact=username).exists():
         raise KilnError("That username is taken.", code="username_taken")
-    if Organization.objects.filter(slug=slugify(organization_name)).exists():
-        raise KilnError("An organization with that name exists; ask its owner to invite you.", code="organization_taken")
     try:
         validate_password(password)
     except Exception as exc:  # django's ValidationError carries the messages users need
         raise KilnError(" ".join(getattr(exc, "messages", [str(exc)])), code="weak_password") from exc
     user = User.objects.create_user(username=username, password=password)
-    organization = organization_get_or_create(name=organization_name)
-    membership_ensure(user=user, organization=organization, role=Role.OWNER)
+    organization = organization_create(name=organization_name)
+    Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
     return user
 
 

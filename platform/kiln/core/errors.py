@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -37,9 +41,12 @@ class UploadTooLarge(KilnError):
     default_code = "upload_too_large"
 
 
-def upload_too_large() -> UploadTooLarge:
-    from django.conf import settings
+class RequestTooLarge(KilnError):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
 
+
+def upload_too_large() -> UploadTooLarge:
     limit_mb = settings.MAX_UPLOAD_BYTES / 1024**2
     return UploadTooLarge(f"The upload is larger than this server's limit of {limit_mb:.0f} MB (KILN_MAX_UPLOAD_BYTES).")
 
@@ -72,6 +79,10 @@ def exception_handler(exc, context):
         return Response(error_body(exc.message, exc.error_code, exc.details), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.messages)
+    if isinstance(exc, DataError):
+        # The database refused a value (an id or a count beyond its column): the client's mistake.
+        logger.info("database refused a value: %s", exc)
+        return Response(error_body("A value in the request is out of range.", "out_of_range"), status=400)
     if isinstance(exc, Http404):
         return Response(error_body("Not found.", "not_found"), status=404)
     if isinstance(exc, PermissionDenied):
@@ -90,3 +101,23 @@ def exception_handler(exc, context):
 
 def json_error(message: str, code: str, status_code: int) -> JsonResponse:
     return JsonResponse(error_body(message, code), status=status_code)
+
+
+def _server_roots() -> list[str]:
+    roots = {str(settings.DATA_DIR), str(settings.UPLOAD_TMP_DIR), str(settings.BLOB_ROOT), tempfile.gettempdir()}
+    return sorted(roots, key=len, reverse=True)
+
+
+def redact_server_paths(message: str, replacements: dict | None = None) -> str:
+    """The message with server paths gone: known ones become the user's names for them (an
+    upload's temp file → its filename, an extraction folder → nothing, so archive entries read as
+    the user wrote them), and anything else under a server folder becomes "…"."""
+    text = str(message)
+    for path, shown in sorted((replacements or {}).items(), key=lambda item: len(str(item[0])), reverse=True):
+        path = str(path)
+        if shown == "":
+            text = text.replace(path.rstrip("/") + "/", "")
+        text = text.replace(path, shown)
+    for root in _server_roots():
+        text = re.sub(re.escape(root) + r"[^\s'\",:;)\]]*", "…", text)
+    return text

@@ -1,10 +1,15 @@
-"""Health check and the single-page UI's index."""
+"""Health check, the single-page UI's index, and error pages that answer JSON under /api/."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
+from django.views import defaults
+from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.csrf import ensure_csrf_cookie
+
+from .errors import json_error, upload_too_large
 
 
 def health(request):
@@ -25,3 +30,40 @@ def spa_index(request):
         )
     return HttpResponse(index.read_bytes(), content_type="text/html; charset=utf-8")
 
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def not_found(request, exception=None):
+    if _is_api(request):
+        return json_error("Not found.", "not_found", 404)
+    return defaults.page_not_found(request, exception)
+
+
+def bad_request(request, exception=None):
+    if _is_api(request):
+        if isinstance(exception, RequestDataTooBig):
+            refusal = upload_too_large()
+            return json_error(refusal.message, refusal.error_code, refusal.status_code)
+        return json_error("Bad request.", "bad_request", 400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request, exception=None):
+    if _is_api(request):
+        return json_error("You do not have permission to do this.", "permission_denied", 403)
+    return defaults.permission_denied(request, exception)
+
+
+def server_error(request):
+    if _is_api(request):
+        return json_error("Something went wrong on the server; the error has been logged.", "server_error", 500)
+    return defaults.server_error(request)
+
+
+def csrf_failure(request, reason=""):
+    if _is_api(request):
+        return json_error(f"CSRF check failed: {reason}", "csrf_failed", 403)
+    return django_csrf_failure(request, reason)

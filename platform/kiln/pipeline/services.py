@@ -26,6 +26,11 @@ def _check_dataset(dataset, *, organization, signature, role: str):
         return None
     if dataset.organization_id != organization.id:
         raise KilnError("Not found.", code="not_found", status_code=404)
+    if dataset.kind != role:
+        raise KilnError(
+            f"Dataset {dataset.name!r} was uploaded as a {dataset.kind} set; the {role}_dataset must be a {role} set.",
+            code="dataset_kind",
+        )
     problems = check_dataset_against_signature({"samples": dataset.samples, "arrays": dataset.arrays, "has_labels": dataset.has_labels}, signature)
     if problems:
         raise KilnError(

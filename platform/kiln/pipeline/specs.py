@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kiln.core.errors import KilnError
+from kiln.core.fields import MAX_ID
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "int4-weight")
 AUTO = "auto"
@@ -62,11 +63,20 @@ def _number(value, name: str) -> float:
         raise KilnError(f"{name} must be a number.", code="invalid_tolerance")
     try:
         number = float(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise KilnError(f"{name} must be a number, got {value!r}.", code="invalid_tolerance") from exc
     if number != number or number in (float("inf"), float("-inf")):
         raise KilnError(f"{name} must be finite.", code="invalid_tolerance")
     return number
+
+
+def _agent_id(raw: int | str) -> int:
+    text = str(raw)
+    # Digits beyond a 64-bit key are no agent of ours (and int() of 5,000 digits raises).
+    if len(text) > len(str(MAX_ID)) or not 1 <= int(text) <= MAX_ID:
+        shown = text if len(text) <= 24 else f"{text[:24]}…"
+        raise KilnError(f"Unknown agent id {shown}.", code="invalid_targets")
+    return int(text)
 
 
 def parse_targets(raw) -> list:
@@ -77,10 +87,8 @@ def parse_targets(raw) -> list:
         raise KilnError('targets must be a list of agent ids or "label=value" strings.', code="invalid_targets")
     parsed = []
     for item in raw:
-        if isinstance(item, int) and not isinstance(item, bool):
-            parsed.append(item)
-        elif isinstance(item, str) and item.isdigit():
-            parsed.append(int(item))
+        if (isinstance(item, int) and not isinstance(item, bool)) or (isinstance(item, str) and item.isascii() and item.isdigit()):
+            parsed.append(_agent_id(item))
         elif isinstance(item, str) and "=" in item.removeprefix("label="):
             key, _, value = item.removeprefix("label=").partition("=")
             if not key or not value:

@@ -1,6 +1,7 @@
 """Writes for the registry: store uploads as blobs, create models, versions and datasets."""
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
-from kiln.core.errors import KilnError
+from kiln.core.errors import KilnError, redact_server_paths
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, inspect_npz
 from workers.inspect import inspect_onnx, validate_onnx
@@ -44,13 +45,34 @@ def _source_format(filename: str) -> str:
     return MODEL_SUFFIXES[suffix]
 
 
+def _input_elements(spec: dict) -> int:
+    """Elements of one sample of an input: its fixed dimensions (symbolic ones count as 1)."""
+    return math.prod(dim for dim in (spec.get("shape") or []) if isinstance(dim, int) and dim > 0)
+
+
+def _check_input_sizes(signature: dict) -> None:
+    """Refuse inputs so large that the first stage feeding them would exhaust the worker."""
+    limit = settings.MAX_INPUT_ELEMENTS
+    for spec in signature.get("inputs", []):
+        elements = _input_elements(spec)
+        if elements > limit:
+            raise KilnError(
+                f"Input {spec['name']!r} declares {elements:,} elements per sample (shape {spec.get('shape')}); "
+                f"this server accepts at most {limit:,} (KILN_MAX_INPUT_ELEMENTS).",
+                code="input_too_large",
+            )
+
+
 def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filename: str) -> tuple[dict, str]:
     """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
     onnx_path = upload_path
     member = ""
     staging = None
+    # Messages name the user's file and its entries, never the server's folders.
+    names = {upload_path: filename}
     if source_format == SourceFormat.ONNX_ZIP:
         staging = storage.new_temp_dir("extract-")
+        names[staging] = ""
         try:
             onnx_path = extract_model_archive(
                 upload_path,
@@ -60,16 +82,18 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
             )
         except (UnsafeArchive, UnsupportedArchive) as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            raise KilnError(str(exc), code="unsafe_archive" if isinstance(exc, UnsafeArchive) else "unsupported_format") from exc
+            code = "unsafe_archive" if isinstance(exc, UnsafeArchive) else "unsupported_format"
+            raise KilnError(redact_server_paths(str(exc), names), code=code) from exc
         member = str(Path(onnx_path).relative_to(staging))
+    else:
+        names[Path(upload_path).name] = filename
     try:
         validation = validate_onnx(onnx_path)
         if not validation["ok"]:
-            # The checker names the server's temp file; the user knows the file by its own name.
-            reason = str(validation["error"]).replace(str(onnx_path), filename).replace(Path(onnx_path).name, filename)
-            raise KilnError(f"This is not a valid ONNX model: {reason}", code="invalid_model")
+            raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(validation['error'], names)}", code="invalid_model")
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
+        _check_input_sizes(facts["signature"])
     except KilnError:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -77,7 +101,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     except Exception as exc:  # the inspector raises on unreadable protobufs
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        raise KilnError(f"This is not a valid ONNX model: {exc}", code="invalid_model") from exc
+        raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(str(exc), names)}", code="invalid_model") from exc
     if staging:
         target = storage.extracted_dir(sha256)
         if target.exists():
@@ -126,23 +150,54 @@ def model_version_create(*, model: Model, upload) -> ModelVersion:
         return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
 
 
+def _blob_referenced(blob: Blob) -> bool:
+    """Whether any row still points at this blob, through any foreign key of any app."""
+    relations = [field for field in Blob._meta.get_fields(include_hidden=True) if field.auto_created and not field.concrete]
+    return any(relation.related_model._default_manager.filter(**{relation.field.name: blob}).exists() for relation in relations)
+
+
+def blob_release(*, blob: Blob) -> bool:
+    """Delete a blob row nothing references, and its file once no organization stores those bytes.
+
+    Runs inside the caller's transaction; the files go only after it commits, so a rollback
+    never leaves a row without its file.
+    """
+    if _blob_referenced(blob):
+        return False
+    sha256 = blob.sha256
+    blob.delete()
+
+    def remove_files() -> None:
+        if not Blob.objects.filter(sha256=sha256).exists():
+            storage.delete_file(sha256)
+
+    transaction.on_commit(remove_files)
+    return True
+
+
 def model_delete(*, model: Model) -> None:
     from kiln.pipeline.models import DeploymentJob
 
     if DeploymentJob.objects.filter(model_version__model=model).exists():
         raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
-    model.delete()
+    with transaction.atomic():
+        blobs = [version.blob for version in model.versions.select_related("blob")]
+        model.delete()
+        for blob in blobs:
+            blob_release(blob=blob)
 
 
 def dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
     if kind not in DatasetKind.values:
         raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
-    if Path(upload.name or "").suffix.lower() != ".npz":
+    filename = Path(upload.name or "").name
+    if Path(filename).suffix.lower() != ".npz":
         raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples).", code="unsupported_format")
+    upload_path = Path(upload.temporary_file_path())
     try:
-        info = inspect_npz(Path(upload.temporary_file_path()))
+        info = inspect_npz(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
     except InvalidDataset as exc:
-        raise KilnError(str(exc), code="invalid_dataset") from exc
+        raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
     blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
     return Dataset.objects.create(
         organization=organization,
@@ -163,4 +218,7 @@ def dataset_delete(*, dataset: Dataset) -> None:
 
     if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
         raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
-    dataset.delete()
+    with transaction.atomic():
+        blob = dataset.blob
+        dataset.delete()
+        blob_release(blob=blob)

@@ -49,6 +49,12 @@ def put_file(source: Path, *, sha256: str, move: bool = False) -> Path:
     return target
 
 
+def delete_file(sha256: str) -> None:
+    """Remove a digest's file and, for zipped models, its extracted members."""
+    blob_path(sha256).unlink(missing_ok=True)
+    shutil.rmtree(extracted_dir(sha256), ignore_errors=True)
+
+
 def new_temp_dir(prefix: str) -> Path:
     import tempfile
 

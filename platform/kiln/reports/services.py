@@ -1,6 +1,8 @@
 """Build the per-device reports of a job from its device tasks (idempotent)."""
 from __future__ import annotations
 
+import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -12,12 +14,47 @@ from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
 from .models import Report
 from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
 
+logger = logging.getLogger(__name__)
+
+
+class UnreadableResult(ValueError):
+    """A stored result that does not have the shape the report needs (say, stored by an older
+    server that did not type-check agents)."""
+
+
+def _checked_latency(metrics: dict) -> dict | None:
+    latency = metrics.get("latency_ms")
+    if latency is None:
+        return None
+    if not isinstance(latency, dict):
+        raise UnreadableResult("latency_ms is not an object")
+    for key, value in latency.items():
+        if not _is_number(value) or value < 0:
+            raise UnreadableResult(f"latency_ms.{key} is not a number: {str(value)[:40]!r}")
+    if "p50" not in latency:
+        raise UnreadableResult("latency_ms has no p50")
+    return latency
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _scored(tolerance: dict, accuracy: dict) -> dict:
+    if not accuracy:
+        return {"value": None, "within_tolerance": False}
+    scored = score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy))
+    if scored["value"] is not None and not _is_number(scored["value"]):
+        raise UnreadableResult(f"accuracy {scored['metric']} is not a number: {str(scored['value'])[:40]!r}")
+    return scored
+
 
 def _entry(task: DeviceTask, tolerance: dict) -> dict:
     metrics = task.metrics or {}
     accuracy = task.accuracy or {}
     variant = task.variant
     artifact = task.compiled_artifact or variant.artifact
+    latency = _checked_latency(metrics) if task.status == DeviceTaskStatus.SUCCEEDED else None
     return {
         "id": task.id,
         "task": task.id,
@@ -31,7 +68,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "status": task.status,
         "error": task.error or None,
         "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
-        "latency_ms": metrics.get("latency_ms") if task.status == DeviceTaskStatus.SUCCEEDED else None,
+        "latency_ms": latency,
         "throughput_per_s": metrics.get("throughput_per_s"),
         "load_ms": metrics.get("load_ms"),
         "first_inference_ms": metrics.get("first_inference_ms"),
@@ -39,11 +76,29 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "threads": metrics.get("threads"),
         "unstable": metrics.get("unstable"),
         "size_bytes": variant.artifact.blob.size_bytes if variant.artifact else None,
-        "accuracy": score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy)) if accuracy else {"value": None, "within_tolerance": False},
+        "accuracy": _scored(tolerance, accuracy),
         "profile": task.profile or {},
         "artifact": {"id": artifact.id, "sha256": artifact.blob.sha256, "download_url": reverse("artifact-download", args=[artifact.id])} if artifact else None,
         "variant_artifact": {"id": variant.artifact.id, "sha256": variant.artifact.blob.sha256, "download_url": reverse("artifact-download", args=[variant.artifact.id])} if variant.artifact else None,
     }
+
+
+def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
+    """The report entry of one task; a result that cannot be read becomes an entry with an error
+    instead of failing the whole report."""
+    try:
+        return _entry(task, tolerance)
+    except (UnreadableResult, TypeError, ValueError, KeyError, AttributeError) as exc:
+        logger.warning("device task %s has an unreadable result: %s", task.id, exc)
+        variant = task.variant
+        return {
+            "id": task.id, "task": task.id, "variant": variant.id, "key": variant.key, "backend": task.backend,
+            "precision": variant.precision, "recipe": variant.recipe, "options": variant.options, "round": variant.round,
+            "status": task.status, "error": f"The agent's result for this variant cannot be read: {exc}",
+            "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
+            "latency_ms": None, "accuracy": {"value": None, "within_tolerance": False}, "profile": {},
+            "artifact": None, "variant_artifact": None,
+        }
 
 
 def _group_agent(tasks: list[DeviceTask]):
@@ -73,7 +128,7 @@ def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
     groups = _tasks_by_target(job)
     reports = []
     for target, members in groups.items():
-        entries = [_entry(task, job.tolerance) for task in members]
+        entries = [_entry_or_error(task, job.tolerance) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front

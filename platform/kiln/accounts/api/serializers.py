@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from kiln.core.fields import id_field
+
 from ..models import ApiToken, Membership, Role
 
 
@@ -13,7 +15,7 @@ class SignupSerializer(LoginSerializer):
 
 
 class OrganizationChoiceSerializer(serializers.Serializer):
-    organization = serializers.IntegerField()
+    organization = id_field()
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

@@ -10,7 +10,7 @@ urlpatterns = [
     path("auth/me/", views.MeView.as_view(), name="auth-me"),
     path("auth/organization/", views.OrganizationSwitchView.as_view(), name="auth-organization"),
     path("members/", views.MemberListView.as_view(), name="members"),
-    path("members/<int:pk>/", views.MemberDetailView.as_view(), name="member-detail"),
+    path("members/<id:pk>/", views.MemberDetailView.as_view(), name="member-detail"),
     path("tokens/", views.ApiTokenListView.as_view(), name="tokens"),
-    path("tokens/<int:pk>/revoke/", views.ApiTokenRevokeView.as_view(), name="token-revoke"),
+    path("tokens/<id:pk>/revoke/", views.ApiTokenRevokeView.as_view(), name="token-revoke"),
 ]

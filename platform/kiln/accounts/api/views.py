@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from kiln.core.errors import KilnError
 
 from .. import services
+from ..authentication import CsrfSessionAuthentication
 from ..models import ApiToken
 from ..permissions import SESSION_ORGANIZATION_KEY, IsOrganizationOwner, resolve_membership
 from ..selectors import api_tokens_of, members_of, membership_get, membership_in, memberships_of
@@ -63,7 +64,16 @@ class CredentialsThrottled:
     throttle_scope = "credentials"
 
 
-class LoginView(CredentialsThrottled, APIView):
+class CsrfRequired:
+    """CSRF even before a session exists: otherwise a form on another site can sign a browser
+    into the attacker's account (login CSRF). DRF checks CSRF only for signed-in users."""
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        CsrfSessionAuthentication().enforce_csrf(request._request)
+
+
+class LoginView(CsrfRequired, CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(request=LoginSerializer, responses={200: dict})
@@ -86,7 +96,7 @@ class LogoutView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class SignupView(CredentialsThrottled, APIView):
+class SignupView(CsrfRequired, CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(request=SignupSerializer, responses={201: dict})

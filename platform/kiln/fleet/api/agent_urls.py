@@ -6,8 +6,8 @@ urlpatterns = [
     path("register", views.RegisterView.as_view(), name="agent-register"),
     path("heartbeat", views.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("tasks/lease", views.LeaseView.as_view(), name="agent-lease"),
-    path("tasks/<int:task_id>/progress", views.ProgressView.as_view(), name="agent-task-progress"),
-    path("tasks/<int:task_id>/artifact", views.ArtifactView.as_view(), name="agent-task-artifact"),
-    path("tasks/<int:task_id>/result", views.ResultView.as_view(), name="agent-task-result"),
-    path("tasks/<int:task_id>/files/<str:name>", views.TaskFileView.as_view(), name="agent-task-file"),
+    path("tasks/<id:task_id>/progress", views.ProgressView.as_view(), name="agent-task-progress"),
+    path("tasks/<id:task_id>/artifact", views.ArtifactView.as_view(), name="agent-task-artifact"),
+    path("tasks/<id:task_id>/result", views.ResultView.as_view(), name="agent-task-result"),
+    path("tasks/<id:task_id>/files/<str:name>", views.TaskFileView.as_view(), name="agent-task-file"),
 ]

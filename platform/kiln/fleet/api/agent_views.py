@@ -7,13 +7,14 @@ from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.errors import KilnError
+from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import download_response
 from kiln.registry.selectors import blob_file
@@ -34,7 +35,7 @@ from .serializers import (
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @property
     def agent(self):
@@ -75,7 +76,7 @@ def task_payload(task) -> dict:
 class RegisterView(CredentialsThrottled, APIView):
     authentication_classes = []
     permission_classes = [AllowAny]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema(request=RegisterSerializer, responses={201: dict})
     def post(self, request):
@@ -134,6 +135,8 @@ class ArtifactView(AgentView):
 
 
 class ResultView(AgentView):
+    parser_classes = [AgentResultJSONParser]
+
     @extend_schema(request=ResultSerializer, responses={200: dict})
     def post(self, request, task_id: int):
         data = ResultSerializer(data=request.data)

@@ -1,6 +1,8 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
+
 from ..models import Agent, RegistrationToken
 from ..selectors import agent_current_task_id
 
@@ -44,16 +46,88 @@ class RegistrationTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120, required=False, default="agents")
 
 
+# Bounds of what an agent may send: generous for real machines, small enough that a hostile or
+# broken agent cannot store megabytes in a row that every `GET agents/` serves.
+MAX_MS = 1e9
+MAX_COUNT = 2**63 - 1
+MAX_LABELS = 32
+MAX_RUNTIMES = 16
+MAX_ISA_FLAGS = 64
+MAX_GPUS = 64
+MAX_BATCH_ROWS = 32
+MAX_PROFILE_ROWS = 500
+MAX_LOG_CHARS = 64 * 1024
+MAX_ERROR_CHARS = 8 * 1024
+
+
+def _text(max_length: int = 200, **kwargs) -> serializers.CharField:
+    return serializers.CharField(max_length=max_length, required=False, allow_null=True, allow_blank=True, **kwargs)
+
+
+def _number(*, min_value: float = 0, max_value: float = MAX_MS) -> serializers.FloatField:
+    return serializers.FloatField(min_value=min_value, max_value=max_value, required=False, allow_null=True)
+
+
+def _count(*, max_value: int = MAX_COUNT) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=max_value, required=False, allow_null=True)
+
+
+class BoundedDictField(serializers.DictField):
+    """A mapping with at most `max_items` keys of at most `max_key_length` characters."""
+
+    def __init__(self, *, max_items: int, max_key_length: int = 64, **kwargs):
+        self.max_items, self.max_key_length = max_items, max_key_length
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            if len(data) > self.max_items:
+                raise serializers.ValidationError(f"At most {self.max_items} entries.")
+            if any(len(str(key)) > self.max_key_length for key in data):
+                raise serializers.ValidationError(f"Keys are at most {self.max_key_length} characters.")
+        return super().to_internal_value(data)
+
+
+class GpuDeviceSerializer(serializers.Serializer):
+    name = _text()
+    memory_mb = _count()
+    driver_version = _text(64)
+
+
+class GpuSerializer(serializers.Serializer):
+    vendor = _text(64)
+    count = _count(max_value=MAX_GPUS)
+    name = _text()
+    devices = serializers.ListField(child=GpuDeviceSerializer(), max_length=MAX_GPUS, required=False)
+
+
+class CapabilitiesSerializer(serializers.Serializer):
+    """What an agent's machine offers (devices/agent/capabilities.py); unknown keys are dropped."""
+
+    os = _text(64)
+    os_release = _text()
+    arch = _text(64)
+    cpu_model = _text()
+    cores = _count(max_value=1_000_000)
+    logical_cores = _count(max_value=1_000_000)
+    isa = serializers.ListField(child=serializers.CharField(max_length=32), max_length=MAX_ISA_FLAGS, required=False)
+    memory_mb = _count()
+    gpu = GpuSerializer(required=False, allow_null=True)
+    runtimes = BoundedDictField(child=serializers.CharField(max_length=64), max_items=MAX_RUNTIMES, required=False)
+    agent_version = _text(64)
+    python = _text(64)
+
+
 class RegisterSerializer(serializers.Serializer):
-    registration_token = serializers.CharField()
+    registration_token = serializers.CharField(max_length=200)
     name = serializers.CharField(max_length=120)
-    labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False, default=dict)
-    capabilities = serializers.DictField(required=False, default=dict)
+    labels = BoundedDictField(child=serializers.CharField(max_length=200), max_items=MAX_LABELS, required=False, default=dict)
+    capabilities = CapabilitiesSerializer(required=False, default=dict)
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    capabilities = serializers.DictField(required=False, default=dict)
-    running_task = serializers.IntegerField(required=False, allow_null=True, default=None)
+    capabilities = CapabilitiesSerializer(required=False, default=dict)
+    running_task = id_field(required=False, allow_null=True, default=None)
 
 
 class LeaseSerializer(serializers.Serializer):
@@ -61,25 +135,106 @@ class LeaseSerializer(serializers.Serializer):
 
 
 class ProgressSerializer(serializers.Serializer):
-    attempt = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     stage = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
-    message = serializers.CharField(required=False, allow_blank=True, default="")
-    percent = serializers.FloatField(required=False, allow_null=True, default=None)
+    message = TruncatedCharField(max_chars=2000, keep="head", required=False, allow_blank=True, default="")
+    percent = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0, max_value=100)
+
+
+class LatencySerializer(serializers.Serializer):
+    p50 = serializers.FloatField(min_value=0, max_value=MAX_MS)
+    p90 = _number()
+    p99 = _number()
+    mean = _number()
+    std = _number()
+    cv = _number(max_value=1e6)
+    min = _number()
+    max = _number()
+    count = _count()
+
+
+class BatchRowSerializer(serializers.Serializer):
+    batch_size = serializers.IntegerField(min_value=1, max_value=1 << 20)
+    latency_ms = LatencySerializer()
+    throughput_per_s = _number(max_value=1e12)
+    runs = _count()
+    unstable = serializers.BooleanField(required=False, allow_null=True)
+    window_medians_ms = serializers.ListField(child=serializers.FloatField(min_value=0, max_value=MAX_MS), max_length=64, required=False)
+
+
+class MetricsSerializer(serializers.Serializer):
+    """Speed of one task (devices/bench.py `run_benchmark`); unknown keys are dropped."""
+
+    latency_ms = LatencySerializer(required=False)
+    throughput_per_s = _number(max_value=1e12)
+    batch_size = _count(max_value=1 << 20)
+    runs = _count()
+    unstable = serializers.BooleanField(required=False, allow_null=True)
+    by_batch = serializers.ListField(child=BatchRowSerializer(), max_length=MAX_BATCH_ROWS, required=False)
+    load_ms = _number()
+    first_inference_ms = _number()
+    peak_memory_mb = _number(max_value=1e9)
+    threads = _count(max_value=1_000_000)
+    size_bytes = _count()
+    settings = BoundedJSONField(max_bytes=4096, max_depth=3, required=False)
+
+
+class OpTypeRowSerializer(serializers.Serializer):
+    op_type = serializers.CharField(max_length=200)
+    time_ms = _number()
+    share = _number(max_value=1.0 + 1e-6)
+    count = _count()
+
+
+class NodeRowSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=1000)
+    op_type = serializers.CharField(max_length=200)
+    time_ms = _number()
+    share = _number(max_value=1.0 + 1e-6)
+
+
+class ProfileSerializer(serializers.Serializer):
+    """Time per operator (devices/backends/base.py); unknown keys are dropped."""
+
+    by_op_type = serializers.ListField(child=OpTypeRowSerializer(), max_length=MAX_PROFILE_ROWS, required=False)
+    by_node = serializers.ListField(child=NodeRowSerializer(), max_length=MAX_PROFILE_ROWS, required=False)
+    runs = _count()
+    total_ms = _number()
+    error = TruncatedCharField(max_chars=MAX_ERROR_CHARS, required=False, allow_blank=True, allow_null=True)
+
+
+ACCURACY_NUMBERS = ("cosine", "sqnr_db", "max_abs_error", "top1_agreement", "top5_agreement", "accuracy", "reference_accuracy")
+
+
+class AccuracySerializer(BoundedJSONField):
+    """Accuracy against the FP32 reference (devices/metrics.py): a bounded object whose headline
+    numbers, when present, are numbers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_bytes=1024**2, max_depth=8, **kwargs)
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        for key in ACCURACY_NUMBERS:
+            value = data.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise serializers.ValidationError({key: "Must be a number or null."})
+        return data
 
 
 class ResultSerializer(serializers.Serializer):
-    attempt = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     # handed_back: the agent is stopping before the task's long stages; queue it again.
     status = serializers.ChoiceField(choices=["succeeded", "failed", "handed_back"])
-    error = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
-    metrics = serializers.DictField(required=False, default=dict)
-    accuracy = serializers.DictField(required=False, default=dict, allow_null=True)
-    profile = serializers.DictField(required=False, default=dict, allow_null=True)
-    log = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="", trim_whitespace=False)
+    error = TruncatedCharField(max_chars=MAX_ERROR_CHARS, required=False, allow_blank=True, allow_null=True, default="")
+    metrics = MetricsSerializer(required=False, default=dict)
+    accuracy = AccuracySerializer(required=False, default=dict, allow_null=True)
+    profile = ProfileSerializer(required=False, default=dict, allow_null=True)
+    log = TruncatedCharField(max_chars=MAX_LOG_CHARS, required=False, allow_blank=True, allow_null=True, default="", trim_whitespace=False)
 
 
 class ArtifactUploadSerializer(serializers.Serializer):
-    attempt = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     file = serializers.FileField()
 
 

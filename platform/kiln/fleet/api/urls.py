@@ -5,7 +5,7 @@ from . import views
 urlpatterns = [
     path("agents/", views.AgentListView.as_view(), name="agents"),
     path("agents/registration-tokens/", views.RegistrationTokenListView.as_view(), name="registration-tokens"),
-    path("agents/registration-tokens/<int:pk>/revoke/", views.RegistrationTokenRevokeView.as_view(), name="registration-token-revoke"),
-    path("agents/<int:pk>/", views.AgentDetailView.as_view(), name="agent-detail"),
-    path("agents/<int:pk>/revoke/", views.AgentRevokeView.as_view(), name="agent-revoke"),
+    path("agents/registration-tokens/<id:pk>/revoke/", views.RegistrationTokenRevokeView.as_view(), name="registration-token-revoke"),
+    path("agents/<id:pk>/", views.AgentDetailView.as_view(), name="agent-detail"),
+    path("agents/<id:pk>/revoke/", views.AgentRevokeView.as_view(), name="agent-revoke"),
 ]

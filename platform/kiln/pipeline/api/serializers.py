@@ -1,6 +1,8 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from kiln.core.fields import id_field
+
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
 
 
@@ -62,10 +64,10 @@ class JobSerializer(JobListSerializer):
 
 
 class JobCreateSerializer(serializers.Serializer):
-    model_version = serializers.IntegerField()
+    model_version = id_field()
     precisions = serializers.JSONField(required=False, default=lambda: ["auto"])
-    calibration_dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
-    validation_dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
+    calibration_dataset = id_field(required=False, allow_null=True, default=None)
+    validation_dataset = id_field(required=False, allow_null=True, default=None)
     targets = serializers.JSONField(required=False, default=list)
     tolerance = serializers.JSONField(required=False, default=dict)
 

@@ -4,9 +4,9 @@ from . import views
 
 urlpatterns = [
     path("models/", views.ModelListView.as_view(), name="models"),
-    path("models/<int:pk>/", views.ModelDetailView.as_view(), name="model-detail"),
-    path("models/<int:pk>/versions/", views.ModelVersionListView.as_view(), name="model-versions"),
-    path("models/<int:pk>/versions/<int:number>/download/", views.ModelVersionDownloadView.as_view(), name="model-version-download"),
+    path("models/<id:pk>/", views.ModelDetailView.as_view(), name="model-detail"),
+    path("models/<id:pk>/versions/", views.ModelVersionListView.as_view(), name="model-versions"),
+    path("models/<id:pk>/versions/<id:number>/download/", views.ModelVersionDownloadView.as_view(), name="model-version-download"),
     path("datasets/", views.DatasetListView.as_view(), name="datasets"),
-    path("datasets/<int:pk>/", views.DatasetDetailView.as_view(), name="dataset-detail"),
+    path("datasets/<id:pk>/", views.DatasetDetailView.as_view(), name="dataset-detail"),
 ]

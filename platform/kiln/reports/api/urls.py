@@ -2,4 +2,4 @@ from django.urls import path
 
 from . import views
 
-urlpatterns = [path("jobs/<int:pk>/report/", views.JobReportView.as_view(), name="job-report")]
+urlpatterns = [path("jobs/<id:pk>/report/", views.JobReportView.as_view(), name="job-report")]
