@@ -257,9 +257,24 @@ def figure_drop(figure: str, value: float, reference: float | None) -> float | N
     return reference - value if metric.better == "higher" else value - reference
 
 
+def _legacy_rows(tolerance: dict[str, Any], accuracy: dict[str, Any]) -> list[dict[str, Any]]:
+    """A flat payload from an agent of an earlier release: worst-over-outputs figures, labels first."""
+    metric = tolerance.get("metric", AUTO)
+    if metric == AUTO:
+        figure = next((key for key in ("accuracy", "top1_agreement") if accuracy.get(key) is not None), "cosine")
+    else:
+        figure = {"accuracy": "accuracy", "sqnr": "sqnr_db"}.get(metric, metric)
+    reference = accuracy.get("reference_accuracy") if figure == "accuracy" else None
+    return [{"output": accuracy.get("labeled_output"), "figure": "top1_accuracy" if figure == "accuracy" else figure,
+             "value": accuracy.get(figure), "reference": reference, "error": None}]
+
+
 def _candidates(tolerance: dict[str, Any], accuracy: dict[str, Any]) -> list[dict[str, Any]]:
     """(output, figure, value, reference) for each primary figure the tolerance reads."""
     metric = tolerance.get("metric", AUTO)
+    outputs = accuracy.get("outputs")
+    if not isinstance(outputs, dict) or not any(isinstance(result, dict) and "primary" in result for result in outputs.values()):
+        return _legacy_rows(tolerance, accuracy)
     rows = []
     for name, result in (accuracy.get("outputs") or {}).items():
         if not isinstance(result, dict) or not result.get("primary"):

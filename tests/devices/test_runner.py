@@ -55,8 +55,10 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
     accuracy = result["accuracy"]
     assert accuracy["cosine"] > 0.9999
     assert accuracy["top1_agreement"] == 1.0
-    assert accuracy["accuracy"] == pytest.approx(5 / 6)
-    assert accuracy["reference_accuracy"] == pytest.approx(5 / 6)
+    logits = accuracy["outputs"]["logits"]
+    assert logits["kind"] == "class_scores" and logits["primary_metric"] == "top1_accuracy"
+    assert logits["metrics"]["top1_accuracy"] == pytest.approx(5 / 6)
+    assert logits["reference"]["top1_accuracy"] == pytest.approx(5 / 6)
     assert result["profile"]["by_op_type"]
     assert "compiled in" in result["log"]
     assert not list((tmp_path / "work").iterdir())  # the task's scratch directory is gone

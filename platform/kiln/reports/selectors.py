@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import reverse
 
 from .models import Report
+from .scoring import fp32_noise
 
 
 def _agent_json(agent) -> dict | None:
@@ -15,6 +16,7 @@ def _agent_json(agent) -> dict | None:
 def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None) -> dict:
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
+        "fp32_noise": fp32_noise(variants),
         "package": {"id": package.id, "name": package.name, "download_url": reverse("artifact-download", args=[package.id])} if package else None,
     }
 
@@ -44,6 +46,8 @@ def job_report(*, job) -> dict:
         "job": job.id,
         "status": job.status,
         "tolerance": job.tolerance,
+        "metrics": job.metrics,
+        "evaluation": job.evaluation,
         "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
         "devices": devices,
     }

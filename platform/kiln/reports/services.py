@@ -12,7 +12,7 @@ from django.urls import reverse
 from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
 
 from .models import Report
-from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
+from .scoring import pareto_ids, recommend, score_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _is_number(value) -> bool:
 def _scored(tolerance: dict, accuracy: dict) -> dict:
     if not accuracy:
         return {"value": None, "within_tolerance": False}
-    scored = score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy))
+    scored = score_accuracy(tolerance, accuracy)
     if scored["value"] is not None and not _is_number(scored["value"]):
         raise UnreadableResult(f"accuracy {scored['metric']} is not a number: {str(scored['value'])[:40]!r}")
     return scored

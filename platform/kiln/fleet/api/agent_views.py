@@ -70,6 +70,7 @@ def task_payload(task) -> dict:
             "batch_sizes": [1],
         },
         "tolerance": job.tolerance,
+        "evaluation": job.evaluation or None,
     }
 
 

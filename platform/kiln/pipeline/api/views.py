@@ -34,6 +34,7 @@ class JobListView(generics.ListAPIView):
             validation_dataset=dataset_get(organization=organization, dataset_id=values["validation_dataset"]) if values["validation_dataset"] else None,
             targets=values["targets"],
             tolerance=values["tolerance"],
+            metrics=values["metrics"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
