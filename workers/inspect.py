@@ -240,6 +240,9 @@ def _kind(kind: str, reason: str, source: str = "graph", **options) -> dict[str,
 
 def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[str], inputs, *, opset: int, values) -> dict[str, Any]:
     node, _ = _chain(name, producers)
+    if node is not None and node.op_type == "Add" and producers.get(node.input[0]) is not None \
+            and producers[node.input[0]].op_type in ("MatMul", "Gemm"):
+        node = producers[node.input[0]]  # a linear layer's bias
     op = node.op_type if node is not None else None
     rank = len(shape) if shape is not None else None
     static = [dim for dim in (shape or [])[1:]]
