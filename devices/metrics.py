@@ -531,13 +531,12 @@ def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.nda
     except Exception as error:  # one kind's metric failing must not hide the others
         result["errors"][contract.KIND_METRICS[kind][0]] = f"{type(error).__name__}: {error}"
     for item in declared:
-        figure = contract.declared_figure(item)
+        figure = f"plugin:{item['plugin']}" if item["kind"] == "plugin" else contract.declared_figure(item)
         try:
             if item["kind"] == "plugin":
                 value, reference_value = run_plugin(item["plugin"], output, reference, labels, {k: v for k, v in item.items() if k not in ("output", "kind")})
-                result["metrics"][f"plugin:{item['plugin']}"] = value
-                result["reference"][f"plugin:{item['plugin']}"] = reference_value
-                figure = f"plugin:{item['plugin']}"
+                result["metrics"][figure] = value
+                result["reference"][figure] = reference_value
             elif item["kind"] in contract.LABEL_DECLARATIONS:
                 if labels is None:
                     raise ValueError("the validation set has no labels")
