@@ -288,7 +288,7 @@ def _candidates(tolerance: dict[str, Any], accuracy: dict[str, Any]) -> list[dic
         if figure is None:
             continue
         rows.append({"output": name, "figure": figure, "value": figures.get(figure), "reference": references.get(figure),
-                     "error": (result.get("errors") or {}).get(figure) or result.get("error")})
+                     "error": (result.get("errors") or {}).get(figure) or (result.get("errors") or {}).get("labels")})
     return rows
 
 

@@ -615,8 +615,11 @@ def evaluate(
     for figure, pick in (("cosine", min), ("sqnr_db", min), ("relative_l2", max), ("max_abs_error", max), ("top1_agreement", min)):
         values = [result["metrics"].get(figure) for result in primaries if result["metrics"].get(figure) is not None]
         summary[figure] = pick(values) if values else None
-    if labels is not None and label_output is None and not any(result["errors"] for result in per_output.values()):
+    declared_labels = any(item["kind"] in contract.LABEL_DECLARATIONS for entry in entries for item in entry.get("declared") or [])
+    if labels is not None and label_output is None and not declared_labels:
         summary["labels"]["error"] = f"labels of shape {list(labels.shape)} fit no metric of any output"
+        for result in primaries:
+            result["errors"]["labels"] = summary["labels"]["error"]
     return summary
 
 

@@ -108,6 +108,8 @@ def test_labels_that_fit_no_output_are_reported_and_the_rest_is_measured():
     result = metrics.evaluate({"y": OUT}, {"y": REF}, plan({"y": "class_scores"}, labels=True), labels=np.zeros((3, 7, 2), np.int64))
     assert "fit no metric" in result["labels"]["error"]
     assert result["outputs"]["y"]["metrics"]["top1_agreement"] == pytest.approx(2 / 3)
+    verdict = contract.score_accuracy({"metric": "accuracy", "max_drop": 0.01}, result)
+    assert verdict["within_tolerance"] is False and "fit no metric" in verdict["reason"]
 
 
 def test_evaluate_requires_every_reference_output():

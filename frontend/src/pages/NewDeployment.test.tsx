@@ -234,6 +234,9 @@ describe('NewDeploymentPage', () => {
     await screen.findByText('lab-box');
     await userEvent.click(screen.getByTestId('targets-selected'));
     await userEvent.click(screen.getByTestId('target-agent-5'));
+    // Declare the logits as the primary output, judged by top-1 accuracy against the labels.
+    await userEvent.click(screen.getByTestId('add-metric'));
+    await userEvent.selectOptions(screen.getByLabelText('Metric kind'), 'accuracy');
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await screen.findByText('job page');
@@ -245,6 +248,7 @@ describe('NewDeploymentPage', () => {
       validation_dataset: 3,
       targets: [5],
       tolerance: { metric: 'auto', max_drop: 0.01 },
+      metrics: [{ output: 'logits', kind: 'accuracy', primary: true }],
     });
   });
 

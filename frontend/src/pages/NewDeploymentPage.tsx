@@ -107,7 +107,7 @@ function DeclaredMetrics({
             </select>
           </div>
           <div className="field">
-            <label htmlFor={`metric-kind-${index}`}>Metric</label>
+            <label htmlFor={`metric-kind-${index}`}>Metric kind</label>
             <select
               id={`metric-kind-${index}`}
               value={metric.kind}
