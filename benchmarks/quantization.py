@@ -286,6 +286,9 @@ def main() -> None:
     parser.add_argument("--only", help="run only models whose name contains this")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # per-run shape warnings of models with wrong declared shapes
     for noisy in ("nncf", "root"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
