@@ -585,7 +585,8 @@ def evaluate(
 
     Returns `{"samples", "outputs": {name: {"kind", "primary", "primary_metric", "metrics",
     "reference", "errors"}}, "labels"}` plus, for a quick look, the primary outputs' worst cosine,
-    SQNR, relative L2 and top-1 agreement at the top level.
+    SQNR, relative L2 and top-1/top-5 agreement, and the label accuracy (FP32's as
+    `reference_accuracy`) at the top level.
     """
     missing = [name for name in reference if name not in outputs]
     if missing:
@@ -612,7 +613,12 @@ def evaluate(
         "outputs": per_output,
         "labels": None if labels is None else {"output": label_output, "shape": list(labels.shape)},
     }
-    for figure, pick in (("cosine", min), ("sqnr_db", min), ("relative_l2", max), ("max_abs_error", max), ("top1_agreement", min)):
+    # The flat keys of earlier releases, for scripts that read them: label accuracy on the labeled output.
+    labeled = per_output.get(label_output) if label_output else None
+    summary["accuracy"] = labeled["metrics"].get("top1_accuracy") if labeled else None
+    summary["reference_accuracy"] = labeled["reference"].get("top1_accuracy") if labeled else None
+    for figure, pick in (("cosine", min), ("sqnr_db", min), ("relative_l2", max), ("max_abs_error", max), ("top1_agreement", min),
+                         ("top5_agreement", min)):
         values = [result["metrics"].get(figure) for result in primaries if result["metrics"].get(figure) is not None]
         summary[figure] = pick(values) if values else None
     declared_labels = any(item["kind"] in contract.LABEL_DECLARATIONS for entry in entries for item in entry.get("declared") or [])

@@ -100,6 +100,8 @@ def test_labels_make_top1_accuracy_the_primary_figure_with_fp32_as_reference():
     output = result["outputs"]["y"]
     assert output["primary_metric"] == "top1_accuracy"
     assert output["metrics"]["top1_accuracy"] == pytest.approx(1.0) and output["reference"]["top1_accuracy"] == pytest.approx(2 / 3)
+    # The flat keys scripts of earlier releases read are still there.
+    assert result["accuracy"] == pytest.approx(1.0) and result["reference_accuracy"] == pytest.approx(2 / 3)
     verdict = contract.score_accuracy({"metric": "accuracy", "max_drop": 0.0}, result)
     assert verdict["within_tolerance"] and verdict["drop"] == pytest.approx(-1 / 3)
 
