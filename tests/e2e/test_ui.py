@@ -192,16 +192,25 @@ def browser():
 def new_page(browser, stack):
     """Opens pages in fresh browser contexts (separate cookies), at laptop size, closed after the test."""
     contexts = []
+    csp_violations = []
+
+    def record_violation(message) -> None:
+        if "Content Security Policy" in message.text:
+            csp_violations.append(message.text)
 
     def open_page(width: int = 1280, height: int = 800):
         context = browser.new_context(base_url=stack.url, viewport={"width": width, "height": height}, accept_downloads=True)
         context.set_default_timeout(15_000)
         contexts.append(context)
-        return context.new_page()
+        page = context.new_page()
+        page.on("console", record_violation)
+        return page
 
     yield open_page
     for context in contexts:
         context.close()
+    # The UI runs under the server's strict Content-Security-Policy; anything it blocked is a bug.
+    assert not csp_violations, csp_violations
 
 
 def screenshot(page, name: str) -> None:
