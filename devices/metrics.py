@@ -605,7 +605,8 @@ def evaluate(
     for entry in entries:
         name = entry["name"]
         entry = {**entry, "label_auto": name == label_output, "declared_primary": plan.get("declared_primary", False)}
-        per_output[name] = evaluate_output(entry, np.asarray(outputs[name]), np.asarray(reference[name]), labels)
+        ours, theirs = _joined_head(entry, outputs, reference)
+        per_output[name] = evaluate_output(entry, ours, theirs, labels)
     primaries = [result for result in per_output.values() if result["primary"]] or list(per_output.values())
     first = np.asarray(next(iter(reference.values())))
     summary = {
@@ -627,6 +628,17 @@ def evaluate(
         for result in primaries:
             result["errors"]["labels"] = summary["labels"]["error"]
     return summary
+
+
+def _joined_head(entry: dict[str, Any], outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """An output's arrays; for a detection head split in two outputs, boxes and scores joined as [N, A, 4+C]."""
+    name, options = entry["name"], entry.get("options") or {}
+    partner = options.get("boxes") or options.get("scores")
+    if entry["kind"] != "detection" or partner not in reference or partner not in outputs:
+        return np.asarray(outputs[name]), np.asarray(reference[name])
+    order = [partner, name] if options.get("boxes") else [name, partner]
+    return (np.concatenate([np.asarray(outputs[item], np.float64) for item in order], axis=-1),
+            np.concatenate([np.asarray(reference[item], np.float64) for item in order], axis=-1))
 
 
 def _label_output(entries: list[dict[str, Any]], reference: Mapping[str, np.ndarray], labels: np.ndarray) -> str | None:

@@ -195,7 +195,8 @@ def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str,
     ops = {node.op_type for node in graph.node}
     initializers = {tensor.name for tensor in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]
-    kinds = {}
+    kinds: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, list | None] = {}
     for value in graph.output:
         described = _describe_value(value)
         shape = described["shape"]
@@ -203,7 +204,23 @@ def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str,
             shape = ["N", *np.asarray(reference[value.name]).shape[1:]]
         kinds[value.name] = _infer_kind(value.name, described["dtype"], shape, producers, ops, inputs, opset=default_opset(model),
                                         values=None if reference is None else reference.get(value.name))
+        shapes[value.name] = shape
+    _pair_boxes_and_scores(kinds, shapes)
     return kinds
+
+
+def _pair_boxes_and_scores(kinds: dict[str, dict[str, Any]], shapes: dict[str, list | None]) -> None:
+    """A detector with separate outputs: boxes `[N, A, 4]` next to scores `[N, A, C]` over the same anchors."""
+    boxes = [name for name, shape in shapes.items() if shape and len(shape) == 3 and shape[2] == 4]
+    for box_name in boxes:
+        anchors = shapes[box_name][1]
+        scores = [name for name, shape in shapes.items() if name != box_name and shape and len(shape) == 3 and shape[1] == anchors
+                  and kinds[name]["kind"] in ("class_scores", "probability_map", "regression", "embedding")]
+        if len(scores) != 1:
+            continue
+        reason = f"boxes {box_name!r} [N, A, 4] with scores {scores[0]!r} over the same anchors: a detection head in two outputs"
+        kinds[scores[0]] = _kind("detection", reason, boxes=box_name, layout="channels_last", objectness=False)
+        kinds[box_name] = _kind("detection", reason, scores=scores[0], layout="channels_last", objectness=False)
 
 
 def _chain(name: str, producers: dict[str, onnx.NodeProto]) -> tuple[onnx.NodeProto | None, list[str]]:

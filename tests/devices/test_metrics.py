@@ -233,3 +233,17 @@ def test_metrics_module_imports_numpy_and_the_contract_only():
         for alias in node.names
     }
     assert imported <= {"__future__", "collections", "logging", "math", "typing", "numpy", "devices", "importlib"}
+
+
+def test_a_detection_head_in_two_outputs_is_matched_as_one():
+    reference_boxes = np.array([[[50, 50, 20, 20], [150, 150, 30, 30], [0, 0, 1, 1]]], dtype=float)
+    reference_scores = np.array([[[0.9, 0.0], [0.0, 0.8], [0.01, 0.01]]])
+    output_scores = reference_scores.copy()
+    output_scores[0, 1, 1] = 0.1  # the device loses the second box
+    kinds = {"boxes": {"kind": "detection", "scores": "scores", "layout": "channels_last", "objectness": False},
+             "scores": {"kind": "detection", "boxes": "boxes", "layout": "channels_last", "objectness": False}}
+    plan = contract.evaluation_plan(output_kinds=kinds, output_order=["boxes", "scores"], declared=[], has_labels=False)
+    result = metrics.evaluate({"boxes": reference_boxes, "scores": output_scores}, {"boxes": reference_boxes, "scores": reference_scores}, plan)
+    for name in ("boxes", "scores"):
+        figures = result["outputs"][name]["metrics"]
+        assert figures["detection_recall"] == pytest.approx(0.5) and figures["detection_precision"] == 1.0
