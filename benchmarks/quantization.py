@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -308,6 +309,8 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as scratch:
         work = Path(scratch)
+        # onnxruntime.quantization writes scratch models into the working directory.
+        os.chdir(work)
         summary, backend_lines = [], []
         for model in prepare_models(work, zoo_only=arguments.zoo):
             if arguments.only and arguments.only.lower() not in model["name"].lower():
