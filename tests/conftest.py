@@ -40,6 +40,13 @@ def make_tenant(*, username: str, organization: str, role: str = "owner", passwo
     return Tenant(user=user, organization=org, token=secret, client=client)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def registered_tasks():
+    """The pipeline sends tasks by name; a name resolves to an in-process (eager) run only once
+    the task module is imported, which a worker does at start and a test process must do here."""
+    import workers.tasks  # noqa: F401
+
+
 @pytest.fixture(autouse=True)
 def fresh_throttles():
     """Throttle counters live in the (per-process) cache: each test starts with none."""
@@ -189,7 +196,8 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
     # Messages left in the broker by an earlier run name rows of an earlier database.
     celery_app.control.purge()
     stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
-                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle"])
+                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+                           "--beat", "--schedule", str(tmp_path / "celerybeat-schedule")], {"KILN_HOUSEKEEPING_SECONDS": "1"})
     try:
         yield stack
     finally:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from celery import Celery
+from django.conf import settings
 
 _PLATFORM_DIR = Path(__file__).resolve().parent.parent / "platform"
 if str(_PLATFORM_DIR) not in sys.path:
@@ -30,8 +31,6 @@ app.conf.update(
 
 def _configure_filesystem_broker() -> None:
     """The embedded default: a broker in a folder, so `make up` needs no Redis."""
-    from django.conf import settings
-
     if not str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
         return
     queue_dir = Path(settings.CELERY_QUEUE_DIR)
@@ -47,5 +46,19 @@ def _configure_filesystem_broker() -> None:
     }
 
 
+def _configure_beat() -> None:
+    """Housekeeping on a schedule; each message expires after one period so that a backlog is dropped."""
+    period = float(settings.HOUSEKEEPING_SECONDS)
+    app.conf.beat_schedule = {
+        name: {"task": f"kiln.housekeeping.{name}", "schedule": period, "options": {"expires": period}}
+        for name in HOUSEKEEPING_TASKS
+    }
+
+
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline")
+
 _configure_filesystem_broker()
-app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
+_configure_beat()
+# Lazy: the tasks import the pipeline, which needs Django's apps; Celery's Django fixup sets them
+# up before the worker imports this, and the web process only resolves tasks by name.
+app.autodiscover_tasks(["workers"], related_name="tasks")

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from django.db import InterfaceError, OperationalError
 
+from kiln.fleet.services import agents_mark_offline
+from kiln.pipeline import quantize, stages
+from kiln.pipeline.device_tasks import device_tasks_requeue_expired, jobs_redispatch_waiting
+from kiln.pipeline.queue import REDISPATCH_TASK_NAME, STAGE_TASK_NAMES, VARIANT_BUILD_TASK_NAME
+
 from .celery import app
 
 TRANSIENT = (OperationalError, InterfaceError, ConnectionError)
@@ -13,70 +18,62 @@ COMMON = {
     "retry_backoff_max": 60,
     "max_retries": 5,
 }
+# Housekeeping runs again on the next beat; a retry would only pile up behind it.
+HOUSEKEEPING = {"acks_late": True, "soft_time_limit": 60, "time_limit": 90}
 
 
-@app.task(name="kiln.job.validate", soft_time_limit=600, time_limit=660, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["validate"], soft_time_limit=600, time_limit=660, **COMMON)
 def job_validate(job_id: int) -> None:
-    from kiln.pipeline.stages import job_validate as service
-
-    service(job_id=job_id)
+    stages.job_validate(job_id=job_id)
 
 
-@app.task(name="kiln.job.convert", soft_time_limit=1800, time_limit=1900, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["convert"], soft_time_limit=1800, time_limit=1900, **COMMON)
 def job_convert(job_id: int) -> None:
-    from kiln.pipeline.stages import job_convert as service
-
-    service(job_id=job_id)
+    stages.job_convert(job_id=job_id)
 
 
-@app.task(name="kiln.job.reference", soft_time_limit=1800, time_limit=1900, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["reference"], soft_time_limit=1800, time_limit=1900, **COMMON)
 def job_reference(job_id: int) -> None:
-    from kiln.pipeline.stages import job_reference as service
-
-    service(job_id=job_id)
+    stages.job_reference(job_id=job_id)
 
 
-@app.task(name="kiln.job.quantize", soft_time_limit=300, time_limit=360, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["quantize"], soft_time_limit=300, time_limit=360, **COMMON)
 def job_quantize(job_id: int) -> None:
-    from kiln.pipeline.stages import job_quantize as service
-
-    service(job_id=job_id)
+    quantize.job_quantize(job_id=job_id)
 
 
-@app.task(name="kiln.variant.build", soft_time_limit=3600, time_limit=3700, **COMMON)
+@app.task(name=VARIANT_BUILD_TASK_NAME, soft_time_limit=3600, time_limit=3700, **COMMON)
 def variant_build(variant_id: int) -> None:
-    from kiln.pipeline.stages import variant_build as service
-
-    service(variant_id=variant_id)
+    quantize.variant_build(variant_id=variant_id)
 
 
-@app.task(name="kiln.job.dispatch", soft_time_limit=120, time_limit=180, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["dispatch"], soft_time_limit=120, time_limit=180, **COMMON)
 def job_dispatch(job_id: int) -> None:
-    from kiln.pipeline.stages import job_dispatch as service
-
-    service(job_id=job_id)
+    stages.job_dispatch(job_id=job_id)
 
 
-@app.task(name="kiln.job.collect", soft_time_limit=600, time_limit=660, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["collect"], soft_time_limit=600, time_limit=660, **COMMON)
 def job_collect(job_id: int) -> None:
-    from kiln.pipeline.stages import job_collect as service
-
-    service(job_id=job_id)
+    quantize.job_collect(job_id=job_id)
 
 
-@app.task(name="kiln.job.report", soft_time_limit=300, time_limit=360, **COMMON)
+@app.task(name=STAGE_TASK_NAMES["report"], soft_time_limit=300, time_limit=360, **COMMON)
 def job_report(job_id: int) -> None:
-    from kiln.pipeline.stages import job_report as service
-
-    service(job_id=job_id)
+    stages.job_report(job_id=job_id)
 
 
-STAGE_TASKS = {
-    "validate": job_validate,
-    "convert": job_convert,
-    "reference": job_reference,
-    "quantize": job_quantize,
-    "dispatch": job_dispatch,
-    "collect": job_collect,
-    "report": job_report,
-}
+# -- housekeeping (Celery beat; idempotent, safe when several hosts run it at once) -----------
+
+@app.task(name="kiln.housekeeping.requeue_expired_leases", **HOUSEKEEPING)
+def requeue_expired_leases() -> int:
+    return device_tasks_requeue_expired()
+
+
+@app.task(name=REDISPATCH_TASK_NAME, **HOUSEKEEPING)
+def redispatch_waiting(organization_id: int | None = None) -> int:
+    return jobs_redispatch_waiting(organization_id=organization_id)
+
+
+@app.task(name="kiln.housekeeping.mark_agents_offline", **HOUSEKEEPING)
+def mark_agents_offline() -> int:
+    return agents_mark_offline()

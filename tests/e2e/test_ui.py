@@ -172,7 +172,9 @@ def api(stack, user: User, method: str, path: str, **kwargs):
 
 # -- browser ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API marks an event loop running on this thread until it stops,
+# and Django's async views (the agent lease) refuse to run under the test client while it is.
+@pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"Chromium not found at {CHROMIUM}; apt-get install -y chromium (or set KILN_CHROMIUM)")

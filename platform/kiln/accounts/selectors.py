@@ -1,14 +1,15 @@
 """Reads for accounts: who belongs where, and which token a secret is."""
 from __future__ import annotations
 
+from django.shortcuts import get_object_or_404
+
 from kiln.core.tokens import digest_matches, split_token
 
 from .models import ApiToken, Membership
+from .services import API_TOKEN_PREFIX
 
 
 def api_token_from_secret(*, secret: str) -> ApiToken | None:
-    from .services import API_TOKEN_PREFIX
-
     prefix = split_token(secret, API_TOKEN_PREFIX)
     if prefix is None:
         return None
@@ -35,6 +36,4 @@ def members_of(*, organization) -> list[Membership]:
 
 
 def membership_in(*, organization, membership_id: int) -> Membership:
-    from django.shortcuts import get_object_or_404
-
     return get_object_or_404(Membership.objects.select_related("user", "organization"), organization=organization, pk=membership_id)

@@ -33,6 +33,8 @@ class Agent(models.Model):
     registration_token = models.ForeignKey(RegistrationToken, null=True, on_delete=models.SET_NULL, related_name="agents")
     created_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Set by the housekeeping beat when heartbeats stop; cleared by the next heartbeat.
+    offline_since = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

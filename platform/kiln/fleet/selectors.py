@@ -1,9 +1,13 @@
 """Reads for the fleet: agents, registration tokens, tokens presented by agents."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from django.db import connection
 from django.shortcuts import get_object_or_404
 
 from kiln.core.tokens import digest_matches, split_token
+from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
 
 from .models import Agent, RegistrationToken
 
@@ -48,6 +52,73 @@ def registration_token_get(*, organization, token_id: int) -> RegistrationToken:
 
 
 def agent_current_task_id(agent: Agent) -> int | None:
-    from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
-
     return DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.LEASED).values_list("id", flat=True).first()
+
+
+def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[int]:
+    """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds."""
+    canceled = DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now)
+    cancel = set(canceled.values_list("id", flat=True))
+    if running_task:
+        # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
+        still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
+        if not still_held:
+            cancel.add(int(running_task))
+    return sorted(cancel)
+
+
+def _labels_match(required: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in (required or {}).items())
+
+
+def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
+    """Queued tasks this agent may run, oldest first, locked (SKIP LOCKED) where the database can.
+
+    Call inside a transaction.
+    """
+    queryset = DeviceTask.objects.filter(
+        organization_id=agent.organization_id,
+        status=DeviceTaskStatus.QUEUED,
+        backend__in=sorted(agent.backends),
+        job__status__in=[JobStatus.RUNNING],
+    ).order_by("id")
+    if connection.features.has_select_for_update_skip_locked:
+        queryset = queryset.select_for_update(skip_locked=True, of=("self",))
+    return [
+        task for task in queryset[:limit]
+        if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)
+    ]
+
+
+@dataclass
+class Target:
+    """One device group a job measures on: a pinned agent, or any agent with some labels."""
+
+    key: str
+    pinned_agent: Agent | None
+    labels: dict = field(default_factory=dict)
+    backends: set = field(default_factory=set)
+
+
+def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
+    """Turn a job's targets into concrete device groups; also say which targets found no agent."""
+    agents = Agent.objects.filter(organization=job.organization, revoked_at__isnull=True)
+    if not job.targets:
+        return [Target(f"agent:{a.id}", a, {}, a.backends) for a in agents if a.online], []
+    resolved, missing = [], []
+    for target in job.targets:
+        if isinstance(target, int):
+            agent = agents.filter(pk=target).first()
+            if agent is None:
+                missing.append(f"agent {target}")
+            else:
+                resolved.append(Target(f"agent:{agent.id}", agent, {}, agent.backends))
+            continue
+        key, _, value = target.partition("=")
+        matching = [a for a in agents if a.labels.get(key) == value]
+        if not matching:
+            missing.append(target)
+            continue
+        backends = set().union(*(a.backends for a in matching))
+        resolved.append(Target(f"label:{target}", None, {key: value}, backends))
+    return resolved, missing

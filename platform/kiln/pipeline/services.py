@@ -8,10 +8,13 @@ from django.utils import timezone
 
 from devices.contract import LABEL_DECLARATIONS
 from kiln.core.errors import KilnError
+from kiln.fleet.models import Agent
+from kiln.registry.services import blob_create
 from workers.datasets import check_dataset_against_signature
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
+from .queue import enqueue_stage
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +47,6 @@ def _check_dataset(dataset, *, organization, signature, role: str):
 
 
 def _check_targets(targets: list, *, organization) -> None:
-    from kiln.fleet.models import Agent
-
     agent_ids = [t for t in targets if isinstance(t, int)]
     if agent_ids:
         found = set(Agent.objects.filter(organization=organization, pk__in=agent_ids, revoked_at__isnull=True).values_list("pk", flat=True))
@@ -109,18 +110,8 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
     return job
 
 
-def enqueue_stage(*, job_id: int, stage: str) -> None:
-    """Send the next stage to the workers once the current transaction commits."""
-    from workers import tasks
-
-    task = tasks.STAGE_TASKS[stage]
-    transaction.on_commit(lambda: task.delay(job_id))
-
-
 def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision: str = "", backend: str = "") -> Artifact:
     """Keep a file as one of the job's artifacts (idempotent by job, kind and name)."""
-    from kiln.registry.services import blob_create
-
     blob = blob_create(organization=job.organization, path=path)
     artifact, _ = Artifact.objects.update_or_create(
         job=job, kind=kind, name=name,
@@ -131,7 +122,7 @@ def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision:
 
 def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:
     log = logger.warning if level == "warning" else logger.error if level == "error" else logger.info
-    log("job %s [%s] %s", job.id, stage, message)
+    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage})
     return JobEvent.objects.create(job=job, stage=stage, level=level, message=message[:10000])
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 
 from kiln.core.errors import KilnError, redact_server_paths
+from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, inspect_npz
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
@@ -181,8 +182,6 @@ def blob_release(*, blob: Blob) -> bool:
 
 
 def model_delete(*, model: Model) -> None:
-    from kiln.pipeline.models import DeploymentJob
-
     if DeploymentJob.objects.filter(model_version__model=model).exists():
         raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
     with transaction.atomic():
@@ -217,10 +216,6 @@ def dataset_create(*, organization, user, name: str, kind: str, upload) -> Datas
 
 
 def dataset_delete(*, dataset: Dataset) -> None:
-    from django.db.models import Q
-
-    from kiln.pipeline.models import DeploymentJob
-
     if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
         raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
     with transaction.atomic():

@@ -6,6 +6,7 @@ import re
 import zipfile
 from pathlib import Path
 
+from kiln.pipeline.models import Artifact
 from kiln.registry.selectors import blob_file
 
 RUN_SCRIPT = '''"""Run the packaged model with ONNX Runtime and time it: `python run.py inputs.npz`.
@@ -72,8 +73,6 @@ def _readme(job, device: dict, chosen: dict) -> str:
 
 def build_device_package(*, job, device: dict, out_path: Path) -> bool:
     """Write the package of one device's recommended variant; False when nothing was recommended."""
-    from kiln.pipeline.models import Artifact
-
     chosen = next((v for v in device["variants"] if v["id"] == device["recommended"]), None)
     if chosen is None or not chosen.get("variant_artifact"):
         return False

@@ -8,10 +8,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from kiln.fleet.models import Agent
-from kiln.pipeline.models import DeviceTask, DeviceTaskStatus, JobStatus
+from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
 from tests.conftest import make_tenant, upload
+from workers.tasks import requeue_expired_leases
 
-pytestmark = pytest.mark.django_db
+# Transactional: the lease long-poll reads the database from executor threads, as it does in
+# production, so they must see committed rows.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ORT_ONLY = {"runtimes": {"onnxruntime": "1.32"}, "cores": 2}
 ORT_AND_OV = {"runtimes": {"onnxruntime": "1.32", "openvino": "2026.4"}, "cores": 2}
@@ -47,22 +50,21 @@ def register(tenant, name: str, capabilities: dict, labels: dict | None = None) 
     return client
 
 
+def create_job(tenant, model_files, **body) -> int:
+    version = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()["versions"][0]["id"]
+    return tenant.client.post("/api/v1/jobs/", {"model_version": version, **body}, format="json").json()["id"]
+
+
 @pytest.fixture
-def waiting_job(tenant, model_files, django_capture_on_commit_callbacks):
+def waiting_job(tenant, model_files):
     """A job whose host stages are done: fp32 and int8-dynamic variants wait for devices."""
-    version = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()["versions"][0]["id"]
-    with django_capture_on_commit_callbacks(execute=True):
-        job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32", "int8-dynamic"]}, format="json").json()
-    return job["id"]
+    return create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
 
 
 @pytest.fixture
-def pool_job(tenant, model_files, django_capture_on_commit_callbacks):
+def pool_job(tenant, model_files):
     """A job targeted at the label pool=a, so that any agent of the pool may take its tasks."""
-    version = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()["versions"][0]["id"]
-    with django_capture_on_commit_callbacks(execute=True):
-        job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32"], "targets": ["pool=a"]}, format="json").json()
-    return job["id"]
+    return create_job(tenant, model_files, precisions=["fp32"], targets=["pool=a"])
 
 
 def lease(client, wait_s=0):
@@ -89,10 +91,10 @@ def test_agent_token_is_hashed_at_rest(tenant):
     assert secret not in (agent.digest, agent.lookup_prefix)
 
 
-def test_tasks_go_only_to_agents_with_the_backend(tenant, waiting_job):
+def test_tasks_go_only_to_agents_with_the_backend(tenant, model_files):
     ort_only = register(tenant, "ort-only", ORT_ONLY)
     both = register(tenant, "both", ORT_AND_OV)
-    # The first lease re-dispatches the waiting job to every online agent.
+    job_id = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
     leased = []
     for client in (ort_only, both):
         while (response := lease(client)).status_code == 200:
@@ -103,22 +105,36 @@ def test_tasks_go_only_to_agents_with_the_backend(tenant, waiting_job):
     openvino_agents = {agent for agent, backend in leased if backend == "openvino"}
     assert openvino_agents == {both.agent_id}
     assert (ort_only.agent_id, "onnxruntime") in leased
-    assert DeviceTask.objects.filter(job_id=waiting_job).count() == 2 + 4
+    assert DeviceTask.objects.filter(job_id=job_id).count() == 2 + 4
 
 
 def test_waiting_job_runs_once_an_agent_connects(tenant, waiting_job):
-    from kiln.pipeline.models import DeploymentJob
-
     assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.WAITING_FOR_DEVICES
     agent = register(tenant, "late", ORT_ONLY)
-    assert lease(agent).status_code == 200
+    # Registration sends the organization's waiting jobs to dispatch; no lease request is needed.
     assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.RUNNING
+    assert lease(agent).status_code == 200
+
+
+def test_an_agent_back_from_offline_restarts_waiting_jobs(tenant, model_files):
+    from kiln.fleet.services import agents_mark_offline
+
+    agent = register(tenant, "sleepy", ORT_ONLY)
+    Agent.objects.filter(pk=agent.agent_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert agents_mark_offline() == 1 and agents_mark_offline() == 0
+    job_id = create_job(tenant, model_files, precisions=["fp32"])
+    assert DeploymentJob.objects.get(pk=job_id).status == JobStatus.WAITING_FOR_DEVICES
+    agent.post("/api/agent/v1/heartbeat", {}, format="json")
+    assert Agent.objects.get(pk=agent.agent_id).offline_since is None
+    assert DeploymentJob.objects.get(pk=job_id).status == JobStatus.RUNNING
 
 
 def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings):
     first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
     task = lease(first).json()
     DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert requeue_expired_leases.apply().get() == 1
+    assert requeue_expired_leases.apply().get() == 0
     second = register(tenant, "second", ORT_ONLY, labels={"pool": "a"})
     retaken = lease(second).json()
     assert retaken["id"] == task["id"] and retaken["attempt"] == task["attempt"] + 1
@@ -137,7 +153,7 @@ def test_lease_expiry_gives_up_after_the_last_attempt(tenant, waiting_job, setti
     agent = register(tenant, "flaky", ORT_ONLY)
     task = lease(agent).json()
     DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    agent.post("/api/agent/v1/heartbeat", {}, format="json")
+    requeue_expired_leases.apply()
     row = DeviceTask.objects.get(pk=task["id"])
     assert row.status == DeviceTaskStatus.FAILED and "expired" in row.error
 

@@ -148,7 +148,7 @@ def test_cancel_stops_queued_work(tenant, uploaded):
 def test_stage_task_running_twice_leaves_one_result(tenant, uploaded, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32", "int8-dynamic"]).json()["id"]
-    from kiln.pipeline.stages import job_quantize, variant_build
+    from kiln.pipeline.quantize import job_quantize, variant_build
 
     job_quantize(job_id=job_id)
     for variant in Variant.objects.filter(job_id=job_id):
@@ -168,12 +168,12 @@ def test_identical_build_is_reused_from_the_cache_not_rebuilt(tenant, uploaded, 
     body = {"model_version": uploaded["version"], "precisions": ["int8"], "calibration_dataset": uploaded["calibration"]}
     with django_capture_on_commit_callbacks(execute=True):
         first = create_job(tenant, **body).json()["id"]
-    import kiln.pipeline.stages as stages
+    import kiln.pipeline.quantize as quantize
 
     def no_rebuild(**kwargs):
         raise AssertionError("an identical variant was rebuilt")
 
-    monkeypatch.setattr(stages, "build_variant", no_rebuild)
+    monkeypatch.setattr(quantize, "build_variant", no_rebuild)
     with django_capture_on_commit_callbacks(execute=True):
         second = create_job(tenant, **body).json()["id"]
     original = Variant.objects.get(job_id=first, key="int8")

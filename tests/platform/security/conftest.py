@@ -41,13 +41,12 @@ def model_version(tenant, model_files) -> int:
 
 
 @pytest.fixture
-def leased_task(tenant, agent, model_version, django_capture_on_commit_callbacks) -> dict:
-    """A job whose fp32 variant waits for a device, leased by `agent`."""
-    with django_capture_on_commit_callbacks(execute=True):
-        job = tenant.client.post("/api/v1/jobs/", {"model_version": model_version, "precisions": ["fp32"]}, format="json")
+def leased_task(tenant, agent, model_version) -> dict:
+    """A job whose fp32 variant waits for a device, leased by `agent` (tests using it run
+    transactional, so the eager pipeline runs as each step commits)."""
+    job = tenant.client.post("/api/v1/jobs/", {"model_version": model_version, "precisions": ["fp32"]}, format="json")
     assert job.status_code == 201, job.content
-    with django_capture_on_commit_callbacks(execute=True):
-        response = agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json")
+    response = agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json")
     assert response.status_code == 200, response.content
     return response.json()
 

@@ -11,10 +11,13 @@ from kiln.reports.selectors import job_report
 from tests.platform.security.conftest import CAPABILITIES, assert_json_error, register_agent
 
 pytestmark = pytest.mark.django_db
+# Tests that lease run transactional: the lease long-poll reads the database from its own thread.
+LEASES = pytest.mark.django_db(transaction=True)
 
 GOOD_METRICS = {"latency_ms": {"p50": 1.0, "p90": 1.2, "p99": 1.5, "mean": 1.1, "std": 0.1}, "throughput_per_s": 900.0}
 
 
+@LEASES
 @pytest.mark.parametrize(
     "capabilities",
     [
@@ -59,6 +62,7 @@ def test_nine_megabyte_capabilities_are_refused(tenant):
     assert_json_error(agent.post("/api/agent/v1/heartbeat", payload, format="json"), 413)
 
 
+@LEASES
 @pytest.mark.parametrize(
     "metrics",
     [
@@ -78,6 +82,7 @@ def test_mistyped_metrics_are_refused_and_nothing_is_stored(agent, leased_task, 
     assert task.status == DeviceTaskStatus.LEASED and task.metrics == {}
 
 
+@LEASES
 @pytest.mark.parametrize(
     "extra",
     [
@@ -95,6 +100,7 @@ def test_mistyped_accuracy_and_profile_are_refused(agent, leased_task, extra):
     assert DeviceTask.objects.get(pk=leased_task["id"]).status == DeviceTaskStatus.LEASED
 
 
+@LEASES
 def test_long_errors_and_logs_are_kept_truncated_not_refused(agent, leased_task):
     url = f"/api/agent/v1/tasks/{leased_task['id']}/result"
     body = {"attempt": leased_task["attempt"], "status": "failed", "error": "E" * 100_000, "log": "L" * 500_000 + "last line"}
@@ -103,7 +109,8 @@ def test_long_errors_and_logs_are_kept_truncated_not_refused(agent, leased_task)
     assert len(task.error) <= 8 * 1024 and task.log.endswith("last line") and len(task.log) <= 64 * 1024
 
 
-def test_report_renders_when_a_stored_result_is_unreadable(tenant, agent, leased_task, django_capture_on_commit_callbacks):
+@LEASES
+def test_report_renders_when_a_stored_result_is_unreadable(tenant, agent, leased_task):
     # A row stored before results were type-checked: the report shows the error for that entry.
     DeviceTask.objects.filter(pk=leased_task["id"]).update(
         status=DeviceTaskStatus.SUCCEEDED, metrics={"latency_ms": {"p50": "abc"}}, accuracy={"cosine": "x"}

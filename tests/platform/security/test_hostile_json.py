@@ -8,6 +8,8 @@ from kiln.pipeline.models import DeploymentJob, DeviceTask
 from tests.platform.security.conftest import assert_json_error
 
 pytestmark = pytest.mark.django_db
+# Tests that lease run transactional: the lease long-poll reads the database from its own thread.
+LEASES = pytest.mark.django_db(transaction=True)
 
 
 def nested(depth: int) -> str:
@@ -39,6 +41,7 @@ def test_nested_heartbeat_is_a_400_and_keeps_capabilities(agent):
     assert Agent.objects.get(pk=agent.agent_id).capabilities == before
 
 
+@LEASES
 def test_nested_result_is_a_400_and_the_task_stays_leased(agent, leased_task):
     payload = '{"attempt": %d, "status": "succeeded", "metrics": %s}' % (leased_task["attempt"], nested_object(3_000))
     response = agent.post(f"/api/agent/v1/tasks/{leased_task['id']}/result", payload, content_type="application/json")
@@ -55,6 +58,7 @@ def test_json_body_over_the_route_limit_is_a_413(tenant, model_version, settings
     assert DeploymentJob.objects.count() == 0
 
 
+@LEASES
 def test_agent_results_have_their_own_larger_limit(agent, leased_task, settings):
     settings.MAX_JSON_BYTES = 4096
     settings.MAX_AGENT_RESULT_BYTES = 256 * 1024

@@ -7,6 +7,8 @@ from kiln.pipeline.models import DeploymentJob
 from tests.platform.security.conftest import assert_json_error
 
 pytestmark = pytest.mark.django_db
+# Tests that lease run transactional: the lease long-poll reads the database from its own thread.
+LEASES = pytest.mark.django_db(transaction=True)
 
 HUGE = "1" + "0" * 400
 DIGITS_5000 = "9" * 5000
@@ -74,6 +76,7 @@ def test_largest_real_id_still_routes(tenant):
     assert_json_error(tenant.client.get("/api/v1/models/999999999999999999/"), 404, "not_found")
 
 
+@LEASES
 def test_progress_percent_out_of_range_is_400(agent, leased_task):
     url = f"/api/agent/v1/tasks/{leased_task['id']}/progress"
     for percent in (1e300, -1, "nan", "inf"):

@@ -4,17 +4,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpResponse, JsonResponse
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import exceptions, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.accounts.api.views import CredentialsThrottled
-from kiln.core.errors import KilnError
-from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
+from kiln.core.errors import KilnError, RequestTooLarge, error_body
+from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import download_response
 from kiln.registry.selectors import blob_file
@@ -102,14 +105,62 @@ class HeartbeatView(AgentView):
 
 
 class LeaseView(AgentView):
+    """The long-poll's place in the OpenAPI schema; requests are served by `lease_view` (async)."""
+
     @extend_schema(request=LeaseSerializer, responses={200: dict, 204: None})
-    def post(self, request):
-        data = LeaseSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        task = services.device_task_lease(agent=self.agent, wait_s=data.validated_data["wait_s"])
-        if task is None:
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(task_payload(task))
+    def post(self, request):  # pragma: no cover - routed to lease_view
+        raise NotImplementedError
+
+
+def _json_error(exc: exceptions.APIException, status_code: int | None = None) -> JsonResponse:
+    code = exc.error_code if isinstance(exc, KilnError) else exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+    message = exc.message if isinstance(exc, KilnError) else str(exc.detail)
+    return JsonResponse(error_body(message, code), status=status_code or exc.status_code)
+
+
+def _authenticated_agent(request):
+    """The agent behind the request's bearer token, or an APIException (401)."""
+    result = AgentTokenAuthentication().authenticate(request)
+    if result is None:
+        raise exceptions.NotAuthenticated("Send the agent token: Authorization: Bearer kiln_agt_…")
+    return result[1]
+
+
+def _bounded_body(request):
+    """The JSON body under the same limits as every DRF route (size, depth, finite numbers)."""
+    raw = request.read(settings.MAX_JSON_BYTES + 1)
+    if len(raw) > settings.MAX_JSON_BYTES:
+        raise RequestTooLarge(f"The JSON body is larger than this route's limit of {settings.MAX_JSON_BYTES // 1024} KiB (KILN_MAX_JSON_BYTES).")
+    return parse_bounded_json(raw) if raw else {}
+
+
+@csrf_exempt
+async def lease_view(request):
+    """`POST tasks/lease`: wait up to `wait_s` for a task without holding a thread or a database loop."""
+    if request.method != "POST":
+        return JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
+    try:
+        agent = await services.run_in_db_thread(_authenticated_agent, request=request)
+    except exceptions.APIException as exc:
+        response = _json_error(exc, 401)
+        response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
+        return response
+    try:
+        body = _bounded_body(request)
+    except (exceptions.ParseError, RequestTooLarge) as exc:
+        return _json_error(exc)
+    data = LeaseSerializer(data=body if isinstance(body, dict) else {})
+    if not data.is_valid():
+        return JsonResponse(error_body("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items()), "invalid", data.errors), status=400)
+    task = await services.device_task_lease(agent=agent, wait_s=data.validated_data["wait_s"])
+    if task is None:
+        return HttpResponse(status=status.HTTP_204_NO_CONTENT)
+    return JsonResponse(task_payload(task), encoder=DjangoJSONEncoder)
+
+
+# drf-spectacular finds endpoints through `.cls`; the schema comes from LeaseView.
+lease_view.cls = LeaseView
+lease_view.initkwargs = {}
 
 
 class ProgressView(AgentView):

@@ -62,8 +62,9 @@ class Command(BaseCommand):
         processes = [
             subprocess.Popen([str(bin_dir / "gunicorn"), "kiln.wsgi:application", "--bind", options["bind"], "--workers", "2",
                               "--threads", "8", "--timeout", "300", "--chdir", str(repo / "platform")], env=env),
-            subprocess.Popen([str(bin_dir / "celery"), "-A", "workers.celery", "worker", "--loglevel", "INFO", "--concurrency", "1"],
-                             env=env, cwd=repo),
+            # --beat: the housekeeping schedule (lease expiry, re-dispatch, offline agents, stuck work).
+            subprocess.Popen([str(bin_dir / "celery"), "-A", "workers.celery", "worker", "--loglevel", "INFO", "--concurrency", "1",
+                              "--beat", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env=env, cwd=repo),
         ]
         if not options["no_agent"]:
             processes.append(self._start_agent(url, credentials, bin_dir, env))

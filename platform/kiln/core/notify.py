@@ -1,0 +1,174 @@
+"""Wake-ups across processes: a waiter sleeps until someone publishes on one of its channels.
+
+With REDIS_URL set, publishing is a Redis PUBLISH and every server process holds one pattern
+subscription that wakes its local waiters. Without Redis (the embedded default) a publish touches
+a file under $KILN_DATA_DIR/wake and each server process stats the files its waiters watch a few
+times a second: a stat per channel, not a database query per waiter.
+
+Wake-ups are hints. A waiter re-checks the database when woken, and while the Redis subscription
+is down it re-checks every FALLBACK_RECHECK_S seconds, so a lost wake-up costs latency, never work.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+import weakref
+from collections import defaultdict
+from pathlib import Path
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "kiln:wake:"
+FILE_POLL_S = 0.2
+FALLBACK_RECHECK_S = 1.0
+RECONNECT_MAX_S = 5.0
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+_sync_client: redis.Redis | None = None
+
+
+def organization_channel(organization_id: int) -> str:
+    return f"org-{organization_id}"
+
+
+def _wake_file(channel: str) -> Path:
+    return Path(settings.DATA_DIR) / "wake" / _SAFE.sub("_", channel)
+
+
+def publish(channel: str) -> None:
+    """Wake every waiter of `channel` in every server process; never raises."""
+    global _sync_client
+    try:
+        if settings.REDIS_URL:
+            if _sync_client is None:
+                _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+            _sync_client.publish(PREFIX + channel, "1")
+        else:
+            path = _wake_file(channel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+            # touch() keeps mtime when two publishes fall in one clock tick; a fresh ns time does not.
+            os.utime(path, ns=(os.stat(path).st_atime_ns, max(os.stat(path).st_mtime_ns + 1, time.time_ns())))
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("could not publish a wake-up on %s: %s", channel, exc)
+
+
+class Subscription:
+    """One waiter's interest in some channels; use as a context manager around the wait loop."""
+
+    def __init__(self, hub: _Hub, channels: list[str]):
+        self.hub = hub
+        self.channels = channels
+        self.event = asyncio.Event()
+
+    def __enter__(self) -> Subscription:
+        for channel in self.channels:
+            self.hub.add(channel, self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for channel in self.channels:
+            self.hub.remove(channel, self)
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until woken or `timeout` passes; True when woken."""
+        if not self.hub.connected:
+            timeout = min(timeout, FALLBACK_RECHECK_S)
+        try:
+            await asyncio.wait_for(self.event.wait(), max(0.0, timeout))
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.event.clear()
+
+
+class _Hub:
+    """The waiters of one event loop and the listener that wakes them."""
+
+    def __init__(self):
+        self.waiters: dict[str, set[Subscription]] = defaultdict(set)
+        self.connected = False
+        self.task = asyncio.get_running_loop().create_task(self._listen())
+
+    def add(self, channel: str, subscription: Subscription) -> None:
+        self.waiters[channel].add(subscription)
+
+    def remove(self, channel: str, subscription: Subscription) -> None:
+        waiting = self.waiters.get(channel)
+        if waiting is not None:
+            waiting.discard(subscription)
+            if not waiting:
+                del self.waiters[channel]
+
+    def wake(self, channel: str) -> None:
+        for subscription in list(self.waiters.get(channel, ())):
+            subscription.event.set()
+
+    async def _listen(self) -> None:
+        if settings.REDIS_URL:
+            await self._listen_redis()
+        else:
+            await self._listen_files()
+
+    async def _listen_files(self) -> None:
+        self.connected = True
+        seen: dict[str, int] = {}
+        while True:
+            for channel in list(self.waiters):
+                try:
+                    mtime = _wake_file(channel).stat().st_mtime_ns
+                except FileNotFoundError:
+                    mtime = 0
+                if channel in seen and seen[channel] != mtime:
+                    self.wake(channel)
+                seen[channel] = mtime
+            for channel in [c for c in seen if c not in self.waiters]:
+                del seen[channel]
+            await asyncio.sleep(FILE_POLL_S)
+
+    async def _listen_redis(self) -> None:
+        delay = 0.2
+        while True:
+            client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=10)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.psubscribe(PREFIX + "*")
+                    self.connected, delay = True, 0.2
+                    # Anything published while we were away: let every waiter re-check once.
+                    for channel in list(self.waiters):
+                        self.wake(channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "pmessage":
+                            channel = message["channel"]
+                            channel = channel.decode() if isinstance(channel, bytes) else channel
+                            self.wake(channel[len(PREFIX):])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.connected:
+                    logger.warning("wake-up subscription lost (%s); waiters re-check every %.0f s until it is back", exc, FALLBACK_RECHECK_S)
+                self.connected = False
+            finally:
+                await client.aclose()
+            await asyncio.sleep(delay)
+            delay = min(RECONNECT_MAX_S, delay * 2)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub] = weakref.WeakKeyDictionary()
+
+
+def subscribe(channels: list[str]) -> Subscription:
+    """A subscription on the running event loop's hub (one hub, one listener per loop)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None or hub.task.done():
+        hub = _hubs[loop] = _Hub()
+    return Subscription(hub, channels)

@@ -1,0 +1,184 @@
+"""Device-task transitions: dispatch, start under a lease, finish, requeue, and what a job does next.
+
+Every change of a device task's status happens here. `fleet` decides which agent gets which task
+and checks who may report what, then calls these functions; it never sets a status itself.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from kiln.core import notify
+from kiln.fleet.selectors import targets_resolve
+
+from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus, VariantStatus
+from .queue import enqueue_stage
+from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+
+logger = logging.getLogger(__name__)
+
+HANDED_BACK = "handed_back"
+
+
+def wake_agents(*, organization_id: int) -> None:
+    """Wake the organization's agents that wait for work, once the transaction commits."""
+    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))
+
+
+# -- dispatch -------------------------------------------------------------------------------
+
+def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
+    """Create one device task per (variant x target x backend both support)."""
+    targets, missing = targets_resolve(job=job)
+    if not targets:
+        what = ", ".join(missing) if missing else "no agent is online"
+        if job.status != JobStatus.WAITING_FOR_DEVICES:
+            job.status = JobStatus.WAITING_FOR_DEVICES
+            job.save(update_fields=["status", "updated_at"])
+            job_event_add(job=job, stage="dispatch", level="warning", message=f"Waiting for devices ({what}). Start one with `kiln-agent run`; the job continues when it connects.")
+        return
+    for name in missing:
+        job_event_add(job=job, stage="dispatch", level="warning", message=f"Target {name} matches no agent; skipped.")
+    variants = list(job.variants.filter(status=VariantStatus.READY))
+    created = 0
+    with transaction.atomic():
+        for target in targets:
+            for variant in variants:
+                for backend in sorted(set(variant.backends) & target.backends):
+                    _, was_created = DeviceTask.objects.get_or_create(
+                        job=job, variant=variant, backend=backend, target=target.key,
+                        defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},
+                    )
+                    created += was_created
+        if not job.device_tasks.exists():
+            offered = sorted(set().union(*(t.backends for t in targets)))
+            needed = sorted(set().union(*(set(v.backends) for v in variants)))
+            job_fail(job=job, stage="dispatch", message=f"No target device can run any variant: devices offer {offered or 'no runtime'}, variants need {needed}.")
+            return
+        job.status = JobStatus.RUNNING
+        job.save(update_fields=["status", "updated_at"])
+        job_stage_finish(job=job, stage="dispatch", message=f"{created} device task(s) for {len(targets)} target(s)")
+        job_stage_start(job=job, stage="devices")
+        job_event_add(job=job, stage="dispatch", message=f"Dispatched {created} device task(s) to {', '.join(t.key for t in targets)}.")
+        wake_agents(organization_id=job.organization_id)
+    device_task_after_terminal(job_id=job.id)
+
+
+def jobs_redispatch_waiting(*, organization_id: int | None = None) -> int:
+    """Dispatch jobs that wait for devices (of one organization, or all); returns how many now run."""
+    waiting = DeploymentJob.objects.filter(status=JobStatus.WAITING_FOR_DEVICES, stage="dispatch")
+    if organization_id is not None:
+        waiting = waiting.filter(organization_id=organization_id)
+    started = 0
+    for job in waiting.select_related("organization"):
+        with transaction.atomic():
+            # Another host may dispatch the same job at the same moment: the row lock orders them.
+            locked = DeploymentJob.objects.select_for_update().filter(pk=job.pk, status=JobStatus.WAITING_FOR_DEVICES, stage="dispatch").first()
+            if locked is None:
+                continue
+            job_dispatch_device_tasks(job=locked)
+            started += locked.status == JobStatus.RUNNING
+    return started
+
+
+# -- one task's life ------------------------------------------------------------------------
+
+def device_task_start(*, task: DeviceTask, agent, now=None) -> bool:
+    """Queued -> leased by `agent` for one lease period (compare-and-set: only one agent wins)."""
+    now = now or timezone.now()
+    return bool(DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.QUEUED).update(
+        status=DeviceTaskStatus.LEASED,
+        leased_by=agent,
+        attempt=F("attempt") + 1,
+        lease_expires_at=now + timedelta(seconds=settings.AGENT_LEASE_SECONDS),
+        started_at=now,
+        stage="leased",
+        message=f"leased by {agent.name}",
+        error="",
+    ))
+
+
+def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str, summary: str) -> bool:
+    """Leased -> succeeded or failed, for the attempt the agent holds; False when it no longer holds it."""
+    with transaction.atomic():
+        changed = DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt, leased_by=agent).update(
+            status=status, error=error, metrics=metrics, accuracy=accuracy, profile=profile, log=log,
+            stage="done", message=summary, progress=1.0, finished_at=timezone.now(),
+        )
+        if not changed:
+            return False
+        level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"
+        detail = "" if status == DeviceTaskStatus.SUCCEEDED else f": {error}"
+        job_event_add(job=task.job, stage="devices", level=level, message=f"{agent.name}: {task.variant.key} on {task.backend} {status}{detail}")
+        device_task_after_terminal(job_id=task.job_id)
+    return True
+
+
+def device_task_requeue(*, task: DeviceTask, reason: str, event: str = "") -> bool:
+    """Leased -> queued again at once (handed back, agent revoked or restarted); False if it was not leased."""
+    with transaction.atomic():
+        changed = DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt, leased_by_id=task.leased_by_id).update(
+            status=DeviceTaskStatus.QUEUED, leased_by=None, lease_expires_at=None, stage="requeued", message=reason
+        )
+        if changed:
+            if event:
+                job_event_add(job=task.job, stage="devices", level="warning", message=event)
+            wake_agents(organization_id=task.organization_id)
+    return bool(changed)
+
+
+def device_tasks_requeue_held_by(*, agent, reason: str) -> int:
+    """Requeue every task an agent holds (it was revoked, or it asks for work and so holds nothing)."""
+    count = 0
+    for task in DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.LEASED).select_related("job"):
+        count += device_task_requeue(task=task, reason=reason)
+    return count
+
+
+def device_tasks_requeue_expired() -> int:
+    """Return tasks whose lease ran out to the queue; give up after the last attempt.
+
+    Compare-and-set on (status, attempt): safe when several hosts run it at the same moment.
+    """
+    now = timezone.now()
+    count = 0
+    for task in DeviceTask.objects.filter(status=DeviceTaskStatus.LEASED, lease_expires_at__lt=now).select_related("job"):
+        still = DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt, lease_expires_at__lt=now)
+        with transaction.atomic():
+            if task.attempt >= settings.DEVICE_TASK_MAX_ATTEMPTS:
+                changed = still.update(
+                    status=DeviceTaskStatus.FAILED, error=f"The lease expired {task.attempt} times; the device stopped answering.", finished_at=now
+                )
+                if changed:
+                    device_task_after_terminal(job_id=task.job_id)
+            else:
+                changed = still.update(
+                    status=DeviceTaskStatus.QUEUED, leased_by=None, lease_expires_at=None, stage="requeued",
+                    message=f"lease of attempt {task.attempt} expired",
+                )
+                if changed:
+                    job_event_add(job=task.job, stage="devices", level="warning", message=f"Device task {task.id} ({task.backend}) lost its agent; requeued.")
+                    wake_agents(organization_id=task.organization_id)
+        count += changed
+    return count
+
+
+def device_task_after_terminal(*, job_id: int) -> None:
+    """Advance the job to its report once every device task has ended."""
+    with transaction.atomic():
+        job = DeploymentJob.objects.select_for_update().get(pk=job_id)
+        if job.is_terminal or job.stage != "devices":
+            return
+        tasks = list(job.device_tasks.values_list("status", flat=True))
+        done = sum(1 for s in tasks if s in TERMINAL_TASK_STATUSES)
+        job_progress(job=job, progress=0.6 + 0.35 * done / max(1, len(tasks)))
+        if done == len(tasks):
+            job_stage_finish(job=job, stage="devices", message=f"{len(tasks)} device task(s) finished")
+            job.stage = "report"
+            job.save(update_fields=["stage", "updated_at"])
+            enqueue_stage(job_id=job.id, stage="collect")

@@ -1,0 +1,244 @@
+"""The quantize rounds of a job: plan candidates, build each variant, and plan the search's next round.
+
+quantize (plan, fan out one build per variant) -> variant builds -> the last build dispatches;
+after the devices, collect plans another round for `auto` or goes on to the report.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import transaction
+
+from kiln.fleet.selectors import targets_resolve
+from kiln.registry.selectors import blob_file
+from kiln.reports.selectors import device_reports
+from workers.quantize import NotApplicable, build_variant
+from workers.quantize.cache import variant_cache_key
+from workers.quantize.search import plan_round
+from workers.quantize.sensitivity import rank_nodes
+
+from . import specs
+from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
+from .queue import enqueue_stage, enqueue_variant_build
+from .runner import run_stage_open, scratch_dir, working_model_path
+from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+
+logger = logging.getLogger(__name__)
+
+MAX_SEARCH_ROUNDS = 4
+SEARCH_BUDGET_SECONDS = 3600
+FINISHED_VARIANT_STATUSES = (VariantStatus.READY, VariantStatus.SKIPPED, VariantStatus.FAILED)
+
+
+# -- planning -------------------------------------------------------------------------------
+
+def _target_facts(job) -> tuple[list[str], list[str]]:
+    """ISA flags and runtimes of the agents the job targets (all of the organization when unknown)."""
+    targets, _ = targets_resolve(job=job)
+    agents = [t.pinned_agent for t in targets if t.pinned_agent] or list(job.organization.agents.filter(revoked_at__isnull=True))
+    isa = sorted(set.intersection(*(set(a.capabilities.get("isa") or []) for a in agents))) if agents else []
+    backends = sorted(set().union(*(a.backends for a in agents))) if agents else ["onnxruntime", "openvino"]
+    return isa, backends
+
+
+def _sensitivity(job) -> list[dict] | None:
+    """Rank nodes by quantization error once per job; None without calibration data."""
+    if "sensitivity" in job.search or not job.calibration_dataset_id:
+        return job.search.get("sensitivity")
+    try:
+        ranking = rank_nodes(model_path=working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
+    except Exception as exc:
+        job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
+        ranking = []
+    job.search["sensitivity"] = ranking[:50]
+    if ranking:
+        top = ", ".join(f"{r['node']} ({r['sqnr_db']:.1f} dB)" for r in ranking[:3])
+        job_event_add(job=job, stage="quantize", message=f"Most quantization-sensitive nodes: {top}.")
+    return job.search["sensitivity"]
+
+
+def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]:
+    isa, backends = _target_facts(job)
+    version = job.model_version
+    return plan_round(
+        round_number=round_number,
+        model_facts={"signature": version.signature, "op_histogram": version.op_histogram},
+        device_isa=isa,
+        backends=backends,
+        has_calibration=job.calibration_dataset_id is not None,
+        tolerance=job.tolerance,
+        sensitivity=_sensitivity(job),
+        measured=measured,
+    )
+
+
+def _create_variants(job, planned: list[dict], *, round_number: int) -> list[str]:
+    created = []
+    for spec in planned:
+        _, was_created = Variant.objects.get_or_create(
+            job=job, key=spec["key"],
+            defaults={"organization": job.organization, "precision": spec["precision"], "options": spec.get("options") or {},
+                      "round": round_number, "backends": spec.get("backends") or []},
+        )
+        if was_created:
+            created.append(spec["key"])
+    return created
+
+
+def _plan_variants(job) -> str:
+    if job.precisions == [specs.AUTO]:
+        job.search.setdefault("round", 1)
+        job.search.setdefault("started_at", time.time())
+        planned = _search_specs(job, round_number=1, measured=[])
+        job.save(update_fields=["search", "updated_at"])
+        created = _create_variants(job, planned, round_number=1)
+        return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
+    precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
+    _create_variants(job, [{"key": p, "precision": p} for p in precisions], round_number=1)
+    return f"planned {len(precisions)} variant(s): {', '.join(precisions)}"
+
+
+def job_quantize(*, job_id: int) -> None:
+    """Plan the variants and fan out one build task each; the last one to finish dispatches."""
+    if not run_stage_open(job_id, "quantize", _plan_variants):
+        return
+    for variant_id in Variant.objects.filter(job_id=job_id, status__in=[VariantStatus.PENDING, VariantStatus.BUILDING]).values_list("id", flat=True):
+        enqueue_variant_build(variant_id=variant_id)
+
+
+# -- building one variant -------------------------------------------------------------------
+
+def _variant_cache_key(variant: Variant, job: DeploymentJob) -> str:
+    model_sha = (job.converted_blob or job.model_version.blob).sha256
+    calibration_sha = job.calibration_dataset.blob.sha256 if job.calibration_dataset_id else ""
+    return variant_cache_key(model_sha256=model_sha, precision=variant.precision, options={**variant.options, "_calibration": calibration_sha})
+
+
+def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
+    """Reuse a ready build with the same model bytes, recipe, data and toolchain versions."""
+    cached = (
+        Variant.objects.filter(organization=job.organization, cache_key=variant.cache_key, status=VariantStatus.READY, artifact__isnull=False)
+        .exclude(pk=variant.pk).select_related("artifact__blob").order_by("-id").first()
+    )
+    if cached is None:
+        return False
+    variant.artifact, _ = Artifact.objects.update_or_create(
+        job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx",
+        defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
+    )
+    variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id}
+    variant.backends = cached.backends
+    variant.status = VariantStatus.READY
+    job_event_add(job=job, stage="quantize", message=f"{variant.key}: reused the identical build of job {cached.job_id}.")
+    return True
+
+
+def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
+    variant.cache_key = _variant_cache_key(variant, job)
+    if _reuse_cached(variant, job):
+        return
+    calibration = blob_file(job.calibration_dataset.blob) if job.calibration_dataset_id else None
+    with scratch_dir() as scratch:
+        out = scratch / f"{variant.key}.onnx"
+        built = build_variant(
+            model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration, options=variant.options
+        )
+        artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
+    variant.artifact = artifact
+    variant.recipe = built.get("recipe", {})
+    # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
+    built_backends = built.get("backends", ["onnxruntime"])
+    variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
+    variant.status = VariantStatus.READY
+
+
+def variant_build(*, variant_id: int) -> None:
+    """Build one host-side variant; its failure fails the variant, not the job."""
+    variant = Variant.objects.select_related("job").filter(pk=variant_id).first()
+    if variant is None or variant.job.is_terminal or variant.status in FINISHED_VARIANT_STATUSES:
+        return
+    job = variant.job
+    variant.status = VariantStatus.BUILDING
+    variant.save(update_fields=["status"])
+    try:
+        _build_variant_artifact(variant, job)
+        if "cached_from_job" not in variant.recipe:
+            job_event_add(job=job, stage="quantize", message=f"Built {variant.key} ({variant.artifact.blob.size_bytes} bytes).")
+    except NotApplicable as exc:
+        variant.status, variant.error = VariantStatus.SKIPPED, str(exc)
+        job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} skipped: {exc}")
+    except Exception as exc:
+        logger.exception("variant %s failed", variant_id, extra={"job_id": job.id, "variant_id": variant_id})
+        variant.status, variant.error = VariantStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        job_event_add(job=job, stage="quantize", level="error", message=f"{variant.key} failed: {variant.error}")
+    variant.save()
+    quantize_finish_if_done(job_id=job.id)
+
+
+@transaction.atomic
+def quantize_finish_if_done(*, job_id: int) -> None:
+    """Once every variant of the round is built, skipped or failed: dispatch, report, or fail."""
+    job = DeploymentJob.objects.select_for_update().get(pk=job_id)
+    if job.is_terminal or job.stage != "quantize":
+        return
+    variants = list(job.variants.all())
+    done = [v for v in variants if v.status in FINISHED_VARIANT_STATUSES]
+    job_progress(job=job, progress=0.25 + 0.3 * len(done) / max(1, len(variants)))
+    if len(done) < len(variants):
+        return
+    ready = [v for v in variants if v.status == VariantStatus.READY]
+    if not any(v.status == VariantStatus.READY for v in variants if v.round == job.search.get("round", 1)) and job.search.get("round", 1) > 1:
+        job_event_add(job=job, stage="quantize", level="warning", message="No candidate of this round could be built; reporting what was measured.")
+        job_stage_finish(job=job, stage="quantize", message="round without new variants")
+        job.stage = "report"
+        job.save(update_fields=["stage", "updated_at"])
+        enqueue_stage(job_id=job_id, stage="report")
+        return
+    if not ready:
+        reasons = "; ".join(f"{v.key}: {v.error}" for v in variants)
+        job_fail(job=job, stage="quantize", message=f"No variant could be built. {reasons}")
+        return
+    job_stage_finish(job=job, stage="quantize", message=f"{len(ready)} of {len(variants)} variants built")
+    enqueue_stage(job_id=job_id, stage="dispatch")
+
+
+# -- collect: another search round, or the report ------------------------------------------
+
+def _measured_by_target(job) -> dict[str, list[dict]]:
+    reports, _ = device_reports(job=job)
+    return {report.target: report.variants for report in reports}
+
+
+def _next_round_specs(job) -> list[dict]:
+    round_number = job.search.get("round", 1)
+    if job.precisions != [specs.AUTO] or round_number >= MAX_SEARCH_ROUNDS:
+        return []
+    if time.time() - job.search.get("started_at", time.time()) > SEARCH_BUDGET_SECONDS:
+        job_event_add(job=job, stage="devices", level="warning", message="The search's time budget is spent; reporting the best found.")
+        return []
+    proposals: dict[str, dict] = {}
+    for entries in _measured_by_target(job).values():
+        for spec in _search_specs(job, round_number=round_number + 1, measured=entries):
+            proposals.setdefault(spec["key"], spec)
+    existing = set(job.variants.values_list("key", flat=True))
+    return [spec for spec in proposals.values() if spec["key"] not in existing]
+
+
+def job_collect(*, job_id: int) -> None:
+    """After the devices: plan the search's next round, or go on to the report."""
+    job = DeploymentJob.objects.select_related("model_version", "calibration_dataset__blob", "converted_blob").filter(pk=job_id).first()
+    if job is None or job.is_terminal or job.stage != "report":
+        return
+    next_specs = _next_round_specs(job)
+    if not next_specs:
+        enqueue_stage(job_id=job_id, stage="report")
+        return
+    round_number = job.search.get("round", 1) + 1
+    job.search["round"] = round_number
+    job.save(update_fields=["search", "updated_at"])
+    created = _create_variants(job, next_specs, round_number=round_number)
+    job_stage_start(job=job, stage="quantize")
+    job_event_add(job=job, stage="quantize", message=f"Search round {round_number}: {len(created)} refined candidate(s): {', '.join(created)}.")
+    for variant_id in job.variants.filter(round=round_number, status=VariantStatus.PENDING).values_list("id", flat=True):
+        enqueue_variant_build(variant_id=variant_id)

@@ -1,0 +1,39 @@
+"""Sending pipeline work to the Celery workers, by task name, once the transaction commits."""
+from __future__ import annotations
+
+from django.db import transaction
+
+from workers.celery import app
+
+# The names under which workers/tasks.py registers each task; the pipeline sends by name so that
+# it never imports the task module (which imports the pipeline).
+STAGE_TASK_NAMES = {
+    "validate": "kiln.job.validate",
+    "convert": "kiln.job.convert",
+    "reference": "kiln.job.reference",
+    "quantize": "kiln.job.quantize",
+    "dispatch": "kiln.job.dispatch",
+    "collect": "kiln.job.collect",
+    "report": "kiln.job.report",
+}
+VARIANT_BUILD_TASK_NAME = "kiln.variant.build"
+REDISPATCH_TASK_NAME = "kiln.housekeeping.redispatch_waiting"
+
+
+def _send_on_commit(name: str, *args) -> None:
+    # A signature resolves the task lazily, so eager mode (unit tests) runs it in-process.
+    transaction.on_commit(lambda: app.signature(name, args=list(args)).delay())
+
+
+def enqueue_stage(*, job_id: int, stage: str) -> None:
+    """Send a job's stage to the workers once the current transaction commits."""
+    _send_on_commit(STAGE_TASK_NAMES[stage], job_id)
+
+
+def enqueue_variant_build(*, variant_id: int) -> None:
+    _send_on_commit(VARIANT_BUILD_TASK_NAME, variant_id)
+
+
+def enqueue_redispatch(*, organization_id: int) -> None:
+    """Ask the workers to dispatch an organization's jobs that wait for devices."""
+    _send_on_commit(REDISPATCH_TASK_NAME, organization_id)
