@@ -213,7 +213,7 @@ describe('NewDeploymentPage', () => {
 
   it('blocks int8 without a calibration dataset and says why', async () => {
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
@@ -225,7 +225,7 @@ describe('NewDeploymentPage', () => {
 
   it('submits a valid deployment and opens the job', async () => {
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await screen.findByRole('option', { name: /calibration-2/ });
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
@@ -262,7 +262,7 @@ describe('NewDeploymentPage', () => {
       return base(input, init);
     });
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeDisabled());
   });
 
@@ -275,7 +275,7 @@ describe('NewDeploymentPage', () => {
       return base(input, init);
     });
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await waitFor(() => expect(screen.getByText(/No online agent has onnxruntime\./)).toBeInTheDocument());
