@@ -170,3 +170,174 @@ def iter_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from iter_tensors(attribute.g)
             for subgraph in attribute.graphs:
                 yield from iter_tensors(subgraph)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output kinds
+
+# Ops that move or relabel values without changing what they mean.
+_PASS_THROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast", "Slice", "Gather", "Expand"}
+_EMBEDDING_NAMES = ("embed", "hidden", "pool", "feature", "encod", "vector", "latent")
+_DETECTION_STRIDES = (8, 16, 32)
+
+
+def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+    """A kind per output (see devices.contract.OUTPUT_KINDS) with the reason, from the producing op,
+    the shape and, when given, FP32's reference values (`[samples, ...]` per output).
+
+    Each value is `{"kind", "reason", "source"}` plus what the kind's metric needs (the class
+    axis of per-pixel scores; a detection head's layout and grid).
+    """
+    if not isinstance(model, onnx.ModelProto):
+        model = load_graph_only(model)
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    ops = {node.op_type for node in graph.node}
+    initializers = {tensor.name for tensor in graph.initializer}
+    inputs = [value for value in graph.input if value.name not in initializers]
+    kinds: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, list | None] = {}
+    for value in graph.output:
+        described = _describe_value(value)
+        shape = described["shape"]
+        if reference is not None and value.name in reference:
+            shape = ["N", *np.asarray(reference[value.name]).shape[1:]]
+        kinds[value.name] = _infer_kind(value.name, described["dtype"], shape, producers, ops, inputs, opset=default_opset(model),
+                                        values=None if reference is None else reference.get(value.name))
+        shapes[value.name] = shape
+    _pair_boxes_and_scores(kinds, shapes)
+    return kinds
+
+
+def _pair_boxes_and_scores(kinds: dict[str, dict[str, Any]], shapes: dict[str, list | None]) -> None:
+    """A detector with separate outputs: boxes `[N, A, 4]` next to scores `[N, A, C]` over the same anchors."""
+    boxes = [name for name, shape in shapes.items() if shape and len(shape) == 3 and shape[2] == 4]
+    for box_name in boxes:
+        anchors = shapes[box_name][1]
+        scores = [name for name, shape in shapes.items() if name != box_name and shape and len(shape) == 3 and shape[1] == anchors
+                  and kinds[name]["kind"] in ("class_scores", "probability_map", "regression", "embedding")]
+        if len(scores) != 1:
+            continue
+        reason = f"boxes {box_name!r} [N, A, 4] with scores {scores[0]!r} over the same anchors: a detection head in two outputs"
+        kinds[scores[0]] = _kind("detection", reason, boxes=box_name, layout="channels_last", objectness=False)
+        kinds[box_name] = _kind("detection", reason, scores=scores[0], layout="channels_last", objectness=False)
+
+
+def _chain(name: str, producers: dict[str, onnx.NodeProto]) -> tuple[onnx.NodeProto | None, list[str]]:
+    """The first producer that is not a pass-through op, and the pass-through ops on the way."""
+    passed = []
+    node = producers.get(name)
+    for _ in range(16):
+        if node is None or node.op_type not in _PASS_THROUGH or not node.input:
+            break
+        passed.append(node.op_type)
+        node = producers.get(node.input[0])
+    return node, passed
+
+
+def _ancestors_have(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], op_type: str, depth: int) -> bool:
+    frontier, seen = [node], set()
+    for _ in range(depth):
+        following = []
+        for current in frontier:
+            for name in current.input:
+                parent = producers.get(name)
+                if parent is not None and id(parent) not in seen:
+                    if parent.op_type == op_type:
+                        return True
+                    seen.add(id(parent))
+                    following.append(parent)
+        frontier = following
+    return False
+
+
+def _kind(kind: str, reason: str, source: str = "graph", **options) -> dict[str, Any]:
+    return {"kind": kind, "reason": reason, "source": source, **options}
+
+
+def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[str], inputs, *, opset: int, values) -> dict[str, Any]:
+    node, _ = _chain(name, producers)
+    if node is not None and node.op_type == "Add" and producers.get(node.input[0]) is not None \
+            and producers[node.input[0]].op_type in ("MatMul", "Gemm"):
+        node = producers[node.input[0]]  # a linear layer's bias
+    op = node.op_type if node is not None else None
+    rank = len(shape) if shape is not None else None
+    static = [dim for dim in (shape or [])[1:]]
+    if dtype.startswith(("int", "uint", "bool")):
+        return _kind("class_ids", f"{dtype} output" + (f" of {op}" if op else ""))
+    if op in ("ArgMax", "ArgMin"):
+        return _kind("class_ids", f"produced by {op}")
+    if op == "TopK":
+        produced_index = list(node.output).index(_producer_output(name, producers, node))
+        return _kind("class_ids", "TopK indices") if produced_index == 1 else _kind("regression", "TopK values")
+    if op in ("Softmax", "LogSoftmax"):
+        axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), -1 if opset >= 13 else 1)
+        if rank and rank >= 3 and (axis % rank) == 1:
+            return _kind("class_scores", f"{op} over axis 1 of a rank-{rank} output: class scores per position", axis=1)
+        return _kind("class_scores", f"{op} over the last axis" + (": class scores per position" if rank and rank >= 3 else ""))
+    detection = _detection(node, shape, producers, ops, inputs)
+    if detection is not None:
+        return detection
+    if op == "Sigmoid":
+        return _kind("probability_map", "Sigmoid output: independent probabilities" + (" per pixel" if rank and rank >= 4 else ""))
+    if op in ("LpNormalization", "LayerNormalization") or any(hint in name.lower() for hint in _EMBEDDING_NAMES):
+        return _kind("embedding", f"produced by {op}" if op in ("LpNormalization", "LayerNormalization") else f"named {name!r}")
+    if op == "Div" and _ancestors_have(node, producers, "ReduceL2", 3):
+        return _kind("embedding", "L2-normalized vectors")
+    if op in ("Gemm", "MatMul") and rank is not None and rank >= 2 and (not isinstance(static[-1], int) or static[-1] >= 2):
+        return _kind("class_scores", f"{op} logits over the last axis" + (" per position" if rank >= 3 else ""))
+    if rank == 3:
+        return _kind("embedding", f"[N, T, D] output of {op}: hidden states")
+    guessed = _kind("dense" if rank and rank >= 4 else "regression", f"rank-{rank} output of {op}" if rank else f"output of {op}", source="shape")
+    if values is not None:
+        finite = np.asarray(values)[np.isfinite(values)]
+        if rank and rank >= 4 and finite.size and finite.min() >= 0.0 and finite.max() <= 1.0:
+            return _kind("probability_map", f"spatial output of {op} with every FP32 value in [0, 1]", source="reference")
+    return guessed
+
+
+def _producer_output(name: str, producers, node: onnx.NodeProto) -> str:
+    """The output of `node` that leads (through pass-through ops) to graph output `name`."""
+    current = name
+    for _ in range(16):
+        parent = producers.get(current)
+        if parent is node:
+            return current
+        if parent is None or not parent.input:
+            break
+        current = parent.input[0]
+    return name
+
+
+def _detection(node, shape: list | None, producers, ops: set[str], inputs) -> dict[str, Any] | None:
+    """YOLO-style heads: [N, 4+C, A] (fields first, v8) or [N, A, 5+C] (v5, YOLOX) built by Concat around a Sigmoid."""
+    if node is None or node.op_type != "Concat" or shape is None:
+        return None
+    dims = [dim for dim in shape[1:] if dim != 1]
+    if len(dims) != 2 or not _ancestors_have(node, producers, "Sigmoid", 4):
+        return None
+    first, second = dims
+    if isinstance(first, int) and 5 <= first <= 300 and (not isinstance(second, int) or second >= 3 * first):
+        return _kind("detection", f"Concat of boxes and Sigmoid scores, [N, {first}, anchors]: a YOLOv8-style head", layout="channels_first")
+    if isinstance(second, int) and 5 <= second <= 300 and (not isinstance(first, int) or first >= 3 * second):
+        options: dict[str, Any] = {"layout": "channels_last"}
+        reason = f"Concat of boxes and Sigmoid scores, [N, anchors, {second}]: a YOLOv5/YOLOX-style head with objectness"
+        grid = _raw_grid(first, ops, inputs)
+        if grid is not None:
+            options["grid"] = grid
+            reason += f"; boxes are raw grid offsets (strides {', '.join(map(str, grid['strides']))}, no decode in the graph)"
+        return _kind("detection", reason, **options)
+    return None
+
+
+def _raw_grid(anchors, ops: set[str], inputs) -> dict[str, Any] | None:
+    """The YOLOX grid when the anchor count is that of strides 8/16/32 on the static input and the graph never decodes boxes."""
+    if not isinstance(anchors, int) or {"Exp", "Pow", "Softmax"} & ops or len(inputs) != 1:
+        return None
+    shape = _describe_value(inputs[0])["shape"] or []
+    if len(shape) != 4 or not all(isinstance(dim, int) and dim > 0 for dim in shape[2:]):
+        return None
+    height, width = shape[2], shape[3]
+    if sum((height // stride) * (width // stride) for stride in _DETECTION_STRIDES) != anchors:
+        return None
+    return {"strides": list(_DETECTION_STRIDES), "input_hw": [height, width]}

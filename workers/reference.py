@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.batching import sample_rows
 from workers.datasets import dataset_samples, iter_batches
 
 
@@ -32,10 +33,12 @@ def compute_reference_outputs(
     for batch in iter_batches(dataset_path, input_names=input_names, batch_size=run_batch):
         rows = len(next(iter(batch.values())))
         feeds = _pad_to(batch, static_batch) if static_batch else batch
+        fed = len(next(iter(feeds.values())))
         for name, value in zip(output_names, session.run(output_names, feeds)):
-            if value.ndim == 0 or value.shape[0] != len(next(iter(feeds.values()))):
-                raise ValueError(f"output {name!r} has no batch axis (shape {list(value.shape)}); cannot split it per sample")
-            collected[name].append(value[:rows])
+            try:
+                collected[name].append(sample_rows(value, batch_size=fed, rows=rows))
+            except ValueError as error:
+                raise ValueError(f"output {name!r}: {error}") from None
 
     outputs = {name: np.concatenate(parts) for name, parts in collected.items()}
     _write_npz_atomically(Path(out_path), outputs)

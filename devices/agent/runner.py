@@ -22,6 +22,7 @@ from devices import bench, metrics
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
 from devices.backends.registry import get_backend
+from devices.batching import sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +161,10 @@ def evaluate_outputs(
         }
         outputs = compiled.run(feeds)
         for name in compiled.output_names:
-            output = np.asarray(outputs[name])
-            collected[name].append(output[:rows] if output.ndim else output[None])
+            try:
+                collected[name].append(sample_rows(outputs[name], batch_size=batch, rows=rows))
+            except ValueError as exc:
+                raise TaskFailed(f"output {name!r}: {exc}") from None
     return {name: np.concatenate(parts, axis=0) for name, parts in collected.items() if parts}
 
 
@@ -342,12 +345,13 @@ class TaskRunner:
                 compiled, validation, check=lambda: self._check(task_id, cancel, "evaluate")
             )
             try:
-                accuracy = metrics.compare_outputs(outputs, reference, labels)
-            except ValueError as exc:
+                accuracy = metrics.evaluate(outputs, reference, task.get("evaluation"), labels)
+            except (ValueError, KeyError, TypeError) as exc:
                 raise TaskFailed(f"outputs do not match the reference: {exc}") from None
-            logger.info("accuracy: cosine %.6f, sqnr %.2f dB, top1 agreement %s, accuracy %s",
-                        accuracy["cosine"], accuracy["sqnr_db"], accuracy["top1_agreement"],
-                        accuracy["accuracy"])
+            for name, result in accuracy["outputs"].items():
+                figure = result["primary_metric"]
+                logger.info("accuracy of %s (%s): %s %s%s", name, result["kind"], figure, result["metrics"].get(figure),
+                            f"; errors: {result['errors']}" if result["errors"] else "")
         else:
             logger.info("no validation or reference data: skipping evaluation")
 

@@ -66,6 +66,9 @@ class OnnxRuntimeCompiledModel(CompiledModel):
         # EP; the layout transforms of ALL are machine-specific and are applied at load, exactly
         # as a deployment loading the artifact with default options would.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # A model that declares a wrong output shape (ddddocr's recognizer says [1, seqlen] and
+        # returns [T, 1, C]) makes ORT warn on every run; failures still raise.
+        options.log_severity_level = 3
         if self._requested_threads:
             options.intra_op_num_threads = self._requested_threads
         if profiling:

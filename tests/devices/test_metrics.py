@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from devices import metrics
+from devices import contract, metrics
 
 
 def test_cosine_of_known_vectors():
@@ -78,37 +78,151 @@ def test_accuracy_against_labels():
     assert metrics.label_accuracy(OUT, np.array([1.0, 0.0, 1.0])) is None  # float labels
 
 
-def test_compare_outputs_reports_the_worst_output_and_each_output():
-    reference = {"logits": REF, "embedding": np.ones((3, 4))}
-    outputs = {"logits": OUT, "embedding": np.ones((3, 4)) + 0.1, "extra": np.zeros(1)}
-    result = metrics.compare_outputs(outputs, reference, labels=np.array([1, 0, 1]))
-    logits = result["outputs"]["logits"]
-    embedding = result["outputs"]["embedding"]
-    assert embedding["sqnr_db"] == pytest.approx(20.0)
-    assert result["sqnr_db"] == min(logits["sqnr_db"], embedding["sqnr_db"])
-    assert result["cosine"] == min(logits["cosine"], embedding["cosine"])
-    assert result["max_abs_error"] == pytest.approx(max(logits["max_abs_error"], 0.1))
-    assert result["top1_agreement"] == pytest.approx(2 / 3)
-    assert result["accuracy"] == pytest.approx(1.0)
-    assert result["reference_accuracy"] == pytest.approx(2 / 3)
-    assert result["labeled_output"] == "logits"
-    assert result["samples"] == 3
-    assert set(result["outputs"]) == {"logits", "embedding"}
+def plan(kinds: dict, declared=None, labels=False):
+    return contract.evaluation_plan(output_kinds={name: {"kind": kind} for name, kind in kinds.items()}, output_order=list(kinds),
+                                    declared=declared or [], has_labels=labels)
 
 
-def test_compare_outputs_without_labels_has_no_accuracy():
-    result = metrics.compare_outputs({"y": OUT}, {"y": OUT})
-    assert result["accuracy"] is None and result["reference_accuracy"] is None
-    assert result["cosine"] == pytest.approx(1.0)
-    assert result["top1_agreement"] == 1.0 and result["top5_agreement"] == 1.0
+def test_evaluate_judges_only_the_primary_output_and_reports_every_output():
+    reference = {"logits": REF, "aux": np.ones((3, 4))}
+    outputs = {"logits": REF.copy(), "aux": np.ones((3, 4)) * 5.0, "extra": np.zeros(1)}
+    result = metrics.evaluate(outputs, reference, plan({"logits": "class_scores", "aux": "regression"}))
+    assert result["outputs"]["logits"]["primary"] and not result["outputs"]["aux"]["primary"]
+    assert result["outputs"]["aux"]["metrics"]["relative_l2"] == pytest.approx(4.0)
+    # The auxiliary output is far off, yet the verdict reads the primary output only.
+    verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.01}, result)
+    assert verdict["within_tolerance"] and verdict["metric"] == "top1_agreement" and verdict["output"] == "logits"
+    assert set(result["outputs"]) == {"logits", "aux"} and result["samples"] == 3
 
 
-def test_compare_outputs_requires_every_reference_output():
+def test_labels_make_top1_accuracy_the_primary_figure_with_fp32_as_reference():
+    result = metrics.evaluate({"y": OUT}, {"y": REF}, plan({"y": "class_scores"}, labels=True), labels=np.array([1, 0, 1]))
+    output = result["outputs"]["y"]
+    assert output["primary_metric"] == "top1_accuracy"
+    assert output["metrics"]["top1_accuracy"] == pytest.approx(1.0) and output["reference"]["top1_accuracy"] == pytest.approx(2 / 3)
+    # The flat keys scripts of earlier releases read are still there.
+    assert result["accuracy"] == pytest.approx(1.0) and result["reference_accuracy"] == pytest.approx(2 / 3)
+    verdict = contract.score_accuracy({"metric": "accuracy", "max_drop": 0.0}, result)
+    assert verdict["within_tolerance"] and verdict["drop"] == pytest.approx(-1 / 3)
+
+
+def test_labels_that_fit_no_output_are_reported_and_the_rest_is_measured():
+    result = metrics.evaluate({"y": OUT}, {"y": REF}, plan({"y": "class_scores"}, labels=True), labels=np.zeros((3, 7, 2), np.int64))
+    assert "fit no metric" in result["labels"]["error"]
+    assert result["outputs"]["y"]["metrics"]["top1_agreement"] == pytest.approx(2 / 3)
+    verdict = contract.score_accuracy({"metric": "accuracy", "max_drop": 0.01}, result)
+    assert verdict["within_tolerance"] is False and "fit no metric" in verdict["reason"]
+
+
+def test_evaluate_requires_every_reference_output():
     with pytest.raises(ValueError, match="logits"):
-        metrics.compare_outputs({"other": OUT}, {"logits": REF})
+        metrics.evaluate({"other": OUT}, {"logits": REF})
 
 
-def test_metrics_module_imports_numpy_only():
+def test_ties_in_fp32_do_not_count_against_a_variant():
+    reference = np.array([[1.0, 1.0 + 1e-7, 0.0], [0.0, 2.0, 1.0]])  # row 0: a tie within float noise
+    output = np.array([[1.0 + 1e-7, 1.0, 0.0], [0.0, 2.0, 1.0]])
+    assert metrics.top1_agreement(output, reference) == 1.0
+    assert metrics.top1_agreement(np.array([[0.0, 0.0, 5.0], [0.0, 0.0, 5.0]]), reference) == 0.0
+
+
+def test_class_scores_can_sit_on_axis_1_of_a_map():
+    reference = np.zeros((1, 3, 2, 2))
+    reference[:, 2] = 1.0
+    output = reference.copy()
+    output[0, :, 0, 0] = [5.0, 0.0, 0.0]
+    assert metrics.top1_agreement(output, reference, axis=1) == pytest.approx(3 / 4)
+
+
+def test_mask_iou_thresholds_both_maps_and_ignores_pixels_at_the_threshold():
+    reference = np.array([[0.9, 0.9, 0.1, 0.5]])
+    output = np.array([[0.9, 0.2, 0.1, 0.1]])
+    # foreground {0, 1} vs {0}; the pixel at exactly 0.5 falls either way and is left out
+    assert metrics.mask_iou(output, reference, 0.5) == pytest.approx(0.5)
+    assert metrics.mask_iou(np.zeros((2, 2)), np.zeros((2, 2))) == 1.0
+    assert metrics.mask_iou(output, reference, 0.05) == pytest.approx(1.0)
+
+
+def test_relative_l2_and_embedding_cosines():
+    assert metrics.relative_l2([3.0, 4.0], [3.0, 4.0]) == 0.0
+    assert metrics.relative_l2([3.0, 4.5], [3.0, 4.0]) == pytest.approx(0.1)
+    reference = np.ones((20, 4))
+    output = reference.copy()
+    output[0] = [1.0, -1.0, 1.0, -1.0]  # one vector turned by 90 degrees
+    cosines = metrics.vector_cosines(output, reference)
+    assert cosines[0] == pytest.approx(0.0) and np.all(cosines[1:] == 1.0)
+    figures = metrics.kind_figures("embedding", output, reference, {})
+    assert figures["cosine_mean"] == pytest.approx(0.95) and figures["cosine_p5"] < 0.96
+
+
+def yolo_head(boxes):
+    """A YOLOv8-style [1, 4+2, anchors] head from (cx, cy, w, h, class, score) rows, other anchors empty."""
+    head = np.zeros((1, 6, 50))
+    for index, (cx, cy, w, h, cls, score) in enumerate(boxes):
+        head[0, :4, index] = [cx, cy, w, h]
+        head[0, 4 + cls, index] = score
+    return head
+
+
+def test_detection_recall_precision_and_box_iou_against_fp32():
+    reference = yolo_head([(50, 50, 20, 20, 0, 0.9), (150, 150, 30, 30, 1, 0.8), (150, 152, 30, 30, 1, 0.7)])
+    # the near-duplicate of box 2 goes to NMS; the device misses box 2, shifts box 1, adds a new box
+    output = yolo_head([(52, 50, 20, 20, 0, 0.85), (300, 300, 10, 10, 0, 0.9)])
+    figures = metrics.detection_agreement(output, reference, {"layout": "channels_first"})
+    assert figures["detection_recall"] == pytest.approx(0.5)
+    assert figures["detection_precision"] == pytest.approx(0.5)
+    assert figures["detection_f1"] == pytest.approx(0.5)
+    assert figures["box_iou"] == pytest.approx(360 / 440)
+    same = metrics.detection_agreement(reference, reference, {"layout": "channels_first"})
+    assert same["detection_f1"] == 1.0 and same["detections"] == 2
+
+
+def test_detections_at_the_score_threshold_count_neither_way():
+    reference = yolo_head([(50, 50, 20, 20, 0, 0.2502)])
+    output = yolo_head([(50, 50, 20, 20, 0, 0.2498)])
+    figures = metrics.detection_agreement(output, reference, {"layout": "channels_first"})
+    assert figures["detection_f1"] == 1.0
+
+
+def test_yolox_grid_outputs_are_decoded_before_matching():
+    anchors = sum((32 // s) ** 2 for s in (8, 16, 32))
+    raw = np.zeros((1, anchors, 6))
+    raw[0, 0] = [0.5, 0.5, np.log(2.0), np.log(2.0), 0.9, 0.9]  # cell (0, 0) at stride 8: box centred at (4, 4), 16 wide
+    options = {"layout": "channels_last", "grid": {"strides": [8, 16, 32], "input_hw": [32, 32]}}
+    boxes, scores, classes = metrics.decode_detections(raw[0], options, floor=0.25)
+    assert boxes.tolist() == [[-4.0, -4.0, 12.0, 12.0]] and scores[0] == pytest.approx(0.81)
+
+
+def test_ctc_sequence_accuracy_and_character_error_rate():
+    def one_hot(ids, classes=4):
+        return np.eye(classes)[ids]
+    # blank 0: [1, 1, 0, 2] decodes to [1, 2]; [3, 0, 3, 3] to [3, 3]
+    output = np.stack([one_hot([1, 1, 0, 2]), one_hot([3, 0, 3, 3])])
+    labels = np.array([[1, 2, -1], [3, 1, -1]])
+    scores = metrics.ctc_scores(output, labels, blank=0)
+    assert scores["sequence_accuracy"] == pytest.approx(0.5)
+    assert scores["cer"] == pytest.approx(1 / 4)
+
+
+def test_mean_iou_against_label_masks():
+    probability = np.array([[[[0.9, 0.1], [0.8, 0.2]]]])  # [1, 1, 2, 2]
+    labels = np.array([[[1, 0], [0, 0]]])
+    # class 1: {00, 10} vs {00} → 1/2; class 0: {01, 11} vs {01, 10, 11} → 2/3
+    assert metrics.mean_iou(probability, labels, kind="probability_map") == pytest.approx((0.5 + 2 / 3) / 2)
+
+
+def test_a_declared_metric_that_raises_is_reported_and_the_others_stand():
+    declared = [{"output": "y", "kind": "ctc", "blank": 99, "primary": True}]
+    result = metrics.evaluate({"y": np.ones((2, 3, 4))}, {"y": np.ones((2, 3, 4))}, plan({"y": "class_scores"}, declared, labels=True),
+                              labels=np.ones((2, 3), np.int64))
+    output = result["outputs"]["y"]
+    assert "outside the 4 classes" in output["errors"]["sequence_accuracy"]
+    assert output["metrics"]["top1_agreement"] == 1.0
+    verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.01}, result)
+    assert verdict["within_tolerance"] is False and "outside" in verdict["reason"]
+
+
+def test_metrics_module_imports_numpy_and_the_contract_only():
     import ast
     from pathlib import Path
 
@@ -118,4 +232,18 @@ def test_metrics_module_imports_numpy_only():
         for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported <= {"__future__", "collections", "math", "typing", "numpy"}
+    assert imported <= {"__future__", "collections", "logging", "math", "typing", "numpy", "devices", "importlib"}
+
+
+def test_a_detection_head_in_two_outputs_is_matched_as_one():
+    reference_boxes = np.array([[[50, 50, 20, 20], [150, 150, 30, 30], [0, 0, 1, 1]]], dtype=float)
+    reference_scores = np.array([[[0.9, 0.0], [0.0, 0.8], [0.01, 0.01]]])
+    output_scores = reference_scores.copy()
+    output_scores[0, 1, 1] = 0.1  # the device loses the second box
+    kinds = {"boxes": {"kind": "detection", "scores": "scores", "layout": "channels_last", "objectness": False},
+             "scores": {"kind": "detection", "boxes": "boxes", "layout": "channels_last", "objectness": False}}
+    plan = contract.evaluation_plan(output_kinds=kinds, output_order=["boxes", "scores"], declared=[], has_labels=False)
+    result = metrics.evaluate({"boxes": reference_boxes, "scores": output_scores}, {"boxes": reference_boxes, "scores": reference_scores}, plan)
+    for name in ("boxes", "scores"):
+        figures = result["outputs"][name]["metrics"]
+        assert figures["detection_recall"] == pytest.approx(0.5) and figures["detection_precision"] == 1.0

@@ -55,8 +55,10 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
     accuracy = result["accuracy"]
     assert accuracy["cosine"] > 0.9999
     assert accuracy["top1_agreement"] == 1.0
-    assert accuracy["accuracy"] == pytest.approx(5 / 6)
-    assert accuracy["reference_accuracy"] == pytest.approx(5 / 6)
+    logits = accuracy["outputs"]["logits"]
+    assert logits["kind"] == "class_scores" and logits["primary_metric"] == "top1_accuracy"
+    assert logits["metrics"]["top1_accuracy"] == pytest.approx(5 / 6)
+    assert logits["reference"]["top1_accuracy"] == pytest.approx(5 / 6)
     assert result["profile"]["by_op_type"]
     assert "compiled in" in result["log"]
     assert not list((tmp_path / "work").iterdir())  # the task's scratch directory is gone
@@ -189,3 +191,42 @@ def test_log_capture_keeps_the_last_64_kb_of_its_thread():
     assert len(text.encode()) <= LOG_LIMIT_BYTES
     assert "line 02999" in text and "line 00000" not in text
     assert "another thread" not in text
+
+
+@pytest.fixture
+def metric_plugins(tmp_path, monkeypatch):
+    """A distribution on sys.path declaring two kiln.metrics entry points: one that works, one that raises."""
+    (tmp_path / "kiln_test_metrics.py").write_text(
+        "import numpy as np\n"
+        "def label_hits(output, labels, options):\n"
+        "    return float(np.mean(np.argmax(output, axis=-1) == labels))\n"
+        "def broken(output, labels, options):\n"
+        "    raise RuntimeError('the plugin fell over')\n"
+    )
+    info = tmp_path / "kiln_test_metrics-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kiln-test-metrics\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kiln.metrics]\nlabel_hits = kiln_test_metrics:label_hits\nbroken = kiln_test_metrics:broken\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_metric_plugins_run_on_the_agent_and_a_raising_one_is_reported(agent_server, runner, tiny_task_files, metric_plugins):
+    task = agent_server.serve_task(41, tiny_task_files)
+    task["evaluation"] = {"outputs": [{"name": "logits", "kind": "class_scores", "options": {}, "primary": True, "declared": [
+        {"output": "logits", "kind": "plugin", "plugin": "label_hits", "primary": True},
+        {"output": "logits", "kind": "plugin", "plugin": "broken", "primary": False},
+        {"output": "logits", "kind": "plugin", "plugin": "not_installed", "primary": False},
+    ]}], "labels": True, "declared_primary": True}
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(41)
+    logits = result["accuracy"]["outputs"]["logits"]
+    # The plugin scores the device's output and FP32's, so the tolerance reads a drop.
+    assert logits["primary_metric"] == "plugin:label_hits"
+    assert logits["metrics"]["plugin:label_hits"] == pytest.approx(5 / 6) and logits["reference"]["plugin:label_hits"] == pytest.approx(5 / 6)
+    assert "the plugin fell over" in logits["errors"]["plugin:broken"]
+    assert "not installed on this agent" in logits["errors"]["plugin:not_installed"]
+    assert logits["metrics"]["top1_agreement"] == 1.0
+    from devices import contract
+
+    verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.0}, result["accuracy"])
+    assert verdict["within_tolerance"] and verdict["metric"] == "plugin:label_hits"

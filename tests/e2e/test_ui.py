@@ -287,6 +287,17 @@ def test_upload_deploy_watch_report_and_download(stack, new_page, digits_files, 
     expect(page.get_by_test_id("signature-outputs")).to_contain_text("10]")
     expect(page.get_by_test_id("validation-result")).to_contain_text("Valid")
     expect(page.get_by_test_id("op-histogram")).to_contain_text("Conv")
+    # How the output is judged: inferred from the graph, overridable, and back to the inferred kind.
+    kinds = page.get_by_test_id("output-kinds")
+    expect(kinds).to_contain_text("Gemm logits")
+    kind_select = kinds.get_by_label("Kind of logits")
+    expect(kind_select).to_have_value("class_scores")
+    kind_select.select_option("embedding")
+    expect(kinds).to_contain_text("set by you; Kiln inferred Class scores")
+    page.reload()
+    expect(page.get_by_test_id("output-kinds").get_by_label("Kind of logits")).to_have_value("embedding")
+    page.get_by_test_id("output-kinds").get_by_role("button", name="Use inferred").click()
+    expect(page.get_by_test_id("output-kinds").get_by_label("Kind of logits")).to_have_value("class_scores")
     screenshot(page, "03-model-detail")
 
     # Calibration and validation datasets.
@@ -322,6 +333,10 @@ def test_upload_deploy_watch_report_and_download(stack, new_page, digits_files, 
     select_containing(page.get_by_label("Calibration dataset", exact=True), "digits-calibration")
     select_containing(page.get_by_label("Validation dataset", exact=True), "digits-validation")
     expect(page.get_by_test_id("device-choices")).to_contain_text("e2e-cpu")
+    # Declare the logits as primary, judged by top-1 accuracy against the validation labels.
+    expect(page.get_by_test_id("output-kind-summary")).to_contain_text("logits: Class scores")
+    page.get_by_test_id("add-metric").click()
+    page.get_by_label("Metric kind").select_option("accuracy")
     screenshot(page, "06-new-deployment")
     page.get_by_test_id("start-deployment").click()
 
@@ -364,6 +379,8 @@ def test_upload_deploy_watch_report_and_download(stack, new_page, digits_files, 
     expect(table).to_contain_text("int8")
     expect(page.get_by_test_id("recommended-row").first).to_contain_text("Recommended")
     expect(page.get_by_test_id("recommendation").first).to_be_visible()
+    expect(page.get_by_test_id("outputs-judged")).to_contain_text("logits as Class scores (primary)")
+    expect(page.get_by_test_id("fp32-noise").first).to_contain_text("onnxruntime top1_accuracy")
     # The deployment package of the recommended variant downloads from the report.
     with page.expect_download() as package_info:
         page.get_by_test_id("package-download").first.click()

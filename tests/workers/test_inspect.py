@@ -106,3 +106,63 @@ def test_inspect_excludes_initializers_and_reports_unknown_dims(tmp_path):
 def test_model_size_counts_external_data(transformer, tmp_path):
     path = save_with_external_data(transformer, tmp_path)
     assert model_size_bytes(path) == path.stat().st_size + (tmp_path / "model.onnx.data").stat().st_size
+
+
+def _graph_model(nodes, outputs, initializers=(), input_shape=("batch", 8)):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
+                              outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _weight(name, shape):
+    import numpy as np
+
+    return onnx.numpy_helper.from_array(np.ones(shape, dtype=np.float32), name)
+
+
+@pytest.mark.parametrize("nodes, output_shape, dtype, kind", [
+    ([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], ["batch", 8], TensorProto.FLOAT, "class_scores"),
+    ([helper.make_node("ArgMax", ["x"], ["y"], axis=-1, keepdims=0)], ["batch"], TensorProto.INT64, "class_ids"),
+    ([helper.make_node("Sigmoid", ["x"], ["y"])], ["batch", 8], TensorProto.FLOAT, "probability_map"),
+    ([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])], ["batch", 3], TensorProto.FLOAT,
+     "class_scores"),
+    ([helper.make_node("LpNormalization", ["x"], ["y"], axis=-1, p=2)], ["batch", 8], TensorProto.FLOAT, "embedding"),
+    ([helper.make_node("Relu", ["x"], ["y"])], ["batch", 8], TensorProto.FLOAT, "regression"),
+])
+def test_output_kinds_follow_the_producing_op(nodes, output_shape, dtype, kind):
+    from workers.inspect import infer_output_kinds
+
+    model = _graph_model(nodes, [helper.make_tensor_value_info("y", dtype, output_shape)], [_weight("w", (8, 3)), _weight("b", (3,))])
+    assert infer_output_kinds(model)["y"]["kind"] == kind
+
+
+def test_spatial_outputs_in_zero_to_one_become_probability_maps_once_values_are_known():
+    import numpy as np
+
+    from workers.inspect import infer_output_kinds
+
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 1, 4, 4])],
+                         input_shape=("b", 1, 4, 4))
+    assert infer_output_kinds(model)["y"]["kind"] == "dense"
+    values = {"y": np.random.default_rng(0).uniform(0, 1, (2, 1, 4, 4))}
+    refined = infer_output_kinds(model, values)["y"]
+    assert refined["kind"] == "probability_map" and refined["source"] == "reference"
+    assert infer_output_kinds(model, {"y": values["y"] * 5})["y"]["kind"] == "dense"
+
+
+def test_separate_boxes_and_scores_outputs_form_one_detection_head():
+    from workers.inspect import infer_output_kinds
+
+    nodes = [helper.make_node("MatMul", ["x", "wb"], ["boxes_flat"]), helper.make_node("Reshape", ["boxes_flat", "box_shape"], ["boxes"]),
+             helper.make_node("MatMul", ["x", "ws"], ["scores_flat"]), helper.make_node("Reshape", ["scores_flat", "score_shape"], ["logits"]),
+             helper.make_node("Sigmoid", ["logits"], ["scores"])]
+    import numpy as np
+
+    shapes = [onnx.numpy_helper.from_array(np.array([-1, 6, 4], np.int64), "box_shape"),
+              onnx.numpy_helper.from_array(np.array([-1, 6, 3], np.int64), "score_shape")]
+    model = _graph_model(nodes, [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", 6, 4]),
+                                 helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 6, 3])],
+                         [_weight("wb", (8, 24)), _weight("ws", (8, 18)), *shapes])
+    kinds = infer_output_kinds(model)
+    assert kinds["scores"]["kind"] == "detection" and kinds["scores"]["boxes"] == "boxes"
+    assert kinds["boxes"]["kind"] == "detection" and kinds["boxes"]["scores"] == "scores"

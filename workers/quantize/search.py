@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from devices import contract
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -32,55 +33,14 @@ from workers.quantize.schemes import (
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("auto", "accuracy", "cosine", "sqnr", "top1_agreement")
 KEEP_STEPS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_SUFFIX = re.compile(r"^(?P<base>.+?)-keep(?P<k>\d+)$")
 _MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
 _KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
 
 
-class InvalidTolerance(ValueError):
-    """The tolerance cannot be understood; the message says what a valid one looks like."""
-
-
-def parse_tolerance(tolerance: Any) -> dict[str, Any]:
-    """Normalize a tolerance: a dict `{"metric", "max_drop"}` (or `min_value` for sqnr), or text such as "1%", "0.01", "accuracy:1%"."""
-    if tolerance is None:
-        return {"metric": "auto", "max_drop": 0.01}
-    if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
-        tolerance = {"max_drop": tolerance}
-    if isinstance(tolerance, str):
-        metric, _, amount = tolerance.rpartition(":")
-        tolerance = {"metric": metric.strip() or "auto", "max_drop": amount.strip()}
-    if not isinstance(tolerance, dict):
-        raise InvalidTolerance(f"tolerance must be an object like {{'metric': 'auto', 'max_drop': 0.01}}, got {tolerance!r}")
-    metric = str(tolerance.get("metric", "auto")).strip().lower()
-    if metric not in METRICS:
-        raise InvalidTolerance(f"unknown tolerance metric {metric!r}; choose one of {', '.join(METRICS)}")
-    result: dict[str, Any] = {"metric": metric}
-    if metric == "sqnr":
-        result["min_value"] = _number(tolerance.get("min_value", 30.0), "min_value", allow_percent=False)
-        return result
-    max_drop = _number(tolerance.get("max_drop", 0.01), "max_drop", allow_percent=True)
-    if not 0.0 <= max_drop < 1.0:
-        raise InvalidTolerance(f"max_drop must be between 0 and 1 (a fraction: 0.01 is one point), got {max_drop:g}")
-    result["max_drop"] = max_drop
-    return result
-
-
-def _number(raw: Any, name: str, *, allow_percent: bool) -> float:
-    text = str(raw).strip()
-    try:
-        if allow_percent and text.endswith("%"):
-            value = float(text[:-1]) / 100.0
-        else:
-            value = float(text)
-    except ValueError:
-        example = "0.01 or '1%'" if allow_percent else "30"
-        raise InvalidTolerance(f"cannot parse tolerance {name} {raw!r}: expected a number such as {example}") from None
-    if not math.isfinite(value):
-        raise InvalidTolerance(f"tolerance {name} must be finite, got {raw!r}")
-    return value
+InvalidTolerance = contract.InvalidSpec
+parse_tolerance = contract.parse_tolerance
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +263,7 @@ def search_locally(
     max_validation_samples: int = 512,
     sensitivity_samples: int = 64,
     confirm_windows: int = 5,
+    metrics: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the auto search on this host: build each round's candidates, measure them on each backend, recommend.
 
@@ -329,7 +290,7 @@ def search_locally(
     cache = Path(cache_dir) if cache_dir else work / "cache"
     model_facts = inspect_onnx(model_path)
     isa = device_isa if device_isa is not None else host_isa()
-    validation = _Validation(model_path, validation_path, max_validation_samples)
+    validation = _Validation(model_path, validation_path, max_validation_samples, metrics or [])
 
     sensitivity = None
     if calibration_path is not None:
@@ -397,10 +358,11 @@ def search_locally(
 class _Validation:
     """Validation inputs (bounded), labels, and the FP32 reference outputs on them."""
 
-    def __init__(self, model_path: str | Path, validation_path: str | Path, limit: int):
+    def __init__(self, model_path: str | Path, validation_path: str | Path, limit: int, declared: list[dict[str, Any]]):
         import onnxruntime as ort
 
         from workers.datasets import LABELS, iter_batches
+        from workers.inspect import infer_output_kinds
 
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.input_names = [value.name for value in session.get_inputs()]
@@ -414,14 +376,20 @@ class _Validation:
         with np.load(validation_path, allow_pickle=False) as archive:
             self.labels = archive[LABELS][: sum(len(next(iter(b.values()))) for b in self.batches)] if LABELS in archive else None
         self.reference = self.run(lambda feeds: dict(zip(self.output_names, session.run(None, feeds))))
+        declared = contract.parse_declared_metrics(declared, outputs=self.output_names)
+        self.plan = contract.evaluation_plan(output_kinds=infer_output_kinds(model_path, self.reference), output_order=self.output_names,
+                                             declared=declared, has_labels=self.labels is not None)
         single = {name: np.ascontiguousarray(value[: self.static_batch or 1]) for name, value in self.batches[0].items()}
         self.benchmark_feeds = single
 
     def run(self, infer) -> dict[str, np.ndarray]:
+        from devices.batching import sample_rows
+
         parts: dict[str, list[np.ndarray]] = {}
         for feeds in self.batches:
+            rows = len(next(iter(feeds.values())))
             for name, value in infer(feeds).items():
-                parts.setdefault(name, []).append(np.asarray(value))
+                parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
         return {name: np.concatenate(values) for name, values in parts.items()}
 
 
@@ -464,7 +432,7 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
              settings, threads: int | None, work: Path, tolerance: dict[str, Any], scoring) -> dict[str, Any]:
     from devices.backends.registry import get_backend
     from devices.bench import measure
-    from devices.metrics import compare_outputs
+    from devices.metrics import evaluate
 
     entry: dict[str, Any] = {
         "id": f"{spec['key']}@{backend_name}", "key": spec["key"], "backend": backend_name,
@@ -477,10 +445,8 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
         try:
             outputs = validation.run(compiled.run)
             reference = {name: validation.reference[name] for name in validation.output_names}
-            metrics = compare_outputs({name: outputs[name] for name in reference}, reference, validation.labels)
-            metric = scoring.resolve_metric(tolerance, metrics)
-            entry["accuracy"] = scoring.score_accuracy(tolerance, metrics, metric)
-            entry["accuracy"].pop("outputs", None)
+            measured = evaluate({name: outputs[name] for name in reference}, reference, validation.plan, validation.labels)
+            entry["accuracy"] = contract.score_accuracy(tolerance, measured)
             result = measure(compiled.bind(validation.benchmark_feeds), settings)
             entry["latency_ms"] = result["latency_ms"]
             entry["unstable"] = result["unstable"]

@@ -151,6 +151,15 @@ export function useModelVersions(id: number | null) {
   });
 }
 
+export function useSetOutputKinds(modelId: number, versionNumber: number) {
+  const client = useQueryClient();
+  return useMutation({
+    mutationFn: (outputKinds: Record<string, string | null>) =>
+      api<ModelVersion>(`models/${modelId}/versions/${versionNumber}/`, { method: 'PATCH', body: { output_kinds: outputKinds } }),
+    onSuccess: () => client.invalidateQueries({ queryKey: keys.model(modelId) }),
+  });
+}
+
 export function useDeleteModel() {
   const client = useQueryClient();
   return useMutation({

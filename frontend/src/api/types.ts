@@ -64,8 +64,57 @@ export interface ModelVersion {
   op_histogram: Record<string, number>;
   parameter_count: number | null;
   validation: { ok: boolean; error: string | null } | null;
+  /** Per output: the kind Kiln judges it by, what it inferred and why, and whether the user overrode it. */
+  output_kinds?: Record<string, OutputKindInfo>;
   created_at: string;
   download_url: string;
+}
+
+export const OUTPUT_KINDS = [
+  'class_scores',
+  'class_ids',
+  'probability_map',
+  'dense',
+  'embedding',
+  'detection',
+  'regression',
+] as const;
+export type OutputKind = (typeof OUTPUT_KINDS)[number];
+
+export interface OutputKindInfo {
+  kind: OutputKind | null;
+  inferred: OutputKind | null;
+  reason: string;
+  overridden: boolean;
+}
+
+/** What a job may declare per output (`kind` of a declared metric). */
+export const DECLARED_METRIC_KINDS = [
+  'top1_agreement',
+  'top5_agreement',
+  'id_agreement',
+  'mask_iou',
+  'relative_l2',
+  'sqnr',
+  'cosine',
+  'detection',
+  'accuracy',
+  'top5_accuracy',
+  'mean_iou',
+  'ctc',
+  'plugin',
+] as const;
+export type DeclaredMetricKind = (typeof DECLARED_METRIC_KINDS)[number];
+
+export interface DeclaredMetric {
+  output: string;
+  kind: DeclaredMetricKind;
+  primary?: boolean;
+  threshold?: number;
+  match_iou?: number;
+  nms_iou?: number;
+  blank?: number;
+  plugin?: string;
 }
 
 export interface Model {
@@ -93,7 +142,19 @@ export interface Dataset {
 export const PRECISIONS = ['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
 export type Precision = (typeof PRECISIONS)[number];
 
-export const METRICS = ['auto', 'accuracy', 'cosine', 'sqnr', 'top1_agreement'] as const;
+export const METRICS = [
+  'auto',
+  'accuracy',
+  'cosine',
+  'sqnr',
+  'top1_agreement',
+  'mask_iou',
+  'relative_l2',
+  'detection_f1',
+  'mean_iou',
+  'sequence_accuracy',
+  'cer',
+] as const;
 export type ToleranceMetric = (typeof METRICS)[number];
 
 export interface Tolerance {
@@ -160,6 +221,8 @@ export interface Job {
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
+  metrics?: DeclaredMetric[];
+  evaluation?: EvaluationPlan | null;
   calibration_dataset: number | null;
   validation_dataset: number | null;
   stages?: JobStage[];
@@ -180,6 +243,12 @@ export interface JobCreate {
   validation_dataset: number | null;
   targets: (number | string)[];
   tolerance: Tolerance;
+  metrics?: DeclaredMetric[];
+}
+
+export interface EvaluationPlan {
+  outputs: { name: string; kind: OutputKind; primary: boolean; reason?: string; declared?: DeclaredMetric[] }[];
+  labels?: boolean;
 }
 
 export interface Artifact {
@@ -310,6 +379,18 @@ export interface ReportDevice {
   package?: { id: number; name: string; download_url: string } | null;
   /** What the performance database predicted before measuring, and its error. */
   estimate?: DeviceEstimate | null;
+  /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
+  fp32_noise?: Fp32Noise[];
+}
+
+export interface Fp32Noise {
+  backend: string;
+  metric: string | null;
+  output: string | null;
+  value: number | null;
+  drop: number | null;
+  sqnr_db?: number | null;
+  within_tolerance?: boolean | null;
 }
 
 export interface SensitivityRow {
@@ -323,6 +404,8 @@ export interface Report {
   job: number;
   status: JobStatus;
   tolerance: Tolerance;
+  metrics?: DeclaredMetric[];
+  evaluation?: EvaluationPlan | null;
   search?: { rounds: number; sensitivity: SensitivityRow[] };
   devices: ReportDevice[];
   rerun?: {

@@ -2,12 +2,13 @@
 import { useId, useState } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { useDeleteModel, useEstimate, useModel, useCanWrite } from '../api/hooks';
-import type { ModelVersion, TensorSpec } from '../api/types';
+import { useDeleteModel, useEstimate, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
+import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatNumber, formatShape } from '../format';
+import { KIND_LABELS, kindLabel } from '../components/outputKinds';
 
 function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
   return (
@@ -45,6 +46,75 @@ function SignatureTable({ caption, tensors, testId }: { caption: string; tensors
   );
 }
 
+/** How Kiln judges each output, why it thinks so, and a way to say otherwise. */
+export function OutputKinds({ modelId, version }: { modelId: number; version: ModelVersion }) {
+  const canWrite = useCanWrite();
+  const setKinds = useSetOutputKinds(modelId, version.number);
+  const kinds = version.output_kinds ?? {};
+  const outputs = version.signature?.outputs ?? [];
+  return (
+    <section className="card" aria-labelledby="kinds-heading" data-testid="output-kinds">
+      <h2 id="kinds-heading">Output kinds</h2>
+      <p className="muted small">
+        Each output is judged by the metric of its kind. Kiln infers the kind from the graph; change it if it is wrong.
+      </p>
+      <table className="table table-compact">
+        <thead>
+          <tr>
+            <th scope="col">Output</th>
+            <th scope="col">Kind</th>
+            <th scope="col">Judged by</th>
+          </tr>
+        </thead>
+        <tbody>
+          {outputs.map((output) => {
+            const info = kinds[output.name];
+            const kind = info?.kind ?? null;
+            return (
+              <tr key={output.name} data-testid="output-kind-row">
+                <td>
+                  <code>{output.name}</code>
+                  <div className="muted small">
+                    {info?.overridden ? `set by you; Kiln inferred ${kindLabel(info.inferred)}` : info?.reason}
+                  </div>
+                </td>
+                <td>
+                  <select
+                    aria-label={`Kind of ${output.name}`}
+                    value={kind ?? ''}
+                    disabled={!canWrite || setKinds.isPending}
+                    onChange={(event) => setKinds.mutate({ [output.name]: event.target.value || null })}
+                  >
+                    {kind === null ? <option value="">{kindLabel(null)}</option> : null}
+                    {OUTPUT_KINDS.map((option) => (
+                      <option key={option} value={option}>
+                        {KIND_LABELS[option].label}
+                        {option === info?.inferred && info?.overridden ? ' (inferred)' : ''}
+                      </option>
+                    ))}
+                  </select>
+                  {info?.overridden ? (
+                    <button
+                      type="button"
+                      className="button button-small"
+                      disabled={!canWrite || setKinds.isPending}
+                      onClick={() => setKinds.mutate({ [output.name]: null })}
+                    >
+                      Use inferred
+                    </button>
+                  ) : null}
+                </td>
+                <td className="small">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+      <ErrorMessage error={setKinds.error} />
+    </section>
+  );
+}
+
 function OpHistogram({ histogram }: { histogram: Record<string, number> }) {
   const entries = Object.entries(histogram ?? {}).sort((a, b) => b[1] - a[1]);
   if (entries.length === 0) return <p className="muted">No operator counts recorded.</p>;
@@ -72,6 +142,7 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
         <SignatureTable caption="Inputs" tensors={version.signature?.inputs ?? []} testId="signature-inputs" />
         <SignatureTable caption="Outputs" tensors={version.signature?.outputs ?? []} testId="signature-outputs" />
       </section>
+      <OutputKinds modelId={modelId} version={version} />
       <div className="stack">
         <section className="card" aria-labelledby="facts-heading">
           <h2 id="facts-heading">Version {version.number}</h2>

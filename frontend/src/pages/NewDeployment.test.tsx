@@ -4,7 +4,13 @@ import userEvent from '@testing-library/user-event';
 import { createMemoryRouter, RouterProvider } from 'react-router';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { Agent, Dataset, Model, ModelVersion } from '../api/types';
-import { emptyDeploymentForm, toJobCreate, validateDeployment, type DeploymentForm } from './deploymentValidation';
+import {
+  emptyDeploymentForm,
+  toJobCreate,
+  validateDeployment,
+  type DeploymentForm,
+  type MetricDraft,
+} from './deploymentValidation';
 import { NewDeploymentPage } from './NewDeploymentPage';
 
 const version: ModelVersion = {
@@ -113,9 +119,54 @@ describe('validateDeployment', () => {
       validation_dataset: null,
       targets: [5, 'label=arch=x86'],
       tolerance: { metric: 'auto', max_drop: 0.01 },
+      metrics: [],
     });
     expect(toJobCreate(form({})).precisions).toEqual(['auto']);
     expect(toJobCreate(form({})).targets).toEqual([]);
+  });
+});
+
+describe('declared metrics', () => {
+  const draft = (patch: Partial<MetricDraft>): MetricDraft => ({
+    output: 'logits',
+    kind: 'mask_iou',
+    primary: true,
+    threshold: '',
+    blank: '0',
+    plugin: '',
+    ...patch,
+  });
+  const errorOf = (metrics: MetricDraft[], validationDataset: number | null = 3) =>
+    validateDeployment(form({ metrics, validationDataset }), context).errors.metrics;
+
+  it('accepts a declared metric on an output of the model', () => {
+    expect(errorOf([draft({ threshold: '0.3' })])).toBeUndefined();
+  });
+
+  it('names the problem: unknown output, threshold out of range, missing blank or plugin, labels needed', () => {
+    expect(errorOf([draft({ output: 'probabilities' })])).toMatch(/one of the model's outputs/);
+    expect(errorOf([draft({ threshold: '1.5' })])).toMatch(/strictly between 0 and 1/);
+    expect(errorOf([draft({ kind: 'ctc', blank: '' })])).toMatch(/blank index/);
+    expect(errorOf([draft({ kind: 'plugin', plugin: '../x' })])).toMatch(/entry point/);
+    expect(errorOf([draft({ kind: 'accuracy' })], null)).toMatch(/needs a validation dataset with labels/);
+    expect(errorOf([draft({}), draft({})])).toMatch(/already declared/);
+  });
+
+  it('sends only the options each metric takes', () => {
+    const body = toJobCreate(
+      form({
+        metrics: [
+          draft({ threshold: '0.3' }),
+          draft({ kind: 'ctc', blank: '0', threshold: '0.9', primary: false }),
+          draft({ kind: 'plugin', plugin: 'my_f1', primary: false }),
+        ],
+      }),
+    );
+    expect(body.metrics).toEqual([
+      { output: 'logits', kind: 'mask_iou', primary: true, threshold: 0.3 },
+      { output: 'logits', kind: 'ctc', primary: false, blank: 0 },
+      { output: 'logits', kind: 'plugin', primary: false, plugin: 'my_f1' },
+    ]);
   });
 });
 
@@ -162,7 +213,7 @@ describe('NewDeploymentPage', () => {
 
   it('blocks int8 without a calibration dataset and says why', async () => {
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
@@ -174,7 +225,7 @@ describe('NewDeploymentPage', () => {
 
   it('submits a valid deployment and opens the job', async () => {
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await screen.findByRole('option', { name: /calibration-2/ });
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
@@ -183,6 +234,9 @@ describe('NewDeploymentPage', () => {
     await screen.findByText('lab-box');
     await userEvent.click(screen.getByTestId('targets-selected'));
     await userEvent.click(screen.getByTestId('target-agent-5'));
+    // Declare the logits as the primary output, judged by top-1 accuracy against the labels.
+    await userEvent.click(screen.getByTestId('add-metric'));
+    await userEvent.selectOptions(screen.getByLabelText('Metric kind'), 'accuracy');
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await screen.findByText('job page');
@@ -194,6 +248,7 @@ describe('NewDeploymentPage', () => {
       validation_dataset: 3,
       targets: [5],
       tolerance: { metric: 'auto', max_drop: 0.01 },
+      metrics: [{ output: 'logits', kind: 'accuracy', primary: true }],
     });
   });
 
@@ -207,7 +262,7 @@ describe('NewDeploymentPage', () => {
       return base(input, init);
     });
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeDisabled());
   });
 
@@ -220,7 +275,7 @@ describe('NewDeploymentPage', () => {
       return base(input, init);
     });
     renderPage();
-    await screen.findByRole('option', { name: 'v1 (digits.onnx)' });
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
     await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
     await waitFor(() => expect(screen.getByText(/No online agent has onnxruntime\./)).toBeInTheDocument());

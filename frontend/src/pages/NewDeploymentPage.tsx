@@ -2,7 +2,16 @@
 import { useEffect, useId, useMemo, useState, type FormEvent, type ReactNode } from 'react';
 import { Link, useNavigate, useSearchParams } from 'react-router';
 import { rows, useAgents, useCanWrite, useCreateJob, useDatasets, useModel, useModels } from '../api/hooks';
-import { METRICS, PRECISIONS, type Precision, type ToleranceMetric } from '../api/types';
+import {
+  DECLARED_METRIC_KINDS,
+  METRICS,
+  PRECISIONS,
+  type DeclaredMetricKind,
+  type ModelVersion,
+  type Precision,
+  type ToleranceMetric,
+} from '../api/types';
+import { declaredOptions, KIND_LABELS, kindLabel } from '../components/outputKinds';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
@@ -13,6 +22,7 @@ import {
   validateDeployment,
   type DeploymentField,
   type DeploymentForm,
+  type MetricDraft,
 } from './deploymentValidation';
 
 const PRECISION_HELP: Record<Precision, string> = {
@@ -24,12 +34,155 @@ const PRECISION_HELP: Record<Precision, string> = {
 };
 
 const METRIC_HELP: Record<ToleranceMetric, string> = {
-  auto: 'Task accuracy when the validation set has labels; otherwise top-1 agreement with FP32 for classifiers, else cosine similarity.',
+  auto: "Each primary output by its kind's metric (top-1 agreement, mask IoU, detection F1, cosine, relative L2); task accuracy when the validation set has labels.",
   accuracy: 'Top-1 accuracy against labels (needs a labelled validation set).',
   cosine: 'Cosine similarity of outputs to the FP32 reference.',
   sqnr: 'Signal-to-quantization-noise ratio, in dB.',
-  top1_agreement: 'Share of samples whose top-1 class matches FP32.',
+  top1_agreement: 'Share of positions whose top-1 class matches FP32 (ties in FP32 not counted).',
+  mask_iou: 'IoU of the thresholded foreground with FP32’s (probability maps).',
+  relative_l2: 'Relative L2 error against FP32 (dense maps, regression).',
+  detection_f1: 'F1 of detections matched to FP32’s at IoU 0.5.',
+  mean_iou: 'Mean IoU against label masks (needs labels).',
+  sequence_accuracy: 'Share of CTC-decoded sequences equal to the labels (declare a ctc metric with its blank).',
+  cer: 'Character error rate of CTC-decoded sequences against the labels.',
 };
+
+const DECLARED_HELP: Record<DeclaredMetricKind, string> = {
+  top1_agreement: 'top-1 agreement with FP32',
+  top5_agreement: 'top-5 agreement with FP32',
+  id_agreement: 'equal ids',
+  mask_iou: 'mask IoU at a threshold',
+  relative_l2: 'relative L2 error',
+  sqnr: 'SQNR in dB',
+  cosine: 'cosine per vector',
+  detection: 'detections vs FP32 (score threshold)',
+  accuracy: 'top-1 accuracy vs labels',
+  top5_accuracy: 'top-5 accuracy vs labels',
+  mean_iou: 'mean IoU vs label masks',
+  ctc: 'sequence accuracy and CER vs labels (CTC)',
+  plugin: 'your plugin (entry point kiln.metrics, on the agent)',
+};
+
+/** Metrics declared per output: which outputs the tolerance reads, with what threshold. */
+function DeclaredMetrics({
+  version,
+  metrics,
+  onChange,
+  error,
+}: {
+  version: ModelVersion | null;
+  metrics: MetricDraft[];
+  onChange: (metrics: MetricDraft[]) => void;
+  error?: string;
+}) {
+  const outputs = version?.signature?.outputs ?? [];
+  const kinds = version?.output_kinds ?? {};
+  const update = (index: number, change: Partial<MetricDraft>) =>
+    onChange(metrics.map((metric, position) => (position === index ? { ...metric, ...change } : metric)));
+  return (
+    <Fieldset
+      legend="Metrics per output (optional)"
+      hint="Without any, the first output is judged by its kind's metric. Declare metrics to choose the primary outputs the tolerance reads, set thresholds, or score against labels; the report shows them all."
+    >
+      {outputs.length > 0 ? (
+        <ul className="muted small" data-testid="output-kind-summary">
+          {outputs.map((output) => (
+            <li key={output.name}>
+              <code>{output.name}</code>: {kindLabel(kinds[output.name]?.kind)}
+              {kinds[output.name]?.kind ? ` — ${KIND_LABELS[kinds[output.name].kind as keyof typeof KIND_LABELS]?.metric ?? ''}` : ''}
+            </li>
+          ))}
+        </ul>
+      ) : null}
+      {metrics.map((metric, index) => (
+        <div className="form-row" key={index} data-testid="declared-metric">
+          <div className="field">
+            <label htmlFor={`metric-output-${index}`}>Output</label>
+            <select id={`metric-output-${index}`} value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
+              {outputs.map((output) => (
+                <option key={output.name} value={output.name}>
+                  {output.name}
+                </option>
+              ))}
+            </select>
+          </div>
+          <div className="field">
+            <label htmlFor={`metric-kind-${index}`}>Metric kind</label>
+            <select
+              id={`metric-kind-${index}`}
+              value={metric.kind}
+              onChange={(event) => update(index, { kind: event.target.value as DeclaredMetricKind })}
+            >
+              {DECLARED_METRIC_KINDS.map((kind) => (
+                <option key={kind} value={kind}>
+                  {kind} — {DECLARED_HELP[kind]}
+                </option>
+              ))}
+            </select>
+          </div>
+          {declaredOptions(metric.kind).includes('threshold') ? (
+            <div className="field">
+              <label htmlFor={`metric-threshold-${index}`}>Threshold</label>
+              <input
+                id={`metric-threshold-${index}`}
+                type="number"
+                step="any"
+                placeholder={metric.kind === 'detection' ? '0.25' : '0.5'}
+                value={metric.threshold}
+                onChange={(event) => update(index, { threshold: event.target.value })}
+              />
+            </div>
+          ) : null}
+          {declaredOptions(metric.kind).includes('blank') ? (
+            <div className="field">
+              <label htmlFor={`metric-blank-${index}`}>Blank index</label>
+              <input
+                id={`metric-blank-${index}`}
+                type="number"
+                min={0}
+                step={1}
+                value={metric.blank}
+                onChange={(event) => update(index, { blank: event.target.value })}
+              />
+            </div>
+          ) : null}
+          {declaredOptions(metric.kind).includes('plugin') ? (
+            <div className="field">
+              <label htmlFor={`metric-plugin-${index}`}>Entry point</label>
+              <input
+                id={`metric-plugin-${index}`}
+                value={metric.plugin}
+                onChange={(event) => update(index, { plugin: event.target.value })}
+              />
+            </div>
+          ) : null}
+          <label className="choice">
+            <input type="checkbox" checked={metric.primary} onChange={(event) => update(index, { primary: event.target.checked })} />
+            Primary
+          </label>
+          <button type="button" className="button button-small" onClick={() => onChange(metrics.filter((_, position) => position !== index))}>
+            Remove
+          </button>
+        </div>
+      ))}
+      <button
+        type="button"
+        className="button button-small"
+        disabled={outputs.length === 0}
+        data-testid="add-metric"
+        onClick={() =>
+          onChange([
+            ...metrics,
+            { output: outputs[0]?.name ?? '', kind: 'top1_agreement', primary: metrics.length === 0, threshold: '', blank: '0', plugin: '' },
+          ])
+        }
+      >
+        Add a metric
+      </button>
+      <FieldError id="metrics-error" message={error} />
+    </Fieldset>
+  );
+}
 
 function FieldError({ id, message }: { id: string; message?: string }) {
   if (!message) return null;
@@ -342,6 +495,10 @@ export function NewDeploymentPage() {
               </div>
             </div>
           </Fieldset>
+        </section>
+
+        <section className="card">
+          <DeclaredMetrics version={version} metrics={form.metrics} onChange={(metrics) => set('metrics', metrics)} error={errors.metrics} />
         </section>
 
         <section className="card">

@@ -1,5 +1,20 @@
 /** Client-side checks for a new deployment, run before anything is sent to the server. */
-import type { Agent, Dataset, JobCreate, ModelVersion, Precision, ToleranceMetric } from '../api/types';
+import type { Agent, Dataset, DeclaredMetric, DeclaredMetricKind, JobCreate, ModelVersion, Precision, ToleranceMetric } from '../api/types';
+
+/** One declared metric as typed in the form (numbers still text). */
+export interface MetricDraft {
+  output: string;
+  kind: DeclaredMetricKind;
+  primary: boolean;
+  threshold: string;
+  blank: string;
+  plugin: string;
+}
+
+/** Declared metric kinds that read the validation set's labels. */
+export const LABEL_METRIC_KINDS: DeclaredMetricKind[] = ['accuracy', 'top5_accuracy', 'mean_iou', 'ctc'];
+const LABEL_TOLERANCES: ToleranceMetric[] = ['accuracy', 'mean_iou', 'sequence_accuracy', 'cer'];
+const PLUGIN_NAME = /^[A-Za-z0-9_.-]{1,100}$/;
 
 export interface DeploymentForm {
   modelVersion: number | null;
@@ -12,6 +27,8 @@ export interface DeploymentForm {
   targetMode: 'all' | 'selected';
   /** Agent ids and "label=key=value" selectors. */
   targets: (number | string)[];
+  /** Metrics declared per output; the tolerance applies to the primary ones. */
+  metrics: MetricDraft[];
 }
 
 export type DeploymentField =
@@ -21,7 +38,8 @@ export type DeploymentField =
   | 'precisions'
   | 'maxDrop'
   | 'metric'
-  | 'targets';
+  | 'targets'
+  | 'metrics';
 
 export interface DeploymentContext {
   version?: ModelVersion | null;
@@ -36,7 +54,17 @@ export interface ValidationResult {
 
 /** Precisions that need a calibration dataset (static activation quantization). */
 export const NEEDS_CALIBRATION: Precision[] = ['int8'];
-const FRACTION_METRICS: ToleranceMetric[] = ['accuracy', 'cosine', 'top1_agreement'];
+const FRACTION_METRICS: ToleranceMetric[] = [
+  'accuracy',
+  'cosine',
+  'top1_agreement',
+  'mask_iou',
+  'relative_l2',
+  'detection_f1',
+  'mean_iou',
+  'sequence_accuracy',
+  'cer',
+];
 
 export const emptyDeploymentForm: DeploymentForm = {
   modelVersion: null,
@@ -48,7 +76,39 @@ export const emptyDeploymentForm: DeploymentForm = {
   maxDrop: '0.01',
   targetMode: 'all',
   targets: [],
+  metrics: [],
 };
+
+/** The first problem with the declared metrics, or null. */
+export function metricsProblem(metrics: MetricDraft[], version: ModelVersion | null | undefined, labelled: boolean): string | null {
+  const outputs = (version?.signature?.outputs ?? []).map((output) => output.name);
+  const seen = new Set<string>();
+  for (const [index, metric] of metrics.entries()) {
+    const where = `Metric ${index + 1}`;
+    if (!outputs.includes(metric.output)) return `${where}: choose one of the model's outputs.`;
+    const key = `${metric.output}/${metric.kind}/${metric.plugin}`;
+    if (seen.has(key)) return `${where}: ${metric.kind} is already declared for ${metric.output}.`;
+    seen.add(key);
+    if (metric.threshold.trim() !== '') {
+      const threshold = Number(metric.threshold);
+      if (!Number.isFinite(threshold) || threshold <= 0 || threshold >= 1) return `${where}: the threshold is a number strictly between 0 and 1.`;
+    }
+    if (metric.kind === 'ctc' && !/^\d+$/.test(metric.blank.trim())) return `${where}: CTC needs the blank index (an integer, often 0).`;
+    if (metric.kind === 'plugin' && !PLUGIN_NAME.test(metric.plugin.trim())) {
+      return `${where}: name the plugin's entry point (group kiln.metrics).`;
+    }
+    if (LABEL_METRIC_KINDS.includes(metric.kind) && !labelled) return `${where}: ${metric.kind} needs a validation dataset with labels.`;
+  }
+  return null;
+}
+
+export function toDeclaredMetric(draft: MetricDraft): DeclaredMetric {
+  const metric: DeclaredMetric = { output: draft.output, kind: draft.kind, primary: draft.primary };
+  if (['mask_iou', 'mean_iou', 'detection'].includes(draft.kind) && draft.threshold.trim() !== '') metric.threshold = Number(draft.threshold);
+  if (draft.kind === 'ctc') metric.blank = Number(draft.blank);
+  if (draft.kind === 'plugin') metric.plugin = draft.plugin.trim();
+  return metric;
+}
 
 function missingInputs(dataset: Dataset, version: ModelVersion | null | undefined): string[] {
   const inputs = version?.signature?.inputs ?? [];
@@ -95,10 +155,12 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
       errors.validationDataset = `“${validation.name}” has no array for model input ${missing.map((name) => `“${name}”`).join(', ')}.`;
     }
   }
-  if (form.metric === 'accuracy' && !errors.validationDataset) {
-    if (!validation) errors.validationDataset = 'The accuracy metric needs a validation dataset with labels.';
-    else if (!validation.has_labels) errors.validationDataset = `“${validation.name}” has no labels, which the accuracy metric needs.`;
+  if (LABEL_TOLERANCES.includes(form.metric) && !errors.validationDataset) {
+    if (!validation) errors.validationDataset = `The ${form.metric} metric needs a validation dataset with labels.`;
+    else if (!validation.has_labels) errors.validationDataset = `“${validation.name}” has no labels, which the ${form.metric} metric needs.`;
   }
+  const metricsError = metricsProblem(form.metrics, context.version, !!validation?.has_labels);
+  if (metricsError) errors.metrics = metricsError;
   if (!form.validationDataset && !errors.validationDataset) {
     warnings.push('Without a validation dataset, accuracy is measured on calibration or synthetic inputs only.');
   }
@@ -138,5 +200,6 @@ export function toJobCreate(form: DeploymentForm): JobCreate {
     targets: form.targetMode === 'all' ? [] : [...form.targets],
     // SQNR has no FP32 value to drop from (it is infinite there): the field is a floor in dB.
     tolerance: form.metric === 'sqnr' ? { metric: 'sqnr', min_value: Number(form.maxDrop) } : { metric: form.metric, max_drop: Number(form.maxDrop) },
+    metrics: form.metrics.map(toDeclaredMetric),
   };
 }

@@ -31,6 +31,10 @@ class DeploymentJob(models.Model):
     validation_dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     targets = models.JSONField(default=list)
     tolerance = models.JSONField(default=dict)
+    # Metrics the job declared per output, and the evaluation plan the agents follow (set once the
+    # FP32 reference exists: kinds per output, primaries, options).
+    metrics = models.JSONField(default=list, blank=True)
+    evaluation = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=24, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     stage = models.CharField(max_length=16, default="validate")
     progress = models.FloatField(default=0.0)

@@ -6,6 +6,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from devices.contract import LABEL_DECLARATIONS
 from kiln.core.errors import KilnError
 from kiln.fleet.models import Agent
 from kiln.registry.services import blob_create
@@ -17,6 +18,7 @@ from .queue import enqueue_stage
 
 logger = logging.getLogger(__name__)
 
+LABEL_TOLERANCES = ("accuracy", "mean_iou", "sequence_accuracy", "cer")
 STAGE_PROGRESS = {"validate": 0.0, "convert": 0.05, "reference": 0.15, "quantize": 0.25, "dispatch": 0.55, "devices": 0.6, "report": 0.95}
 
 
@@ -53,20 +55,43 @@ def _check_targets(targets: list, *, organization) -> None:
             raise KilnError(f"Unknown agent id(s): {', '.join(map(str, missing))}.", code="invalid_targets")
 
 
+def _check_label_metrics(declared: list[dict], tolerance: dict, validation_dataset) -> None:
+    """Label metrics need labels, and labels of a shape some metric can read."""
+    wanted = [entry["kind"] for entry in declared if entry["kind"] in LABEL_DECLARATIONS]
+    if tolerance["metric"] in LABEL_TOLERANCES:
+        wanted.append(tolerance["metric"])
+    if not wanted:
+        return
+    if not (validation_dataset and validation_dataset.has_labels):
+        raise KilnError(f"{wanted[0]} needs a validation dataset with labels.", code="labels_required")
+    labels = (validation_dataset.arrays or {}).get("labels") or {}
+    dtype, shape = str(labels.get("dtype", "")), list(labels.get("shape") or [])
+    for kind in wanted:
+        problem = None
+        if not dtype.startswith(("int", "uint")):
+            problem = f"labels are {dtype}; {kind} needs integer labels"
+        elif kind in ("ctc", "sequence_accuracy", "cer") and len(shape) != 2:
+            problem = f"labels of shape {shape} fit no CTC metric: write one padded row of character ids per sample, [samples, max_length]"
+        elif kind == "mean_iou" and len(shape) < 3:
+            problem = f"labels of shape {shape} fit no mask metric: write one [height, width] mask per sample"
+        if problem:
+            raise KilnError(f"The validation labels do not fit {kind}: {problem}.", code="labels_mismatch")
+
+
 def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
-               package=None, rerun_of: DeploymentJob | None = None) -> DeploymentJob:
+               metrics=None, package=None, rerun_of: DeploymentJob | None = None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
     parsed_package = specs.parse_package(package)
     parsed_tolerance = specs.parse_tolerance(tolerance)
     parsed_targets = specs.parse_targets(targets)
     signature = model_version.signature
+    declared = specs.parse_metrics(metrics, outputs=[output["name"] for output in (signature or {}).get("outputs", [])])
     _check_dataset(calibration_dataset, organization=organization, signature=signature, role="calibration")
     _check_dataset(validation_dataset, organization=organization, signature=signature, role="validation")
     if "int8" in requested and calibration_dataset is None:
         raise KilnError("int8 (static) needs a calibration dataset; add one or use int8-dynamic.", code="calibration_required")
-    if parsed_tolerance["metric"] == "accuracy" and not (validation_dataset and validation_dataset.has_labels):
-        raise KilnError("The accuracy metric needs a validation dataset with labels.", code="labels_required")
+    _check_label_metrics(declared, parsed_tolerance, validation_dataset)
     _check_targets(parsed_targets, organization=organization)
     with transaction.atomic():
         job = DeploymentJob.objects.create(
@@ -78,6 +103,7 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             validation_dataset=validation_dataset,
             targets=parsed_targets,
             tolerance=parsed_tolerance,
+            metrics=declared,
             stages=_initial_stages(),
             package=parsed_package,
             toolchain={"host": specs.host_toolchain()},
@@ -90,11 +116,11 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
 
 
 def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
-    """The same inputs again (model version, datasets, precisions, targets, tolerance, package)."""
+    """The same inputs again (model version, datasets, precisions, targets, tolerance, metrics, package)."""
     return job_create(
         organization=job.organization, user=user, model_version=job.model_version, precisions=job.precisions,
         calibration_dataset=job.calibration_dataset, validation_dataset=job.validation_dataset, targets=job.targets,
-        tolerance=job.tolerance, package=job.package, rerun_of=job,
+        tolerance=job.tolerance, metrics=job.metrics, package=job.package, rerun_of=job,
     )
 
 

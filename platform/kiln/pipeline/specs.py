@@ -1,14 +1,15 @@
-"""Parsing and checking of what a job asks for: precisions, tolerance, targets."""
+"""Parsing and checking of what a job asks for: precisions, tolerance, declared metrics, targets.
+
+The rules themselves live in `devices.contract`; this module turns their complaints into 400s.
+"""
 from __future__ import annotations
 
+from devices import contract
 from kiln.core.errors import KilnError
 from kiln.core.fields import MAX_ID
 
-PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "int4-weight")
-AUTO = "auto"
-TOLERANCE_METRICS = ("auto", "accuracy", "cosine", "sqnr", "top1_agreement")
-DEFAULT_TOLERANCE = {"metric": "auto", "max_drop": 0.01}
-DEFAULT_MIN_SQNR_DB = 30.0
+PRECISIONS = contract.PRECISIONS
+AUTO = contract.AUTO
 
 
 def parse_precisions(raw) -> list[str]:
@@ -40,34 +41,18 @@ def resolve_precisions(requested: list[str], *, has_calibration: bool) -> list[s
 
 
 def parse_tolerance(raw) -> dict:
-    if raw in (None, {}):
-        return dict(DEFAULT_TOLERANCE)
-    if not isinstance(raw, dict):
-        raise KilnError('tolerance must be an object like {"metric": "cosine", "max_drop": 0.01}.', code="invalid_tolerance")
-    metric = raw.get("metric", "auto")
-    if metric not in TOLERANCE_METRICS:
-        raise KilnError(f"Unknown tolerance metric {metric!r}; use one of {', '.join(TOLERANCE_METRICS)}.", code="invalid_tolerance")
-    tolerance = {"metric": metric}
-    if metric == "sqnr":
-        tolerance["min_value"] = _number(raw.get("min_value", DEFAULT_MIN_SQNR_DB), "tolerance.min_value")
-        return tolerance
-    max_drop = _number(raw.get("max_drop", DEFAULT_TOLERANCE["max_drop"]), "tolerance.max_drop")
-    if not 0 <= max_drop <= 1:
-        raise KilnError("tolerance.max_drop is a fraction between 0 and 1 (0.01 = one point).", code="invalid_tolerance")
-    tolerance["max_drop"] = max_drop
-    return tolerance
-
-
-def _number(value, name: str) -> float:
-    if isinstance(value, bool):
-        raise KilnError(f"{name} must be a number.", code="invalid_tolerance")
     try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise KilnError(f"{name} must be a number, got {value!r}.", code="invalid_tolerance") from exc
-    if number != number or number in (float("inf"), float("-inf")):
-        raise KilnError(f"{name} must be finite.", code="invalid_tolerance")
-    return number
+        return contract.parse_tolerance(raw)
+    except contract.InvalidSpec as exc:
+        raise KilnError(str(exc), code=exc.code) from None
+
+
+def parse_metrics(raw, *, outputs: list[str]) -> list[dict]:
+    """Declared metrics per output (`[{"output", "kind", "threshold", "primary"}]`), checked against the model's outputs."""
+    try:
+        return contract.parse_declared_metrics(raw, outputs=outputs)
+    except contract.InvalidSpec as exc:
+        raise KilnError(str(exc), code=exc.code) from None
 
 
 def _agent_id(raw: int | str) -> int:

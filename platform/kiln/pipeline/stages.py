@@ -115,10 +115,32 @@ def _reference(job) -> str:
         summary = compute_reference_outputs(source_model_path(job), inputs, out)
         reference = artifact_store(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
         validation_blob = blob_create(organization=job.organization, path=inputs)
+        job.evaluation = _evaluation_plan(job, out)
     job.reference_blob = reference.blob
     job.validation_blob = validation_blob
-    job.save(update_fields=["reference_blob", "validation_blob", "updated_at"])
+    job.save(update_fields=["reference_blob", "validation_blob", "evaluation", "updated_at"])
+    kinds = ", ".join(f"{entry['name']}: {entry['kind']}{' (primary)' if entry['primary'] else ''}" for entry in job.evaluation["outputs"])
+    job_event_add(job=job, stage="reference", message=f"Outputs judged as {kinds}.")
     return f"FP32 reference outputs on {summary['samples']} samples."
+
+
+def _evaluation_plan(job, reference_path: Path) -> dict:
+    """Kinds per output (the user's overrides, else inferred from the graph and FP32's values) and what each device measures."""
+    from devices.contract import evaluation_plan
+    from workers.inspect import infer_output_kinds
+
+    with np.load(reference_path, allow_pickle=False) as archive:
+        reference = {name: archive[name] for name in archive.files}
+    kinds = infer_output_kinds(source_model_path(job), reference)
+    for name, kind in (job.model_version.output_kind_overrides or {}).items():
+        if name in kinds and kinds[name]["kind"] != kind:
+            kinds[name] = {"kind": kind, "reason": "set by the user", "source": "override"}
+    order = [output["name"] for output in job.model_version.signature.get("outputs", []) if output["name"] in reference] or list(reference)
+    has_labels = bool(job.validation_dataset_id and job.validation_dataset.has_labels)
+    plan = evaluation_plan(output_kinds=kinds, output_order=order, declared=job.metrics or [], has_labels=has_labels)
+    for entry in plan["outputs"]:
+        entry["reason"] = kinds.get(entry["name"], {}).get("reason", "")
+    return plan
 
 
 def job_reference(*, job_id: int) -> None:

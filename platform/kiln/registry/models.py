@@ -50,6 +50,9 @@ class ModelVersion(models.Model):
     op_histogram = models.JSONField(default=dict)
     parameter_count = models.BigIntegerField(default=0)
     validation = models.JSONField(default=dict)
+    # Per output: the kind inferred from the graph ({"kind", "reason", ...}) and the user's override.
+    output_kinds = models.JSONField(default=dict, blank=True)
+    output_kind_overrides = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

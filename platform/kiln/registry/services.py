@@ -1,6 +1,7 @@
 """Writes for the registry: store uploads as blobs, create models, versions and datasets."""
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 from contextlib import contextmanager
@@ -12,14 +13,17 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from devices.contract import OUTPUT_KINDS
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, inspect_npz
-from workers.inspect import inspect_onnx, validate_onnx
+from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
 
 from . import storage, uploads
 from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
+
+logger = logging.getLogger(__name__)
 
 MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
 
@@ -98,6 +102,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
+        facts["output_kinds"] = _output_kinds(onnx_path)
     except KilnError:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -132,6 +137,7 @@ def _create_version(*, model: Model, upload, source_format: str, facts: dict, me
         op_histogram=facts.get("op_histogram", {}),
         parameter_count=facts.get("parameter_count", 0),
         validation=facts["validation"],
+        output_kinds=facts.get("output_kinds", {}),
     )
 
 
@@ -312,3 +318,32 @@ def upload_released_on_error(*, upload):
             with transaction.atomic():
                 blob_release(blob=blob)
         raise
+
+
+def _output_kinds(onnx_path: Path) -> dict:
+    """Kinds inferred from the graph; a model the heuristics cannot read still uploads (the job infers again from values)."""
+    try:
+        return infer_output_kinds(onnx_path)
+    except Exception as exc:
+        logger.warning("output kinds of %s could not be inferred: %s", onnx_path.name, exc)
+        return {}
+
+
+def model_version_set_output_kinds(*, version: ModelVersion, overrides: dict) -> ModelVersion:
+    """Override the inferred kind of some outputs (`{name: kind}`; null drops an override)."""
+    if not isinstance(overrides, dict):
+        raise KilnError('output_kinds must be an object like {"logits": "class_scores"}.', code="invalid_output_kinds")
+    names = [output["name"] for output in (version.signature or {}).get("outputs", [])]
+    merged = dict(version.output_kind_overrides or {})
+    for name, kind in overrides.items():
+        if name not in names:
+            raise KilnError(f"The model has no output {name!r}; its outputs are {', '.join(names)}.", code="unknown_output")
+        if kind is None:
+            merged.pop(name, None)
+        elif kind not in OUTPUT_KINDS:
+            raise KilnError(f"Unknown output kind {kind!r} for {name!r}; use one of {', '.join(OUTPUT_KINDS)}.", code="invalid_output_kinds")
+        else:
+            merged[name] = kind
+    version.output_kind_overrides = merged
+    version.save(update_fields=["output_kind_overrides"])
+    return version

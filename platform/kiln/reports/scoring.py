@@ -1,47 +1,22 @@
-"""Pure scoring of measured variants: tolerance checks, the Pareto set, the recommendation."""
+"""Pure scoring of measured variants: the Pareto set, the recommendation, FP32's noise figure.
+
+The verdict on one variant (`score_accuracy`) is the contract's, shared with the search."""
 from __future__ import annotations
 
-METRIC_KEYS = {"accuracy": "accuracy", "cosine": "cosine", "sqnr": "sqnr_db", "top1_agreement": "top1_agreement"}
-EPSILON = 1e-9
+from devices.contract import quality, score_accuracy
 
-
-def resolve_metric(tolerance: dict, accuracy: dict) -> str:
-    metric = tolerance.get("metric", "auto")
-    if metric != "auto":
-        return metric
-    if accuracy.get("accuracy") is not None:
-        return "accuracy"
-    if accuracy.get("top1_agreement") is not None:
-        return "top1_agreement"
-    return "cosine"
-
-
-def score_accuracy(tolerance: dict, accuracy: dict, metric: str) -> dict:
-    """The tolerance verdict for one variant's measured accuracy."""
-    value = accuracy.get(METRIC_KEYS[metric])
-    result = {**accuracy, "metric": metric, "value": value, "reference_value": None, "drop": None, "within_tolerance": False}
-    if value is None:
-        return result
-    if metric == "sqnr":
-        result["within_tolerance"] = value >= tolerance.get("min_value", 30.0) - EPSILON
-        return result
-    reference = accuracy.get("reference_accuracy") if metric == "accuracy" else 1.0
-    if reference is None:
-        return result
-    drop = reference - value
-    result.update(reference_value=reference, drop=drop, within_tolerance=drop <= tolerance.get("max_drop", 0.01) + EPSILON)
-    return result
+__all__ = ["fp32_noise", "pareto_ids", "quality", "recommend", "score_accuracy"]
 
 
 def pareto_ids(entries: list[dict]) -> set:
-    """Entries not beaten on both latency (lower) and accuracy value (higher)."""
-    measured = [e for e in entries if e.get("latency_ms") and e["accuracy"].get("value") is not None]
+    """Entries not beaten on both latency (lower) and accuracy (smaller drop)."""
+    measured = [e for e in entries if e.get("latency_ms") and quality(e["accuracy"]) is not None]
     front = set()
     for entry in measured:
-        latency, value = entry["latency_ms"]["p50"], entry["accuracy"]["value"]
+        latency, value = entry["latency_ms"]["p50"], quality(entry["accuracy"])
         dominated = any(
-            other["latency_ms"]["p50"] <= latency and other["accuracy"]["value"] >= value
-            and (other["latency_ms"]["p50"] < latency or other["accuracy"]["value"] > value)
+            other["latency_ms"]["p50"] <= latency and quality(other["accuracy"]) >= value
+            and (other["latency_ms"]["p50"] < latency or quality(other["accuracy"]) > value)
             for other in measured if other is not entry
         )
         if not dominated:
@@ -70,7 +45,7 @@ def _int8_notes(entries: list[dict]) -> list[str]:
 
 def recommend(entries: list[dict], tolerance: dict) -> tuple[object, str]:
     """Pick the fastest entry within tolerance; when none is, the most accurate, and say why."""
-    measured = [e for e in entries if e.get("latency_ms") and e["accuracy"].get("value") is not None]
+    measured = [e for e in entries if e.get("latency_ms") and quality(e["accuracy"]) is not None]
     if not measured:
         return None, "No variant was measured successfully on this device; see each task's error."
     within = [e for e in measured if e["accuracy"]["within_tolerance"]]
@@ -83,9 +58,22 @@ def recommend(entries: list[dict], tolerance: dict) -> tuple[object, str]:
         verdict = f"{accuracy['metric']} {accuracy['value']:.4g}" + (f" (drop {accuracy['drop']:.4g})" if accuracy.get("drop") is not None else "")
         reason = f"Fastest variant within tolerance: {_describe(best)}, p50 {best['latency_ms']['p50']:.3f} ms{speed}; {verdict}."
         return best["id"], " ".join([reason, *notes])
-    best = max(measured, key=lambda e: (e["accuracy"]["value"], -e["latency_ms"]["p50"]))
+    best = max(measured, key=lambda e: (quality(e["accuracy"]), -e["latency_ms"]["p50"]))
     reason = (
         f"No variant met the tolerance; the most accurate is {_describe(best)} "
         f"({best['accuracy']['metric']} {best['accuracy']['value']:.4g}, p50 {best['latency_ms']['p50']:.3f} ms)."
     )
     return best["id"], " ".join([reason, *notes])
+
+
+def fp32_noise(entries: list[dict]) -> list[dict]:
+    """What FP32 itself scores on this device, per backend: the floor every other variant is read against."""
+    noise = []
+    for entry in entries:
+        accuracy = entry.get("accuracy") or {}
+        if entry.get("precision") != "fp32" or accuracy.get("value") is None:
+            continue
+        noise.append({"backend": entry["backend"], "metric": accuracy.get("metric"), "output": accuracy.get("output"),
+                      "value": accuracy.get("value"), "drop": accuracy.get("drop"), "sqnr_db": accuracy.get("sqnr_db"),
+                      "within_tolerance": accuracy.get("within_tolerance")})
+    return sorted(noise, key=lambda row: row["backend"])

@@ -12,7 +12,7 @@ from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskStatus
 
 from .models import Measurement, Report
 from .packaging import package_name
-from .scoring import pareto_ids, recommend, resolve_metric, score_accuracy
+from .scoring import fp32_noise, pareto_ids, recommend, score_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _is_number(value) -> bool:
 def _scored(tolerance: dict, accuracy: dict) -> dict:
     if not accuracy:
         return {"value": None, "within_tolerance": False}
-    scored = score_accuracy(tolerance, accuracy, resolve_metric(tolerance, accuracy))
+    scored = score_accuracy(tolerance, accuracy)
     if scored["value"] is not None and not _is_number(scored["value"]):
         raise UnreadableResult(f"accuracy {scored['metric']} is not a number: {str(scored['value'])[:40]!r}")
     return scored
@@ -147,6 +147,7 @@ def _agent_json(agent) -> dict | None:
 def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None) -> dict:
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
+        "fp32_noise": fp32_noise(variants),
         "package": {"id": package.id, "name": package.name, "sha256": package.blob.sha256,
                     "download_url": reverse("artifact-download", args=[package.id])} if package else None,
         "estimate": estimate,
@@ -173,6 +174,8 @@ def job_report(*, job) -> dict:
         "job": job.id,
         "status": job.status,
         "tolerance": job.tolerance,
+        "metrics": job.metrics,
+        "evaluation": job.evaluation,
         "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
         "devices": devices,
         "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},

@@ -202,3 +202,48 @@ def test_a_stray_stage_message_for_a_job_elsewhere_in_its_pipeline_changes_nothi
     job = DeploymentJob.objects.get(pk=job_id)
     assert job.status == JobStatus.QUEUED and job.stage == "validate"
     assert not Variant.objects.filter(job=job).exists()
+
+
+@pytest.mark.parametrize(
+    "metrics, code, fragment",
+    [
+        ([{"output": "probabilities", "kind": "accuracy"}], "unknown_output", "no output 'probabilities'"),
+        ([{"output": "logits", "kind": "mask_iou", "threshold": 1.2}], "invalid_metrics", "threshold"),
+        ([{"output": "logits", "kind": "mask_iou", "threshold": "1e999"}], "invalid_metrics", "finite"),
+        ([{"output": "logits", "kind": "ctc"}], "invalid_metrics", "blank"),
+        ([{"output": "logits", "kind": "ctc", "blank": 0}], "labels_mismatch", "fit no CTC metric"),
+        ([{"output": "logits", "kind": "mean_iou"}], "labels_mismatch", "fit no mask metric"),
+        ({"output": "logits"}, "invalid_metrics", "must be a list"),
+    ],
+)
+def test_bad_declared_metrics_are_400_with_a_reason(tenant, uploaded, metrics, code, fragment):
+    response = create_job(tenant, model_version=uploaded["version"], validation_dataset=uploaded["validation"], metrics=metrics)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code and fragment in response.json()["error"]
+    assert DeploymentJob.objects.count() == 0
+
+
+def test_label_metrics_need_labels(tenant, uploaded):
+    response = create_job(tenant, model_version=uploaded["version"], calibration_dataset=uploaded["calibration"],
+                          metrics=[{"output": "logits", "kind": "accuracy", "primary": True}])
+    assert response.status_code == 400 and response.json()["code"] == "labels_required"
+
+
+def test_the_evaluation_plan_follows_the_model_and_the_declared_metrics(tenant, uploaded, django_capture_on_commit_callbacks):
+    version = DeploymentJob._meta.get_field("model_version").related_model.objects.get(pk=uploaded["version"])
+    version.output_kind_overrides = {"logits": "embedding"}
+    version.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"], validation_dataset=uploaded["validation"],
+                              metrics=[{"output": "logits", "kind": "accuracy", "primary": True}])
+    assert response.status_code == 201, response.content
+    job = tenant.client.get(f"/api/v1/jobs/{response.json()['id']}/").json()
+    assert job["metrics"] == [{"output": "logits", "kind": "accuracy", "primary": True}]
+    [entry] = job["evaluation"]["outputs"]
+    assert entry["name"] == "logits" and entry["kind"] == "embedding" and entry["primary"] and entry["reason"] == "set by the user"
+    assert any("Outputs judged as logits: embedding (primary)" in e["message"] for e in job["events"])
+    task = DeviceTask.objects.filter(job_id=job["id"]).first()
+    if task is not None:
+        from kiln.fleet.api.agent_views import task_payload
+
+        assert task_payload(task)["evaluation"] == job["evaluation"]

@@ -215,3 +215,29 @@ def test_a_damaged_stored_copy_is_replaced_by_the_next_upload_of_those_bytes(set
     stored.write_bytes(b"bit rot" + stored.read_bytes()[7:])
     storage.put_file(source, sha256=sha)
     assert storage.file_sha256(stored)[0] == sha
+
+
+def test_output_kinds_are_inferred_at_upload_and_can_be_overridden(tenant, other_tenant, model_files):
+    body = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()
+    version = body["versions"][0]
+    assert version["output_kinds"]["logits"]["kind"] == "class_scores"
+    assert "Gemm" in version["output_kinds"]["logits"]["reason"] and not version["output_kinds"]["logits"]["overridden"]
+    url = f"/api/v1/models/{body['id']}/versions/1/"
+    changed = tenant.client.patch(url, {"output_kinds": {"logits": "embedding"}}, format="json")
+    assert changed.status_code == 200, changed.content
+    kinds = changed.json()["output_kinds"]["logits"]
+    assert kinds == {"kind": "embedding", "inferred": "class_scores", "reason": kinds["reason"], "overridden": True}
+    assert tenant.client.get(url).json()["output_kinds"]["logits"]["kind"] == "embedding"
+    restored = tenant.client.patch(url, {"output_kinds": {"logits": None}}, format="json").json()
+    assert restored["output_kinds"]["logits"]["kind"] == "class_scores"
+    assert other_tenant.client.patch(url, {"output_kinds": {"logits": "embedding"}}, format="json").status_code == 404
+
+
+@pytest.mark.parametrize("overrides, code", [
+    ({"nope": "embedding"}, "unknown_output"),
+    ({"logits": "sentiment"}, "invalid_output_kinds"),
+])
+def test_bad_output_kind_overrides_are_400(tenant, model_files, overrides, code):
+    body = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()
+    response = tenant.client.patch(f"/api/v1/models/{body['id']}/versions/1/", {"output_kinds": overrides}, format="json")
+    assert response.status_code == 400 and response.json()["code"] == code

@@ -1,38 +1,32 @@
-"""Report scoring: tolerance verdicts, the Pareto set and the recommendation with its reason."""
+"""Report scoring: the Pareto set, the recommendation with its reason, and FP32's noise figure."""
 from __future__ import annotations
 
-from kiln.reports.scoring import pareto_ids, recommend, resolve_metric, score_accuracy
+from kiln.reports.scoring import fp32_noise, pareto_ids, recommend, score_accuracy
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 
 
-def entry(id, precision, p50, value, backend="onnxruntime", metric="top1_agreement"):
-    accuracy = score_accuracy({"metric": metric, "max_drop": 0.01}, {metric: value}, metric)
-    return {"id": id, "precision": precision, "backend": backend, "latency_ms": {"p50": p50}, "accuracy": accuracy}
+def measured(value, figure="top1_agreement", reference=None):
+    return {"outputs": {"y": {"kind": "class_scores", "primary": True, "primary_metric": figure, "metrics": {figure: value},
+                              "reference": {figure: reference} if reference is not None else {}, "errors": {}}}}
 
 
-def test_auto_metric_prefers_labels_then_agreement_then_cosine():
-    assert resolve_metric(TOLERANCE, {"accuracy": 0.9, "top1_agreement": 1.0}) == "accuracy"
-    assert resolve_metric(TOLERANCE, {"accuracy": None, "top1_agreement": 0.99}) == "top1_agreement"
-    assert resolve_metric(TOLERANCE, {"cosine": 0.99}) == "cosine"
-    assert resolve_metric({"metric": "sqnr"}, {"accuracy": 0.9}) == "sqnr"
-
-
-def test_accuracy_drop_is_measured_against_the_fp32_accuracy():
-    scored = score_accuracy({"metric": "accuracy", "max_drop": 0.01}, {"accuracy": 0.97, "reference_accuracy": 0.985}, "accuracy")
-    assert abs(scored["drop"] - 0.015) < 1e-12 and scored["within_tolerance"] is False
-    scored = score_accuracy({"metric": "accuracy", "max_drop": 0.02}, {"accuracy": 0.97, "reference_accuracy": 0.985}, "accuracy")
-    assert scored["within_tolerance"] is True
-
-
-def test_sqnr_uses_a_floor_in_decibels():
-    assert score_accuracy({"metric": "sqnr", "min_value": 30}, {"sqnr_db": 31.0}, "sqnr")["within_tolerance"]
-    assert not score_accuracy({"metric": "sqnr", "min_value": 30}, {"sqnr_db": 29.0}, "sqnr")["within_tolerance"]
+def entry(id, precision, p50, value, backend="onnxruntime"):
+    return {"id": id, "precision": precision, "backend": backend, "latency_ms": {"p50": p50}, "accuracy": score_accuracy(TOLERANCE, measured(value))}
 
 
 def test_pareto_set_drops_dominated_variants():
     entries = [entry(1, "fp32", 2.0, 1.0), entry(2, "int8", 1.0, 0.995), entry(3, "fp16", 2.5, 0.999)]
     assert pareto_ids(entries) == {1, 2}
+
+
+def test_pareto_and_fallback_rank_lower_is_better_figures_by_their_drop():
+    tolerance = {"metric": "relative_l2", "max_drop": 0.01}
+    close = {"id": 1, "precision": "int8", "backend": "x", "latency_ms": {"p50": 2.0}, "accuracy": score_accuracy(tolerance, measured(0.02, "relative_l2"))}
+    far = {"id": 2, "precision": "int4-weight", "backend": "x", "latency_ms": {"p50": 1.0}, "accuracy": score_accuracy(tolerance, measured(0.5, "relative_l2"))}
+    assert pareto_ids([close, far]) == {1, 2}
+    chosen, reason = recommend([close, far], tolerance)
+    assert chosen == 1 and reason.startswith("No variant met the tolerance")
 
 
 def test_recommends_the_fastest_within_tolerance_not_the_fastest_overall():
@@ -59,3 +53,10 @@ def test_when_nothing_meets_the_tolerance_the_most_accurate_is_returned_with_why
 def test_nothing_measured_says_so():
     chosen, reason = recommend([{"id": 1, "precision": "fp32", "backend": "x", "latency_ms": None, "accuracy": {"value": None}}], TOLERANCE)
     assert chosen is None and "No variant was measured" in reason
+
+
+def test_fp32_noise_lists_what_fp32_scores_per_backend():
+    entries = [entry(1, "fp32", 1.0, 1.0, "openvino"), entry(2, "fp32", 1.0, 0.9995), entry(3, "int8", 0.5, 0.99)]
+    noise = fp32_noise(entries)
+    assert [row["backend"] for row in noise] == ["onnxruntime", "openvino"]
+    assert abs(noise[0]["drop"] - 0.0005) < 1e-12 and noise[1]["drop"] == 0.0

@@ -119,8 +119,8 @@ def test_tolerances_parse(text, expected):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("about one percent", "cannot parse tolerance max_drop 'about one percent'"),
-    ({"metric": "f1", "max_drop": 0.01}, "unknown tolerance metric 'f1'"),
+    ("about one percent", "tolerance.max_drop must be a number, got 'about one percent'"),
+    ({"metric": "f1", "max_drop": 0.01}, "Unknown tolerance metric 'f1'"),
     ({"max_drop": 5}, "max_drop must be between 0 and 1"),
     ({"max_drop": "nan"}, "must be finite"),
     (["1%"], "tolerance must be an object"),

@@ -12,16 +12,24 @@ import { variantLabel } from './ReportTable';
 
 const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
 
-/** The accuracy value a variant must reach: the FP32 reference minus the allowed drop. */
+/** Figures where a smaller value is better (an error, not an agreement). */
+export const LOWER_IS_BETTER = ['relative_l2', 'cer'];
+
+function verdictMetric(device: ReportDevice, tolerance: Tolerance): string {
+  return device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric;
+}
+
+/** The accuracy value a variant must reach: the FP32 reference minus the allowed drop (plus, for error figures). */
 export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): number | null {
   if (tolerance.metric === 'sqnr') return tolerance.min_value ?? null;
+  const lower = LOWER_IS_BETTER.includes(verdictMetric(device, tolerance));
   const withReference = device.variants.find(
     (variant) => typeof variant.accuracy?.reference_value === 'number' && Number.isFinite(variant.accuracy.reference_value),
   );
   const fp32 = device.variants.find((variant) => variant.precision === 'fp32' && typeof variant.accuracy?.value === 'number');
   const reference = withReference?.accuracy?.reference_value ?? fp32?.accuracy?.value ?? null;
   if (reference === null || reference === undefined || !Number.isFinite(reference)) return null;
-  return reference - (tolerance.max_drop ?? 0);
+  return lower ? reference + (tolerance.max_drop ?? 0) : reference - (tolerance.max_drop ?? 0);
 }
 
 /** Mounts a uPlot chart that follows its container's width. */
@@ -50,7 +58,8 @@ function scatterPoint(size: number, fill: string): uPlot.Series.Points {
 
 export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
   const threshold = toleranceThreshold(device, tolerance);
-  const metric = device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric;
+  const metric = verdictMetric(device, tolerance);
+  const lower = LOWER_IS_BETTER.includes(metric);
 
   const chart = useMemo(() => {
     const points = device.variants
@@ -131,7 +140,8 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
   return (
     <figure className="chart">
       <figcaption>
-        Faster is further left, more accurate is higher. Variants must stay above the dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 − ${tolerance.max_drop ?? 0}`}).
+        Faster is further left, more accurate is {lower ? 'lower' : 'higher'} ({metric}). Variants must stay {lower ? 'below' : 'above'} the
+        dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 ${lower ? '+' : '−'} ${tolerance.max_drop ?? 0}`}).
       </figcaption>
       <UPlot options={chart.options} data={chart.data} label={chart.label} testId="latency-accuracy-chart" />
     </figure>

@@ -2,7 +2,7 @@ import { render, screen, within } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Report } from '../../api/types';
 import { toleranceText } from '../../components/tolerance';
-import { Recommendation, SearchSummary } from './ReportPage';
+import { Fp32Noise, OutputsJudged, Recommendation, SearchSummary } from './ReportPage';
 
 function report(rounds: number, excluded: string[]): Report {
   return {
@@ -62,5 +62,32 @@ describe('toleranceText', () => {
   it('says a floor for SQNR and a drop for the other metrics', () => {
     expect(toleranceText({ metric: 'sqnr', min_value: 28 })).toBe('SQNR at least 28 dB');
     expect(toleranceText({ metric: 'cosine', max_drop: 0.001 })).toBe('cosine may drop by at most 0.001');
+  });
+});
+
+
+describe('accuracy context', () => {
+  it("shows how each output is judged and FP32's noise on each backend", () => {
+    const base = report(1, []);
+    render(
+      <>
+        <OutputsJudged
+          report={{ ...base, evaluation: { outputs: [{ name: 'maps', kind: 'probability_map', primary: true }, { name: 'aux', kind: 'dense', primary: false }] } }}
+        />
+        <Fp32Noise
+          device={{
+            ...base.devices[0],
+            fp32_noise: [
+              { backend: 'onnxruntime', metric: 'mask_iou', output: 'maps', value: 1, drop: 0 },
+              { backend: 'openvino', metric: 'mask_iou', output: 'maps', value: 0.9996, drop: 0.0004 },
+            ],
+          }}
+        />
+      </>,
+    );
+    expect(screen.getByTestId('outputs-judged').textContent).toBe('Judged by: maps as Probability map (primary); aux as Dense map');
+    const noise = screen.getByTestId('fp32-noise').textContent ?? '';
+    expect(noise).toContain('onnxruntime mask_iou 1.0000 (drop 0.0e+0)');
+    expect(noise).toContain('openvino mask_iou 0.9996 (drop 4.0e-4)');
   });
 });

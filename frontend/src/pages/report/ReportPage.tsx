@@ -8,6 +8,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../.
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatNumber } from '../../format';
+import { kindLabel } from '../../components/outputKinds';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -160,6 +161,42 @@ export function RerunSummary({ report }: { report: Report }) {
   );
 }
 
+/** How each output is judged, from the job's evaluation plan. */
+export function OutputsJudged({ report }: { report: Report }) {
+  const outputs = report.evaluation?.outputs ?? [];
+  if (outputs.length === 0) return null;
+  return (
+    <p className="muted small" data-testid="outputs-judged">
+      Judged by:{' '}
+      {outputs.map((output, index) => (
+        <span key={output.name}>
+          {index > 0 ? '; ' : ''}
+          <code>{output.name}</code> as {kindLabel(output.kind)}
+          {output.primary ? ' (primary)' : ''}
+        </span>
+      ))}
+    </p>
+  );
+}
+
+/** What FP32 scores against itself on this device: the noise floor a tolerance is read against. */
+export function Fp32Noise({ device }: { device: ReportDevice }) {
+  const rows = device.fp32_noise ?? [];
+  if (rows.length === 0) return null;
+  return (
+    <p className="muted small" data-testid="fp32-noise">
+      FP32 noise on this device:{' '}
+      {rows.map((row, index) => (
+        <span key={row.backend}>
+          {index > 0 ? '; ' : ''}
+          {row.backend} {row.metric} {row.value === null ? '—' : row.value.toFixed(4)}
+          {row.drop !== null && row.drop !== undefined ? ` (drop ${row.drop.toExponential(1)})` : ''}
+        </span>
+      ))}
+    </p>
+  );
+}
+
 function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
@@ -173,6 +210,7 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
         </div>
         <Recommendation device={device} />
         <DeviceFindings device={device} />
+        <Fp32Noise device={device} />
         {device.variants.length === 0 ? (
           <EmptyState title="No variant has finished on this device yet." />
         ) : (
@@ -228,6 +266,7 @@ export function ReportPage() {
   return (
     <>
       {header}
+      <OutputsJudged report={report.data} />
       {report.data.devices.length === 0 ? (
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (

@@ -2,7 +2,7 @@ import { render, screen, within } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { describe, expect, it } from 'vitest';
 import type { ReportVariant } from '../../api/types';
-import { ReportTable, sortVariants } from './ReportTable';
+import { accuracyErrors, ReportTable, sortVariants } from './ReportTable';
 
 function variant(id: number, precision: string, p50: number | null, value: number | null, within = true): ReportVariant {
   return {
@@ -76,5 +76,20 @@ describe('ReportTable', () => {
 
   it('sortVariants keeps missing values last in both directions', () => {
     expect(sortVariants(variants, 'p50', 'descending').map((v) => v.id)).toEqual([1, 3, 5, 2, 4]);
+  });
+});
+
+describe('accuracyErrors', () => {
+  it('lists each metric that failed, by output, and labels that fit nothing', () => {
+    const errors = accuracyErrors({
+      metric: 'mask_iou',
+      value: 0.99,
+      drop: 0.01,
+      within_tolerance: true,
+      outputs: { maps: { errors: { 'plugin:f1': 'RuntimeError: the plugin fell over' } }, aux: { errors: {} } },
+      labels: { output: null, shape: [4, 3], error: 'labels of shape [4, 3] fit no metric of any output' },
+    });
+    expect(errors).toEqual(['maps plugin:f1: RuntimeError: the plugin fell over', 'labels of shape [4, 3] fit no metric of any output']);
+    expect(accuracyErrors(null)).toEqual([]);
   });
 });

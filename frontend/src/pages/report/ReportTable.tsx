@@ -1,6 +1,6 @@
 /** The per-device table of variants: sortable, with the recommended variant highlighted. */
 import { useState } from 'react';
-import type { ReportVariant } from '../../api/types';
+import type { AccuracyResult, ReportVariant } from '../../api/types';
 import { StatusBadge } from '../../components/common';
 import { formatBytes, formatMs, formatNumber } from '../../format';
 
@@ -53,10 +53,7 @@ export const COLUMNS: Column[] = [
     label: 'Accuracy',
     numeric: true,
     value: (v) => v.accuracy?.value,
-    render: (v) =>
-      v.accuracy?.value === null || v.accuracy?.value === undefined ? '—' : (
-        <span title={v.accuracy.metric}>{formatNumber(v.accuracy.value, 4)}</span>
-      ),
+    render: (v) => <AccuracyCell accuracy={v.accuracy} />,
   },
   { key: 'drop', label: 'Drop vs FP32', numeric: true, value: (v) => v.accuracy?.drop, render: (v) => formatDrop(v.accuracy?.drop) },
   {
@@ -73,6 +70,39 @@ export const COLUMNS: Column[] = [
       ),
   },
 ];
+
+/** Every metric that could not be measured, by output: a failing plugin, labels that fit nothing. */
+export function accuracyErrors(accuracy: AccuracyResult | null | undefined): string[] {
+  const outputs = (accuracy?.outputs ?? {}) as Record<string, { errors?: Record<string, string> }>;
+  const errors = Object.entries(outputs).flatMap(([output, result]) =>
+    Object.entries(result?.errors ?? {}).map(([metric, message]) => `${output} ${metric}: ${message}`),
+  );
+  const labels = accuracy?.labels as { error?: string } | null | undefined;
+  if (labels?.error) errors.push(labels.error);
+  return errors;
+}
+
+function AccuracyCell({ accuracy }: { accuracy: AccuracyResult | null }) {
+  const errors = accuracyErrors(accuracy);
+  const where = accuracy?.output ? ` on ${String(accuracy.output)}` : '';
+  return (
+    <span>
+      {accuracy?.value === null || accuracy?.value === undefined ? (
+        <span className="muted" title={String(accuracy?.reason ?? 'not measured')}>
+          —
+        </span>
+      ) : (
+        <span title={`${accuracy.metric}${where}`}>{formatNumber(accuracy.value, 4)}</span>
+      )}
+      {accuracy?.metric ? <span className="muted small block">{accuracy.metric}</span> : null}
+      {errors.length > 0 ? (
+        <span className="field-error small block" title={errors.join('\n')} data-testid="accuracy-errors">
+          {errors.length} metric error{errors.length === 1 ? '' : 's'}
+        </span>
+      ) : null}
+    </span>
+  );
+}
 
 function compare(a: SortValue, b: SortValue): number {
   if (typeof a === 'number' && typeof b === 'number') return a - b;

@@ -74,6 +74,7 @@ def task_payload(task) -> dict:
             "batch_sizes": [1],
         },
         "tolerance": job.tolerance,
+        "evaluation": job.evaluation or None,
     }
 
 

@@ -45,7 +45,7 @@ class JobListSerializer(serializers.ModelSerializer):
     class Meta:
         model = DeploymentJob
         fields = [
-            "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance",
+            "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
             "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain",
         ]
 
@@ -60,7 +60,7 @@ class JobSerializer(JobListSerializer):
     device_tasks = DeviceTaskSerializer(many=True, read_only=True)
 
     class Meta(JobListSerializer.Meta):
-        fields = JobListSerializer.Meta.fields + ["stages", "events", "variants", "device_tasks"]
+        fields = JobListSerializer.Meta.fields + ["evaluation", "stages", "events", "variants", "device_tasks"]
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -71,6 +71,7 @@ class JobCreateSerializer(serializers.Serializer):
     targets = serializers.JSONField(required=False, default=list)
     tolerance = serializers.JSONField(required=False, default=dict)
     package = serializers.JSONField(required=False, default=dict)
+    metrics = serializers.JSONField(required=False, default=list)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

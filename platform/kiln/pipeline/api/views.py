@@ -41,6 +41,7 @@ class JobListView(generics.ListAPIView):
             targets=values["targets"],
             tolerance=values["tolerance"],
             package=values["package"],
+            metrics=values["metrics"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 

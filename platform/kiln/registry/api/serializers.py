@@ -9,13 +9,30 @@ class ModelVersionSerializer(serializers.ModelSerializer):
     size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
     model = serializers.IntegerField(source="model_id", read_only=True)
     download_url = serializers.SerializerMethodField()
+    output_kinds = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
         fields = [
             "id", "model", "number", "sha256", "size_bytes", "source_format", "filename", "signature", "opset",
-            "op_histogram", "parameter_count", "validation", "created_at", "download_url",
+            "op_histogram", "parameter_count", "validation", "output_kinds", "created_at", "download_url",
         ]
+
+    def get_output_kinds(self, version) -> dict:
+        """Per output: the kind used (`kind`), what Kiln inferred and why, and whether the user overrode it."""
+        inferred = version.output_kinds or {}
+        overrides = version.output_kind_overrides or {}
+        kinds = {}
+        for output in (version.signature or {}).get("outputs", []):
+            name = output["name"]
+            guess = inferred.get(name) or {}
+            kinds[name] = {
+                "kind": overrides.get(name) or guess.get("kind"),
+                "inferred": guess.get("kind"),
+                "reason": guess.get("reason") or "not inferred yet: decided from FP32's outputs when a job runs",
+                "overridden": name in overrides,
+            }
+        return kinds
 
     def get_download_url(self, version) -> str:
         return reverse("model-version-download", args=[version.model_id, version.number])
@@ -66,3 +83,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 class DatasetUploadSerializer(FileOrUploadSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     kind = serializers.ChoiceField(choices=["calibration", "validation"])
+
+
+class OutputKindsSerializer(serializers.Serializer):
+    output_kinds = serializers.DictField(child=serializers.CharField(allow_null=True, max_length=40), allow_empty=True)

@@ -6,6 +6,7 @@ urlpatterns = [
     path("models/", views.ModelListView.as_view(), name="models"),
     path("models/<id:pk>/", views.ModelDetailView.as_view(), name="model-detail"),
     path("models/<id:pk>/versions/", views.ModelVersionListView.as_view(), name="model-versions"),
+    path("models/<id:pk>/versions/<id:number>/", views.ModelVersionDetailView.as_view(), name="model-version-detail"),
     path("models/<id:pk>/versions/<id:number>/download/", views.ModelVersionDownloadView.as_view(), name="model-version-download"),
     path("datasets/", views.DatasetListView.as_view(), name="datasets"),
     path("datasets/<id:pk>/", views.DatasetDetailView.as_view(), name="dataset-detail"),

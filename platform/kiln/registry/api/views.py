@@ -21,6 +21,7 @@ from .serializers import (
     ModelSerializer,
     ModelUploadSerializer,
     ModelVersionSerializer,
+    OutputKindsSerializer,
     VersionUploadSerializer,
 )
 
@@ -89,6 +90,28 @@ class ModelVersionListView(StreamingUploadMixin, APIView):
         with services.upload_released_on_error(upload=data["file"]):
             version = services.model_version_create(model=model, upload=data["file"])
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class ModelVersionDetailView(APIView):
+    @extend_schema(responses={200: ModelVersionSerializer})
+    def get(self, request, pk: int, number: int):
+        return Response(ModelVersionSerializer(_version(request, pk, number)).data)
+
+    @extend_schema(request=OutputKindsSerializer, responses={200: ModelVersionSerializer})
+    def patch(self, request, pk: int, number: int):
+        """Override the kind Kiln inferred for some outputs; null restores the inferred kind."""
+        data = OutputKindsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = services.model_version_set_output_kinds(version=_version(request, pk, number), overrides=data.validated_data["output_kinds"])
+        return Response(ModelVersionSerializer(version).data)
+
+
+def _version(request, pk: int, number: int):
+    model = selectors.model_get(organization=request.organization, model_id=pk)
+    version = model.versions.filter(number=number).select_related("blob").first()
+    if version is None:
+        raise KilnError("Not found.", code="not_found", status_code=404)
+    return version
 
 
 class ModelVersionDownloadView(APIView):

@@ -1,0 +1,85 @@
+import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
+import { render, screen, waitFor } from '@testing-library/react';
+import userEvent from '@testing-library/user-event';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import type { ModelVersion } from '../api/types';
+import { OutputKinds } from './ModelDetailPage';
+
+const version: ModelVersion = {
+  id: 11,
+  number: 2,
+  sha256: 'abc',
+  size_bytes: 2048,
+  source_format: 'onnx',
+  filename: 'det.onnx',
+  signature: {
+    inputs: [{ name: 'x', dtype: 'float32', shape: ['N', 3, 'H', 'W'] }],
+    outputs: [{ name: 'maps', dtype: 'float32', shape: ['N', 1, 'H', 'W'] }],
+  },
+  opset: 14,
+  op_histogram: { Conv: 2 },
+  parameter_count: 1234,
+  validation: { ok: true, error: null },
+  output_kinds: {
+    maps: { kind: 'probability_map', inferred: 'probability_map', reason: 'Sigmoid output: independent probabilities per pixel', overridden: false },
+  },
+  created_at: '2026-01-01T00:00:00Z',
+  download_url: '/api/v1/models/1/versions/2/download/',
+};
+
+const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
+
+describe('OutputKinds', () => {
+  const fetchMock = vi.fn<typeof fetch>();
+  beforeEach(() => {
+    document.cookie = 'csrftoken=tok; path=/';
+    vi.stubGlobal('fetch', fetchMock);
+    fetchMock.mockReset();
+    fetchMock.mockImplementation(async (input, init) => {
+      const url = String(input);
+      if (url === '/api/v1/auth/me/') {
+        const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'owner' };
+        return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });
+      }
+      if (url === '/api/v1/models/1/versions/2/' && init?.method === 'PATCH') return json(version);
+      return json({ error: 'not found' }, 404);
+    });
+  });
+  afterEach(() => vi.unstubAllGlobals());
+
+  function renderKinds(shown: ModelVersion) {
+    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
+    render(
+      <QueryClientProvider client={client}>
+        <OutputKinds modelId={1} version={shown} />
+      </QueryClientProvider>,
+    );
+  }
+
+  it('shows the inferred kind with its reason and metric, and overrides it', async () => {
+    renderKinds(version);
+    expect(screen.getByText(/Sigmoid output/)).toBeInTheDocument();
+    expect(screen.getByText(/mask IoU at 0.5/)).toBeInTheDocument();
+    const select = screen.getByLabelText('Kind of maps') as HTMLSelectElement;
+    expect(select.value).toBe('probability_map');
+    await waitFor(() => expect(select).not.toBeDisabled());
+    await userEvent.selectOptions(select, 'dense');
+    await waitFor(() => expect(fetchMock.mock.calls.some(([, init]) => init?.method === 'PATCH')).toBe(true));
+    const [, init] = fetchMock.mock.calls.find(([, call]) => call?.method === 'PATCH')!;
+    expect(JSON.parse(String(init?.body))).toEqual({ output_kinds: { maps: 'dense' } });
+  });
+
+  it('offers to go back to the inferred kind once overridden', async () => {
+    renderKinds({
+      ...version,
+      output_kinds: { maps: { kind: 'dense', inferred: 'probability_map', reason: 'Sigmoid output', overridden: true } },
+    });
+    expect(screen.getByText(/set by you; Kiln inferred Probability map/)).toBeInTheDocument();
+    const reset = screen.getByRole('button', { name: 'Use inferred' });
+    await waitFor(() => expect(reset).not.toBeDisabled());
+    await userEvent.click(reset);
+    await waitFor(() => expect(fetchMock.mock.calls.some(([, init]) => init?.method === 'PATCH')).toBe(true));
+    const [, init] = fetchMock.mock.calls.find(([, call]) => call?.method === 'PATCH')!;
+    expect(JSON.parse(String(init?.body))).toEqual({ output_kinds: { maps: null } });
+  });
+});
