@@ -124,9 +124,9 @@ def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
     )
 
 
-def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision: str = "", backend: str = "") -> Artifact:
-    """Keep a file as one of the job's artifacts (idempotent by job, kind and name)."""
-    blob = blob_create(organization=job.organization, path=path)
+def artifact_store(*, job: DeploymentJob, kind: str, name: str, path=None, blob=None, precision: str = "", backend: str = "") -> Artifact:
+    """Keep a file (or a blob already stored) as one of the job's artifacts (idempotent by job, kind and name)."""
+    blob = blob or blob_create(organization=job.organization, path=path)
     artifact, _ = Artifact.objects.update_or_create(
         job=job, kind=kind, name=name,
         defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},

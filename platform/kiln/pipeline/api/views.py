@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.registry.api.views import download_response
-from kiln.registry.selectors import blob_file, dataset_get, model_version_get
+from kiln.registry.selectors import dataset_get, model_version_get
 
 from .. import selectors, services
 from .serializers import ArtifactSerializer, JobCreateSerializer, JobListSerializer, JobSerializer
@@ -77,7 +77,7 @@ class ArtifactDownloadView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, pk: int):
         artifact = selectors.artifact_get(organization=request.organization, artifact_id=pk)
-        return download_response(blob_file(artifact.blob), artifact.name)
+        return download_response(artifact.blob, artifact.name)
 
 
 STREAM_POLL_SECONDS = 1.0
