@@ -7,6 +7,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kiln.storage_settings import blob_storage_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BASE_DIR.parent
 
@@ -148,32 +150,16 @@ BLOB_ROOT = Path(os.environ.get("KILN_BLOB_ROOT", DATA_DIR / "blobs")).resolve()
 UPLOAD_TMP_DIR = DATA_DIR / "tmp"
 # S3-compatible storage (AWS S3, MinIO) instead of the folder when KILN_S3_BUCKET is set; agents and
 # browsers then move blobs through short-lived presigned URLs (one object, one method each).
-_S3_VARIABLES = sorted(name for name in os.environ if name.startswith("KILN_S3_"))
-S3_BUCKET = os.environ.get("KILN_S3_BUCKET", "")
-if _S3_VARIABLES and not S3_BUCKET:
-    raise ImproperlyConfigured(f"{', '.join(_S3_VARIABLES)} set without KILN_S3_BUCKET: set the bucket, or unset them to use the local folder.")
-if bool(os.environ.get("KILN_S3_ACCESS_KEY_ID")) != bool(os.environ.get("KILN_S3_SECRET_ACCESS_KEY")):
-    raise ImproperlyConfigured("Set both KILN_S3_ACCESS_KEY_ID and KILN_S3_SECRET_ACCESS_KEY, or neither (the AWS default credential chain).")
-S3_ENDPOINT_URL = os.environ.get("KILN_S3_ENDPOINT_URL", "") or None
+_BLOB_STORAGE_SETTINGS = blob_storage_settings(os.environ)
+S3_BUCKET = _BLOB_STORAGE_SETTINGS["S3_BUCKET"]
+S3_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_ENDPOINT_URL"]
 # The address agents and browsers reach the storage at, when it differs from the server's (compose: minio:9000 vs localhost:9000).
-S3_PUBLIC_ENDPOINT_URL = os.environ.get("KILN_S3_PUBLIC_ENDPOINT_URL", "") or S3_ENDPOINT_URL
-S3_PRESIGN_SECONDS = _env_int("KILN_S3_PRESIGN_SECONDS", 300, minimum=1)
-if S3_PRESIGN_SECONDS > 3600:
-    raise ImproperlyConfigured("KILN_S3_PRESIGN_SECONDS must be at most 3600: presigned URLs are meant to be short-lived.")
-if S3_BUCKET:
-    _BLOB_STORAGE = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
-        "bucket_name": S3_BUCKET, "endpoint_url": S3_ENDPOINT_URL, "region_name": os.environ.get("KILN_S3_REGION", "us-east-1"),
-        "access_key": os.environ.get("KILN_S3_ACCESS_KEY_ID") or None, "secret_key": os.environ.get("KILN_S3_SECRET_ACCESS_KEY") or None,
-        "location": os.environ.get("KILN_S3_PREFIX", "").strip("/"), "signature_version": "s3v4",
-        "addressing_style": "path" if S3_ENDPOINT_URL else None, "file_overwrite": True, "default_acl": None,
-        "querystring_expire": S3_PRESIGN_SECONDS,
-    }}
-else:
-    _BLOB_STORAGE = {"BACKEND": "kiln.registry.storage.LocalBlobStorage"}
+S3_PUBLIC_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_PUBLIC_ENDPOINT_URL"]
+S3_PRESIGN_SECONDS = _BLOB_STORAGE_SETTINGS["S3_PRESIGN_SECONDS"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    "blobs": _BLOB_STORAGE,
+    "blobs": _BLOB_STORAGE_SETTINGS["BLOB_STORAGE"],
 }
 MAX_UPLOAD_BYTES = _env_int("KILN_MAX_UPLOAD_BYTES", 4 * 1024**3)
 MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
