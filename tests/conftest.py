@@ -223,7 +223,7 @@ def s3_storage(s3_server, settings, tmp_path):
     from tests.fixtures.s3 import BUCKET, use_s3
 
     client = s3_server.client()
-    for key in s3_server.keys():
+    for key in s3_server.object_keys():
         client.delete_object(Bucket=BUCKET, Key=key)
     settings.BLOB_ROOT = tmp_path / "blobs"
     use_s3(settings, s3_server)

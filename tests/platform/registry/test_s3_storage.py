@@ -29,7 +29,7 @@ def _key(sha256: str) -> str:
 def test_an_upload_lands_in_s3_and_its_download_is_a_short_lived_presigned_url(tenant, other_tenant, s3_storage, model_files, settings):
     body = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()
     sha256 = body["versions"][0]["sha256"]
-    assert s3_storage.keys() == [_key(sha256)]
+    assert s3_storage.object_keys() == [_key(sha256)]
     assert s3_storage.read(_key(sha256)) == model_files["model"].read_bytes()
     assert not (settings.BLOB_ROOT / sha256[:2] / sha256).exists(), "with S3 the folder holds no stored copy"
 
@@ -63,15 +63,15 @@ def test_shared_bytes_stay_in_s3_until_every_upload_of_them_is_deleted(transacti
     second = upload(tenant.client, "/api/v1/models/", model_files["model"], name="two").json()
     theirs = upload(other_tenant.client, "/api/v1/models/", model_files["model"], name="theirs").json()
     key = _key(first["versions"][0]["sha256"])
-    assert Blob.objects.count() == 2 and s3_storage.keys() == [key]
+    assert Blob.objects.count() == 2 and s3_storage.object_keys() == [key]
 
     assert tenant.client.delete(f"/api/v1/models/{first['id']}/").status_code == 204
-    assert s3_storage.keys() == [key] and Blob.objects.filter(organization=tenant.organization).count() == 1
+    assert s3_storage.object_keys() == [key] and Blob.objects.filter(organization=tenant.organization).count() == 1
     assert tenant.client.delete(f"/api/v1/models/{second['id']}/").status_code == 204
-    assert s3_storage.keys() == [key], "another organization still stores these bytes"
+    assert s3_storage.object_keys() == [key], "another organization still stores these bytes"
     assert Blob.objects.filter(organization=tenant.organization).count() == 0
     assert other_tenant.client.delete(f"/api/v1/models/{theirs['id']}/").status_code == 204
-    assert s3_storage.keys() == [] and Blob.objects.count() == 0
+    assert s3_storage.object_keys() == [] and Blob.objects.count() == 0
 
 
 def test_a_zipped_model_is_extracted_again_from_s3_on_a_host_without_a_local_copy(tenant, s3_storage, tmp_path, settings):
@@ -98,7 +98,7 @@ def _stage(s3_server, data: bytes, *, announced: bytes | None = None) -> tuple[s
 def test_an_object_uploaded_through_a_presigned_url_becomes_a_blob_once_its_digest_checks_out(tenant, s3_storage):
     key, sha256, size = _stage(s3_storage, b"engine bytes" * 1000)
     blob = blob_create_staged(organization=tenant.organization, key=key, sha256=sha256, size_bytes=size)
-    assert blob.sha256 == sha256 and s3_storage.keys() == [_key(sha256)], "staged object copied under its digest, then removed"
+    assert blob.sha256 == sha256 and s3_storage.object_keys() == [_key(sha256)], "staged object copied under its digest, then removed"
     assert hashlib.sha256(s3_storage.read(_key(sha256))).hexdigest() == sha256
 
 
@@ -112,4 +112,4 @@ def test_a_staged_upload_that_does_not_check_out_leaves_nothing(tenant, s3_stora
     with pytest.raises(KilnError) as refused:
         blob_create_staged(organization=tenant.organization, key=key, sha256=sha256, size_bytes=size)
     assert refused.value.error_code == "staged_upload_rejected"
-    assert s3_storage.keys() == [] and Blob.objects.count() == 0
+    assert s3_storage.object_keys() == [] and Blob.objects.count() == 0
