@@ -17,7 +17,7 @@ from devices.contract import OUTPUT_KINDS
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
-from workers.datasets import InvalidDataset, inspect_npz
+from workers.datasets import InvalidDataset, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
 
 from . import storage, uploads
@@ -199,11 +199,12 @@ def dataset_create(*, organization, user, name: str, kind: str, upload) -> Datas
     if kind not in DatasetKind.values:
         raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
     filename = Path(upload.name or "").name
-    if Path(filename).suffix.lower() != ".npz":
-        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples).", code="unsupported_format")
+    if Path(filename).suffix.lower() not in (".npz", ".zip"):
+        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), or a .zip of one .npz per sample.",
+                        code="unsupported_format")
     upload_path = Path(upload.temporary_file_path())
     try:
-        info = inspect_npz(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
     except InvalidDataset as exc:
         raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
     blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
@@ -215,6 +216,7 @@ def dataset_create(*, organization, user, name: str, kind: str, upload) -> Datas
         samples=info["samples"],
         arrays=info["arrays"],
         has_labels=info["has_labels"],
+        format=info["format"],
         created_by=user,
     )
 

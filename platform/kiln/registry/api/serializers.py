@@ -77,7 +77,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Dataset
-        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "sha256", "size_bytes", "created_at"]
+        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "format", "recipe", "previews", "sha256", "size_bytes", "created_at"]
 
 
 class DatasetUploadSerializer(FileOrUploadSerializer):
