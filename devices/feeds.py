@@ -167,10 +167,12 @@ def _array_problems(name: str, array: Mapping[str, Any], spec: Mapping[str, Any]
         offsets[name] = 1
         return problems
     offset = len(stored) - len(expected)
-    if offset not in (0, 1, 2):
+    # A scalar input has no batch axis to put samples on: it can only be stacked.
+    if offset not in (0, 1, 2) or (offset == 0 and not expected):
+        batch_first = f"{len(expected)} (batch-first, samples on the batch axis), " if expected else ""
         problems.append(
             f"array {name!r} has shape {format_shape(stored)} (rank {len(stored)}) but the model input expects rank "
-            f"{len(expected)} {format_shape(expected)}: write rank {len(expected)} (batch-first, samples on the batch axis), "
+            f"{len(expected)} {format_shape(expected)}: write rank {batch_first}"
             f"{len(expected) + 1} (one stacked feed per sample) or {len(expected) + 2} (sequences of feeds)"
         )
         return problems
@@ -269,8 +271,13 @@ def sample_calls(row: Mapping[str, np.ndarray], plan: Mapping[str, Any]) -> list
         if len(set(lengths.values())) > 1:
             raise FeedError(f"sequence arrays disagree on the number of steps: {lengths}")
         steps = next(iter(lengths.values()), 0)
-        return [{name: np.ascontiguousarray(row[name][step]) for name in offsets} for step in range(steps)]
-    return [{name: np.ascontiguousarray(row[name][None] if offset == 0 else row[name]) for name, offset in offsets.items()}]
+        return [{name: contiguous(row[name][step]) for name in offsets} for step in range(steps)]
+    return [{name: contiguous(row[name][None] if offset == 0 else row[name]) for name, offset in offsets.items()}]
+
+
+def contiguous(value, dtype=None) -> np.ndarray:
+    """C-contiguous memory for a runtime, keeping a scalar a scalar (np.ascontiguousarray makes it 1-d)."""
+    return np.asarray(value, dtype=dtype, order="C")
 
 
 def initial_state(plan: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -278,7 +285,7 @@ def initial_state(plan: Mapping[str, Any]) -> dict[str, np.ndarray]:
     values = {}
     for name, spec in (plan.get("initial") or {}).items():
         array = np.asarray(spec["value"], dtype=spec["dtype"])
-        values[name] = np.ascontiguousarray(np.broadcast_to(array, spec["shape"]) if array.ndim == 0 else array)
+        values[name] = contiguous(np.broadcast_to(array, spec["shape"]) if array.ndim == 0 else array)
     return values
 
 
@@ -312,12 +319,12 @@ def iter_calls(run: Runner | None, path: str | Path, plan: Mapping[str, Any], *,
         for step, feeds in enumerate(calls):
             fed = {**feeds, **state}
             if dtypes:
-                fed = {name: np.ascontiguousarray(value, dtype=dtypes.get(name, value.dtype)) for name, value in fed.items()}
+                fed = {name: contiguous(value, dtypes.get(name, value.dtype)) for name, value in fed.items()}
             outputs = run(fed)
             missing = [output for output in mapping if output not in outputs]
             if missing:
                 raise FeedError(f"the model returned no output {', '.join(map(repr, missing))} to carry as state")
-            state = {name: np.ascontiguousarray(outputs[output], dtype=state[name].dtype) for output, name in mapping.items()}
+            state = {name: contiguous(outputs[output], state[name].dtype) for output, name in mapping.items()}
             yield sample, step, fed, outputs
 
 

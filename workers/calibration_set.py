@@ -84,7 +84,7 @@ def write_calibration_calls(model_path: str | Path, dataset_path: str | Path, pl
         with zipfile.ZipFile(temporary, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for sample, _, fed, _ in feeds.iter_calls(run, dataset_path, plan, input_names=input_names, indices=indices, dtypes=dtypes):
                 buffer = io.BytesIO()
-                np.savez(buffer, **{name: np.ascontiguousarray(value, dtype=dtypes[name]) for name, value in fed.items()})
+                np.savez(buffer, **{name: feeds.contiguous(value, dtypes[name]) for name, value in fed.items()})
                 archive.writestr(f"call-{calls:08d}.npz", buffer.getvalue())
                 calls += 1
                 samples = sample + 1

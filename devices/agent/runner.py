@@ -177,7 +177,7 @@ def first_call_feeds(compiled: CompiledModel, validation_path: Path, plan: dict)
     stateless = {**plan, "state": {}}  # the first call needs no model run: its state is the initial value
     for _, _, fed, _ in feeds.iter_calls(None, validation_path, stateless, input_names=compiled.input_names, limit=1):
         fed = {**fed, **feeds.initial_state(plan)}
-        return {name: np.ascontiguousarray(value, dtype=_dtypes(compiled).get(name, value.dtype)) for name, value in fed.items()}
+        return {name: feeds.contiguous(value, _dtypes(compiled).get(name, value.dtype)) for name, value in fed.items()}
     raise TaskFailed("the validation data has no samples")
 
 
