@@ -86,3 +86,41 @@ def test_image_zip_with_a_recipe_calibrates_validates_and_the_package_reproduces
         assert set(ours.files) == set(theirs.files)
         for name in theirs.files:
             np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-4)
+
+
+def test_text_lines_with_a_tokenizer_validate_a_transformer_and_the_package_reads_text(kiln_stack, tmp_path):
+    from tests.fixtures.text import MAX_LENGTH, sentences, train_text_classifier, train_tokenizer
+
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json")
+    model_path = train_text_classifier(tokenizer, tmp_path / "classifier.onnx")
+    tenant = kiln_stack.create_user("tomas", "a-long-password-1", "Text Labs")
+    api = Api(kiln_stack.url, tenant.token)
+    version = api.upload("/api/v1/models/", model_path, name="reviews")["versions"][0]
+    lines, _ = sentences(12, seed=9)
+    text = tmp_path / "reviews.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    recipe = {"type": "text", "inputs": {"input_ids": "ids", "attention_mask": "attention_mask"}, "max_length": MAX_LENGTH}
+    with open(text, "rb") as lines_file, open(tokenizer, "rb") as tokenizer_file:
+        response = api.session.post(api.url + "/api/v1/datasets/", files={"file": ("reviews.txt", lines_file), "tokenizer": ("tokenizer.json", tokenizer_file)},
+                                    data={"kind": "validation", "recipe": json.dumps(recipe)}, timeout=120)
+    assert response.status_code == 201, response.text[:500]
+    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+    job = api.post("/api/v1/jobs/", json={"model_version": version["id"], "precisions": ["fp32"], "validation_dataset": response.json()["id"]})
+    job = api.wait_for_job(job["id"], kiln_stack, timeout=600)
+    assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
+    variant = api.get(f"/api/v1/jobs/{job['id']}/report/").json()["devices"][0]["variants"][0]
+    assert variant["accuracy"]["within_tolerance"], variant["accuracy"]
+
+    artifacts = api.get(f"/api/v1/jobs/{job['id']}/artifacts/").json()
+    package = next(a for a in artifacts if a["kind"] == "package")
+    root = tmp_path / "package"
+    with zipfile.ZipFile(io.BytesIO(api.get(package["download_url"]).content)) as archive:
+        archive.extractall(root)
+    assert (root / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    ran = subprocess.run([sys.executable, "run.py", str(text), "--save-outputs", str(tmp_path / "outputs.npz")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    reference = next(a for a in artifacts if a["name"] == "reference-outputs.npz")
+    (tmp_path / "reference.npz").write_bytes(api.get(reference["download_url"]).content)
+    with np.load(tmp_path / "outputs.npz") as ours, np.load(tmp_path / "reference.npz") as theirs:
+        np.testing.assert_allclose(ours["logits"], theirs["logits"], rtol=1e-4, atol=1e-4)
+        assert len(theirs["logits"]) == 12
