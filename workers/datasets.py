@@ -9,6 +9,7 @@ loaded whole. Compressed (`savez_compressed`) files stream the same way, just sl
 
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 from collections.abc import Iterator
@@ -284,3 +285,61 @@ def _iter_rows(npz: np.lib.npyio.NpzFile, header: _ArrayHeader, rows: int, sampl
         yield from npzio.iter_rows(npz.zip, header, rows, samples)
     except ValueError as error:
         raise InvalidDataset(str(error)) from error
+
+
+def hdf5_to_samples(path: str | Path, out_path: str | Path, *, display_name: str, max_bytes: int | None = None) -> int:
+    """Write an HDF5 file of one group per sample (datasets named like the model inputs) as a zip of
+    one `.npz` per sample; returns the sample count.
+
+    Links and storage that point outside the file (external links, external or virtual datasets)
+    are refused: they would read other files of the server.
+    """
+    import h5py
+
+    try:
+        source = h5py.File(path, "r")
+    except OSError as error:
+        raise InvalidDataset(f"{display_name} is not an HDF5 file") from error
+    written = 0
+    total = 0
+    with source, zipfile.ZipFile(out_path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        names = sorted(source.keys())
+        if len(names) > MAX_SAMPLE_FILES:
+            raise InvalidDataset(f"{display_name} holds {len(names)} samples, over the limit of {MAX_SAMPLE_FILES}")
+        for name in names:
+            group = _hdf5_member(source, name, display_name)
+            if not isinstance(group, h5py.Group):
+                raise InvalidDataset(f"{display_name}: {name!r} is not a group; store one group per sample holding one dataset per model input")
+            arrays = {key: _hdf5_array(group, key, f"{name}/{key}") for key in sorted(group.keys())}
+            total += sum(array.nbytes for array in arrays.values())
+            if max_bytes is not None and total > max_bytes:
+                raise InvalidDataset(f"the samples hold more than this server's limit of {max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            archive.writestr(f"{name}.npz", buffer.getvalue())
+            written += 1
+    if not written:
+        raise InvalidDataset(f"{display_name} holds no samples")
+    return written
+
+
+def _hdf5_member(group, name: str, display_name: str):
+    import h5py
+
+    link = group.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise InvalidDataset(f"{display_name}: {name!r} is a link; only data stored in the file itself is read")
+    return group[name]
+
+
+def _hdf5_array(group, key: str, where: str) -> np.ndarray:
+    import h5py
+
+    item = _hdf5_member(group, key, where)
+    if not isinstance(item, h5py.Dataset):
+        raise InvalidDataset(f"{where} is not a dataset of numbers")
+    if item.external or item.is_virtual:
+        raise InvalidDataset(f"{where} stores its data outside the file; only data stored in the file itself is read")
+    if item.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
+        raise InvalidDataset(f"{where} has dtype {item.dtype}; only numeric arrays are accepted")
+    return np.asarray(item[()])

@@ -19,7 +19,7 @@ from devices.recipes import RecipeError, parse_recipe
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
-from workers.datasets import InvalidDataset, inspect_dataset
+from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
 from workers.raw_datasets import build_raw_dataset
 
@@ -209,9 +209,12 @@ def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=N
     if recipe not in (None, "", {}):
         return _raw_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload, recipe=recipe, tokenizer=tokenizer)
     filename = Path(upload.name or "").name
-    if Path(filename).suffix.lower() not in (".npz", ".zip"):
-        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), or a .zip of one .npz per sample.",
-                        code="unsupported_format")
+    suffix = Path(filename).suffix.lower()
+    if suffix in HDF5_SUFFIXES:
+        return _hdf5_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload)
+    if suffix not in (".npz", ".zip"):
+        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), a .zip of one .npz per sample, "
+                        "or an HDF5 file of one group per sample.", code="unsupported_format")
     upload_path = Path(upload.temporary_file_path())
     try:
         info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
@@ -232,6 +235,27 @@ def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=N
 
 
 RAW_SUFFIXES = {"image": (".zip",), "audio": (".zip",), "text": (".txt",)}
+HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+def _hdf5_dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+    """An HDF5 file of one group per sample, kept as uploaded and stored as a zip of one .npz per sample."""
+    filename = Path(upload.name or "").name
+    upload_path = Path(upload.temporary_file_path())
+    with tempfile.TemporaryDirectory(prefix="kiln-h5-") as scratch:
+        samples = Path(scratch) / "samples.zip"
+        try:
+            hdf5_to_samples(upload_path, samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+            info = inspect_dataset(samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        except InvalidDataset as exc:
+            raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from None
+        with transaction.atomic():
+            return Dataset.objects.create(
+                organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
+                blob=blob_create(organization=organization, path=samples),
+                source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
+                samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"], created_by=user,
+            )
 
 
 def _tokenizer_text(tokenizer) -> str | None:

@@ -145,3 +145,36 @@ def test_lines_of_text_are_tokenized_with_the_models_tokenizer(tenant, tmp_path)
     assert Blob.objects.filter(sha256=body["recipe"]["tokenizer_sha256"]).exists()
     tenant.client.delete(f"/api/v1/datasets/{body['id']}/")
     assert not Blob.objects.filter(sha256=body["recipe"]["tokenizer_sha256"]).exists()
+
+
+def test_hdf5_of_one_group_per_sample_keeps_variable_shapes_and_dtypes(tenant, tmp_path):
+    import h5py
+
+    path = tmp_path / "sequences.h5"
+    rng = np.random.default_rng(4)
+    with h5py.File(path, "w") as handle:
+        for index, steps in enumerate([3, 5, 4]):
+            group = handle.create_group(f"seq{index}")
+            group["input"] = rng.standard_normal((steps, 1, 576)).astype(np.float32)
+            group["sr"] = np.full(steps, 16000, np.int64)
+    response = upload(tenant.client, "/api/v1/datasets/", path, kind="validation")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["format"] == "samples" and body["samples"] == 3
+    assert body["arrays"] == {"input": {"dtype": "float32", "shape": [3, None, 1, 576]}, "sr": {"dtype": "int64", "shape": [3, None]}}
+    assert Dataset.objects.get(pk=body["id"]).source_blob.size_bytes == path.stat().st_size
+
+
+def test_hdf5_links_to_other_files_are_refused(tenant, tmp_path):
+    import h5py
+
+    secret = tmp_path / "elsewhere.h5"
+    with h5py.File(secret, "w") as handle:
+        handle["input"] = np.ones((2, 4), np.float32)
+    path = tmp_path / "linked.h5"
+    with h5py.File(path, "w") as handle:
+        handle.create_group("seq0")["input"] = h5py.ExternalLink(str(secret), "/input")
+    before = Blob.objects.count()
+    response = upload(tenant.client, "/api/v1/datasets/", path, kind="validation")
+    assert response.status_code == 400 and "is a link" in response.json()["error"], response.content
+    assert nothing_stored(before)
