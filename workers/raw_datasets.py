@@ -26,6 +26,9 @@ PREVIEWS = 4
 THUMBNAIL_SIDE = 96
 MAX_SAMPLES = 1_000_000
 MAX_LINE_CHARS = 100_000
+# One raw file (an image, a recording) and all of them, uncompressed.
+MAX_FILE_BYTES = 256 * 1024**2
+MAX_RAW_BYTES = 64 * 1024**3
 LABELS = "labels"
 
 
@@ -78,7 +81,13 @@ def _file_samples(archive: zipfile.ZipFile, recipe: dict[str, Any]) -> Iterator[
         members = recipes.raw_members(archive.namelist(), recipe)
         if len(members) > MAX_SAMPLES:
             raise RecipeError(f"the zip holds {len(members)} files, over the limit of {MAX_SAMPLES}")
+        declared = sum(archive.getinfo(member).file_size for member in members)
+        if declared > MAX_RAW_BYTES:
+            raise RecipeError(f"the files in the zip hold {declared / 1024**2:.0f} MB uncompressed, over {MAX_RAW_BYTES / 1024**3:.0f} GB")
         for member in members:
+            # A member's declared size bounds what is read: a zip bomb stops here, not in memory.
+            if archive.getinfo(member).file_size > MAX_FILE_BYTES:
+                raise RecipeError(f"{member} is over {MAX_FILE_BYTES / 1024**2:.0f} MB uncompressed")
             data = archive.read(member)
             tensors = recipes.prepare_file(member, data, recipe)
             yield member, tensors, recipes.member_label(member), lambda member=member, data=data, tensors=tensors: _preview(member, data, tensors, recipe)
