@@ -42,6 +42,9 @@ class JobListView(generics.ListAPIView):
             tolerance=values["tolerance"],
             package=values["package"],
             metrics=values["metrics"],
+            state=values["state"],
+            initial_state=values["initial_state"],
+            calibration_subset=values["calibration_subset"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 

@@ -150,6 +150,7 @@ class DatasetListView(StreamingUploadMixin, generics.ListAPIView):
         with services.upload_released_on_error(upload=data["file"]):
             dataset = services.dataset_create(
                 organization=request.organization, user=request.user, name=data.get("name", ""), kind=data["kind"], upload=data["file"],
+                recipe=data.get("recipe") or None, tokenizer=data.get("tokenizer"),
             )
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
