@@ -381,6 +381,50 @@ export interface ReportDevice {
   estimate?: DeviceEstimate | null;
   /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
   fp32_noise?: Fp32Noise[];
+  /** The one-line verdict on the recommended variant (reports/scoring.py). */
+  verdict?: Verdict | null;
+  /** Why not the others: one row per precision family. */
+  alternatives?: WhyNotRow[];
+  /** Each unstable measurement, in words, with its spread. */
+  unstable?: UnstableNote[];
+}
+
+/** A latency ratio (slow p50 / fast p50) with its 95% interval and where the noise figure came from. */
+export interface LatencyRatio {
+  ratio: number;
+  low: number;
+  high: number;
+  source: string;
+  beyond_noise: boolean;
+}
+
+export interface Verdict {
+  variant: number;
+  label: string;
+  text: string;
+  tie: boolean;
+  tied_with: ({ variant: number; label: string } & LatencyRatio)[];
+  speedup: ({ baseline: number } & LatencyRatio) | null;
+  accuracy: { metric: string | null; value: number | null; drop: number | null };
+}
+
+export interface WhyNotRow {
+  family: string;
+  variants: number;
+  variant: number;
+  label: string;
+  p50_ms: number | null;
+  drop: number | null;
+  metric: string | null;
+  why: string;
+}
+
+export interface UnstableNote {
+  variant: number;
+  label: string;
+  spread: number;
+  window_medians_ms: number[];
+  text: string;
 }
 
 export interface Fp32Noise {
