@@ -13,18 +13,11 @@ import time
 import pytest
 import requests
 
-from tests.e2e.test_ui import (  # noqa: F401  (fixtures are found by name)
-    JOB_TIMEOUT_MS,
-    api,
-    browser,
-    digits_files,
-    new_page,
-    new_user,
-    screenshot,
-    sign_in,
-    stack,
-    ui_dist,
-)
+from tests.e2e import test_ui as ui
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+
+# The same fixtures as test_ui.py; the browser stays module-scoped (see there why).
+browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -53,6 +53,8 @@ export interface TensorSpec {
 }
 
 export interface ModelVersion {
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
   id: number;
   number: number;
   sha256: string;
@@ -123,6 +125,15 @@ export interface Model {
   created_at: string;
   latest_version: ModelVersion | null;
   versions?: ModelVersion[];
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
+}
+
+export interface IdenticalVersion {
+  model: number;
+  name: string;
+  version: number;
+  version_id: number;
 }
 
 export type DatasetKind = 'calibration' | 'validation';
@@ -217,7 +228,7 @@ export interface Job {
   progress: number;
   error: string | null;
   model_version: number;
-  model: { id: number; name: string } | null;
+  model: { id: number; name: string; version?: number } | null;
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
@@ -234,6 +245,19 @@ export interface Job {
   rerun_of?: number | null;
   package?: { encrypt?: boolean } | null;
   toolchain?: { host?: Record<string, string> } | null;
+  /** Per device, once reported: the recommended variant and its speed-up over FP32. */
+  outcome?: JobOutcome[];
+}
+
+export interface JobOutcome {
+  device: string;
+  agent: number | null;
+  recommended: string | null;
+  speedup: number | null;
+  beyond_noise: boolean | null;
+  tie: boolean;
+  accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
+  verdict: string | null;
 }
 
 export interface JobCreate {

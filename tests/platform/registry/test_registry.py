@@ -48,6 +48,17 @@ def test_identical_bytes_are_stored_once(tenant, model_files, settings):
     assert len(blob_files(settings)) == 1
 
 
+def test_a_byte_identical_upload_names_the_model_it_duplicates_within_the_organization(tenant, other_tenant, model_files):
+    first = upload(tenant.client, "/api/v1/models/", model_files["model"], name="original").json()
+    assert first["identical_to"] == []
+    # Another organization's copy of the same bytes is not named (tenant isolation).
+    assert upload(other_tenant.client, "/api/v1/models/", model_files["model"], name="theirs").json()["identical_to"] == []
+    again = upload(tenant.client, "/api/v1/models/", model_files["model"], name="copy").json()
+    assert again["identical_to"] == [{"model": first["id"], "name": "original", "version": 1, "version_id": first["versions"][0]["id"]}]
+    version = upload(tenant.client, f"/api/v1/models/{again['id']}/versions/", model_files["model"]).json()
+    assert [row["name"] for row in version["identical_to"]] == ["original", "copy"]
+
+
 def test_new_version_gets_the_next_number(tenant, model_files, tmp_path):
     model_id = upload(tenant.client, "/api/v1/models/", model_files["model"], name="m").json()["id"]
     other = tmp_path / "transformer.onnx"

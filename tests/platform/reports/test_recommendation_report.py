@@ -73,3 +73,22 @@ def test_a_steady_speed_up_wins_with_a_one_line_verdict(tenant, model_files, dja
     assert device["verdict"]["text"].startswith(f"Use {int8['key']} on onnxruntime: 2.00x faster than FP32 (1 vs 2 ms)")
     assert device["alternatives"][0]["why"] == "slower: 0.50x the recommended's speed"
     assert device["unstable"] == []
+
+
+def test_the_deployments_list_carries_each_devices_outcome_and_filters_by_model(tenant, other_tenant, model_files, django_capture_on_commit_callbacks):
+    report = deploy(tenant, model_files, django_capture_on_commit_callbacks, {
+        "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
+        "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
+    })
+    model = tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["model"]["id"]
+    listed = tenant.client.get(f"/api/v1/jobs/?model={model}").json()["results"]
+    assert [job["id"] for job in listed] == [report["job"]]
+    outcome = listed[0]["outcome"]
+    assert outcome == [{"device": "noisy-box", "agent": report["devices"][0]["agent"]["id"], "recommended": "int8-dynamic on onnxruntime",
+                        "speedup": 2.0, "beyond_noise": True, "tie": False, "accuracy": {"metric": "top1_agreement", "value": 0.998, "drop": pytest.approx(0.002)},
+                        "verdict": report["devices"][0]["verdict"]["text"]}]
+    assert tenant.client.get(f"/api/v1/jobs/?model={model + 1000}").json()["results"] == []
+    assert tenant.client.get("/api/v1/jobs/?model=abc").status_code == 400
+    assert other_tenant.client.get(f"/api/v1/jobs/?model={model}").json()["results"] == []
+    tasks = tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["device_tasks"]
+    assert {task["agent"]["name"] for task in tasks} == {"noisy-box"}
