@@ -105,3 +105,64 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new
     screenshot(page, "20-report-verdict-noise-tie")
     page.get_by_test_id("remeasure").click()
     expect(page.get_by_text(f"re-run of #{job['id']}")).to_be_visible()
+
+
+# -- item 6: result first --------------------------------------------------------------------------
+
+def test_finished_job_leads_with_the_result_and_lists_show_outcomes(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "result", "Results")
+    agent = scripted_agent(stack, user, "edge-box-7")
+    model = upload_model(stack, user, digits_files, name="digits-result")
+    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32", "int8-dynamic"]}).json()
+    finished = answer_tasks(stack, agent, job["id"], user, {
+        "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
+        "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
+    })
+    assert finished["status"] == "succeeded", finished
+
+    page = new_page()
+    sign_in(page, user)
+    page.goto(f"/jobs/{job['id']}")
+    result = page.get_by_test_id("result-summary")
+    expect(result).to_contain_text("edge-box-7")
+    expect(result).to_contain_text("int8-dynamic · onnxruntime")
+    expect(page.get_by_test_id("result-speedup")).to_have_text("2.00x faster than FP32")
+    expect(page.get_by_test_id("result-package-download")).to_be_visible()
+    # The result comes before the progress timeline.
+    assert page.evaluate("""() => {
+        const result = document.querySelector('[data-testid=result-summary]');
+        const progress = document.getElementById('progress-heading');
+        return !!(result.compareDocumentPosition(progress) & Node.DOCUMENT_POSITION_FOLLOWING);
+    }""")
+    # Device names, not agent:N.
+    for row in page.get_by_test_id("device-task-row").all():
+        expect(row.locator("td").first).to_have_text("edge-box-7")
+    groups = page.locator("[data-testid^=artifact-group-]")
+    expect(groups.first).to_have_attribute("data-testid", "artifact-group-package")
+    order = [groups.nth(i).get_attribute("data-testid") for i in range(groups.count())]
+    assert order[:2] == ["artifact-group-package", "artifact-group-recommended"] and order[-1] == "artifact-group-reference", order
+    screenshot(page, "21-job-result-first")
+
+    page.get_by_role("link", name="Deployments").first.click()
+    row = page.get_by_test_id("job-row").filter(has_text=f"#{job['id']}")
+    expect(row.get_by_test_id("job-outcome")).to_contain_text("int8-dynamic on onnxruntime")
+    expect(row.get_by_test_id("job-speedup")).to_have_text("2.00x")
+    screenshot(page, "22-deployments-outcome")
+
+    row.get_by_role("link", name="digits-result").click()
+    deployment = page.get_by_test_id("model-deployments").get_by_test_id("model-deployment-row")
+    expect(deployment).to_have_count(1)
+    expect(deployment).to_contain_text(f"#{job['id']}")
+    expect(deployment).to_contain_text("2.00x")
+
+    # The same bytes again: the upload says so and offers the model that has them.
+    page.get_by_role("link", name="Models").first.click()
+    page.get_by_test_id("model-name-input").fill("digits-again")
+    page.get_by_test_id("model-upload-input").set_input_files(str(digits_files["model"]))
+    notice = page.get_by_test_id("identical-upload")
+    expect(notice).to_contain_text("Byte-identical to digits-result v1")
+    screenshot(page, "23-identical-upload")
+    page.get_by_test_id("identical-model-link").click()
+    expect(page.get_by_role("heading", name="digits-result", level=1)).to_be_visible()
