@@ -166,3 +166,75 @@ def test_finished_job_leads_with_the_result_and_lists_show_outcomes(stack, new_p
     screenshot(page, "23-identical-upload")
     page.get_by_test_id("identical-model-link").click()
     expect(page.get_by_role("heading", name="digits-result", level=1)).to_be_visible()
+
+
+# -- item 4: device set-up that finishes --------------------------------------------------------------
+
+def test_device_setup_steps_turn_green_on_a_real_agents_first_heartbeat(stack, new_page, tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "setup", "Setups")
+    page = new_page()
+    sign_in(page, user)
+    page.get_by_role("link", name="Devices").click()
+    expect(page).to_have_title(re.compile("Devices"))
+    page.get_by_test_id("registration-token-name").fill("lab")
+    page.get_by_role("button", name="Create registration token").click()
+    steps = page.get_by_test_id("setup-steps")
+    expect(steps.locator("ol > li")).to_have_count(3)
+    expect(steps.locator("ol > li").nth(0)).to_contain_text("pip install kiln")
+    expect(page.get_by_test_id("run-command")).to_have_text("kiln-agent run")
+    command = page.get_by_test_id("register-command").inner_text()
+    assert command.startswith(f"kiln-agent register --server {stack.url}")
+    expect(page.get_by_test_id("register-and-run-command")).to_have_text(f"{command} && kiln-agent run")
+    heartbeat = page.get_by_test_id("first-heartbeat")
+    expect(heartbeat).to_contain_text("Waiting for the first heartbeat…")
+    screenshot(page, "24-device-setup-waiting")
+
+    # What the page says, run as a real agent process: register (the page's token), then run.
+    secret = re.search(r"--registration-token (\S+)", command).group(1)
+    env = {**os.environ, **getattr(stack, "env", {}), "KILN_AGENT_CONFIG": str(tmp_path / "agent.json")}
+    subprocess.run([sys.executable, "-m", "devices.agent", "register", "--server", stack.url, "--registration-token", secret,
+                    "--name", "bench-rig-1"], env=env, cwd=ui.REPO, check=True, capture_output=True, timeout=60)
+    expect(heartbeat).to_contain_text("bench-rig-1", timeout=20_000)
+    log = open(tmp_path / "agent.log", "ab")
+    agent = subprocess.Popen([sys.executable, "-m", "devices.agent", "run", "--work-dir", str(tmp_path / "work")], env=env, cwd=ui.REPO,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        expect(heartbeat).to_contain_text("sent its first heartbeat", timeout=60_000)
+        expect(heartbeat).to_have_class(re.compile("first-heartbeat-done"))
+        assert "rgb(" in heartbeat.evaluate("element => getComputedStyle(element).backgroundColor")
+        screenshot(page, "25-device-setup-connected")
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        log.close()
+
+
+def test_a_huge_capability_value_wraps_and_revoke_stays_in_reach(stack, new_page):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "caps", "Capabilities")
+    requests.post(f"{stack.url}/api/agent/v1/register", timeout=30, json={
+        "registration_token": registration_token(stack, user), "name": "odd-box",
+        # Every field at the largest the agent API accepts, unbroken by spaces.
+        "labels": {f"rack{i}": "r" * 200 for i in range(4)},
+        "capabilities": {"runtimes": {f"runtime{i}": "9" * 64 for i in range(16)}, "cpu_model": "X" * 200, "os": "y" * 64,
+                         "isa": [f"flag{i:02d}" + "z" * 26 for i in range(64)], "cores": 4}}).raise_for_status()
+    page = new_page(width=1280)
+    sign_in(page, user)
+    page.get_by_role("link", name="Devices").click()
+    row = page.get_by_test_id("agent-row").filter(has_text="odd-box")
+    revoke = row.get_by_role("button", name="Revoke agent odd-box")
+    expect(revoke).to_be_visible()
+    box = revoke.bounding_box()
+    assert box["x"] + box["width"] <= 1280, box
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert page.evaluate("document.querySelector('[data-testid=agents-table]').scrollWidth <= document.querySelector('[data-testid=agents-table]').parentElement.clientWidth + 1")
+    expect(row.get_by_text("+52 more")).to_be_visible()
+    screenshot(page, "26-devices-long-capability")

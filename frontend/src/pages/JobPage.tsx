@@ -301,6 +301,7 @@ export function JobPage() {
   return (
     <>
       <PageHeader
+        documentTitle={`Deployment #${data.id}`}
         title={
           <>
             Deployment #{data.id} <StatusBadge status={data.status} />

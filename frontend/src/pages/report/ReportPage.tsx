@@ -311,6 +311,7 @@ export function ReportPage() {
 
   const header = (
     <PageHeader
+      documentTitle={`Report for deployment #${jobId}`}
       title={<>Report for deployment #{jobId} {report.data ? <StatusBadge status={report.data.status} /> : null}</>}
       subtitle={
         <>
