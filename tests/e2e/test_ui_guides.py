@@ -238,3 +238,56 @@ def test_a_huge_capability_value_wraps_and_revoke_stays_in_reach(stack, new_page
     assert page.evaluate("document.querySelector('[data-testid=agents-table]').scrollWidth <= document.querySelector('[data-testid=agents-table]').parentElement.clientWidth + 1")
     expect(row.get_by_text("+52 more")).to_be_visible()
     screenshot(page, "26-devices-long-capability")
+
+
+# -- item 5: forms that check early ----------------------------------------------------------------
+
+def test_new_deployment_marks_datasets_that_fit_and_flags_a_mismatch_on_selection(stack, new_page, digits_files, tmp_path):
+    import numpy as np
+    from playwright.sync_api import expect
+
+    from tests.fixtures.models import write_npz
+
+    user = new_user(stack, "forms", "Forms")
+    upload_model(stack, user, digits_files, name="digits-forms")
+    with open(digits_files["validation"], "rb") as handle:
+        assert api(stack, user, "POST", "datasets/", data={"name": "digits-val", "kind": "validation"}, files={"file": ("v.npz", handle)}).status_code == 201
+    cifar = write_npz(tmp_path / "cifar.npz", input=np.zeros((12, 3, 32, 32), dtype=np.float32))
+    with open(cifar, "rb") as handle:
+        assert api(stack, user, "POST", "datasets/", data={"name": "cifar-val", "kind": "validation"}, files={"file": ("c.npz", handle)}).status_code == 201
+
+    page = new_page()
+    sign_in(page, user)
+    page.goto("/deployments/new")
+    page.get_by_label("Model", exact=True).select_option(label="digits-forms")
+    select = page.get_by_label("Validation dataset", exact=True)
+    expect(select.locator("optgroup[label='Fit this model'] option")).to_have_count(1)
+    expect(select.locator("optgroup[label='Fit this model'] option")).to_contain_text("digits-val")
+    expect(select.locator("optgroup[label='Do not fit this model'] option")).to_contain_text("cifar-val")
+    expect(page.get_by_test_id("validation-compatibility")).to_contain_text("1 of 2 fit input [batch, 1, 8, 8]")
+    # Chosen, not submitted: the mismatch shows at once, next to the field, and names the axis.
+    select.select_option(label="✗ cifar-val (12 samples)")
+    error = page.locator("#validationDataset-error")
+    expect(error).to_contain_text("“cifar-val” does not fit this model")
+    expect(error).to_contain_text("axis 1: 3, not 1")
+    expect(select).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_test_id("form-errors")).to_have_count(0)
+    screenshot(page, "27-dataset-mismatch-on-selection")
+    select.select_option(label=select.locator("optgroup[label='Fit this model'] option").inner_text())
+    expect(error).to_have_count(0)
+
+
+def test_sign_up_shows_the_password_rules_before_the_first_attempt(stack, new_page):
+    from playwright.sync_api import expect
+
+    page = new_page()
+    page.goto("/signup")
+    expect(page).to_have_title("Create an account · Kiln")
+    rules = page.get_by_test_id("password-rules")
+    expect(rules).to_contain_text("at least 8 characters")
+    expect(rules).to_contain_text("not a commonly used password")
+    page.get_by_label("Password").fill("short")
+    expect(rules).to_contain_text("Still needs: at least 8 characters (5 so far)")
+    page.get_by_label("Password").fill("a-longer-passphrase")
+    expect(rules).to_contain_text("Long enough")
+    screenshot(page, "28-signup-password-rules")
