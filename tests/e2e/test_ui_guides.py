@@ -291,3 +291,60 @@ def test_sign_up_shows_the_password_rules_before_the_first_attempt(stack, new_pa
     page.get_by_label("Password").fill("a-longer-passphrase")
     expect(rules).to_contain_text("Long enough")
     screenshot(page, "28-signup-password-rules")
+
+
+# -- item 8: layouts that adapt, and page titles ----------------------------------------------------
+
+NO_PAGE_SCROLL = "document.documentElement.scrollWidth <= window.innerWidth + 1"
+# What sticks out past the window's right edge, outside any box that scrolls by itself (for the failure message).
+OVERFLOWING = """() => [...document.querySelectorAll('body *')].filter((element) =>
+    element.getBoundingClientRect().right > window.innerWidth + 1 && !element.closest('.table-wrap, .code-block'))
+    .slice(0, 8).map((element) => `${element.tagName}.${element.className} ${Math.round(element.getBoundingClientRect().right)}px`)"""
+
+
+def test_at_800_px_the_navigation_is_a_menu_and_only_tables_scroll(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "narrow", "Narrow")
+    agent = scripted_agent(stack, user, "narrow-box-with-a-rather-long-device-name")
+    model = upload_model(stack, user, digits_files, name="digits-narrow")
+    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32", "fp16", "int8-dynamic"]}).json()
+    answer_tasks(stack, agent, job["id"], user, {
+        "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
+        "fp16": (1.9, [1.7, 1.9, 2.2], True, 0.9999),
+        "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
+    })
+
+    page = new_page(width=800, height=900)
+    sign_in(page, user)
+    expect(page).to_have_title("Models · Kiln")
+    nav = page.get_by_role("navigation", name="Main")
+    toggle = page.get_by_test_id("menu-toggle")
+    expect(toggle).to_be_visible()
+    expect(nav).to_be_hidden()
+    sidebar_width = page.evaluate("document.querySelector('.sidebar').getBoundingClientRect().height")
+    assert sidebar_width < 120, f"the collapsed bar is {sidebar_width} px tall"
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expect(nav).to_be_visible()
+    screenshot(page, "29-narrow-menu-open")
+    nav.get_by_role("link", name="Deployments").click()
+    expect(page).to_have_title("Deployments · Kiln")
+    expect(nav).to_be_hidden()
+    assert page.evaluate(NO_PAGE_SCROLL)
+
+    for path, title, name in [(f"/jobs/{job['id']}", f"Deployment #{job['id']} · Kiln", "30-narrow-job"),
+                              (f"/jobs/{job['id']}/report", f"Report for deployment #{job['id']} · Kiln", "31-narrow-report")]:
+        page.goto(path)
+        expect(page).to_have_title(title)
+        expect(page.get_by_test_id("result-summary" if name.endswith("job") else "verdict").first).to_be_visible()
+        page.wait_for_timeout(300)
+        assert page.evaluate(NO_PAGE_SCROLL), f"{path} scrolls sideways at 800 px: {page.evaluate(OVERFLOWING)}"
+        screenshot(page, name)
+    # The report's wide table scrolls inside its own box instead.
+    assert page.evaluate("""() => [...document.querySelectorAll('.table-wrap')].some(
+        (wrap) => wrap.scrollWidth > wrap.clientWidth && getComputedStyle(wrap).overflowX === 'auto')""")
+    page.goto(f"/jobs/{job['id']}")
+    # Stage cards keep "0.0 s" on one line.
+    assert page.evaluate("""() => [...document.querySelectorAll('.timeline-step .stage-duration')].every(
+        (span) => span.getClientRects().length === 1)""")

@@ -39,7 +39,7 @@ function Timeline({ job }: { job: Job }) {
           <div>
             <div className="timeline-title">
               {humanize(stage.name)} <StatusBadge status={stage.status} />
-              <span className="muted small"> {durationText(stage)}</span>
+              <span className="muted small stage-duration"> {durationText(stage)}</span>
             </div>
             {stage.message ? (
               <div className="muted small timeline-message" title={stage.message}>
