@@ -348,3 +348,22 @@ def test_at_800_px_the_navigation_is_a_menu_and_only_tables_scroll(stack, new_pa
     # Stage cards keep "0.0 s" on one line.
     assert page.evaluate("""() => [...document.querySelectorAll('.timeline-step .stage-duration')].every(
         (span) => span.getClientRects().length === 1)""")
+
+
+# -- item 9: errors in the user's terms --------------------------------------------------------------
+
+def test_uploading_a_pytorch_checkpoint_says_what_it_is_and_how_to_export(stack, new_page, tmp_path):
+    import torch
+    from playwright.sync_api import expect
+
+    checkpoint = tmp_path / "model.onnx"
+    torch.save({"weight": torch.zeros(2, 2)}, checkpoint)
+    user = new_user(stack, "errors", "Errors")
+    page = new_page()
+    sign_in(page, user)
+    page.get_by_test_id("model-upload-input").set_input_files(str(checkpoint))
+    error = page.get_by_test_id("upload-error")
+    expect(error).to_contain_text("model.onnx is not an ONNX model: it is a zip archive (a PyTorch .pt/.pth checkpoint")
+    expect(error).to_contain_text('torch.onnx.export(model, example_input, "model.onnx")')
+    expect(error).not_to_contain_text("proto")
+    screenshot(page, "32-upload-error-in-user-terms")

@@ -95,6 +95,32 @@ def test_bad_model_uploads_are_400_and_leave_nothing(tenant, settings, tmp_path,
     assert blob_files(settings) == []
 
 
+def _pytorch_checkpoint(path):
+    import torch
+
+    torch.save({"weight": torch.zeros(2, 2)}, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("content, says", [
+    (_pytorch_checkpoint, "it is a zip archive (a PyTorch .pt/.pth checkpoint saved with torch.save is one)"),
+    (b"\x80\x04\x95" + b"\x00" * 40, "it is a Python pickle"),
+    (b"\x89HDF\r\n\x1a\n" + b"\x00" * 40, "it is an HDF5 file (a Keras .h5 model)"),
+    (b"<!DOCTYPE html><html><body>Sign in</body></html>", "it is an HTML or XML page"),
+    (b"\x12\xff\xfe\x00\x01garbage\x00\x9a", "its bytes do not read as one"),
+])
+def test_a_file_that_is_not_onnx_is_named_for_what_it_is_with_how_to_export(tenant, tmp_path, content, says):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content(tmp_path / "checkpoint.pt") if callable(content) else content)
+    response = upload(tenant.client, "/api/v1/models/", path)
+    assert response.status_code == 400 and response.json()["code"] == "invalid_model"
+    message = response.json()["error"]
+    assert message.startswith("model.onnx is not an ONNX model: ") and says in message
+    assert "torch.onnx.export" in message and "tf2onnx" in message
+    # Neither the server's paths nor the protobuf parser's own words.
+    assert "/tmp" not in message and "proto" not in message.lower() and str(tmp_path) not in message
+
+
 def test_truncated_onnx_is_rejected(tenant, model_files, tmp_path, settings):
     truncated = tmp_path / "truncated.onnx"
     truncated.write_bytes(model_files["model"].read_bytes()[:-4000])
