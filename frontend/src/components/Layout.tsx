@@ -9,6 +9,7 @@ const NAV = [
   { to: '/datasets', label: 'Datasets' },
   { to: '/deployments', label: 'Deployments' },
   { to: '/performance', label: 'Performance' },
+  { to: '/compare', label: 'Compare' },
   { to: '/devices', label: 'Devices' },
   { to: '/settings/tokens', label: 'API tokens' },
   { to: '/members', label: 'Members' },

@@ -240,9 +240,14 @@ export function ResultSummary({ report, jobId }: { report: Report; jobId: number
     <section className="card result-summary" aria-labelledby="result-heading" data-testid="result-summary">
       <div className="section-header">
         <h2 id="result-heading">Result</h2>
-        <Link to={`/jobs/${jobId}/report`} className="button button-small" data-testid="result-report-link">
-          Full report
-        </Link>
+        <div className="button-row">
+          <Link to={`/compare?a=${jobId}`} className="button button-small" data-testid="result-compare-link">
+            Compare with…
+          </Link>
+          <Link to={`/jobs/${jobId}/report`} className="button button-small" data-testid="result-report-link">
+            Full report
+          </Link>
+        </div>
       </div>
       {report.devices.map((device, index) => {
         const chosen = device.variants.find((variant) => variant.id === device.recommended);
