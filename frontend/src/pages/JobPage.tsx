@@ -168,7 +168,7 @@ export function artifactGroup(artifact: Artifact, recommended: Set<number>): str
 
 function ArtifactRow({ artifact }: { artifact: Artifact }) {
   return (
-    <tr data-testid="artifact-row">
+    <tr data-testid="artifact-row" data-kind={artifact.kind}>
       <td>
         <code title={artifact.sha256}>{artifact.name}</code>
       </td>
