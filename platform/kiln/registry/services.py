@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import tempfile
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -14,13 +15,16 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from devices.contract import OUTPUT_KINDS
+from devices.recipes import RecipeError, parse_recipe
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
-from workers.datasets import InvalidDataset, inspect_npz
+from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
+from workers.raw_datasets import build_raw_dataset
 
 from . import storage, uploads
+from .messages import unreadable_model_message
 from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 logger = logging.getLogger(__name__)
@@ -101,6 +105,13 @@ def _check_input_sizes(signature: dict) -> None:
             )
 
 
+def _model_problem(onnx_path: Path, filename: str, detail: str) -> str:
+    """What the user uploaded instead of an ONNX model, and how to make one (see registry/messages.py)."""
+    parse_failed = "not a readable ONNX model" in detail or "parsing" in detail.lower() or "parse" in detail.lower()
+    return unreadable_model_message(path=Path(onnx_path), filename=Path(filename).name or "The file", parse_failed=parse_failed,
+                                    detail=detail)
+
+
 def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filename: str) -> tuple[dict, str]:
     """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
     onnx_path = upload_path
@@ -128,7 +139,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     try:
         validation = validate_onnx(onnx_path)
         if not validation["ok"]:
-            raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(validation['error'], names)}", code="invalid_model")
+            raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(validation["error"], names)), code="invalid_model")
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
@@ -140,7 +151,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     except Exception as exc:  # the inspector raises on unreadable protobufs
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(str(exc), names)}", code="invalid_model") from exc
+        raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(str(exc), names)), code="invalid_model") from exc
     if staging:
         target = storage.extracted_dir(sha256)
         if target.exists():
@@ -247,15 +258,26 @@ def model_version_delete(*, version: ModelVersion) -> None:
         blob_release(blob=blob)
 
 
-def dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+MAX_TOKENIZER_BYTES = 64 * 1024**2
+
+
+def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=None, tokenizer=None) -> Dataset:
+    """A dataset from an `.npz` of arrays or a zip of per-sample `.npz` files, or from raw data
+    (images, WAV files, lines of text) through a declared recipe."""
     if kind not in DatasetKind.values:
         raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
+    if recipe not in (None, "", {}):
+        return _raw_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload, recipe=recipe, tokenizer=tokenizer)
     filename = Path(upload.name or "").name
-    if Path(filename).suffix.lower() != ".npz":
-        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples).", code="unsupported_format")
+    suffix = Path(filename).suffix.lower()
+    if suffix in HDF5_SUFFIXES:
+        return _hdf5_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload)
+    if suffix not in (".npz", ".zip"):
+        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), a .zip of one .npz per sample, "
+                        "or an HDF5 file of one group per sample.", code="unsupported_format")
     upload_path = Path(upload.temporary_file_path())
     try:
-        info = inspect_npz(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
     except InvalidDataset as exc:
         raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
     with transaction.atomic():
@@ -268,8 +290,79 @@ def dataset_create(*, organization, user, name: str, kind: str, upload) -> Datas
             samples=info["samples"],
             arrays=info["arrays"],
             has_labels=info["has_labels"],
+            format=info["format"],
             created_by=user,
         )
+
+
+RAW_SUFFIXES = {"image": (".zip",), "audio": (".zip",), "text": (".txt",)}
+HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+def _hdf5_dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+    """An HDF5 file of one group per sample, kept as uploaded and stored as a zip of one .npz per sample."""
+    filename = Path(upload.name or "").name
+    upload_path = Path(upload.temporary_file_path())
+    with tempfile.TemporaryDirectory(prefix="kiln-h5-") as scratch:
+        samples = Path(scratch) / "samples.zip"
+        try:
+            hdf5_to_samples(upload_path, samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+            info = inspect_dataset(samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        except InvalidDataset as exc:
+            raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from None
+        with transaction.atomic():
+            return Dataset.objects.create(
+                organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
+                blob=blob_create(organization=organization, path=samples),
+                source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
+                samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"], created_by=user,
+            )
+
+
+def _tokenizer_text(tokenizer) -> str | None:
+    if tokenizer is None:
+        return None
+    if tokenizer.size > MAX_TOKENIZER_BYTES:
+        raise KilnError(f"tokenizer.json is over {MAX_TOKENIZER_BYTES // 1024**2} MB.", code="invalid_recipe")
+    try:
+        return tokenizer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise KilnError("tokenizer.json is not UTF-8 text.", code="invalid_recipe") from None
+
+
+def _raw_dataset_create(*, organization, user, name: str, kind: str, upload, recipe, tokenizer) -> Dataset:
+    """Prepare every raw sample by the recipe before anything is stored: one bad sample refuses the whole upload."""
+    try:
+        parsed = parse_recipe(recipe)
+    except RecipeError as exc:
+        raise KilnError(f"The recipe is not valid: {exc}.", code="invalid_recipe") from None
+    filename = Path(upload.name or "").name
+    if Path(filename).suffix.lower() not in RAW_SUFFIXES[parsed["type"]]:
+        wanted = " or ".join(RAW_SUFFIXES[parsed["type"]])
+        raise KilnError(f"A {parsed['type']} recipe reads a {wanted} file, not {filename!r}.", code="unsupported_format")
+    tokenizer_json = _tokenizer_text(tokenizer)
+    upload_path = Path(upload.temporary_file_path())
+    with tempfile.TemporaryDirectory(prefix="kiln-raw-") as scratch:
+        prepared = Path(scratch) / "prepared.npz"
+        try:
+            info = build_raw_dataset(upload_path, parsed, prepared, display_name=filename, tokenizer_json=tokenizer_json,
+                                     max_bytes=settings.MAX_DATASET_BYTES)
+        except RecipeError as exc:
+            raise KilnError(f"{filename}: {redact_server_paths(str(exc), {upload_path: filename})}", code="invalid_dataset") from None
+        with transaction.atomic():
+            if tokenizer_json is not None:
+                tokenizer_path = Path(scratch) / "tokenizer.json"
+                tokenizer_path.write_text(tokenizer_json, encoding="utf-8")
+                parsed["tokenizer_sha256"] = blob_create(organization=organization, path=tokenizer_path).sha256
+            if info["label_names"]:
+                parsed["label_names"] = info["label_names"]
+            return Dataset.objects.create(
+                organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
+                blob=blob_create(organization=organization, path=prepared),
+                source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
+                samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"],
+                recipe=parsed, previews=info["previews"], created_by=user,
+            )
 
 
 def dataset_delete(*, dataset: Dataset) -> None:
@@ -278,9 +371,15 @@ def dataset_delete(*, dataset: Dataset) -> None:
         Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
         if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
             raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
-        blob = dataset.blob
+        blobs = [dataset.blob, dataset.source_blob]
+        tokenizer_sha256 = (dataset.recipe or {}).get("tokenizer_sha256")
         dataset.delete()
-        blob_release(blob=blob)
+        # A tokenizer is referenced from recipes, not by a key: it goes when no recipe names it.
+        if tokenizer_sha256 and not Dataset.objects.filter(organization=dataset.organization, recipe__tokenizer_sha256=tokenizer_sha256).exists():
+            blobs.append(Blob.objects.filter(organization=dataset.organization, sha256=tokenizer_sha256).first())
+        for blob in blobs:
+            if blob is not None:
+                blob_release(blob=blob)
 
 
 # -- resumable uploads -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ class JobListView(generics.ListAPIView):
     serializer_class = JobListSerializer
 
     def get_queryset(self):
-        return selectors.job_list(organization=self.request.organization)
+        return selectors.job_list(organization=self.request.organization, model_id=self.request.query_params.get("model"))
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def post(self, request):
@@ -42,6 +42,9 @@ class JobListView(generics.ListAPIView):
             tolerance=values["tolerance"],
             package=values["package"],
             metrics=values["metrics"],
+            state=values["state"],
+            initial_state=values["initial_state"],
+            calibration_subset=values["calibration_subset"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
