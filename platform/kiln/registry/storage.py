@@ -200,11 +200,6 @@ def local_path(sha256: str) -> Path:
     return target
 
 
-def blob_path(sha256: str) -> Path:
-    """The name callers used before blobs could live in S3; the same as `local_path`."""
-    return local_path(sha256)
-
-
 def blob_exists(sha256: str) -> bool:
     return blob_storage().exists(blob_key(sha256))
 
