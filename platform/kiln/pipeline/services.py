@@ -79,12 +79,13 @@ def _check_label_metrics(declared: list[dict], tolerance: dict, validation_datas
 
 
 def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
-               metrics=None, package=None, rerun_of: DeploymentJob | None = None) -> DeploymentJob:
+               metrics=None, package=None, rerun_of: DeploymentJob | None = None, budget_minutes=None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
     parsed_package = specs.parse_package(package)
     parsed_tolerance = specs.parse_tolerance(tolerance)
     parsed_targets = specs.parse_targets(targets)
+    parsed_budget = specs.parse_budget_minutes(budget_minutes)
     signature = model_version.signature
     declared = specs.parse_metrics(metrics, outputs=[output["name"] for output in (signature or {}).get("outputs", [])])
     _check_dataset(calibration_dataset, organization=organization, signature=signature, role="calibration")
@@ -108,6 +109,7 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             package=parsed_package,
             toolchain={"host": specs.host_toolchain()},
             rerun_of=rerun_of,
+            search={"budget_minutes": parsed_budget},
         )
         again = f" Re-run of job {rerun_of.id}." if rerun_of else ""
         job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.{again}")
@@ -121,6 +123,7 @@ def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
         organization=job.organization, user=user, model_version=job.model_version, precisions=job.precisions,
         calibration_dataset=job.calibration_dataset, validation_dataset=job.validation_dataset, targets=job.targets,
         tolerance=job.tolerance, metrics=job.metrics, package=job.package, rerun_of=job,
+        budget_minutes=job.search.get("budget_minutes"),
     )
 
 

@@ -173,7 +173,7 @@ def test_identical_build_is_reused_from_the_cache_not_rebuilt(tenant, uploaded, 
     def no_rebuild(**kwargs):
         raise AssertionError("an identical variant was rebuilt")
 
-    monkeypatch.setattr(quantize, "build_variant", no_rebuild)
+    monkeypatch.setattr(quantize, "build_isolated", no_rebuild)
     with django_capture_on_commit_callbacks(execute=True):
         second = create_job(tenant, **body).json()["id"]
     original = Variant.objects.get(job_id=first, key="int8")

@@ -41,13 +41,20 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
 
 class JobListSerializer(serializers.ModelSerializer):
     model = serializers.SerializerMethodField()
+    budget = serializers.SerializerMethodField()
 
     class Meta:
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
-            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "budget",
         ]
+
+    def get_budget(self, job) -> dict:
+        """The search's time budget: minutes, seconds left while it runs, and why it stopped if the budget ended it."""
+        from kiln.pipeline.quantize import search_budget
+
+        return search_budget(job)
 
     def get_model(self, job) -> dict:
         version = job.model_version
@@ -72,6 +79,8 @@ class JobCreateSerializer(serializers.Serializer):
     tolerance = serializers.JSONField(required=False, default=dict)
     package = serializers.JSONField(required=False, default=dict)
     metrics = serializers.JSONField(required=False, default=list)
+    # Checked by the service (specs.parse_budget_minutes) so every caller gets the same message.
+    budget_minutes = serializers.JSONField(required=False, default=None)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

@@ -42,6 +42,7 @@ class JobListView(generics.ListAPIView):
             tolerance=values["tolerance"],
             package=values["package"],
             metrics=values["metrics"],
+            budget_minutes=values["budget_minutes"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
