@@ -41,6 +41,9 @@ def create_job(tenant, **body):
         ({"tolerance": {"metric": "cosine", "max_drop": 5}}, "invalid_tolerance"),
         ({"targets": [{"gpu": True}]}, "invalid_targets"),
         ({"targets": [999999]}, "invalid_targets"),
+        ({"budget_minutes": 0}, "invalid_budget"),
+        ({"budget_minutes": "soon"}, "invalid_budget"),
+        ({"budget_minutes": 100000}, "invalid_budget"),
     ],
 )
 def test_bad_job_requests_are_400_with_a_reason(tenant, uploaded, override, code):
@@ -247,3 +250,29 @@ def test_the_evaluation_plan_follows_the_model_and_the_declared_metrics(tenant, 
         from kiln.fleet.api.agent_views import task_payload
 
         assert task_payload(task)["evaluation"] == job["evaluation"]
+
+
+def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the_reason(tenant, uploaded):
+    import time
+
+    import kiln.pipeline.quantize as quantize
+
+    default = create_job(tenant, model_version=uploaded["version"], precisions=["auto"]).json()
+    assert default["budget"]["minutes"] == 30
+    assert create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["budget"] == {}
+    job_id = create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"]
+    job = DeploymentJob.objects.get(pk=job_id)
+    job.search["started_at"] = time.time() - 30
+    job.save()
+    budget = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()["budget"]
+    assert budget["minutes"] == 2 and 60 < budget["seconds_left"] <= 90
+    assert not quantize._budget_spent(job)
+
+    job.search["started_at"] = time.time() - 121
+    job.save()
+    assert quantize._next_round_specs(job) == []
+    job.refresh_from_db()
+    assert job.search["stopped"].startswith("the time budget of 2 minute(s) was spent after round 1")
+    detail = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert detail["budget"]["seconds_left"] == 0 and detail["budget"]["stopped"] == job.search["stopped"]
+    assert any("The search stopped: the time budget of 2 minute(s)" in e["message"] for e in detail["events"])
