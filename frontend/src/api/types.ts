@@ -234,6 +234,15 @@ export interface Job {
   rerun_of?: number | null;
   package?: { encrypt?: boolean } | null;
   toolchain?: { host?: Record<string, string> } | null;
+  /** The `auto` search's time budget ({} for explicit precisions). */
+  budget?: SearchBudget | Record<string, never>;
+}
+
+export interface SearchBudget {
+  minutes: number;
+  started_at: number | null;
+  seconds_left: number | null;
+  stopped: string | null;
 }
 
 export interface JobCreate {
