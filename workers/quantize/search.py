@@ -730,25 +730,29 @@ class _Validation:
 
 
 def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, threads: int | None, work: Path,
-                     windows: int, margin: float = 0.10, max_windows: int = 15) -> None:
-    """Re-time the passing variants within `margin` of the fastest, interleaved, until the leader is clear or `max_windows`.
+                     windows: int, max_contenders: int = 6, max_windows: int = 15) -> None:
+    """Re-time the fastest passing variants and each backend's plain FP32 side by side, until the leader is clear.
 
-    A single short run per candidate rules out the clearly slow ones, but near-ties on a busy
-    machine flip from run to run. Round-robin windows expose every contender to the same drift;
-    after `windows` rounds, more are added while the leader's confidence interval (bootstrap over
-    the per-window medians, 90%) still overlaps a rival's. Each contender's p50 becomes the median
-    of its window medians, with the interval kept as `p50_ci`.
+    Rounds are measured minutes apart, and on a busy machine the load drifts between them, so
+    first-pass timings from different rounds do not compare. The `max_contenders` fastest passing
+    variants, plus FP32 with runtime defaults on each backend (what a user gets without Kiln), are
+    timed again in round-robin windows so every one sees the same drift; after `windows` rounds,
+    more are added while the leader's 90% interval (bootstrap over the window medians) overlaps a
+    rival's. Each contender's p50 becomes the median of its window medians, with the interval as
+    `p50_ci`; the others are scaled by the drift the contenders saw (`drift_adjusted`).
     """
     from devices.backends.registry import get_backend
     from devices.bench import BenchmarkSettings, measure, summarize_latencies
 
-    passing = [e for e in entries if e.get("latency_ms") and e["accuracy"].get("within_tolerance") and e.get("path")]
+    passing = sorted((e for e in entries if e.get("latency_ms") and e["accuracy"].get("within_tolerance") and e.get("path")),
+                     key=lambda e: e["latency_ms"]["p50"])
     if windows < 1 or len(passing) < 2:
         return
-    best = min(e["latency_ms"]["p50"] for e in passing)
-    contenders = [e for e in passing if e["latency_ms"]["p50"] <= best * (1 + margin)]
-    if len(contenders) < 2:
-        return
+    contenders = passing[:max_contenders]
+    for entry in passing[max_contenders:]:
+        if entry["precision"] == "fp32" and not entry.get("compile") and entry["backend"] not in {
+                e["backend"] for e in contenders if e["precision"] == "fp32" and not e.get("compile")}:
+            contenders.append(entry)
     settings = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
     compiled = [get_backend(e["backend"]).compile(e["path"], work / "confirm" / e["id"], threads=threads, options=e.get("compile"))
                 for e in contenders]
@@ -760,15 +764,23 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
                 samples[index].append(measure(run, settings)["samples_ms"])
             if done >= windows and _leader_is_clear(samples):
                 break
+        drifts = []
         for entry, parts in zip(contenders, samples):
             entry["latency_ms_first_pass"] = entry["latency_ms"]
             medians = [float(np.median(part)) for part in parts]
             entry["latency_ms"] = {**summarize_latencies(np.concatenate(parts)), "p50": float(np.median(medians))}
             entry["p50_ci"] = list(median_interval(medians))
             entry["confirmed"] = len(medians)
+            drifts.append(entry["latency_ms"]["p50"] / entry["latency_ms_first_pass"]["p50"])
     finally:
         for model in compiled:
             model.close()
+    drift = float(np.median(drifts))
+    for entry in entries:
+        if entry.get("latency_ms") and not entry.get("confirmed"):
+            entry["latency_ms_first_pass"] = entry["latency_ms"]
+            entry["latency_ms"] = {**entry["latency_ms"], "p50": entry["latency_ms"]["p50"] * drift}
+            entry["drift_adjusted"] = drift
 
 
 def median_interval(values: list[float], confidence: float = 0.90, resamples: int = 2000) -> tuple[float, float]:
