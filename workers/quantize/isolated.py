@@ -6,7 +6,8 @@ own children) several times a second and stop it, naming the budget, before the 
 pick a victim, which on a worker host would be the Celery worker itself. The child reports its
 peak RSS (`ru_maxrss`), so every build says what it cost. Only JSON crosses the boundary.
 
-Run as `python -m workers.quantize.isolated REQUEST.json RESULT.json` by `build_isolated`.
+Run as `python -m workers.quantize.isolated REQUEST.json RESULT.json` by `build_isolated` and
+`rank_nodes_isolated` (the sensitivity analysis, which runs the model over calibration batches too).
 """
 
 from __future__ import annotations
@@ -64,11 +65,38 @@ def build_isolated(
     """
     from workers.quantize.variants import NotApplicable, QuantizationError
 
-    budget = memory_budget or memory_budget_mb()
-    request = {"model_path": str(model_path), "precision": precision, "out_path": str(out_path),
+    request = {"kind": "build", "model_path": str(model_path), "precision": precision, "out_path": str(out_path),
                "calibration_path": str(calibration_path) if calibration_path is not None else None,
                "options": options or {}, "cache_dir": str(cache_dir) if cache_dir is not None else None}
     started = time.monotonic()
+    try:
+        result = _run_child(request, f"the {precision} build", memory_budget, timeout_s)
+    except BuildMemoryExceeded:
+        Path(out_path).unlink(missing_ok=True)
+        raise
+    if "error" in result:
+        kind, message = result["error"]["type"], result["error"]["message"]
+        raise {"NotApplicable": NotApplicable, "QuantizationError": QuantizationError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
+    built = result["built"]
+    built["peak_rss_mb"] = result["peak_rss_mb"]
+    built["build_s"] = time.monotonic() - started
+    return built
+
+
+def rank_nodes_isolated(*, model_path: str | Path, calibration_path: str | Path, max_samples: int = 64,
+                        memory_budget: int | None = None, timeout_s: float = 3600.0) -> list[dict[str, Any]]:
+    """`sensitivity.rank_nodes` in a child process under the same memory budget as a build."""
+    request = {"kind": "rank_nodes", "model_path": str(model_path), "calibration_path": str(calibration_path),
+               "max_samples": int(max_samples)}
+    result = _run_child(request, "the sensitivity analysis", memory_budget, timeout_s)
+    if "error" in result:
+        raise RuntimeError(result["error"]["message"])
+    return result["ranking"]
+
+
+def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, timeout_s: float) -> dict[str, Any]:
+    """Run one request in a child process under the watchdog; the child's JSON result with `peak_rss_mb`."""
+    budget = memory_budget or memory_budget_mb()
     with tempfile.TemporaryDirectory(prefix="kiln-build-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
@@ -82,25 +110,19 @@ def build_isolated(
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
-            raise TimeoutError(f"the {precision} build took longer than {timeout_s:.0f} s and was stopped") from None
+            raise TimeoutError(f"{what} took longer than {timeout_s:.0f} s and was stopped") from None
         finally:
             watch.stop()
         if watch.exceeded:
-            Path(out_path).unlink(missing_ok=True)
             raise BuildMemoryExceeded(
-                f"the {precision} build used more than the build memory budget of {budget} MB "
+                f"{what} used more than the build memory budget of {budget} MB "
                 f"({MEMORY_BUDGET_ENV}) and was stopped; raise the budget or use fewer calibration samples")
         if not result_path.is_file():
             tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"the {precision} build process died (exit {process.returncode}): {' | '.join(tail)}")
+            raise RuntimeError(f"{what} process died (exit {process.returncode}): {' | '.join(tail)}")
         result = json.loads(result_path.read_text())
-    if "error" in result:
-        kind, message = result["error"]["type"], result["error"]["message"]
-        raise {"NotApplicable": NotApplicable, "QuantizationError": QuantizationError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
-    built = result["built"]
-    built["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0.0, watch.peak_mb)
-    built["build_s"] = time.monotonic() - started
-    return built
+    result["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0.0, watch.peak_mb)
+    return result
 
 
 def _child_env() -> dict[str, str]:
@@ -155,23 +177,28 @@ def _rss(process) -> int:
         return 0
 
 
+def _serve(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("kind", "build") == "rank_nodes":
+        from workers.quantize.sensitivity import rank_nodes
+
+        return {"ranking": rank_nodes(model_path=request["model_path"], calibration_path=request["calibration_path"],
+                                      max_samples=request["max_samples"])}
+    arguments = {key: request[key] for key in ("model_path", "precision", "out_path", "calibration_path", "options")}
+    if request.get("cache_dir"):
+        from workers.quantize.cache import cached_build_variant
+
+        return {"built": cached_build_variant(cache_dir=request["cache_dir"], **arguments)}
+    from workers.quantize.variants import build_variant
+
+    return {"built": build_variant(**arguments)}
+
+
 def _child(request_path: str, result_path: str) -> None:
     import resource
 
     request = json.loads(Path(request_path).read_text())
     try:
-        if request.get("cache_dir"):
-            from workers.quantize.cache import cached_build_variant
-
-            built = cached_build_variant(cache_dir=request["cache_dir"], model_path=request["model_path"],
-                                         precision=request["precision"], out_path=request["out_path"],
-                                         calibration_path=request["calibration_path"], options=request["options"])
-        else:
-            from workers.quantize.variants import build_variant
-
-            built = build_variant(model_path=request["model_path"], precision=request["precision"], out_path=request["out_path"],
-                                  calibration_path=request["calibration_path"], options=request["options"])
-        result: dict[str, Any] = {"built": built}
+        result: dict[str, Any] = _serve(request)
     except Exception as error:
         kind = type(error).__name__
         result = {"error": {"type": kind if kind in _ERRORS else "RuntimeError", "message": f"{error}" if kind in _ERRORS

@@ -636,11 +636,12 @@ def _int8_pays(entries: list[dict[str, Any]]) -> bool:
 
 
 def _rank_nodes_safely(model_path, calibration_path, samples: int, budget: int | None, failures: list) -> list[dict[str, Any]]:
-    """Sensitivity ranking (streamed in batches, statistics only); a failure leaves the search without refinements."""
-    from workers.quantize.sensitivity import rank_nodes
+    """Sensitivity ranking in a child process under the memory budget; a failure leaves the search without refinements."""
+    from workers.quantize.isolated import rank_nodes_isolated
 
     try:
-        return rank_nodes(model_path=model_path, calibration_path=calibration_path, max_samples=samples)
+        return rank_nodes_isolated(model_path=model_path, calibration_path=calibration_path, max_samples=samples,
+                                   memory_budget=budget)
     except Exception as error:
         failures.append({"key": "sensitivity", "error": f"{type(error).__name__}: {error}"})
         return []

@@ -15,9 +15,8 @@ from kiln.registry.selectors import blob_file
 from kiln.reports.selectors import device_reports
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
-from workers.quantize.isolated import build_isolated
+from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.search import family_verdicts, plan_round
-from workers.quantize.sensitivity import rank_nodes
 
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
@@ -65,7 +64,7 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
     if not any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic")):
         return None
     try:
-        ranking = rank_nodes(model_path=working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
+        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
     except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
         ranking = []

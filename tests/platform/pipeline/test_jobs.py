@@ -276,3 +276,25 @@ def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the
     detail = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
     assert detail["budget"]["seconds_left"] == 0 and detail["budget"]["stopped"] == job.search["stopped"]
     assert any("The search stopped: the time budget of 2 minute(s)" in e["message"] for e in detail["events"])
+
+
+def test_a_compile_option_variant_shares_its_build_and_carries_its_options_to_the_device(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+    from kiln.fleet.api.agent_views import task_payload
+
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"]).json()["id"])
+    static = {"static_shapes": {"input": [1, 1, 8, 8]}}
+    quantize._create_variants(job, [
+        {"key": "fp32", "precision": "fp32", "options": {}, "backends": None, "compile": {}},
+        {"key": "fp32+static", "precision": "fp32", "options": {}, "backends": ["openvino"], "compile": static},
+    ], round_number=2)
+    plain, tuned = Variant.objects.get(job=job, key="fp32"), Variant.objects.get(job=job, key="fp32+static")
+    assert tuned.options == {"compile": static} and tuned.backends == ["openvino"]
+    # The build ignores compile options: one artifact serves both variants.
+    assert quantize._build_options(tuned) == {} and quantize._variant_cache_key(tuned, job) == quantize._variant_cache_key(plain, job)
+    assert quantize._compile_recipe(tuned) == {"compile": static} and quantize._compile_recipe(plain) == {}
+    # An unsaved task with an id is enough to render the payload an agent would lease.
+    task = DeviceTask(id=1, job=job, variant=tuned, backend="openvino", target="t", organization=job.organization)
+    tuned.artifact = Artifact(blob=job.model_version.blob)
+    payload = task_payload(task)
+    assert payload["compile"] == static
