@@ -403,6 +403,8 @@ def print_table(model: dict, rows: list[dict], kiln: dict, search: dict, search_
     print(f"Kiln's own measurements (fastest first): {listed}")
     for note in search.get("notes") or []:
         print(f"Kiln search note: {note}")
+    for failure in search.get("failures") or []:
+        print(f"Kiln search failure: {failure['key']}: {failure['error'][:200]}")
     builds = ", ".join(f"{b['key']} {b['peak_rss_mb']:.0f} MB/{b['build_s']:.1f} s" for b in search.get("builds") or [])
     print(f"Kiln builds (peak RSS / wall time, each in its own process): {builds}")
     print(f"| {'variant':<42} | {'backend':<11} | {'p50 ms':>8} | {'metric':>14} | {'value':>7} | {'drop':>7} | {'ok':<3} | {'ratio to Kiln':>13} |")

@@ -245,18 +245,6 @@ def _measured_by_target(job) -> dict[str, list[dict]]:
     return {report.target: report.variants for report in reports}
 
 
-def search_budget(job) -> dict:
-    """`{"minutes", "started_at", "seconds_left", "stopped"}` of an `auto` job's search; {} for explicit precisions."""
-    if job.precisions != [specs.AUTO]:
-        return {}
-    minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
-    started = job.search.get("started_at")
-    left = None
-    if started is not None and not job.is_terminal:
-        left = max(0.0, minutes * 60 - (time.time() - started))
-    return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
-
-
 def _budget_spent(job) -> bool:
     started = job.search.get("started_at", time.time())
     return time.time() - started > job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60

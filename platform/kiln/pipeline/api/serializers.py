@@ -4,6 +4,7 @@ from rest_framework import serializers
 from kiln.core.fields import id_field
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
+from ..selectors import search_budget
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -52,8 +53,6 @@ class JobListSerializer(serializers.ModelSerializer):
 
     def get_budget(self, job) -> dict:
         """The search's time budget: minutes, seconds left while it runs, and why it stopped if the budget ended it."""
-        from kiln.pipeline.quantize import search_budget
-
         return search_budget(job)
 
     def get_model(self, job) -> dict:
