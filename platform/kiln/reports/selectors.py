@@ -178,6 +178,7 @@ def job_report(*, job) -> dict:
         "tolerance": job.tolerance,
         "metrics": job.metrics,
         "evaluation": job.evaluation,
+        "datasets": _datasets_summary(job),
         "search": _search_summary(job, devices),
         "devices": devices,
         "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},
@@ -195,6 +196,14 @@ def _search_summary(job, devices: list[dict]) -> dict:
         notes[device["target"]] = [verdict["reason"] for verdict in family_verdicts(measured).values()] + compile_winners(measured)
     return {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or [],
             "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes}
+
+
+def _datasets_summary(job) -> dict:
+    """How the job's data was fed (layout, state carried) and which calibration samples were used."""
+    feeds = job.feeds or {}
+    plans = {role: {"mode": plan["mode"], "format": plan["format"]} for role in ("calibration", "validation") if (plan := feeds.get(role))}
+    return {**plans, "state": feeds.get("state") or {}, "calibration_subset": feeds.get("calibration_subset"),
+            "calibration_used": feeds.get("calibration_used")}
 
 
 # -- the performance database ----------------------------------------------------------------
