@@ -19,13 +19,16 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, inspect_npz
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
+from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
+from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 
 from . import storage, uploads
-from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
+from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 logger = logging.getLogger(__name__)
 
-MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
+MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP, ".pt2": SourceFormat.TORCH_EXPORT, ".pt": SourceFormat.TORCHSCRIPT}
+CONVERTED_ONNX_MEMBER = "model.onnx"
 
 
 def blob_create(*, organization, path: Path, sha256: str | None = None, move: bool = False) -> Blob:
@@ -47,7 +50,8 @@ def _source_format(filename: str) -> str:
     suffix = Path(filename or "").suffix.lower()
     if suffix not in MODEL_SUFFIXES:
         raise KilnError(
-            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, or a .zip holding one .onnx with its external data.",
+            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, a .zip holding one .onnx with its external data, "
+            "a torch.export archive (.pt2) or a traced TorchScript file (.pt).",
             code="unsupported_format",
         )
     return MODEL_SUFFIXES[suffix]
@@ -78,7 +82,12 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     staging = None
     # Messages name the user's file and its entries, never the server's folders.
     names = {upload_path: filename}
-    if source_format == SourceFormat.ONNX_ZIP:
+    if source_format in CONVERTED_FORMATS:
+        staging = storage.new_temp_dir("torch-")
+        names[staging] = ""
+        onnx_path, conversion = _convert_torch_upload(upload_path, staging, filename=filename)
+        member = CONVERTED_ONNX_MEMBER
+    elif source_format == SourceFormat.ONNX_ZIP:
         staging = storage.new_temp_dir("extract-")
         names[staging] = ""
         try:
@@ -103,6 +112,8 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
         facts["output_kinds"] = _output_kinds(onnx_path)
+        if source_format in CONVERTED_FORMATS:
+            facts["conversion"] = conversion
     except KilnError:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -119,6 +130,34 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(staging), target)
     return facts, member
+
+
+def _convert_torch_upload(upload_path: Path, staging: Path, *, filename: str) -> tuple[Path, dict]:
+    """Check a PyTorch upload statically, then export it to ONNX in the sandbox; raises 400s with the reason."""
+    try:
+        facts = scan_torch_file(upload_path, max_total_bytes=settings.MAX_ARCHIVE_UNCOMPRESSED_BYTES)
+    except RefusedTorchFile as refused:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename}: {refused}", code=refused.code) from None
+    onnx_path = staging / CONVERTED_ONNX_MEMBER
+    try:
+        conversion = run_in_sandbox({"command": "convert", "kind": facts.kind, "onnx_out": str(onnx_path)}, files={"model": upload_path},
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+    except SandboxFailed as failed:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename} could not be loaded and exported to ONNX: {failed}", code="conversion_failed") from None
+    parity = conversion["parity"]
+    if not parity["passed"]:
+        shutil.rmtree(staging, ignore_errors=True)
+        worst = min(parity["outputs"], key=lambda output: output["cosine"])
+        raise KilnError(
+            f"{filename}: the ONNX export disagrees with the PyTorch model (output {worst['name']!r}: cosine {worst['cosine']:.6f}, "
+            f"max abs error {worst['max_abs_error']}); the threshold is cosine >= {parity['threshold']}.",
+            code="conversion_mismatch",
+        )
+    conversion["format"] = facts.kind
+    conversion["pickle_globals"] = facts.globals
+    return onnx_path, conversion
 
 
 def _create_version(*, model: Model, upload, source_format: str, facts: dict, member: str) -> ModelVersion:
@@ -138,6 +177,7 @@ def _create_version(*, model: Model, upload, source_format: str, facts: dict, me
         parameter_count=facts.get("parameter_count", 0),
         validation=facts["validation"],
         output_kinds=facts.get("output_kinds", {}),
+        conversion=facts.get("conversion", {}),
     )
 
 
@@ -146,6 +186,7 @@ def model_create(*, organization, user, name: str, upload) -> Model:
     name = (name or "").strip() or Path(upload.name).stem
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
+    source_format = facts.get("conversion", {}).get("format", source_format)
     with transaction.atomic():
         model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
         _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
@@ -155,6 +196,7 @@ def model_create(*, organization, user, name: str, upload) -> Model:
 def model_version_create(*, model: Model, upload) -> ModelVersion:
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
+    source_format = facts.get("conversion", {}).get("format", source_format)
     with transaction.atomic():
         Model.objects.select_for_update().filter(pk=model.pk).first()
         return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
