@@ -17,14 +17,14 @@ import numpy as np
 import onnx
 import torch
 
-from .adaround import learn_layer
+from .adaround import learn_layer, nearest_error
 from .layers import find_layers, fp32_weights, gather_tensors, replace_integer_weights
 
 METHODS = ("adaround",)
 DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
-MAX_STEPS_PER_LAYER = 2000
+MAX_STEPS_PER_LAYER = 3000
 LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb")
 
 
@@ -62,12 +62,17 @@ def _samples_within(model_path: Path, layers, calibration_path: Path, wanted: in
 
 
 def _learn_layers(layers, weights, tensors, *, budget: float, started: float, results: list, learned: dict) -> None:
-    """Each layer gets an equal share of what is left of the budget when its turn comes."""
+    """Each layer's share of what is left of the budget follows its error when rounded to nearest (plus a floor)."""
+    def arguments(layer):
+        return {"weight": weights[layer.weight_name], "bias": weights.get(layer.bias_name) if layer.bias_name else None,
+                "inputs": tensors[layer.input_name], "targets": tensors[layer.output_name]}
+
+    errors = [nearest_error(layer, **arguments(layer)) for layer in layers]
+    shares = [error + 0.1 * sum(errors) / len(errors) for error in errors]
     for index, layer in enumerate(layers):
         remaining = budget - (time.perf_counter() - started)
-        result = learn_layer(layer, weight=weights[layer.weight_name], bias=weights.get(layer.bias_name) if layer.bias_name else None,
-                             inputs=tensors[layer.input_name], targets=tensors[layer.output_name],
-                             seconds=max(0.0, remaining / (len(layers) - index)), max_steps=MAX_STEPS_PER_LAYER, seed=index)
+        seconds = max(0.0, remaining * shares[index] / max(sum(shares[index:]), 1e-20))
+        result = learn_layer(layer, **arguments(layer), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER, seed=index)
         learned[layer.quantized_weight_name] = result.integers
         results.append(result.summary())
 
