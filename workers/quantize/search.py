@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from devices import contract
+from workers.learned.search import learned_proposals
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -93,6 +94,10 @@ def plan_round(
             continue
         spec = _refine(family, state["depth"], templates, ranking)
         if spec is not None and spec["key"] not in tried:
+            proposals[spec["key"]] = spec
+    # Learned rounding (workers.learned) for a calibrated family that is fast but misses the tolerance.
+    for spec in learned_proposals(sweep=sweep, measured=usable, best_passing=best_passing):
+        if spec["key"] not in tried:
             proposals[spec["key"]] = spec
     return [proposals[key] for key in sorted(proposals)]
 
