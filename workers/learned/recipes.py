@@ -101,6 +101,7 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
     batches = _calibration_batches(model_path, Path(calibration_path), samples)
     tensors = gather_tensors(model_path, sorted({n for layer in usable for n in (layer.input_name, layer.output_name)}), batches)
     weights = fp32_weights(fp32, [layer.weight_name for layer in usable] + [layer.bias_name for layer in usable if layer.bias_name])
+    samples = len(tensors[usable[0].input_name])
     results, learned = [], {}
     # One intra-op thread: the layers are small, and more threads only contend with the worker's other tasks.
     threads = torch.get_num_threads()
