@@ -20,7 +20,7 @@ import torch
 from .adaround import learn_layer, nearest_error
 from .layers import find_layers, fp32_weights, gather_tensors, replace_integer_weights
 
-METHODS = ("adaround",)
+METHODS = ("adaround", "qat")
 DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
@@ -96,6 +96,9 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
     if not usable:
         reasons = "; ".join(f"{layer.node}: {layer.skipped}" for layer in layers) or "no Conv, Gemm or MatMul has a quantized weight"
         raise LearningNotApplicable(f"nothing to learn ({reasons})")
+    if method == "qat":
+        return _build_qat(model_path, out_path, fp32=fp32, layers=usable, calibration_path=Path(calibration_path), learn=learn,
+                          calibration_options=calibration_options, base_builder=base_builder, budget=budget, started=started)
     samples = _samples_within(model_path, usable, Path(calibration_path), int(learn.get("learn_samples", DEFAULT_SAMPLES)),
                               int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)))
     batches = _calibration_batches(model_path, Path(calibration_path), samples)
@@ -118,4 +121,42 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         # One curve for the report: each step's loss relative to rounding to nearest, layer after layer.
         "curve": [round(value / max(row["mse_nearest"], 1e-20), 5) for row in results for value in row["curve"]],
+    }}
+
+
+def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, calibration_path: Path, learn: dict, calibration_options: dict,
+               base_builder, budget: float, started: float) -> dict[str, Any]:
+    """Distil a fake-quantized student from the FP32 teacher, then calibrate and quantize the tuned FP32 graph as usual."""
+    from .qat import distill
+    from .torch_graph import UnsupportedGraph
+
+    try:
+        from .torch_graph import OnnxModule
+
+        OnnxModule(fp32)
+    except UnsupportedGraph as exc:
+        raise LearningNotApplicable(f"QAT skipped: {exc}") from exc
+    output_names = [output.name for output in fp32.graph.output]
+    probe = gather_tensors(model_path, output_names, _calibration_batches(model_path, calibration_path, 1)[:1])
+    per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
+    samples = max(1, min(int(learn.get("learn_samples", DEFAULT_SAMPLES)), (int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)) << 20) // per_sample))
+    batches = _calibration_batches(model_path, calibration_path, samples)
+    teacher = [gather_tensors(model_path, output_names, [batch]) for batch in batches]
+    # Training gets what calibration left of the budget, less a share for quantizing the tuned model.
+    remaining = budget - (time.perf_counter() - started)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tuned, result = distill(fp32, layers, batches, teacher, seconds=max(0.0, remaining * 0.8))
+    finally:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="kiln-qat-") as scratch:
+        tuned_path = Path(scratch) / "tuned.onnx"
+        onnx.save(tuned, str(tuned_path))
+        recipe = base_builder(tuned_path, out_path, calibration_path=calibration_path, options=calibration_options)
+    return {**recipe, "learned": {
+        "method": "qat", "library": "kiln (PyTorch interpreter)", "teacher": "fp32", "device": result.device,
+        "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
+        "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
     }}
