@@ -9,6 +9,7 @@ import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatNumber } from '../../format';
 import { kindLabel } from '../../components/outputKinds';
+import { LearningCurves } from './LearningCurves';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -222,6 +223,7 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
           <ReportCharts device={device} tolerance={tolerance} />
         </Suspense>
       ) : null}
+      <LearningCurves variants={device.variants} />
     </section>
   );
 }
