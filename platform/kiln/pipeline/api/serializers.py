@@ -46,7 +46,7 @@ class JobListSerializer(serializers.ModelSerializer):
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
-            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds",
         ]
 
     def get_model(self, job) -> dict:
@@ -72,6 +72,10 @@ class JobCreateSerializer(serializers.Serializer):
     tolerance = serializers.JSONField(required=False, default=dict)
     package = serializers.JSONField(required=False, default=dict)
     metrics = serializers.JSONField(required=False, default=list)
+    state = serializers.JSONField(required=False, default=dict, help_text='Outputs that feed inputs on the next call, e.g. {"stateN": "state"}.')
+    initial_state = serializers.JSONField(required=False, default=dict, help_text="First value of each state input: a number or a nested list (default 0).")
+    calibration_subset = serializers.JSONField(required=False, default=None, allow_null=True,
+                                               help_text='Calibrate on {"count": N, "seed": S, "stratify": true} samples (stratified by label when labels exist).')
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
