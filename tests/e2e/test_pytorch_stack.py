@@ -10,7 +10,16 @@ from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures import torch_models
 from tests.fixtures.models import write_npz
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# The export runs inside the upload request; on a loaded 2-core machine it can take over a minute.
+UPLOAD_TIMEOUT = 300
+
+
+def upload_model(api: Api, path) -> dict:
+    with open(path, "rb") as handle:
+        response = api.session.post(api.url + "/api/v1/models/", data={"name": path.name}, files={"file": (path.name, handle)}, timeout=UPLOAD_TIMEOUT)
+    assert response.status_code == 201, response.text[:500]
+    return response.json()
 
 
 def test_pt2_and_torchscript_go_from_upload_to_device_reports(kiln_stack, tmp_path):
@@ -27,7 +36,7 @@ def test_pt2_and_torchscript_go_from_upload_to_device_reports(kiln_stack, tmp_pa
 
     uploads = {"torch-export": torch_models.save_export(tmp_path / "tiny.pt2"), "torchscript": torch_models.save_torchscript(tmp_path / "tiny.pt")}
     for source_format, path in uploads.items():
-        version = api.upload("/api/v1/models/", path, name=path.name)["versions"][0]
+        version = upload_model(api, path)["versions"][0]
         assert version["source_format"] == source_format and version["conversion"]["parity"]["passed"]
         job = api.post("/api/v1/jobs/", json={"model_version": version["id"], "precisions": ["fp32", "int8"], "calibration_dataset": calibration_id,
                                               "validation_dataset": validation_id, "tolerance": {"metric": "cosine", "max_drop": 0.01}})
