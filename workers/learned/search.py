@@ -1,4 +1,4 @@
-"""When `auto` proposes learned variants: only for a calibrated INT8 family that is faster than the best
+"""When `auto` proposes learned variants (learned rounding and QAT): only for a calibrated INT8 family that is faster than the best
 variant within tolerance yet misses it. Learning cannot make a variant faster, so a family that is
 already slower than the best passing variant is never worth the training time; and only the
 fastest such family is learned, since each costs a training budget on the worker.
@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-LEARNED_SUFFIX = "-adaround"
+LEARNED_METHODS = ("adaround", "qat")
 SEARCH_LEARN_SECONDS = 120
 
 
 def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float) -> list[dict[str, Any]]:
-    """At most one spec: learned rounding on the fastest calibrated ONNX Runtime INT8 family that missed the tolerance."""
+    """Learned rounding and QAT on the fastest calibrated ONNX Runtime INT8 family that missed the tolerance (QAT is
+    skipped at build time, with the reason, when the graph cannot run in PyTorch)."""
     templates = {spec["key"]: spec for spec in sweep if _learnable(spec)}
     fastest: dict[str, float] = {}
     for entry in measured:
@@ -28,8 +29,8 @@ def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, A
     if not candidates:
         return []
     template = templates[candidates[0][1]]
-    options = {**template["options"], "learn": "adaround", "learn_seconds": SEARCH_LEARN_SECONDS}
-    return [{"key": template["key"] + LEARNED_SUFFIX, "precision": "int8", "options": options, "backends": template["backends"]}]
+    return [{"key": f"{template['key']}-{method}", "precision": "int8", "backends": template["backends"],
+             "options": {**template["options"], "learn": method, "learn_seconds": SEARCH_LEARN_SECONDS}} for method in LEARNED_METHODS]
 
 
 def _learnable(spec: dict[str, Any]) -> bool:
