@@ -211,7 +211,8 @@ def job_dispatch(*, job_id: int) -> None:
 
 def _store_package(job: DeploymentJob, report: DeviceReport) -> None:
     """The recommended variant of one device, bundled for download with its report and a run script."""
-    device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason, final=True)
+    device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason,
+                         final=True, details=report.details)
     with tempfile.TemporaryDirectory(prefix="kiln-package-") as scratch:
         path = Path(scratch) / package_name(report.target)
         if build_device_package(job=job, device=device, out_path=path):
@@ -231,7 +232,7 @@ def _report(job: DeploymentJob) -> str:
         Report.objects.create(
             organization=job.organization, job=job, target=report.target, agent=report.agent,
             recommended_task_id=report.recommended, reason=report.reason,
-            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report)},
+            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report), "recommendation": report.details},
         )
         _store_package(job, report)
     if not succeeded:

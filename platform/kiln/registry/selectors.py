@@ -20,6 +20,13 @@ def model_get(*, organization, model_id: int) -> Model:
     return get_object_or_404(Model.objects.prefetch_related("versions__blob"), organization=organization, pk=model_id)
 
 
+def model_versions_identical(*, version: ModelVersion) -> list[dict]:
+    """Other versions of this organization with exactly the same bytes, oldest first: what an upload duplicates."""
+    others = (ModelVersion.objects.filter(organization=version.organization, blob__sha256=version.blob.sha256)
+              .exclude(pk=version.pk).select_related("model").order_by("id")[:5])
+    return [{"model": other.model_id, "name": other.model.name, "version": other.number, "version_id": other.id} for other in others]
+
+
 def model_version_get(*, organization, version_id: int) -> ModelVersion:
     return get_object_or_404(ModelVersion.objects.select_related("blob", "model"), organization=organization, pk=version_id)
 

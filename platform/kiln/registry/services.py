@@ -26,6 +26,7 @@ from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.raw_datasets import build_raw_dataset
 
 from . import storage, uploads
+from .messages import unreadable_model_message
 from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,13 @@ def _check_input_sizes(signature: dict) -> None:
             )
 
 
+def _model_problem(onnx_path: Path, filename: str, detail: str) -> str:
+    """What the user uploaded instead of an ONNX model, and how to make one (see registry/messages.py)."""
+    parse_failed = "not a readable ONNX model" in detail or "parsing" in detail.lower() or "parse" in detail.lower()
+    return unreadable_model_message(path=Path(onnx_path), filename=Path(filename).name or "The file", parse_failed=parse_failed,
+                                    detail=detail)
+
+
 def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filename: str) -> tuple[dict, str]:
     """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
     onnx_path = upload_path
@@ -140,7 +148,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     try:
         validation = validate_onnx(onnx_path)
         if not validation["ok"]:
-            raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(validation['error'], names)}", code="invalid_model")
+            raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(validation["error"], names)), code="invalid_model")
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
@@ -154,7 +162,7 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     except Exception as exc:  # the inspector raises on unreadable protobufs
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(str(exc), names)}", code="invalid_model") from exc
+        raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(str(exc), names)), code="invalid_model") from exc
     if staging and source_format in CONVERTED_FORMATS:
         # The export becomes a blob of its own with the version (_create_version), so every host finds it.
         facts["converted_onnx"] = str(onnx_path)

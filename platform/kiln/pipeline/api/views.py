@@ -23,7 +23,7 @@ class JobListView(generics.ListAPIView):
     serializer_class = JobListSerializer
 
     def get_queryset(self):
-        return selectors.job_list(organization=self.request.organization)
+        return selectors.job_list(organization=self.request.organization, model_id=self.request.query_params.get("model"))
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def post(self, request):

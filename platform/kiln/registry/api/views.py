@@ -71,7 +71,8 @@ class ModelListView(StreamingUploadMixin, generics.ListAPIView):
                 organization=request.organization, user=request.user, name=data.get("name", ""), upload=data["file"]
             )
         model = selectors.model_get(organization=request.organization, model_id=model.id)
-        return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
+        return Response({**ModelSerializer(model).data, "identical_to": selectors.model_versions_identical(version=model.versions.get())},
+                        status=status.HTTP_201_CREATED)
 
 
 class ModelDetailView(APIView):
@@ -97,7 +98,8 @@ class ModelVersionListView(StreamingUploadMixin, APIView):
         data = self.parsed_upload(request, VersionUploadSerializer)
         with services.upload_released_on_error(upload=data["file"]):
             version = services.model_version_create(model=model, upload=data["file"])
-        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+        return Response({**ModelVersionSerializer(version).data, "identical_to": selectors.model_versions_identical(version=version)},
+                        status=status.HTTP_201_CREATED)
 
 
 class ModelVersionDetailView(APIView):
