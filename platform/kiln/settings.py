@@ -171,6 +171,9 @@ MAX_AGENT_RESULT_BYTES = _env_int("KILN_MAX_AGENT_RESULT_BYTES", 4 * 1024**2, mi
 MAX_DATASET_BYTES = _env_int("KILN_MAX_DATASET_BYTES", 8 * 1024**3, minimum=1)
 # Elements of one model input at batch 1; stages allocate inputs this size, so it is refused at upload.
 MAX_INPUT_ELEMENTS = _env_int("KILN_MAX_INPUT_ELEMENTS", 2**28, minimum=1)
+# PyTorch uploads are loaded and exported in a sandboxed child process with these limits.
+TORCH_SANDBOX_MEMORY_MB = _env_int("KILN_TORCH_SANDBOX_MEMORY_MB", 6144, minimum=1024)
+TORCH_SANDBOX_CPU_SECONDS = _env_int("KILN_TORCH_SANDBOX_CPU_SECONDS", 600, minimum=10)
 UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
 FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
 # Every upload streams to a temp file, hashed on the way and cut off at the limit; set globally

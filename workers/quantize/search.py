@@ -37,6 +37,7 @@ import numpy as np
 from devices import contract
 from devices.backends.options import describe as describe_compile_options
 from devices.backends.options import has_bf16
+from workers.learned.search import learned_proposals
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -147,6 +148,22 @@ def plan_round(
             # The same recipe with the same options proposed for two backends is one variant run on both.
             proposals[spec["key"]] = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
     return [proposals[key] for key in sorted(proposals)]
+
+
+def _learned_family(state: SearchState) -> list[dict[str, Any]]:
+    """Learned rounding and QAT (workers.learned) for the fastest calibrated INT8 family that pays but misses the tolerance."""
+    paying = state.paying_backends("int8") if state.round_number > 1 else []
+    if not paying:
+        return []
+    usable = [entry for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
+              and not entry.get("compile")]
+    passing = [_p50(entry) for entry in usable if _passes(entry)]
+    best_passing = min(passing) if passing else math.inf
+    return [{**spec, "backends": [backend for backend in (spec["backends"] or paying) if backend in paying], "compile": {}}
+            for spec in learned_proposals(sweep=state.sweep, measured=usable, best_passing=best_passing)]
+
+
+register_family(_learned_family)
 
 
 def _registered(state: SearchState) -> list[dict[str, Any]]:

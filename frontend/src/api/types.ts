@@ -52,6 +52,14 @@ export interface TensorSpec {
   shape: Shape;
 }
 
+export interface PyTorchConversion {
+  format?: string;
+  exporter?: 'dynamo' | 'torchscript';
+  fallback_reason?: string | null;
+  parity?: { passed: boolean; min_cosine: number; threshold: number; samples: number };
+  torch_parameter_count?: number;
+}
+
 export interface ModelVersion {
   /** On upload: earlier versions with exactly the same bytes. */
   identical_to?: IdenticalVersion[];
@@ -68,6 +76,8 @@ export interface ModelVersion {
   validation: { ok: boolean; error: string | null } | null;
   /** Per output: the kind Kiln judges it by, what it inferred and why, and whether the user overrode it. */
   output_kinds?: Record<string, OutputKindInfo>;
+  /** PyTorch uploads: how the ONNX was exported and how closely it matches PyTorch. */
+  conversion?: PyTorchConversion;
   created_at: string;
   download_url: string;
 }

@@ -167,6 +167,20 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
             <dd>
               {version.filename} ({version.source_format})
             </dd>
+            {version.conversion?.exporter ? (
+              <>
+                <dt>Export to ONNX</dt>
+                <dd data-testid="model-conversion">
+                  {version.conversion.exporter === 'dynamo' ? 'torch.onnx dynamo exporter' : 'TorchScript-based exporter'}
+                  {version.conversion.parity
+                    ? `; parity ${version.conversion.parity.passed ? 'passed' : 'failed'}, min cosine ${version.conversion.parity.min_cosine.toFixed(6)}`
+                    : ''}
+                  {version.conversion.fallback_reason ? (
+                    <div className="muted">dynamo exporter failed: {version.conversion.fallback_reason}</div>
+                  ) : null}
+                </dd>
+              </>
+            ) : null}
             <dt>Size</dt>
             <dd data-testid="model-size">{formatBytes(version.size_bytes)}</dd>
             <dt>Parameters</dt>
@@ -366,8 +380,8 @@ export function ModelDetailPage() {
         <h2 id="new-version-heading">Upload a new version</h2>
         <UploadZone<ModelVersion>
           disabled={!canWrite}
-          label="ONNX model (.onnx or .zip)"
-          accept={['.onnx', '.zip']}
+          label="ONNX model (.onnx or .zip) or PyTorch (.pt2, traced .pt)"
+          accept={['.onnx', '.zip', '.pt2', '.pt']}
           testId="version-upload"
           buildRequest={(file) => {
             const form = new FormData();

@@ -57,8 +57,8 @@ export function ModelsPage() {
         </div>
         <UploadZone<Model>
           disabled={!canWrite}
-          label="ONNX model (.onnx, or .zip with external data)"
-          accept={['.onnx', '.zip']}
+          label="ONNX model (.onnx, or .zip with external data) or PyTorch (.pt2 torch.export, traced .pt)"
+          accept={['.onnx', '.zip', '.pt2', '.pt']}
           multiple
           testId="model-upload"
           buildRequest={(file) => {

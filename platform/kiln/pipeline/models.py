@@ -79,6 +79,7 @@ class JobEvent(models.Model):
 
 class ArtifactKind(models.TextChoices):
     CONVERTED = "converted"
+    SOURCE = "source"  # the PyTorch file a job's ONNX was exported from
     REFERENCE = "reference"
     VARIANT = "variant"
     COMPILED = "compiled"

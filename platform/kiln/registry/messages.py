@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 HOW_TO_EXPORT = ("Export an .onnx file from your framework, e.g. torch.onnx.export(model, example_input, \"model.onnx\") "
-                 "for PyTorch or python -m tf2onnx.convert --saved-model DIR --output model.onnx for TensorFlow, then upload that file.")
+                 "for PyTorch or python -m tf2onnx.convert --saved-model DIR --output model.onnx for TensorFlow, then upload that file. "
+                 "PyTorch models can also be uploaded as they are: a torch.export .pt2 or a traced TorchScript .pt.")
 
 # First bytes of formats people upload by mistake, and what to call them.
 SIGNATURES: list[tuple[bytes, str]] = [

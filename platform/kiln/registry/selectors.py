@@ -6,7 +6,7 @@ from pathlib import Path
 from django.shortcuts import get_object_or_404
 
 from . import storage
-from .models import Dataset, Model, ModelVersion, SourceFormat, Upload
+from .models import CONVERTED_FORMATS, Dataset, Model, ModelVersion, SourceFormat, Upload
 
 
 def model_list(*, organization, search: str = ""):
@@ -40,7 +40,9 @@ def dataset_get(*, organization, dataset_id: int) -> Dataset:
 
 
 def model_version_onnx_path(version: ModelVersion) -> Path:
-    """The ONNX file of a version on this host (inside its extracted archive for zips)."""
+    """The ONNX file of a version on this host (inside its extracted archive for zips, the export for PyTorch uploads)."""
+    if version.source_format in CONVERTED_FORMATS:
+        return storage.local_path(version.onnx_blob.sha256)
     if version.source_format == SourceFormat.ONNX_ZIP:
         return storage.extracted_model(version.blob.sha256) / version.onnx_member
     return storage.local_path(version.blob.sha256)

@@ -21,15 +21,18 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
+from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
+from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.raw_datasets import build_raw_dataset
 
 from . import storage, uploads
 from .messages import unreadable_model_message
-from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
+from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 logger = logging.getLogger(__name__)
 
-MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
+MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP, ".pt2": SourceFormat.TORCH_EXPORT, ".pt": SourceFormat.TORCHSCRIPT}
+CONVERTED_ONNX_MEMBER = "model.onnx"
 
 
 def blob_create(*, organization, path: Path, sha256: str | None = None, move: bool = False) -> Blob:
@@ -81,7 +84,8 @@ def _source_format(filename: str) -> str:
     suffix = Path(filename or "").suffix.lower()
     if suffix not in MODEL_SUFFIXES:
         raise KilnError(
-            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, or a .zip holding one .onnx with its external data.",
+            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, a .zip holding one .onnx with its external data, "
+            "a torch.export archive (.pt2) or a traced TorchScript file (.pt).",
             code="unsupported_format",
         )
     return MODEL_SUFFIXES[suffix]
@@ -119,7 +123,12 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     staging = None
     # Messages name the user's file and its entries, never the server's folders.
     names = {upload_path: filename}
-    if source_format == SourceFormat.ONNX_ZIP:
+    if source_format in CONVERTED_FORMATS:
+        staging = storage.new_temp_dir("torch-")
+        names[staging] = ""
+        onnx_path, conversion = _convert_torch_upload(upload_path, staging, filename=filename)
+        member = CONVERTED_ONNX_MEMBER
+    elif source_format == SourceFormat.ONNX_ZIP:
         staging = storage.new_temp_dir("extract-")
         names[staging] = ""
         try:
@@ -144,6 +153,8 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
         facts["output_kinds"] = _output_kinds(onnx_path)
+        if source_format in CONVERTED_FORMATS:
+            facts["conversion"] = conversion
     except KilnError:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -152,7 +163,10 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
         raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(str(exc), names)), code="invalid_model") from exc
-    if staging:
+    if staging and source_format in CONVERTED_FORMATS:
+        # The export becomes a blob of its own with the version (_create_version), so every host finds it.
+        facts["converted_onnx"] = str(onnx_path)
+    elif staging:
         target = storage.extracted_dir(sha256)
         if target.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -162,8 +176,37 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     return facts, member
 
 
+def _convert_torch_upload(upload_path: Path, staging: Path, *, filename: str) -> tuple[Path, dict]:
+    """Check a PyTorch upload statically, then export it to ONNX in the sandbox; raises 400s with the reason."""
+    try:
+        facts = scan_torch_file(upload_path, max_total_bytes=settings.MAX_ARCHIVE_UNCOMPRESSED_BYTES)
+    except RefusedTorchFile as refused:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename}: {refused}", code=refused.code) from None
+    onnx_path = staging / CONVERTED_ONNX_MEMBER
+    try:
+        conversion = run_in_sandbox({"command": "convert", "kind": facts.kind, "onnx_out": str(onnx_path)}, files={"model": upload_path},
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+    except SandboxFailed as failed:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename} could not be loaded and exported to ONNX: {failed}", code="conversion_failed") from None
+    parity = conversion["parity"]
+    if not parity["passed"]:
+        shutil.rmtree(staging, ignore_errors=True)
+        worst = min(parity["outputs"], key=lambda output: output["cosine"])
+        raise KilnError(
+            f"{filename}: the ONNX export disagrees with the PyTorch model (output {worst['name']!r}: cosine {worst['cosine']:.6f}, "
+            f"max abs error {worst['max_abs_error']}); the threshold is cosine >= {parity['threshold']}.",
+            code="conversion_mismatch",
+        )
+    conversion["format"] = facts.kind
+    conversion["pickle_globals"] = facts.globals
+    return onnx_path, conversion
+
+
 def _create_version(*, model: Model, upload, source_format: str, facts: dict, member: str) -> ModelVersion:
     blob = blob_create(organization=model.organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+    onnx_blob = blob_create(organization=model.organization, path=Path(facts["converted_onnx"])) if facts.get("converted_onnx") else None
     number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
     return ModelVersion.objects.create(
         organization=model.organization,
@@ -179,6 +222,8 @@ def _create_version(*, model: Model, upload, source_format: str, facts: dict, me
         parameter_count=facts.get("parameter_count", 0),
         validation=facts["validation"],
         output_kinds=facts.get("output_kinds", {}),
+        conversion=facts.get("conversion", {}),
+        onnx_blob=onnx_blob,
     )
 
 
@@ -187,18 +232,32 @@ def model_create(*, organization, user, name: str, upload) -> Model:
     name = (name or "").strip() or Path(upload.name).stem
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
-    with transaction.atomic():
-        model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
-        _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    source_format = facts.get("conversion", {}).get("format", source_format)
+    try:
+        with transaction.atomic():
+            model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
+            _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    finally:
+        _discard_staging(facts)
     return model
 
 
 def model_version_create(*, model: Model, upload) -> ModelVersion:
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
-    with transaction.atomic():
-        Model.objects.select_for_update().filter(pk=model.pk).first()
-        return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    source_format = facts.get("conversion", {}).get("format", source_format)
+    try:
+        with transaction.atomic():
+            Model.objects.select_for_update().filter(pk=model.pk).first()
+            return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    finally:
+        _discard_staging(facts)
+
+
+def _discard_staging(facts: dict) -> None:
+    """The folder a PyTorch export was written to, once it is a blob (or the version was not made)."""
+    if facts.get("converted_onnx"):
+        shutil.rmtree(Path(facts["converted_onnx"]).parent, ignore_errors=True)
 
 
 def _blob_referenced(blob: Blob) -> bool:
@@ -239,7 +298,7 @@ def model_delete(*, model: Model) -> None:
         Model.objects.select_for_update().filter(pk=model.pk).first()
         if DeploymentJob.objects.filter(model_version__model=model).exists():
             raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
-        blobs = [version.blob for version in model.versions.select_related("blob")]
+        blobs = [blob for version in model.versions.select_related("blob", "onnx_blob") for blob in (version.blob, version.onnx_blob) if blob]
         model.delete()
         for blob in blobs:
             blob_release(blob=blob)
@@ -253,9 +312,10 @@ def model_version_delete(*, version: ModelVersion) -> None:
             raise KilnError("This version has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
         if not ModelVersion.objects.filter(model_id=version.model_id).exclude(pk=version.pk).exists():
             raise KilnError("This is the model's only version; delete the model instead.", code="last_version", status_code=409)
-        blob = version.blob
+        blobs = [blob for blob in (version.blob, version.onnx_blob) if blob]
         version.delete()
-        blob_release(blob=blob)
+        for blob in blobs:
+            blob_release(blob=blob)
 
 
 MAX_TOKENIZER_BYTES = 64 * 1024**2

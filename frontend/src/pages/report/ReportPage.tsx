@@ -10,6 +10,7 @@ import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
 import { costPhrase, headline, speedupPhrase, tiePhrase } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
+import { LearningCurves } from './LearningCurves';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -293,6 +294,7 @@ function DeviceSection({ device, tolerance, onRemeasure }: { device: ReportDevic
           <ReportCharts device={device} tolerance={tolerance} />
         </Suspense>
       ) : null}
+      <LearningCurves variants={device.variants} />
     </section>
   );
 }
