@@ -80,10 +80,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "kiln.core.middleware.RequestMetricsMiddleware",
     "kiln.core.middleware.UploadLimitMiddleware",
     "kiln.core.middleware.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "kiln.core.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -111,8 +112,17 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# PostgreSQL connections one process may hold at once (0: no pool). Under ASGI every sync request
+# runs in a thread of its own, so without a bound a burst of agents opens one connection each and
+# max_connections (100 by default) runs out for everyone; `make up` and docker-compose give the web
+# server a pool. Connections are not kept across requests: ASGI's per-request threads would leak them.
+DB_POOL_SIZE = _env_int("KILN_DB_POOL_SIZE", 0, minimum=0)
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    if DB_POOL_SIZE and _database["ENGINE"] == "django.db.backends.postgresql":
+        # A request waits up to `timeout` for a free connection rather than failing at once.
+        _database.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 30}
+    DATABASES = {"default": _database}
 else:
     DATABASES = {
         "default": {
@@ -182,6 +192,17 @@ if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}}
+
+# Prometheus metrics at /metrics (off by default). Several server processes each write their
+# samples under METRICS_DIR and a scrape sums them (prometheus_client's multiprocess mode).
+METRICS = _env_bool("KILN_METRICS", False)
+METRICS_TOKEN = os.environ.get("KILN_METRICS_TOKEN", "")
+METRICS_DIR = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or DATA_DIR / "metrics").resolve()
+if METRICS:
+    METRICS_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
+# Logs as one JSON object per line (with job and task ids) instead of plain text.
+LOG_JSON = _env_bool("KILN_LOG_JSON", False)
 
 # Fleet timing, chosen by the server and obeyed by agents.
 AGENT_HEARTBEAT_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_SECONDS", 10)

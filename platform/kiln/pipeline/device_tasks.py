@@ -13,21 +13,15 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kiln.core import notify
 from kiln.fleet.selectors import targets_resolve
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus, VariantStatus
-from .queue import enqueue_stage
+from .queue import enqueue_stage, wake_agents
 from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
 logger = logging.getLogger(__name__)
 
 HANDED_BACK = "handed_back"
-
-
-def wake_agents(*, organization_id: int) -> None:
-    """Wake the organization's agents that wait for work, once the transaction commits."""
-    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))
 
 
 # -- dispatch -------------------------------------------------------------------------------

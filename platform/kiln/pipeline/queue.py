@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from kiln.core import notify
 from workers.celery import app
 
 # The names under which workers/tasks.py registers each task; the pipeline sends by name so that
@@ -37,3 +38,8 @@ def enqueue_variant_build(*, variant_id: int) -> None:
 def enqueue_redispatch(*, organization_id: int) -> None:
     """Ask the workers to dispatch an organization's jobs that wait for devices."""
     _send_on_commit(REDISPATCH_TASK_NAME, organization_id)
+
+
+def wake_agents(*, organization_id: int) -> None:
+    """Wake the organization's agents that wait in a lease long-poll, once the transaction commits."""
+    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))

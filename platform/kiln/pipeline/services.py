@@ -14,7 +14,7 @@ from workers.datasets import check_dataset_against_signature
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
-from .queue import enqueue_stage
+from .queue import enqueue_stage, wake_agents
 
 logger = logging.getLogger(__name__)
 
@@ -205,4 +205,6 @@ def job_cancel(*, job: DeploymentJob) -> DeploymentJob:
         status=DeviceTaskStatus.CANCELED, finished_at=now
     )
     job_event_add(job=job, stage=job.stage, message="Canceled by the user.", level="warning")
+    # Waiting agents re-check at once: the job's queued tasks are gone and none may still be leased.
+    wake_agents(organization_id=job.organization_id)
     return job
