@@ -55,7 +55,7 @@ def _configure_beat() -> None:
     }
 
 
-HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline")
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work")
 
 _configure_filesystem_broker()
 _configure_beat()

@@ -213,6 +213,12 @@ AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
 # Celery beat: lease expiry, re-dispatch of waiting jobs, offline agents, the stuck-work reaper.
 HOUSEKEEPING_SECONDS = _env_int("KILN_HOUSEKEEPING_SECONDS", 5)
+# Work leases of host-side tasks: a running stage or variant build renews its lease every third of
+# WORK_LEASE_SECONDS; one that expires (the worker died) is sent again, at most WORK_MAX_ATTEMPTS
+# times. A task still queued after WORK_QUEUE_GRACE_SECONDS (its message was lost) is sent again.
+WORK_LEASE_SECONDS = _env_int("KILN_WORK_LEASE_SECONDS", 60, minimum=3)
+WORK_QUEUE_GRACE_SECONDS = _env_int("KILN_WORK_QUEUE_GRACE_SECONDS", 900, minimum=1)
+WORK_MAX_ATTEMPTS = _env_int("KILN_WORK_MAX_ATTEMPTS", 3, minimum=1)
 BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
 BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
 BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)

@@ -6,6 +6,8 @@ from django.db import transaction
 from kiln.core import notify
 from workers.celery import app
 
+from .leases import BUILD, STAGE, lease_offer
+
 # The names under which workers/tasks.py registers each task; the pipeline sends by name so that
 # it never imports the task module (which imports the pipeline).
 STAGE_TASK_NAMES = {
@@ -26,12 +28,17 @@ def _send_on_commit(name: str, *args) -> None:
     transaction.on_commit(lambda: app.signature(name, args=list(args)).delay())
 
 
-def enqueue_stage(*, job_id: int, stage: str) -> None:
-    """Send a job's stage to the workers once the current transaction commits."""
+def enqueue_stage(*, job_id: int, stage: str, resend: bool = False) -> None:
+    """Send a job's stage to the workers once the current transaction commits, under a work lease.
+
+    `resend` (the reaper's) keeps counting the attempts of the stage sent before.
+    """
+    lease_offer(STAGE, job_id, resend=resend, stage_task=stage)
     _send_on_commit(STAGE_TASK_NAMES[stage], job_id)
 
 
-def enqueue_variant_build(*, variant_id: int) -> None:
+def enqueue_variant_build(*, variant_id: int, resend: bool = False) -> None:
+    lease_offer(BUILD, variant_id, resend=resend)
     _send_on_commit(VARIANT_BUILD_TASK_NAME, variant_id)
 
 
