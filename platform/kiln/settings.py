@@ -260,7 +260,8 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "kiln.core.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", **({"formatter": "json"} if LOG_JSON else {})}},
     "root": {"handlers": ["console"], "level": os.environ.get("KILN_LOG_LEVEL", "INFO")},
     "loggers": {"django.server": {"level": "WARNING"}},
 }

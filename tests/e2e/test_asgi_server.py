@@ -59,6 +59,8 @@ class Server:
     def metric(self, name: str) -> float:
         text = requests.get(f"{self.url}/metrics", timeout=10).text
         found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+        if "{" in name:  # labels given: match them exactly
+            found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
         return float(found.group(1)) if found else 0.0
 
     def worker_threads(self) -> int:
@@ -133,6 +135,7 @@ def test_waiting_long_polls_hold_no_thread_and_no_database_loop_and_a_cancel_wak
         # threads than waiters would queue this behind them for the long-poll's 55 s).
         jobs = requests.get(f"{asgi_server.url}/api/v1/jobs/", headers={"Authorization": f"Bearer {tenant.token}"}, timeout=15)
         assert jobs.status_code == 200 and jobs.json()["results"][0]["id"] == job["id"]
+        assert asgi_server.metric('kiln_http_request_duration_seconds_count{method="GET",route="api/v1/jobs/",status="2xx"}') == 1
 
         def settled():
             nonlocal checks

@@ -124,6 +124,7 @@ def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     with transaction.atomic():
         for task in lease_candidates(agent=agent):
             if device_task_start(task=task, agent=agent, now=now):
+                logger.info("task %s leased by %s", task.pk, agent.name, extra={"job_id": task.job_id, "task_id": task.pk, "agent_id": agent.pk})
                 return DeviceTask.objects.select_related("variant__artifact__blob", "job__validation_blob", "job__reference_blob").get(pk=task.pk)
     return None
 

@@ -134,9 +134,9 @@ def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision:
     return artifact
 
 
-def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:
+def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info", task_id: int | None = None) -> JobEvent:
     log = logger.warning if level == "warning" else logger.error if level == "error" else logger.info
-    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage})
+    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage, "task_id": task_id})
     return JobEvent.objects.create(job=job, stage=stage, level=level, message=message[:10000])
 
 
