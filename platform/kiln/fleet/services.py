@@ -137,6 +137,9 @@ async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None
     """
     deadline = time.monotonic() + max(0.0, min(wait_s, settings.AGENT_LONG_POLL_SECONDS))
     await run_in_db_thread(device_task_lease_begin, agent=agent)
+    if deadline <= time.monotonic():
+        metrics.LEASE_CHECKS.inc()
+        return await run_in_db_thread(device_task_lease_once, agent=agent)
     with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups, metrics.LEASE_WAITING.track_inprogress():
         while True:
             metrics.LEASE_CHECKS.inc()

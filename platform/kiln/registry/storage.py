@@ -45,10 +45,14 @@ def put_file(source: Path, *, sha256: str, move: bool = False) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    if move:
-        shutil.move(str(source), staging)
-    else:
-        shutil.copyfile(source, staging)
+    try:
+        if move:
+            shutil.move(str(source), staging)
+        else:
+            shutil.copyfile(source, staging)
+    except OSError:
+        staging.unlink(missing_ok=True)  # a full disk must not leave half a blob behind
+        raise
     os.replace(staging, target)
     return target
 
