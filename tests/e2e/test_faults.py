@@ -37,8 +37,12 @@ def test_celery_worker_killed_mid_build_the_job_completes_with_each_variant_buil
     kiln_stack.start_agent(tenant, "board", backends="onnxruntime")
     job = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": ["fp32", "int8-dynamic", "fp16"]})
     worker = kiln_stack.processes[0]
-    building = wait_until(lambda: Variant.objects.filter(job_id=job["id"], status=VariantStatus.BUILDING).exclude(build_lease_owner="").first(),
-                          timeout=180, interval=0.02, message="a variant build to start")
+    try:
+        building = wait_until(lambda: Variant.objects.filter(job_id=job["id"], status=VariantStatus.BUILDING).exclude(build_lease_owner="").first(),
+                              timeout=180, interval=0.05, message="a variant build to start")
+    except AssertionError:
+        print(api.get(f"/api/v1/jobs/{job['id']}/").json(), kiln_stack.logs())
+        raise
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait()
     kiln_stack.spawn("worker-2", celery_worker_command(tmp_path / "celerybeat-schedule-2"), {"KILN_HOUSEKEEPING_SECONDS": "1"})
