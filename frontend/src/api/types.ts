@@ -53,6 +53,8 @@ export interface TensorSpec {
 }
 
 export interface ModelVersion {
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
   id: number;
   number: number;
   sha256: string;
@@ -123,6 +125,15 @@ export interface Model {
   created_at: string;
   latest_version: ModelVersion | null;
   versions?: ModelVersion[];
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
+}
+
+export interface IdenticalVersion {
+  model: number;
+  name: string;
+  version: number;
+  version_id: number;
 }
 
 export type DatasetKind = 'calibration' | 'validation';
@@ -134,9 +145,47 @@ export interface Dataset {
   samples: number;
   arrays: Record<string, { dtype: string; shape: Shape }>;
   has_labels: boolean;
+  /** `npz` (named arrays) or `samples` (a zip of one .npz per sample). */
+  format?: 'npz' | 'samples';
+  /** The declared preprocessing that made this dataset from raw images, audio or text (empty for arrays). */
+  recipe?: DatasetRecipe | Record<string, never>;
+  /** The first samples as the recipe made them: thumbnails, waveform envelopes or text with its tokens. */
+  previews?: DatasetPreview[];
   sha256: string;
   size_bytes: number;
   created_at: string;
+}
+
+export interface DatasetRecipe {
+  type: 'image' | 'audio' | 'text';
+  input?: string;
+  inputs?: Record<string, string>;
+  size?: [number, number];
+  resize?: string;
+  color?: string;
+  scale?: number;
+  mean?: number[];
+  std?: number[];
+  layout?: string;
+  dtype?: string;
+  sample_rate?: number;
+  resample?: boolean;
+  length?: number | null;
+  max_length?: number;
+  label_names?: string[];
+  tokenizer_sha256?: string;
+}
+
+export interface DatasetPreview {
+  name: string;
+  thumbnail?: string;
+  seconds?: number;
+  sample_rate?: number;
+  peak?: number;
+  envelope?: number[];
+  text?: string;
+  tokens?: string[];
+  length?: number;
 }
 
 export const PRECISIONS = ['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
@@ -217,7 +266,7 @@ export interface Job {
   progress: number;
   error: string | null;
   model_version: number;
-  model: { id: number; name: string } | null;
+  model: { id: number; name: string; version?: number } | null;
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
@@ -234,6 +283,19 @@ export interface Job {
   rerun_of?: number | null;
   package?: { encrypt?: boolean } | null;
   toolchain?: { host?: Record<string, string> } | null;
+  /** Per device, once reported: the recommended variant and its speed-up over FP32. */
+  outcome?: JobOutcome[];
+}
+
+export interface JobOutcome {
+  device: string;
+  agent: number | null;
+  recommended: string | null;
+  speedup: number | null;
+  beyond_noise: boolean | null;
+  tie: boolean;
+  accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
+  verdict: string | null;
 }
 
 export interface JobCreate {
@@ -244,6 +306,10 @@ export interface JobCreate {
   targets: (number | string)[];
   tolerance: Tolerance;
   metrics?: DeclaredMetric[];
+  /** Outputs fed to inputs on the next call of a sequence, e.g. {"stateN": "state"}. */
+  state?: Record<string, string>;
+  initial_state?: Record<string, number>;
+  calibration_subset?: { count: number; seed: number; stratify: boolean } | null;
 }
 
 export interface EvaluationPlan {
@@ -381,6 +447,50 @@ export interface ReportDevice {
   estimate?: DeviceEstimate | null;
   /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
   fp32_noise?: Fp32Noise[];
+  /** The one-line verdict on the recommended variant (reports/scoring.py). */
+  verdict?: Verdict | null;
+  /** Why not the others: one row per precision family. */
+  alternatives?: WhyNotRow[];
+  /** Each unstable measurement, in words, with its spread. */
+  unstable?: UnstableNote[];
+}
+
+/** A latency ratio (slow p50 / fast p50) with its 95% interval and where the noise figure came from. */
+export interface LatencyRatio {
+  ratio: number;
+  low: number;
+  high: number;
+  source: string;
+  beyond_noise: boolean;
+}
+
+export interface Verdict {
+  variant: number;
+  label: string;
+  text: string;
+  tie: boolean;
+  tied_with: ({ variant: number; label: string } & LatencyRatio)[];
+  speedup: ({ baseline: number } & LatencyRatio) | null;
+  accuracy: { metric: string | null; value: number | null; drop: number | null };
+}
+
+export interface WhyNotRow {
+  family: string;
+  variants: number;
+  variant: number;
+  label: string;
+  p50_ms: number | null;
+  drop: number | null;
+  metric: string | null;
+  why: string;
+}
+
+export interface UnstableNote {
+  variant: number;
+  label: string;
+  spread: number;
+  window_medians_ms: number[];
+  text: string;
 }
 
 export interface Fp32Noise {

@@ -9,13 +9,21 @@ from django.shortcuts import get_object_or_404
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 
 
-def job_list(*, organization):
-    return DeploymentJob.objects.filter(organization=organization).select_related("model_version__model")
+def job_list(*, organization, model_id: str | None = None):
+    """The organization's deployments, newest first; with `model_id`, only that model's."""
+    jobs = DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").prefetch_related("reports__agent")
+    if model_id not in (None, ""):
+        if not str(model_id).isdigit():
+            from kiln.core.errors import KilnError
+
+            raise KilnError("model must be an id.", code="invalid_filter")
+        jobs = jobs.filter(model_version__model_id=int(model_id))
+    return jobs
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:
     queryset = DeploymentJob.objects.select_related("model_version__model").prefetch_related(
-        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__variant"
+        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__pinned_agent", "device_tasks__variant", "reports__agent"
     )
     return get_object_or_404(queryset, organization=organization, pk=job_id)
 

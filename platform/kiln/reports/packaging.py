@@ -14,18 +14,43 @@ import re
 import zipfile
 from pathlib import Path
 
+from devices import recipes
 from kiln.pipeline.models import Artifact
+from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
 
 from . import signing
 
 RUN_SCRIPT_PATH = Path(__file__).with_name("package_run.py")
+RECIPE_SCRIPT_PATH = Path(recipes.__file__)
 FORMAT = "kiln-package/1"
 ZIP64_FROM_BYTES = 1 << 31
 
 
+def dataset_recipe(job) -> dict:
+    """The recipe that made the job's validation data from raw files (else its calibration data's), if any."""
+    for dataset in (job.validation_dataset, job.calibration_dataset):
+        if dataset is not None and dataset.recipe:
+            return dataset.recipe
+    return {}
+
+
 def package_name(target: str) -> str:
     return "kiln-package-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target).strip("-") + ".zip"
+
+
+def _why_not_table(device: dict) -> list[str]:
+    """The report's "why not the others", one row per precision family, as Markdown lines."""
+    rows = device.get("alternatives") or []
+    notes = [note["text"] for note in device.get("unstable") or []]
+    if not rows and not notes:
+        return []
+    lines = ["Why not the others:", "", "| family | best of it | p50 (ms) | why not |", "|---|---|---|---|"]
+    for row in rows:
+        p50 = f"{row['p50_ms']:.3g}" if row.get("p50_ms") is not None else "-"
+        count = f" (of {row['variants']})" if row.get("variants", 1) > 1 else ""
+        lines.append(f"| {row['family']} | {row['label']}{count} | {p50} | {row['why'].replace('|', '/')} |")
+    return [*(lines if rows else []), *([""] + notes if notes else []), ""]
 
 
 def _readme(job, device: dict, chosen: dict) -> str:
@@ -39,13 +64,16 @@ def _readme(job, device: dict, chosen: dict) -> str:
         f"p50 {latency.get('p50', float('nan')):.3f} ms, p99 {latency.get('p99', float('nan')):.3f} ms, "
         f"{accuracy.get('metric')} {accuracy.get('value')} (drop {accuracy.get('drop')}).",
         "",
-        f"Why this one: {device['reason']}",
+        f"Verdict: {(device.get('verdict') or {}).get('text') or device['reason']}",
         "",
+        *_why_not_table(device),
         "- `model.onnx`: the variant (runs on ONNX Runtime; OpenVINO reads it too).",
         "- `compiled/`: the engine the device built from it, when the agent uploaded one.",
         "- `report.json`: every variant measured on this device.",
         "- `manifest.json`, `manifest.sig`, `signing-key.pem`: every file's sha256 and the toolchain, signed by the Kiln server.",
         "- `run.py`: `python run.py your-inputs.npz` verifies the package, then times the model here",
+        *(["- `kiln_recipe.py`: the preprocessing recipe of the job's data; `run.py` reads raw files through it",
+           "  (`python run.py photos.zip --save-outputs outputs.npz`)."] if dataset_recipe(job) else []),
         "  (`--verify-only` only checks; `--public-key` pins the server's key from `kiln packages signing-key`).",
         *(["", "The model files are encrypted (`.enc`, AES-256-GCM). Set `KILN_PACKAGE_KEY` to your organization's key",
            "(`kiln packages key`); `run.py` decrypts them in memory only."] if (job.package or {}).get("encrypt") else []),
@@ -103,6 +131,7 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
                       "device": {"agent_version": capabilities.get("agent_version"), "runtimes": capabilities.get("runtimes") or {}}},
         "signature": version.signature,
         "preprocessing": (job.package or {}).get("preprocessing"),
+        "recipe": dataset_recipe(job) or None,
         "postprocessing": (job.package or {}).get("postprocessing"),
         "encryption": {"algorithm": "AES-256-GCM", "key": "organization", "key_id": key_id, "associated_data": "original_path"} if key_id else None,
         "signing_key_fingerprint": signing.public_key_fingerprint(),
@@ -123,6 +152,13 @@ def build_device_package(*, job, device: dict, out_path: Path) -> bool:
         if compiled and compiled["id"] != variant_artifact.id:
             compiled_artifact = Artifact.objects.select_related("blob").get(pk=compiled["id"])
             files.append(_add_file(archive, blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}", role="compiled", key=key))
+        recipe = dataset_recipe(job)
+        if recipe:
+            # The package prepares raw input with the very code that made the dataset it was measured on.
+            files.append(_add_text(archive, "kiln_recipe.py", RECIPE_SCRIPT_PATH.read_text(), role="script"))
+            if recipe.get("tokenizer_sha256"):
+                tokenizer = Blob.objects.get(organization=job.organization, sha256=recipe["tokenizer_sha256"])
+                files.append(_add_file(archive, blob_file(tokenizer), "tokenizer.json", role="tokenizer", key=None))
         files += [
             _add_text(archive, "report.json", json.dumps({"job": job.id, "tolerance": job.tolerance, **device}, indent=2, default=str), role="report"),
             _add_text(archive, "run.py", RUN_SCRIPT_PATH.read_text(), role="script"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.reports.noise import latency_ratio, timing_of
 from workers.quantize import PRECISIONS
 from workers.quantize.search import (
     InvalidTolerance,
@@ -141,8 +142,10 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_path, mlp_cali
     assert "fp32@onnxruntime" in by_id and "int8-mse@onnxruntime" in by_id
     best = by_id[result["recommended"]]
     assert best["accuracy"]["within_tolerance"]
-    assert best["latency_ms"]["p50"] == min(e["latency_ms"]["p50"] for e in by_id.values() if e["accuracy"]["within_tolerance"])
-    assert result["reason"].startswith("Fastest variant within tolerance")
+    # The fastest within tolerance, or one it does not beat beyond the measured noise (reports/noise.py).
+    fastest = min((e for e in by_id.values() if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
+    assert best is fastest or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
+    assert result["reason"].startswith(f"Use {best['key']} on onnxruntime")
     assert result["sensitivity"][0]["node"] in {"fc1", "fc2", "fc3"}
     assert result["recommended"] in result["pareto"]
 

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from kiln.core.db import run_in_db_thread
 from kiln.registry.api.views import download_response
-from kiln.registry.selectors import blob_file, dataset_get, model_version_get
+from kiln.registry.selectors import dataset_get, model_version_get
 
 from .. import selectors, services
 from .serializers import ArtifactSerializer, JobCreateSerializer, JobListSerializer, JobSerializer
@@ -26,7 +26,7 @@ class JobListView(generics.ListAPIView):
     serializer_class = JobListSerializer
 
     def get_queryset(self):
-        return selectors.job_list(organization=self.request.organization)
+        return selectors.job_list(organization=self.request.organization, model_id=self.request.query_params.get("model"))
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def post(self, request):
@@ -45,6 +45,9 @@ class JobListView(generics.ListAPIView):
             tolerance=values["tolerance"],
             package=values["package"],
             metrics=values["metrics"],
+            state=values["state"],
+            initial_state=values["initial_state"],
+            calibration_subset=values["calibration_subset"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
@@ -80,7 +83,7 @@ class ArtifactDownloadView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, pk: int):
         artifact = selectors.artifact_get(organization=request.organization, artifact_id=pk)
-        return download_response(blob_file(artifact.blob), artifact.name)
+        return download_response(artifact.blob, artifact.name)
 
 
 STREAM_POLL_SECONDS = 1.0
