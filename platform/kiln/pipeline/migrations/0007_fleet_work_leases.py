@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pipeline', '0005_output_kinds'),
+        ('pipeline', '0006_datasets_job_feeds'),
     ]
 
     operations = [
