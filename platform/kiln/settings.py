@@ -238,6 +238,8 @@ BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
 BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
 BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)
 BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS", "1"))
+# Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
+BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -283,6 +283,8 @@ export interface Job {
   rerun_of?: number | null;
   package?: { encrypt?: boolean } | null;
   toolchain?: { host?: Record<string, string> } | null;
+  /** The `auto` search's time budget ({} for explicit precisions). */
+  budget?: SearchBudget | Record<string, never>;
   /** Per device, once reported: the recommended variant and its speed-up over FP32. */
   outcome?: JobOutcome[];
 }
@@ -296,6 +298,13 @@ export interface JobOutcome {
   tie: boolean;
   accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
   verdict: string | null;
+}
+
+export interface SearchBudget {
+  minutes: number;
+  started_at: number | null;
+  seconds_left: number | null;
+  stopped: string | null;
 }
 
 export interface JobCreate {

@@ -18,6 +18,20 @@ function durationText(stage: JobStage): string {
   return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
 }
 
+/** The search's time budget: minutes left while it runs, or why it stopped. */
+export function SearchBudgetLine({ job }: { job: Job }) {
+  const budget = job.budget;
+  if (!budget || !('minutes' in budget)) return null;
+  let text = `Search budget ${budget.minutes} min`;
+  if (budget.stopped) text += ` · stopped: ${budget.stopped}`;
+  else if (budget.seconds_left != null) text += ` · ${Math.ceil(budget.seconds_left / 60)} min left`;
+  return (
+    <p className="muted small" data-testid="search-budget">
+      {text}
+    </p>
+  );
+}
+
 function stagesOf(job: Job): JobStage[] {
   if (job.stages && job.stages.length > 0) return job.stages;
   const current = PIPELINE.indexOf(job.stage);
@@ -168,7 +182,7 @@ export function artifactGroup(artifact: Artifact, recommended: Set<number>): str
 
 function ArtifactRow({ artifact }: { artifact: Artifact }) {
   return (
-    <tr data-testid="artifact-row">
+    <tr data-testid="artifact-row" data-kind={artifact.kind}>
       <td>
         <code title={artifact.sha256}>{artifact.name}</code>
       </td>
@@ -377,6 +391,7 @@ export function JobPage() {
           </span>
         </div>
         <ProgressBar value={terminal && data.status === 'succeeded' ? 1 : data.progress} label="Deployment progress" />
+        <SearchBudgetLine job={data} />
         <Timeline job={data} />
       </section>
 

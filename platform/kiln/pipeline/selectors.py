@@ -1,11 +1,13 @@
 """Reads for jobs, variants, device tasks and artifacts, scoped to one organization."""
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.shortcuts import get_object_or_404
 
+from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 
 
@@ -19,6 +21,18 @@ def job_list(*, organization, model_id: str | None = None):
             raise KilnError("model must be an id.", code="invalid_filter")
         jobs = jobs.filter(model_version__model_id=int(model_id))
     return jobs
+
+
+def search_budget(job: DeploymentJob) -> dict:
+    """`{"minutes", "started_at", "seconds_left", "stopped"}` of an `auto` job's search; {} for explicit precisions."""
+    if job.precisions != [specs.AUTO]:
+        return {}
+    minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
+    started = job.search.get("started_at")
+    left = None
+    if started is not None and not job.is_terminal:
+        left = max(0.0, minutes * 60 - (time.time() - started))
+    return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:

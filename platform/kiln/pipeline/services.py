@@ -94,12 +94,13 @@ def _check_label_metrics(declared: list[dict], tolerance: dict, validation_datas
 
 def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
                metrics=None, package=None, rerun_of: DeploymentJob | None = None, state=None, initial_state=None,
-               calibration_subset=None) -> DeploymentJob:
+               calibration_subset=None, budget_minutes=None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
     parsed_package = specs.parse_package(package)
     parsed_tolerance = specs.parse_tolerance(tolerance)
     parsed_targets = specs.parse_targets(targets)
+    parsed_budget = specs.parse_budget_minutes(budget_minutes)
     signature = model_version.signature
     declared = specs.parse_metrics(metrics, outputs=[output["name"] for output in (signature or {}).get("outputs", [])])
     feeds = _job_feeds(signature=signature, calibration_dataset=calibration_dataset, validation_dataset=validation_dataset,
@@ -124,6 +125,7 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             package=parsed_package,
             toolchain={"host": specs.host_toolchain()},
             rerun_of=rerun_of,
+            search={"budget_minutes": parsed_budget},
         )
         again = f" Re-run of job {rerun_of.id}." if rerun_of else ""
         job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.{again}")
@@ -139,6 +141,7 @@ def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
         tolerance=job.tolerance, metrics=job.metrics, package=job.package, rerun_of=job,
         state=(job.feeds or {}).get("state"), initial_state=(job.feeds or {}).get("initial_state"),
         calibration_subset=(job.feeds or {}).get("calibration_subset"),
+        budget_minutes=job.search.get("budget_minutes"),
     )
 
 

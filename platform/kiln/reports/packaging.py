@@ -125,6 +125,8 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
         "model": {"name": version.model.name, "version": version.number, "sha256": version.blob.sha256},
         "variant": {"key": chosen.get("key"), "precision": chosen["precision"], "recipe": chosen.get("recipe") or {}},
         "backend": chosen["backend"],
+        # Compile options the search measured for this variant; run.py applies them (static shapes, threads, hints).
+        "compile": (chosen.get("options") or {}).get("compile") or {},
         "device": {"name": agent.get("name"), "target": device["target"], "cpu_model": capabilities.get("cpu_model")},
         "measured": {"latency_ms": chosen.get("latency_ms"), "accuracy": chosen.get("accuracy")},
         "toolchain": {"host": (job.toolchain or {}).get("host") or {},

@@ -76,6 +76,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "precision": variant.precision,
         "recipe": variant.recipe,
         "options": variant.options,
+        "compile": variant.options.get("compile") or {},
         "round": variant.round,
         "status": task.status,
         "error": task.error or None,
@@ -106,7 +107,8 @@ def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
         variant = task.variant
         return {
             "id": task.id, "task": task.id, "variant": variant.id, "key": variant.key, "backend": task.backend,
-            "precision": variant.precision, "recipe": variant.recipe, "options": variant.options, "round": variant.round,
+            "precision": variant.precision, "recipe": variant.recipe, "options": variant.options,
+            "compile": variant.options.get("compile") or {}, "round": variant.round,
             "status": task.status, "error": f"The agent's result for this variant cannot be read: {exc}",
             "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
             "latency_ms": None, "accuracy": {"value": None, "within_tolerance": False}, "profile": {},
@@ -211,11 +213,23 @@ def job_report(*, job) -> dict:
         "metrics": job.metrics,
         "evaluation": job.evaluation,
         "datasets": _datasets_summary(job),
-        "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
+        "search": _search_summary(job, devices),
         "devices": devices,
         "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},
         "rerun": rerun_differences(job=job) if job.rerun_of_id else None,
     }
+
+
+def _search_summary(job, devices: list[dict]) -> dict:
+    """Rounds, sensitivity, the time budget and, per device, why families were searched or dropped and which compile options won."""
+    from workers.quantize.search import compile_winners, family_verdicts
+
+    notes = {}
+    for device in devices:
+        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}"} for variant in device.get("variants", [])]
+        notes[device["target"]] = [verdict["reason"] for verdict in family_verdicts(measured).values()] + compile_winners(measured)
+    return {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or [],
+            "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes}
 
 
 def _datasets_summary(job) -> dict:

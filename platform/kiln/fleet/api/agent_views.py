@@ -63,6 +63,8 @@ def task_payload(task) -> dict:
         "job": job.id,
         "variant": {"id": task.variant.id, "key": task.variant.key, "precision": task.variant.precision, "recipe": task.variant.recipe},
         "backend": task.backend,
+        # Compile options the search is measuring (devices.backends.options); {} = the runtime's defaults.
+        "compile": task.variant.options.get("compile") or {},
         "files": {
             "model": _file_entry(task, "model", task.variant.artifact.blob),
             "validation": _file_entry(task, "validation", job.validation_blob),

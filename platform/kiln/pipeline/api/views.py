@@ -48,6 +48,7 @@ class JobListView(generics.ListAPIView):
             state=values["state"],
             initial_state=values["initial_state"],
             calibration_subset=values["calibration_subset"],
+            budget_minutes=values["budget_minutes"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
