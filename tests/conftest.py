@@ -169,6 +169,13 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.5, message: str
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
 
 
+def celery_worker_command(schedule: Path) -> list[str]:
+    """A real Celery worker process that also runs the housekeeping beat."""
+    return [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
+            "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+            "--beat", "--schedule", str(schedule)]
+
+
 @pytest.fixture
 def kiln_stack(transactional_db, live_server, tmp_path, settings):
     """A live server (this process), a real Celery worker process, and agents on demand."""
@@ -195,9 +202,7 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
 
     # Messages left in the broker by an earlier run name rows of an earlier database.
     celery_app.control.purge()
-    stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
-                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
-                           "--beat", "--schedule", str(tmp_path / "celerybeat-schedule")], {"KILN_HOUSEKEEPING_SECONDS": "1"})
+    stack.spawn("worker", celery_worker_command(tmp_path / "celerybeat-schedule"), {"KILN_HOUSEKEEPING_SECONDS": "1"})
     try:
         yield stack
     finally:

@@ -29,6 +29,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     task_default_queue="kiln",
+    # With KILN_LOG_JSON the worker keeps Django's LOGGING (JSON lines with job and task ids).
+    worker_hijack_root_logger=not settings.LOG_JSON,
 )
 
 
@@ -58,7 +60,7 @@ def _configure_beat() -> None:
     }
 
 
-HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline")
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work")
 
 
 @task_prerun.connect

@@ -10,12 +10,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from kiln.core import notify
+from kiln.core import metrics, notify
+from kiln.core.db import run_in_db_thread
 from kiln.core.errors import Conflict, KilnError
 from kiln.core.tokens import issue_token
 from kiln.pipeline.device_tasks import (
@@ -124,25 +124,9 @@ def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     with transaction.atomic():
         for task in lease_candidates(agent=agent):
             if device_task_start(task=task, agent=agent, now=now):
+                logger.info("task %s leased by %s", task.pk, agent.name, extra={"job_id": task.job_id, "task_id": task.pk, "agent_id": agent.pk})
                 return DeviceTask.objects.select_related("variant__artifact__blob", "job__validation_blob", "job__reference_blob").get(pk=task.pk)
     return None
-
-
-def _close_after(function, kwargs):
-    close_old_connections()
-    try:
-        return function(**kwargs)
-    finally:
-        connections.close_all()
-
-
-async def run_in_db_thread(function, **kwargs):
-    """Run a database function off the event loop, then give its connection back.
-
-    Shared executor threads (thread_sensitive=False) serve every waiting request, so a long-poll
-    holds neither a thread nor a database connection while it sleeps.
-    """
-    return await sync_to_async(_close_after, thread_sensitive=False)(function, kwargs)
 
 
 async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None:
@@ -153,13 +137,18 @@ async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None
     """
     deadline = time.monotonic() + max(0.0, min(wait_s, settings.AGENT_LONG_POLL_SECONDS))
     await run_in_db_thread(device_task_lease_begin, agent=agent)
-    with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups:
+    if deadline <= time.monotonic():
+        metrics.LEASE_CHECKS.inc()
+        return await run_in_db_thread(device_task_lease_once, agent=agent)
+    with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups, metrics.LEASE_WAITING.track_inprogress():
         while True:
+            metrics.LEASE_CHECKS.inc()
             task = await run_in_db_thread(device_task_lease_once, agent=agent)
             remaining = deadline - time.monotonic()
             if task is not None or remaining <= 0:
                 return task
-            await wakeups.wait(remaining)
+            if await wakeups.wait(remaining):
+                metrics.LEASE_WAKEUPS.inc()
 
 
 # -- progress and results -------------------------------------------------------------------

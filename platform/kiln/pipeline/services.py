@@ -14,7 +14,7 @@ from kiln.registry.services import blob_create
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
-from .queue import enqueue_stage
+from .queue import enqueue_stage, wake_agents
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +155,9 @@ def artifact_store(*, job: DeploymentJob, kind: str, name: str, path=None, blob=
     return artifact
 
 
-def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:
+def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info", task_id: int | None = None) -> JobEvent:
     log = logger.warning if level == "warning" else logger.error if level == "error" else logger.info
-    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage})
+    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage, "task_id": task_id})
     return JobEvent.objects.create(job=job, stage=stage, level=level, message=message[:10000])
 
 
@@ -226,4 +226,6 @@ def job_cancel(*, job: DeploymentJob) -> DeploymentJob:
         status=DeviceTaskStatus.CANCELED, finished_at=now
     )
     job_event_add(job=job, stage=job.stage, message="Canceled by the user.", level="warning")
+    # Waiting agents re-check at once: the job's queued tasks are gone and none may still be leased.
+    wake_agents(organization_id=job.organization_id)
     return job

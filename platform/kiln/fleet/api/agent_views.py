@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.accounts.api.views import CredentialsThrottled
+from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
 from kiln.pipeline.models import DeviceTaskStatus
@@ -144,7 +145,7 @@ async def lease_view(request):
     if request.method != "POST":
         return JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
     try:
-        agent = await services.run_in_db_thread(_authenticated_agent, request=request)
+        agent = await run_in_db_thread(_authenticated_agent, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
