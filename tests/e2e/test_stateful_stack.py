@@ -60,7 +60,7 @@ def test_stateful_vad_runs_fp32_and_int8_to_a_report_with_per_step_accuracy(kiln
     assert report["datasets"]["state"] == {"stateN": "state"}
     assert report["datasets"]["calibration_used"]["calls"] == 6 * STEPS
     variants = {v["precision"]: v for v in report["devices"][0]["variants"]}
-    assert set(variants) == {"fp32", "int8"}
+    assert set(variants) == {"fp32", "int8"}, ([(v["key"], v["status"], v["error"]) for v in job["variants"]], [e["message"] for e in job["events"]])
     for precision, variant in variants.items():
         accuracy = variant["accuracy"]
         assert accuracy["calls"] == 4 * STEPS and accuracy["sequences"] == 4, precision
@@ -125,3 +125,24 @@ def test_wav_files_chunked_by_a_recipe_stream_through_the_vad_with_state(kiln_st
     assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
     accuracy = api.get(f"/api/v1/jobs/{job['id']}/report/").json()["devices"][0]["variants"][0]["accuracy"]
     assert accuracy["sequences"] == 6 and [row["step"] for row in accuracy["per_step"]] == list(range(10))
+
+    # The package takes the same WAV files: it resamples, chunks and streams them with state as Kiln did.
+    import io
+    import subprocess
+    import sys
+    import zipfile
+
+    artifacts = api.get(f"/api/v1/jobs/{job['id']}/artifacts/").json()
+    package = next(a for a in artifacts if a["kind"] == "package")
+    root = tmp_path / "package"
+    with zipfile.ZipFile(io.BytesIO(api.get(package["download_url"]).content)) as archive:
+        archive.extractall(root)
+    ran = subprocess.run([sys.executable, "run.py", str(path), "--save-outputs", str(tmp_path / "outputs.npz")], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    reference = next(a for a in artifacts if a["name"] == "reference-outputs.npz")
+    (tmp_path / "reference.npz").write_bytes(api.get(reference["download_url"]).content)
+    with np.load(tmp_path / "outputs.npz") as ours, np.load(tmp_path / "reference.npz") as theirs:
+        assert theirs["output"].shape == (60, 1, 1)
+        np.testing.assert_allclose(ours["output"], theirs["output"], atol=1e-5)
+        np.testing.assert_allclose(ours["stateN"], theirs["stateN"], atol=1e-5)
