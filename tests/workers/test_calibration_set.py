@@ -66,9 +66,10 @@ def test_static_int8_calibrates_a_stateful_model_with_a_scalar_input_from_its_ca
     if SILERO_VAD.path is None:
         pytest.skip("silero-vad is not installed (it is in the dev extra)")
     data = write_npz(tmp_path / "vad.npz", **SILERO_VAD.sequences(4, 5, seed=0))
-    signature = {"inputs": [{"name": "input", "dtype": "float32", "shape": ["batch", "sequence"]},
+    # The scalar first: each call's feeds then lead with a tensor that has no rows to count.
+    signature = {"inputs": [{"name": "sr", "dtype": "int64", "shape": []},
                             {"name": "state", "dtype": "float32", "shape": [2, "batch", 128]},
-                            {"name": "sr", "dtype": "int64", "shape": []}],
+                            {"name": "input", "dtype": "float32", "shape": ["batch", "sequence"]}],
                  "outputs": [{"name": "output", "dtype": "float32", "shape": ["batch", 1]}, {"name": "stateN", "dtype": "float32", "shape": None}]}
     plan = feeds.resolve_plan(inspect_dataset(data), signature, state=SILERO_VAD.state)
     calls = write_calibration_calls(SILERO_VAD.path, data, plan, tmp_path / "calls.zip")
