@@ -13,7 +13,9 @@ by rank, comparing a sample's array with the model input it feeds:
   `row[t]`; outputs named in the state mapping feed inputs on the next call, starting from the
   declared initial values.
 
-Nothing here unpickles: a task file must never run code.
+Nothing here unpickles: a task file must never run code. Only numpy is imported at the top: a
+deployment package carries this file as `kiln_feeds.py`, so that its `run.py` feeds raw samples and
+carries state exactly as Kiln did.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from devices import npzio
 
 BATCH, CALLS, SEQUENCES = "batch", "calls", "sequences"
 NPZ, SAMPLES = "npz", "samples"
@@ -229,12 +229,16 @@ def sample_count(path: str | Path) -> int:
     if file_format(path) == SAMPLES:
         with zipfile.ZipFile(path) as archive:
             return len(_sample_members(archive))
+    from devices import npzio
+
     with zipfile.ZipFile(path) as archive:
         lengths = {header.shape[0] for header in npzio.read_headers(archive).values() if header.shape}
     return min(lengths) if lengths else 0
 
 
 def _npz_rows(path: Path, names: list[str]) -> Iterator[dict[str, np.ndarray]]:
+    from devices import npzio
+
     with zipfile.ZipFile(path) as archive:
         headers = npzio.read_headers(archive)
         present = [name for name in names if name in headers]
@@ -304,28 +308,34 @@ def iter_calls(run: Runner | None, path: str | Path, plan: Mapping[str, Any], *,
     """
     state_inputs = set((plan.get("state") or {}).values())
     data_names = [name for name in input_names if name not in state_inputs]
-    mapping = plan.get("state") or {}
     for sample, row in enumerate(iter_rows(path, data_names, limit=limit, indices=indices)):
         if check is not None:
             check()
-        calls = sample_calls(row, plan)
-        if run is None:
-            if mapping:
-                raise FeedError("a stateful model must run to make its feeds")
-            for step, feeds in enumerate(calls):
-                yield sample, step, feeds, None
-            continue
-        state = initial_state(plan)
-        for step, feeds in enumerate(calls):
-            fed = {**feeds, **state}
-            if dtypes:
-                fed = {name: contiguous(value, dtypes.get(name, value.dtype)) for name, value in fed.items()}
-            outputs = run(fed)
-            missing = [output for output in mapping if output not in outputs]
-            if missing:
-                raise FeedError(f"the model returned no output {', '.join(map(repr, missing))} to carry as state")
-            state = {name: contiguous(outputs[output], state[name].dtype) for output, name in mapping.items()}
+        for step, fed, outputs in run_calls(run, sample_calls(row, plan), plan, dtypes):
             yield sample, step, fed, outputs
+
+
+def run_calls(run: Runner | None, calls: list[dict[str, np.ndarray]], plan: Mapping[str, Any],
+              dtypes: Mapping[str, Any] | None = None) -> Iterator[tuple[int, dict[str, np.ndarray], Mapping[str, np.ndarray] | None]]:
+    """Yield `(step, feeds with state, outputs)` for one sample's calls, each call's mapped outputs feeding the next."""
+    mapping = plan.get("state") or {}
+    if run is None:
+        if mapping:
+            raise FeedError("a stateful model must run to make its feeds")
+        for step, feeds in enumerate(calls):
+            yield step, feeds, None
+        return
+    state = initial_state(plan)
+    for step, feeds in enumerate(calls):
+        fed = {**feeds, **state}
+        if dtypes:
+            fed = {name: contiguous(value, dtypes.get(name, value.dtype)) for name, value in fed.items()}
+        outputs = run(fed)
+        missing = [output for output in mapping if output not in outputs]
+        if missing:
+            raise FeedError(f"the model returned no output {', '.join(map(repr, missing))} to carry as state")
+        state = {name: contiguous(outputs[output], state[name].dtype) for output, name in mapping.items()}
+        yield step, fed, outputs
 
 
 class OutputStack:

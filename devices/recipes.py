@@ -11,11 +11,15 @@ Recipes (JSON):
     {"type": "image", "input": "images", "size": [320, 320], "resize": "stretch" | "shorter_side_crop",
      "color": "RGB" | "BGR" | "L", "scale": 0.00392156862745098, "mean": [0, 0, 0], "std": [1, 1, 1],
      "layout": "NCHW" | "NHWC", "dtype": "float32"}
-    {"type": "audio", "input": "input", "sample_rate": 16000, "resample": false, "length": 16000, "dtype": "float32"}
+    {"type": "audio", "input": "input", "sample_rate": 16000, "resample": false, "length": 16000, "dtype": "float32",
+     "chunk": 512, "context": 64, "batch_axis": true, "constants": {"sr": 16000}}
     {"type": "text", "inputs": {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"},
      "max_length": 64, "dtype": "int64"}
 
-Each sample's tensors carry no batch axis; a dataset stacks them batch-first.
+Each sample's tensors carry no batch axis; a dataset stacks them batch-first. An audio recipe with
+a `chunk` makes each recording a sequence of calls for a streaming model: step t feeds the `context`
+samples before chunk t and the chunk (`[steps, 1, context + chunk]` with `batch_axis`), and each
+of `constants` (a scalar input such as a sample rate) is fed on every call.
 """
 
 from __future__ import annotations
@@ -117,10 +121,20 @@ def _audio_recipe(raw: dict) -> dict[str, Any]:
     length = raw.get("length")
     if length is not None and (type(length) is not int or not 1 <= length <= rate * MAX_AUDIO_SECONDS):
         raise RecipeError(f"length must be a number of samples, at most {MAX_AUDIO_SECONDS} s")
-    if not isinstance(raw.get("resample", False), bool):
-        raise RecipeError("resample must be true or false")
+    if not isinstance(raw.get("resample", False), bool) or not isinstance(raw.get("batch_axis", True), bool):
+        raise RecipeError("resample and batch_axis must be true or false")
+    chunk, context = raw.get("chunk"), raw.get("context", 0)
+    if chunk is not None and (type(chunk) is not int or not 1 <= chunk <= rate * 60):
+        raise RecipeError("chunk must be a number of samples per call, at most a minute")
+    if type(context) is not int or not 0 <= context <= rate * 60 or (context and chunk is None):
+        raise RecipeError("context is a number of earlier samples fed with each chunk (needs chunk)")
+    constants = raw.get("constants", {})
+    if (not isinstance(constants, dict) or len(constants) > 8
+            or not all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for k, v in constants.items())):
+        raise RecipeError("constants maps input names to numbers fed with every call")
     return {"type": "audio", "input": _name(raw, "input", "input"), "sample_rate": rate, "resample": raw.get("resample", False),
-            "length": length, "dtype": _dtype(raw, "float32")}
+            "length": length, "dtype": _dtype(raw, "float32"), "chunk": chunk, "context": context,
+            "batch_axis": raw.get("batch_axis", True), "constants": dict(constants)}
 
 
 def _text_recipe(raw: dict) -> dict[str, Any]:
@@ -136,7 +150,9 @@ def _text_recipe(raw: dict) -> dict[str, Any]:
 
 def recipe_inputs(recipe: dict[str, Any]) -> list[str]:
     """The model inputs a recipe makes."""
-    return list(recipe["inputs"]) if recipe["type"] == "text" else [recipe["input"]]
+    if recipe["type"] == "text":
+        return list(recipe["inputs"])
+    return [recipe["input"], *recipe.get("constants", {})]
 
 
 # -- preparing one sample -----------------------------------------------------------------------
@@ -203,6 +219,26 @@ def prepare_audio(data: bytes, recipe: dict[str, Any]) -> np.ndarray:
     return np.ascontiguousarray(mono.astype(recipe["dtype"]))
 
 
+def audio_tensors(waveform: np.ndarray, recipe: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A waveform as the recipe's input (whole, or a sequence of chunks with their context) and constants."""
+    chunk = recipe.get("chunk")
+    constants = recipe.get("constants") or {}
+    if not chunk:
+        return {recipe["input"]: waveform, **{name: _constant(value) for name, value in constants.items()}}
+    steps = max(1, math.ceil(len(waveform) / chunk))
+    context = recipe.get("context", 0)
+    padded = np.pad(waveform, (context, steps * chunk - len(waveform)))
+    calls = np.stack([padded[step * chunk : step * chunk + context + chunk] for step in range(steps)])
+    if recipe.get("batch_axis", True):
+        calls = calls[:, None, :]
+    return {recipe["input"]: np.ascontiguousarray(calls),
+            **{name: np.full(steps, _constant(value)) for name, value in constants.items()}}
+
+
+def _constant(value: float) -> np.ndarray:
+    return np.asarray(value, dtype=np.int64 if isinstance(value, int) else np.float32)
+
+
 def load_tokenizer(tokenizer_json: str, recipe: dict[str, Any]):
     """A `tokenizers` tokenizer from a tokenizer.json, padding and cutting to the recipe's length."""
     from tokenizers import Tokenizer
@@ -228,7 +264,7 @@ def prepare_file(name: str, data: bytes, recipe: dict[str, Any]) -> dict[str, np
         if recipe["type"] == "image":
             return {recipe["input"]: prepare_image(data, recipe)}
         if recipe["type"] == "audio":
-            return {recipe["input"]: prepare_audio(data, recipe)}
+            return audio_tensors(prepare_audio(data, recipe), recipe)
     except RecipeError as error:
         raise RecipeError(f"{name}: {error}") from None
     raise RecipeError(f"{name}: a {recipe['type']} recipe reads lines of text, not files")

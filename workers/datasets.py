@@ -164,7 +164,8 @@ def iter_batches(
         # A zip of samples holds exactly the tensors of one call each (the pipeline writes calibration
         # calls this way): they are never batched together.
         try:
-            yield from feeds.iter_rows(path, list(input_names), limit=limit)
+            for row in feeds.iter_rows(path, list(input_names), limit=limit):
+                yield Call(row)
         except feeds.FeedError as error:
             raise InvalidDataset(str(error)) from error
         return
@@ -179,6 +180,17 @@ def iter_batches(
         readers = {name: _iter_rows(npz, headers[name], batch_size, samples) for name in input_names}
         for _ in range(math.ceil(samples / batch_size)):
             yield {name: next(reader) for name, reader in readers.items()}
+
+
+class Call(dict):
+    """The exact feeds of one call (a scalar or a batch-on-axis-1 input has no row count of its own)."""
+
+
+def batch_rows(batch: dict[str, np.ndarray]) -> int:
+    """How many samples a batch from iter_batches holds: one for a call, else the first axis."""
+    if isinstance(batch, Call):
+        return 1
+    return len(next(iter(batch.values())))
 
 
 def dataset_samples(path: str | Path) -> int:

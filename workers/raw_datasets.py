@@ -117,6 +117,9 @@ def _preview(member: str, data: bytes, tensors: dict[str, np.ndarray], recipe: d
         image.save(buffer, format="PNG")
         return {"name": member, "thumbnail": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}
     waveform = tensors[recipe["input"]].astype(np.float32)
+    if recipe.get("chunk"):
+        # The chunks without the context each call repeats: the recording as prepared.
+        waveform = waveform.reshape(len(waveform), -1)[:, recipe.get("context", 0):].reshape(-1)
     return {"name": member, "seconds": round(len(waveform) / recipe["sample_rate"], 3), "sample_rate": recipe["sample_rate"],
             "peak": round(float(np.abs(waveform).max(initial=0.0)), 4),
             "envelope": [round(float(np.abs(part).max(initial=0.0)), 3) for part in np.array_split(waveform, 32)]}

@@ -60,7 +60,7 @@ def test_stateful_vad_runs_fp32_and_int8_to_a_report_with_per_step_accuracy(kiln
     assert report["datasets"]["state"] == {"stateN": "state"}
     assert report["datasets"]["calibration_used"]["calls"] == 6 * STEPS
     variants = {v["precision"]: v for v in report["devices"][0]["variants"]}
-    assert set(variants) == {"fp32", "int8"}
+    assert set(variants) == {"fp32", "int8"}, ([(v["key"], v["status"], v["error"]) for v in job["variants"]], [e["message"] for e in job["events"]])
     for precision, variant in variants.items():
         accuracy = variant["accuracy"]
         assert accuracy["calls"] == 4 * STEPS and accuracy["sequences"] == 4, precision
@@ -78,3 +78,71 @@ def test_stateful_vad_runs_fp32_and_int8_to_a_report_with_per_step_accuracy(kiln
         expected = by_hand(SILERO_VAD.path, validation_sequences)
         np.testing.assert_allclose(reference["output"], expected, atol=1e-5)
     assert expected.max() > 0.5 > expected.min(), "the voiced sequences must be heard as voice for the test to mean anything"
+
+
+def wav_zip(path, count: int, seed: int):
+    """Recordings as a user holds them: WAV files, half at 8 kHz (resampled by the recipe)."""
+    import io
+    import zipfile
+
+    import soundfile
+
+    from tests.fixtures.zoo import VAD_RATE, _voiced
+
+    rng = np.random.default_rng(seed)
+    with zipfile.ZipFile(path, "w") as archive:
+        for index in range(count):
+            rate = VAD_RATE if index % 2 == 0 else 8000
+            seconds = 0.32
+            sound = _voiced(rng, int(seconds * rate)) if index % 3 != 2 else 0.003 * rng.standard_normal(int(seconds * rate))
+            buffer = io.BytesIO()
+            soundfile.write(buffer, sound.astype(np.float32), rate, format="WAV")
+            archive.writestr(f"clip-{index:02d}.wav", buffer.getvalue())
+    return path
+
+
+@pytest.mark.skipif(SILERO_VAD.path is None, reason="silero-vad is not installed (it is in the dev extra)")
+def test_wav_files_chunked_by_a_recipe_stream_through_the_vad_with_state(kiln_stack, tmp_path):
+    import json
+
+    tenant = kiln_stack.create_user("wanda", "a-long-password-1", "Audio Labs")
+    api = Api(kiln_stack.url, tenant.token)
+    version = api.upload("/api/v1/models/", SILERO_VAD.path, name="silero-vad")["versions"][0]
+    recipe = {"type": "audio", "input": "input", "sample_rate": 16000, "resample": True, "length": 5120, "chunk": 512,
+              "context": 64, "constants": {"sr": 16000}}
+    path = wav_zip(tmp_path / "clips.zip", 6, seed=3)
+    with open(path, "rb") as handle:
+        response = api.session.post(api.url + "/api/v1/datasets/", files={"file": ("clips.zip", handle)},
+                                    data={"kind": "validation", "recipe": json.dumps(recipe)}, timeout=120)
+    assert response.status_code == 201, response.text[:500]
+    dataset = response.json()
+    assert dataset["arrays"] == {"input": {"dtype": "float32", "shape": [6, 10, 1, 576]}, "sr": {"dtype": "int64", "shape": [6, 10]}}
+    assert [preview["seconds"] for preview in dataset["previews"]] == [0.32] * 4
+    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+    job = api.post("/api/v1/jobs/", json={"model_version": version["id"], "precisions": ["fp32"], "validation_dataset": dataset["id"],
+                                          "state": SILERO_VAD.state})
+    job = api.wait_for_job(job["id"], kiln_stack, timeout=600)
+    assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
+    accuracy = api.get(f"/api/v1/jobs/{job['id']}/report/").json()["devices"][0]["variants"][0]["accuracy"]
+    assert accuracy["sequences"] == 6 and [row["step"] for row in accuracy["per_step"]] == list(range(10))
+
+    # The package takes the same WAV files: it resamples, chunks and streams them with state as Kiln did.
+    import io
+    import subprocess
+    import sys
+    import zipfile
+
+    artifacts = api.get(f"/api/v1/jobs/{job['id']}/artifacts/").json()
+    package = next(a for a in artifacts if a["kind"] == "package")
+    root = tmp_path / "package"
+    with zipfile.ZipFile(io.BytesIO(api.get(package["download_url"]).content)) as archive:
+        archive.extractall(root)
+    ran = subprocess.run([sys.executable, "run.py", str(path), "--save-outputs", str(tmp_path / "outputs.npz")], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    reference = next(a for a in artifacts if a["name"] == "reference-outputs.npz")
+    (tmp_path / "reference.npz").write_bytes(api.get(reference["download_url"]).content)
+    with np.load(tmp_path / "outputs.npz") as ours, np.load(tmp_path / "reference.npz") as theirs:
+        assert theirs["output"].shape == (60, 1, 1)
+        np.testing.assert_allclose(ours["output"], theirs["output"], atol=1e-5)
+        np.testing.assert_allclose(ours["stateN"], theirs["stateN"], atol=1e-5)

@@ -57,3 +57,22 @@ def test_state_inputs_are_calibrated_with_the_values_fp32_carries(tmp_path):
     # The state fed at step t is the sum of steps before t: zero first, then FP32's running total.
     expected = np.concatenate([np.zeros((2, 1, 1, 4), np.float32), np.cumsum(steps, axis=1)[:, :-1]], axis=1)
     np.testing.assert_allclose(carried, expected, atol=1e-5)
+
+
+def test_static_int8_calibrates_a_stateful_model_with_a_scalar_input_from_its_calls(tmp_path):
+    from tests.fixtures.zoo import SILERO_VAD
+    from workers.quantize import build_variant
+
+    if SILERO_VAD.path is None:
+        pytest.skip("silero-vad is not installed (it is in the dev extra)")
+    data = write_npz(tmp_path / "vad.npz", **SILERO_VAD.sequences(4, 5, seed=0))
+    # The scalar first: each call's feeds then lead with a tensor that has no rows to count.
+    signature = {"inputs": [{"name": "sr", "dtype": "int64", "shape": []},
+                            {"name": "state", "dtype": "float32", "shape": [2, "batch", 128]},
+                            {"name": "input", "dtype": "float32", "shape": ["batch", "sequence"]}],
+                 "outputs": [{"name": "output", "dtype": "float32", "shape": ["batch", 1]}, {"name": "stateN", "dtype": "float32", "shape": None}]}
+    plan = feeds.resolve_plan(inspect_dataset(data), signature, state=SILERO_VAD.state)
+    calls = write_calibration_calls(SILERO_VAD.path, data, plan, tmp_path / "calls.zip")
+    built = build_variant(model_path=SILERO_VAD.path, precision="int8", out_path=tmp_path / "int8.onnx",
+                          calibration_path=tmp_path / "calls.zip", options={})
+    assert built["recipe"]["samples"] == calls["calls"] == 20

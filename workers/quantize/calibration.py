@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
-from workers.datasets import iter_batches
+from workers.datasets import batch_rows, iter_batches
 
 
 class NpzCalibrationReader(CalibrationDataReader):
@@ -32,7 +32,7 @@ class NpzCalibrationReader(CalibrationDataReader):
             )
         batch = next(self._batches, None)
         if batch is not None:
-            self.samples_read += len(next(iter(batch.values())))
+            self.samples_read += batch_rows(batch)
         return batch
 
     def rewind(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Self
 import numpy as np
 import onnx
 
-from workers.datasets import InvalidDataset, dataset_samples, iter_batches
+from workers.datasets import InvalidDataset, batch_rows, dataset_samples, iter_batches
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 # Tail estimates (percentile, entropy, the MSE search) need enough values in the tails to mean
@@ -369,7 +369,8 @@ class ActivationTap:
             for batch in batches:
                 for name, value in batch.items():
                     if value.dtype.kind == "f" and not np.isfinite(value).all():
-                        bad = served + int(np.argmin(np.isfinite(value).reshape(len(value), -1).all(axis=1)))
+                        rows = batch_rows(batch)
+                        bad = served + int(np.argmin(np.isfinite(value).reshape(rows, -1).all(axis=1))) if rows > 1 else served
                         raise CalibrationError(
                             f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
                             "clean the calibration set: ranges cannot be estimated from non-finite values"
@@ -380,11 +381,11 @@ class ActivationTap:
                     if value.dtype.kind == "f" and not np.isfinite(value).all():
                         raise CalibrationError(
                             f"the model produces NaN or Inf at tensor {name!r} on calibration samples "
-                            f"{served}..{served + len(next(iter(batch.values()))) - 1}; the FP32 model itself "
+                            f"{served}..{served + batch_rows(batch) - 1}; the FP32 model itself "
                             "overflows on this data"
                         )
-                served += len(next(iter(batch.values())))
-                yield len(next(iter(batch.values()))), activations
+                served += batch_rows(batch)
+                yield batch_rows(batch), activations
         except InvalidDataset as error:
             raise CalibrationError(f"calibration dataset unusable: {error}") from error
 

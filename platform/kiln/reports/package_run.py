@@ -138,25 +138,25 @@ def load(root: Path, manifest: dict, key: bytes | None, backend: str):
     return [i.name for i in session.get_inputs()], lambda feeds: session.run(None, feeds)
 
 
-def _ordered(outputs, names: list[str]) -> list:
-    """Outputs in the signature's order, whether the runtime returned a list or a mapping by port."""
+def _ordered(outputs, names: list[str]) -> dict:
+    """Outputs by name, whether the runtime returned a list or a mapping by port."""
     if isinstance(outputs, list | tuple):
-        return list(outputs)
+        return dict(zip(names, outputs))
     by_name = {(port.get_any_name() if hasattr(port, "get_any_name") else port): value for port, value in outputs.items()}
-    return [by_name[name] for name in names]
+    return {name: by_name[name] for name in names}
 
 
-def iter_samples(path: str, manifest: dict, names: list[str]):
-    """Each sample's feeds (batch of one): rows of an .npz, or raw files prepared by the package's recipe."""
+def iter_rows(path: str, manifest: dict, names: list[str]):
+    """Each sample's arrays without the sample axis: rows of an .npz, or raw files prepared by the package's recipe."""
     if path.lower().endswith(".npz"):
         with np.load(path, allow_pickle=False) as data:
-            for index in range(len(data[names[0]])):
-                yield {name: data[name][index : index + 1] for name in names}
+            present = [name for name in names if name in data.files]
+            for index in range(len(data[present[0]])):
+                yield {name: data[name][index] for name in present}
         return
     recipe = manifest.get("recipe")
     if not recipe:
         raise SystemExit("This package has no recipe for raw input: pass an .npz of input arrays.")
-    sys.path.insert(0, str(HERE))
     import kiln_recipe
 
     if recipe["type"] == "text":
@@ -164,24 +164,43 @@ def iter_samples(path: str, manifest: dict, names: list[str]):
         with open(path, encoding="utf-8") as lines:
             for line in lines:
                 if line.strip():
-                    yield {name: value[None] for name, value in kiln_recipe.prepare_text(line.rstrip("\n"), recipe, tokenizer).items()}
+                    yield kiln_recipe.prepare_text(line.rstrip("\n"), recipe, tokenizer)
         return
     import zipfile
 
     with zipfile.ZipFile(path) as archive:
         for member in kiln_recipe.raw_members(archive.namelist(), recipe):
-            yield {name: value[None] for name, value in kiln_recipe.prepare_file(member, archive.read(member), recipe).items()}
+            yield kiln_recipe.prepare_file(member, archive.read(member), recipe)
 
 
-def save_outputs(run, samples, path: str, output_names: list[str]) -> int:
-    """Run every sample and write the outputs by name, samples on the first axis (as Kiln's reference)."""
-    collected = {name: [] for name in output_names}
-    for feeds in samples:
-        for name, value in zip(output_names, run(feeds)):
+def feed_plan(manifest: dict, names: list[str]) -> dict:
+    """How Kiln fed the model (kiln_feeds.py): batch-first samples unless the job said otherwise."""
+    return manifest.get("feeds") or {"mode": "batch", "format": "npz", "offsets": dict.fromkeys(names, 0), "state": {}, "initial": {}}
+
+
+def iter_calls(run, path: str, manifest: dict, names: list[str]):
+    """`(step, feeds, outputs)` of every call, sequences call by call with state carried as Kiln did."""
+    import kiln_feeds
+
+    plan = feed_plan(manifest, names)
+    state_inputs = set((plan.get("state") or {}).values())
+    for row in iter_rows(path, manifest, [name for name in names if name not in state_inputs]):
+        yield from kiln_feeds.run_calls(run, kiln_feeds.sample_calls(row, plan), plan)
+
+
+def save_outputs(run, path: str, manifest: dict, names: list[str], output: str) -> int:
+    """Run every sample and write the outputs by name, laid out as Kiln's FP32 reference."""
+    import kiln_feeds
+
+    by_calls = kiln_feeds.needs_calls(feed_plan(manifest, names))
+    collected: dict[str, list] = {}
+    for _, _, outputs in iter_calls(run, path, manifest, names):
+        for name, value in outputs.items():
             value = np.asarray(value)
-            collected[name].append(value if value.ndim and value.shape[0] == 1 else value[None])
-    np.savez(path, **{name: np.concatenate(parts) for name, parts in collected.items()})
-    return len(next(iter(collected.values())))
+            # Batch-first: one sample's rows (its batch of one); by calls: the exact tensor of each call.
+            collected.setdefault(name, []).append(value if by_calls or (value.ndim and value.shape[0] == 1) else value[None])
+    np.savez(output, **{name: np.stack(parts) if by_calls else np.concatenate(parts) for name, parts in collected.items()})
+    return len(next(iter(collected.values()), []))
 
 
 def main() -> int:
@@ -206,12 +225,14 @@ def main() -> int:
         parser.error("inputs is required unless --verify-only")
     key = base64.b64decode(args.key) if args.key else None
     names, run = load(HERE, manifest, key, args.backend or manifest["backend"])
+    sys.path.insert(0, str(HERE))
+    output_names = [output["name"] for output in manifest["signature"]["outputs"]]
+    by_name = lambda feeds: _ordered(run(feeds), output_names)  # noqa: E731
     if args.save_outputs:
-        output_names = [output["name"] for output in manifest["signature"]["outputs"]]
-        count = save_outputs(lambda feeds: _ordered(run(feeds), output_names), iter_samples(args.inputs, manifest, names), args.save_outputs, output_names)
-        print(f"outputs of {count} samples written to {args.save_outputs}")
+        count = save_outputs(by_name, args.inputs, manifest, names, args.save_outputs)
+        print(f"outputs of {count} calls written to {args.save_outputs}")
         return 0
-    feeds = next(iter_samples(args.inputs, manifest, names))
+    _, feeds, _ = next(iter_calls(by_name, args.inputs, manifest, names))
     for _ in range(10):
         run(feeds)
     times = []

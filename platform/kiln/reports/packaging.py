@@ -14,7 +14,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from devices import recipes
+from devices import feeds, recipes
 from kiln.pipeline.models import Artifact
 from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
@@ -23,6 +23,7 @@ from . import signing
 
 RUN_SCRIPT_PATH = Path(__file__).with_name("package_run.py")
 RECIPE_SCRIPT_PATH = Path(recipes.__file__)
+FEEDS_SCRIPT_PATH = Path(feeds.__file__)
 FORMAT = "kiln-package/1"
 ZIP64_FROM_BYTES = 1 << 31
 
@@ -134,6 +135,7 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
         "signature": version.signature,
         "preprocessing": (job.package or {}).get("preprocessing"),
         "recipe": dataset_recipe(job) or None,
+        "feeds": (job.evaluation or {}).get("feeds"),
         "postprocessing": (job.package or {}).get("postprocessing"),
         "encryption": {"algorithm": "AES-256-GCM", "key": "organization", "key_id": key_id, "associated_data": "original_path"} if key_id else None,
         "signing_key_fingerprint": signing.public_key_fingerprint(),
@@ -154,6 +156,8 @@ def build_device_package(*, job, device: dict, out_path: Path) -> bool:
         if compiled and compiled["id"] != variant_artifact.id:
             compiled_artifact = Artifact.objects.select_related("blob").get(pk=compiled["id"])
             files.append(_add_file(archive, blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}", role="compiled", key=key))
+        # How Kiln fed the model (layouts, state carried): run.py feeds the same way.
+        files.append(_add_text(archive, "kiln_feeds.py", FEEDS_SCRIPT_PATH.read_text(), role="script"))
         recipe = dataset_recipe(job)
         if recipe:
             # The package prepares raw input with the very code that made the dataset it was measured on.

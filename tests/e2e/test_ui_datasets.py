@@ -1,0 +1,96 @@
+"""Browser tests of the dataset parts of the UI: raw images uploaded with a recipe show the recipe
+and thumbnails of their first samples, a corrupt image is refused by name, and the new-deployment
+form sends a state mapping and a seeded calibration subset. Real server, worker and Chromium."""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.e2e import test_ui as ui
+from tests.e2e.test_ui import api, new_user, screenshot, select_containing, sign_in
+
+# The browser, the live stack and the digits files are test_ui's fixtures, shared here.
+browser, digits_files, new_page, stack, ui_dist = ui.browser, ui.digits_files, ui.new_page, ui.stack, ui.ui_dist
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+RECIPE = {"type": "image", "input": "input", "size": [8, 8], "color": "L", "scale": 0.0625, "layout": "NCHW"}
+
+
+def digit_zip(path, *, broken: bool = False):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    with zipfile.ZipFile(path, "w") as archive:
+        for index in range(6):
+            buffer = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (24, 24), dtype=np.uint8)).save(buffer, format="PNG")
+            archive.writestr(f"{'seven' if index % 2 else 'three'}/{index}.png", buffer.getvalue())
+        if broken:
+            archive.writestr("three/scan-9.png", b"\x89PNG\r\n\x1a\n truncated")
+    return path
+
+
+def test_raw_images_with_a_recipe_show_thumbnails_and_a_corrupt_one_is_named(stack, new_page, tmp_path):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "rita", "Recipes")
+    page = new_page()
+    sign_in(page, user)
+    page.goto("/datasets")
+    page.get_by_test_id("dataset-name-input").fill("digit scans")
+    page.get_by_test_id("dataset-kind-select").select_option("validation")
+    page.get_by_test_id("dataset-recipe-input").fill(json.dumps(RECIPE))
+    page.get_by_test_id("dataset-upload-input").set_input_files(str(digit_zip(tmp_path / "scans.zip")))
+    row = page.get_by_test_id("dataset-row").filter(has_text="digit scans")
+    expect(row).to_be_visible(timeout=60_000)
+    expect(row.get_by_test_id("dataset-samples")).to_have_text("6")
+    expect(row.get_by_test_id("dataset-recipe")).to_contain_text("images → input: 8×8 stretch, L")
+    expect(row.get_by_test_id("dataset-recipe")).to_contain_text("labels from folders: seven, three")
+    thumbnails = row.get_by_test_id("dataset-previews").locator("img")
+    expect(thumbnails).to_have_count(4)
+    # The thumbnails really render under the server's Content-Security-Policy (data: images).
+    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=dataset-previews] img')].every(i => i.complete && i.naturalWidth > 0)")
+    screenshot(page, "20-datasets-recipe")
+
+    page.get_by_test_id("dataset-upload-input").set_input_files(str(digit_zip(tmp_path / "broken.zip", broken=True)))
+    item = page.get_by_test_id("upload-item").filter(has_text="broken.zip")
+    expect(item).to_have_attribute("data-status", "error", timeout=60_000)
+    expect(item.get_by_test_id("upload-error")).to_contain_text("three/scan-9.png: not an image Pillow can read")
+    assert len(api(stack, user, "GET", "datasets/").json()["results"]) == 1
+
+
+def test_new_deployment_sends_the_state_mapping_and_calibration_subset(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "sami", "Streams")
+    with open(digits_files["model"], "rb") as handle:
+        model = api(stack, user, "POST", "models/", data={"name": "digits"}, files={"file": ("digits.onnx", handle)}).json()
+    with open(digits_files["validation"], "rb") as handle:
+        api(stack, user, "POST", "datasets/", data={"kind": "calibration", "name": "labelled digits"},
+            files={"file": ("validation.npz", handle)}).raise_for_status()
+    page = new_page()
+    sign_in(page, user)
+    page.goto(f"/deployments/new?model={model['id']}")
+    select_containing(page.get_by_test_id("calibration-select"), "labelled digits")
+    feeds = page.get_by_test_id("dataset-feeds")
+    feeds.get_by_test_id("subset-count").fill("30")
+    feeds.get_by_test_id("subset-seed").fill("5")
+    # A state row names an output and the input it feeds; the digits CNN has none to carry, so the
+    # server refuses it with its reason, shown on the form.
+    feeds.get_by_test_id("add-state").click()
+    feeds.get_by_test_id("state-output").select_option("logits")
+    feeds.get_by_test_id("state-input").select_option("input")
+    page.get_by_role("button", name="Start deployment").click()
+    expect(page.get_by_role("alert").filter(has_text="is fed from the state mapping")).to_be_visible(timeout=30_000)
+    screenshot(page, "21-deployment-state-refused")
+    feeds.get_by_role("button", name="Remove").click()
+    page.get_by_role("button", name="Start deployment").click()
+    page.wait_for_url("**/jobs/*", timeout=30_000)
+    job_id = int(page.url.rstrip("/").split("/")[-1])
+    job = api(stack, user, "GET", f"jobs/{job_id}/").json()
+    assert job["feeds"]["calibration_subset"] == {"count": 30, "seed": 5, "stratify": True}
