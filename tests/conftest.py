@@ -202,3 +202,29 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
         yield stack
     finally:
         stack.stop()
+
+
+# -- object storage: a real S3-compatible server (moto's server mode) in its own process -----
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    from tests.fixtures.s3 import start_s3_server, stop_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
+    finally:
+        stop_s3_server(server)
+
+
+@pytest.fixture
+def s3_storage(s3_server, settings, tmp_path):
+    """This process stores blobs in the S3 server (an emptied bucket); BLOB_ROOT holds only local copies."""
+    from tests.fixtures.s3 import BUCKET, use_s3
+
+    client = s3_server.client()
+    for key in s3_server.object_keys():
+        client.delete_object(Bucket=BUCKET, Key=key)
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    use_s3(settings, s3_server)
+    return s3_server

@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 from django.conf import settings
+
+from workers.workdir import task_work_dir_enter, task_work_dir_leave
 
 _PLATFORM_DIR = Path(__file__).resolve().parent.parent / "platform"
 if str(_PLATFORM_DIR) not in sys.path:
@@ -56,6 +59,18 @@ def _configure_beat() -> None:
 
 
 HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline")
+
+
+@task_prerun.connect
+def _enter_task_work_dir(task_id=None, **_):
+    """Each task runs in its own temporary working directory (libraries write scratch files there)."""
+    task_work_dir_enter(str(task_id))
+
+
+@task_postrun.connect
+def _leave_task_work_dir(task_id=None, **_):
+    task_work_dir_leave(str(task_id))
+
 
 _configure_filesystem_broker()
 _configure_beat()

@@ -1,4 +1,5 @@
-"""Read and check `.npz` datasets (one array per model input, first axis = samples, optional `labels`).
+"""Read and check datasets: an `.npz` of named arrays (first axis = samples, optional `labels`), or a
+zip of one `.npz` per sample whose shapes may differ (see devices/feeds.py for how either is fed).
 
 Arrays are read from the archive as streams of whole samples, never as whole arrays, so memory
 stays bounded by one batch (or one scan block) however big the file is. The exception is an
@@ -8,14 +9,17 @@ loaded whole. Compressed (`savez_compressed`) files stream the same way, just sl
 
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from devices import feeds, npzio
+from devices.npzio import ArrayHeader as _ArrayHeader
 
 LABELS = "labels"
 # Numeric dtypes a model input (or labels) can have; anything else is refused from the header.
@@ -30,23 +34,6 @@ _SCAN_BLOCK_BYTES = 16 << 20
 
 class InvalidDataset(ValueError):
     """The file is not a usable dataset; the message says what is wrong and where."""
-
-
-@dataclass(frozen=True)
-class _ArrayHeader:
-    name: str
-    member: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fortran_order: bool
-
-    @property
-    def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * self.dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def inspect_npz(path: str | Path, *, display_name: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
@@ -73,25 +60,97 @@ def inspect_npz(path: str | Path, *, display_name: str | None = None, max_bytes:
     }
 
 
-def check_dataset_against_signature(dataset_info: dict[str, Any], signature: dict[str, Any]) -> list[str]:
+def check_dataset_against_signature(
+    dataset_info: dict[str, Any], signature: dict[str, Any], *, state: dict[str, str] | None = None,
+    initial_state: dict[str, Any] | None = None,
+) -> list[str]:
     """List, in words, every way a dataset does not fit a model signature (empty when it fits).
 
-    The first axis of each array is the sample axis and stands for the model's batch dimension,
-    so it is never compared; symbolic model dimensions accept any size.
+    Each array's layout is told by its rank against the model input's (batch-first, stacked
+    feeds, or sequences of feeds; devices/feeds.py); symbolic model dimensions accept any size.
     """
-    problems: list[str] = []
-    arrays = dataset_info.get("arrays", {})
-    inputs = {spec["name"]: spec for spec in signature.get("inputs", [])}
-    for name, spec in inputs.items():
-        if name not in arrays:
-            problems.append(f"missing array for model input {name!r} ({spec['dtype']} {_format_shape(spec.get('shape'))})")
+    return feeds.plan_problems(dataset_info, signature, state=state, initial_state=initial_state)[1]
+
+
+def dataset_plan(
+    dataset_info: dict[str, Any], signature: dict[str, Any], *, state: dict[str, str] | None = None,
+    initial_state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """How the dataset is fed to the model (feeds.resolve_plan); raises InvalidDataset when it does not fit."""
+    plan, problems = feeds.plan_problems(dataset_info, signature, state=state, initial_state=initial_state)
+    if problems:
+        raise InvalidDataset("; ".join(problems))
+    return plan
+
+
+def inspect_dataset(path: str | Path, *, display_name: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+    """Describe either kind of dataset file (`format` says which) after checking it."""
+    path = Path(path)
+    label = display_name or path.name
+    try:
+        kind = feeds.file_format(path)
+    except feeds.FeedError:
+        kind = feeds.NPZ  # inspect_npz words the refusal
+    if kind == feeds.SAMPLES:
+        return inspect_samples(path, display_name=label, max_bytes=max_bytes)
+    return {**inspect_npz(path, display_name=label, max_bytes=max_bytes), "format": feeds.NPZ}
+
+
+MAX_SAMPLE_FILES = 100_000
+
+
+def inspect_samples(path: str | Path, *, display_name: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+    """Describe a zip of one `.npz` per sample: every sample holds the same names, dtypes and ranks;
+    a dimension that differs between samples is reported as None."""
+    path = Path(path)
+    label = display_name or path.name
+    with zipfile.ZipFile(path) as archive:
+        members = sorted(name for name in archive.namelist() if name.endswith(".npz"))
+        if len(members) > MAX_SAMPLE_FILES:
+            raise InvalidDataset(f"{label} holds {len(members)} samples, over the limit of {MAX_SAMPLE_FILES}")
+        stored = sum(archive.getinfo(member).file_size for member in members)
+        if max_bytes is not None and stored > max_bytes:
+            raise InvalidDataset(f"the samples hold {stored / 1024**2:.0f} MB in all, over this server's limit of "
+                                 f"{max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
+        arrays: dict[str, dict[str, Any]] = {}
+        for member in members:
+            _merge_sample(arrays, member, _sample_headers(archive, member, label))
+    if not members:
+        raise InvalidDataset(f"{label} holds no samples")
+    return {
+        "samples": len(members),
+        "arrays": {name: {"dtype": entry["dtype"], "shape": [len(members), *entry["shape"]]} for name, entry in arrays.items()},
+        "has_labels": LABELS in arrays,
+        "format": feeds.SAMPLES,
+    }
+
+
+def _sample_headers(archive: zipfile.ZipFile, member: str, label: str) -> dict[str, np.ndarray]:
+    try:
+        sample = feeds.load_sample(archive, member)
+    except feeds.FeedError as error:
+        raise InvalidDataset(f"{label}: {error}") from error
+    for name, array in sample.items():
+        where = f"array {name!r} of sample {member!r}"
+        if array.dtype.hasobject or array.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
+            raise InvalidDataset(f"{where} has dtype {array.dtype.str}; only numeric arrays are accepted")
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            raise InvalidDataset(f"{where} contains NaN or Inf")
+    return sample
+
+
+def _merge_sample(arrays: dict[str, dict[str, Any]], member: str, sample: dict[str, np.ndarray]) -> None:
+    if arrays and set(sample) != set(arrays):
+        raise InvalidDataset(f"sample {member!r} holds {sorted(sample)} but earlier samples hold {sorted(arrays)}")
+    for name, array in sample.items():
+        entry = arrays.get(name)
+        if entry is None:
+            arrays[name] = {"dtype": array.dtype.newbyteorder("=").name, "shape": list(array.shape)}
             continue
-        problems.extend(_array_problems(name, arrays[name], spec))
-    for name in arrays:
-        if name not in inputs and name != LABELS:
-            expected = ", ".join(repr(n) for n in inputs) or "none"
-            problems.append(f"array {name!r} matches no model input (model inputs: {expected})")
-    return problems
+        if array.dtype.newbyteorder("=").name != entry["dtype"] or array.ndim != len(entry["shape"]):
+            raise InvalidDataset(f"array {name!r} of sample {member!r} is {array.dtype.name} rank {array.ndim}; "
+                                 f"earlier samples are {entry['dtype']} rank {len(entry['shape'])}")
+        entry["shape"] = [have if have == now else None for have, now in zip(entry["shape"], array.shape)]
 
 
 def iter_batches(
@@ -101,6 +160,14 @@ def iter_batches(
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     path = Path(path)
+    if _is_samples(path):
+        # A zip of samples holds exactly the tensors of one call each (the pipeline writes calibration
+        # calls this way): they are never batched together.
+        try:
+            yield from feeds.iter_rows(path, list(input_names), limit=limit)
+        except feeds.FeedError as error:
+            raise InvalidDataset(str(error)) from error
+        return
     with _open_npz(path, path.name) as npz:
         headers = _read_headers(npz, path.name)
         missing = [name for name in input_names if name not in headers]
@@ -117,8 +184,17 @@ def iter_batches(
 def dataset_samples(path: str | Path) -> int:
     """Return the number of samples in a dataset from its headers alone (no data is read)."""
     path = Path(path)
+    if _is_samples(path):
+        return feeds.sample_count(path)
     with _open_npz(path, path.name) as npz:
         return _sample_count(_read_headers(npz, path.name))
+
+
+def _is_samples(path: Path) -> bool:
+    try:
+        return feeds.file_format(path) == feeds.SAMPLES
+    except feeds.FeedError:
+        return False
 
 
 HOW_TO_SAVE = "save one with numpy.savez(path, input_name=array, ...)"
@@ -146,12 +222,9 @@ def _read_headers(npz: np.lib.npyio.NpzFile, label: str) -> dict[str, _ArrayHead
     for member in members:
         name = member[: -len(".npy")]
         try:
-            with npz.zip.open(member) as stream:
-                shape, fortran_order, dtype = _read_npy_header(stream)
-                header_bytes = stream.tell()
+            header, header_bytes = npzio.read_header(npz.zip, member)
         except (ValueError, EOFError, zipfile.BadZipFile) as error:
             raise InvalidDataset(f"array {name!r} in {label} is unreadable: {error}") from error
-        header = _ArrayHeader(name, member, tuple(shape), np.dtype(dtype), bool(fortran_order))
         _check_header(header, stored_bytes=npz.zip.getinfo(member).file_size - header_bytes)
         headers[name] = header
     return headers
@@ -183,15 +256,6 @@ def _check_total_bytes(headers: dict[str, _ArrayHeader], max_bytes: int | None) 
         raise InvalidDataset(f"the arrays hold {total / 1024**2:.0f} MB in all, over this server's limit of {max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
 
 
-def _read_npy_header(stream) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(stream)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(stream)
-    raise ValueError(f"unsupported .npy format version {version}")
-
-
 def _sample_count(headers: dict[str, _ArrayHeader]) -> int:
     lengths = {name: header.shape[0] for name, header in headers.items()}
     if len(set(lengths.values())) > 1:
@@ -217,60 +281,65 @@ def _check_finite(npz: np.lib.npyio.NpzFile, header: _ArrayHeader) -> None:
 
 
 def _iter_rows(npz: np.lib.npyio.NpzFile, header: _ArrayHeader, rows: int, samples: int) -> Iterator[np.ndarray]:
-    """Yield consecutive blocks of `rows` samples, reading only those bytes from the archive."""
-    if header.fortran_order:
-        # Samples are strided across the whole array on disk; no way to stream them.
-        whole = npz[header.name]
-        native = header.dtype.newbyteorder("=")
-        for start in range(0, samples, rows):
-            yield np.ascontiguousarray(whole[start : min(start + rows, samples)], dtype=native)
-        return
-    with npz.zip.open(header.member) as stream:
-        _read_npy_header(stream)
-        for start in range(0, samples, rows):
-            count = min(rows, samples - start)
-            buffer = _read_exact(stream, count * header.row_bytes, header.name)
-            block = np.frombuffer(buffer, dtype=header.dtype).reshape((count, *header.shape[1:]))
-            # Runtimes read raw memory: hand them native byte order whatever the file used.
-            yield block.astype(header.dtype.newbyteorder("="), copy=False)
+    try:
+        yield from npzio.iter_rows(npz.zip, header, rows, samples)
+    except ValueError as error:
+        raise InvalidDataset(str(error)) from error
 
 
-def _read_exact(stream, size: int, name: str) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    filled = 0
-    while filled < size:
-        got = stream.readinto(view[filled:])
-        if not got:
-            raise InvalidDataset(f"array {name!r} is truncated")
-        filled += got
-    return buffer
+def hdf5_to_samples(path: str | Path, out_path: str | Path, *, display_name: str, max_bytes: int | None = None) -> int:
+    """Write an HDF5 file of one group per sample (datasets named like the model inputs) as a zip of
+    one `.npz` per sample; returns the sample count.
+
+    Links and storage that point outside the file (external links, external or virtual datasets)
+    are refused: they would read other files of the server.
+    """
+    import h5py
+
+    try:
+        source = h5py.File(path, "r")
+    except OSError as error:
+        raise InvalidDataset(f"{display_name} is not an HDF5 file") from error
+    written = 0
+    total = 0
+    with source, zipfile.ZipFile(out_path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        names = sorted(source.keys())
+        if len(names) > MAX_SAMPLE_FILES:
+            raise InvalidDataset(f"{display_name} holds {len(names)} samples, over the limit of {MAX_SAMPLE_FILES}")
+        for name in names:
+            group = _hdf5_member(source, name, display_name)
+            if not isinstance(group, h5py.Group):
+                raise InvalidDataset(f"{display_name}: {name!r} is not a group; store one group per sample holding one dataset per model input")
+            arrays = {key: _hdf5_array(group, key, f"{name}/{key}") for key in sorted(group.keys())}
+            total += sum(array.nbytes for array in arrays.values())
+            if max_bytes is not None and total > max_bytes:
+                raise InvalidDataset(f"the samples hold more than this server's limit of {max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            archive.writestr(f"{name}.npz", buffer.getvalue())
+            written += 1
+    if not written:
+        raise InvalidDataset(f"{display_name} holds no samples")
+    return written
 
 
-def _array_problems(name: str, array: dict[str, Any], spec: dict[str, Any]) -> list[str]:
-    problems = []
-    if array["dtype"] != spec["dtype"]:
-        problems.append(f"array {name!r} is {array['dtype']} but the model input expects {spec['dtype']}")
-    expected = spec.get("shape")
-    if expected is None:
-        return problems
-    actual = array["shape"]
-    if len(actual) != len(expected):
-        problems.append(
-            f"array {name!r} has shape {_format_shape(actual)} (rank {len(actual)}) but the model input "
-            f"expects rank {len(expected)} {_format_shape(expected)}"
-        )
-        return problems
-    for axis, (have, want) in enumerate(zip(actual[1:], expected[1:]), start=1):
-        if isinstance(want, int) and want > 0 and have != want:
-            problems.append(
-                f"array {name!r} has size {have} on axis {axis} but the model input expects {want} "
-                f"(shape {_format_shape(expected)})"
-            )
-    return problems
+def _hdf5_member(group, name: str, display_name: str):
+    import h5py
+
+    link = group.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise InvalidDataset(f"{display_name}: {name!r} is a link; only data stored in the file itself is read")
+    return group[name]
 
 
-def _format_shape(shape: list | None) -> str:
-    if shape is None:
-        return "[any shape]"
-    return "[" + ", ".join(str(dim) for dim in shape) + "]"
+def _hdf5_array(group, key: str, where: str) -> np.ndarray:
+    import h5py
+
+    item = _hdf5_member(group, key, where)
+    if not isinstance(item, h5py.Dataset):
+        raise InvalidDataset(f"{where} is not a dataset of numbers")
+    if item.external or item.is_virtual:
+        raise InvalidDataset(f"{where} stores its data outside the file; only data stored in the file itself is read")
+    if item.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
+        raise InvalidDataset(f"{where} has dtype {item.dtype}; only numeric arrays are accepted")
+    return np.asarray(item[()])

@@ -9,22 +9,30 @@ from typing import Any
 
 import numpy as np
 
+from devices import feeds
+from devices.backends.onnxruntime import ort_dtype
 from devices.batching import sample_rows
 from workers.datasets import dataset_samples, iter_batches
 
 
 def compute_reference_outputs(
-    model_path: str | Path, dataset_path: str | Path, out_path: str | Path, *, batch_size: int = 32
+    model_path: str | Path, dataset_path: str | Path, out_path: str | Path, *, batch_size: int = 32,
+    plan: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the FP32 model on CPU over a validation set and write its outputs, by output name, to an .npz.
 
-    Outputs are gathered in memory before writing, so they (not the inputs) bound memory use.
+    With a feed `plan` (devices/feeds.py) that is not plain batch-first, every sample is fed as
+    its exact tensors, sequences call by call with state carried, and the outputs are stacked
+    call by call. Outputs are gathered in memory before writing, so they (not the inputs) bound
+    memory use.
     """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     input_names = [model_input.name for model_input in session.get_inputs()]
     output_names = [model_output.name for model_output in session.get_outputs()]
+    if feeds.needs_calls(plan):
+        return _reference_by_calls(session, dataset_path, Path(out_path), plan, input_names, output_names)
     static_batch = static_batch_size(session)
     run_batch = static_batch or batch_size
     samples = dataset_samples(dataset_path)
@@ -32,9 +40,9 @@ def compute_reference_outputs(
     collected: dict[str, list[np.ndarray]] = {name: [] for name in output_names}
     for batch in iter_batches(dataset_path, input_names=input_names, batch_size=run_batch):
         rows = len(next(iter(batch.values())))
-        feeds = _pad_to(batch, static_batch) if static_batch else batch
-        fed = len(next(iter(feeds.values())))
-        for name, value in zip(output_names, session.run(output_names, feeds)):
+        padded = _pad_to(batch, static_batch) if static_batch else batch
+        fed = len(next(iter(padded.values())))
+        for name, value in zip(output_names, session.run(output_names, padded)):
             try:
                 collected[name].append(sample_rows(value, batch_size=fed, rows=rows))
             except ValueError as error:
@@ -43,6 +51,24 @@ def compute_reference_outputs(
     outputs = {name: np.concatenate(parts) for name, parts in collected.items()}
     _write_npz_atomically(Path(out_path), outputs)
     return {"samples": samples, "outputs": {name: list(value.shape) for name, value in outputs.items()}}
+
+
+def session_runner(session, output_names: list[str]):
+    """A feeds -> {output name: value} callable over an onnxruntime session."""
+    return lambda fed: dict(zip(output_names, session.run(output_names, fed)))
+
+
+def _reference_by_calls(session, dataset_path, out_path: Path, plan, input_names, output_names) -> dict[str, Any]:
+    dtypes = {spec.name: ort_dtype(spec.type) for spec in session.get_inputs()}
+    stack = feeds.OutputStack(output_names)
+    run = session_runner(session, output_names)
+    samples = 0
+    for sample, step, _, outputs in feeds.iter_calls(run, dataset_path, plan, input_names=input_names, dtypes=dtypes):
+        stack.add(sample, step, outputs)
+        samples = sample + 1
+    outputs = stack.arrays()
+    _write_npz_atomically(out_path, outputs)
+    return {"samples": samples, "calls": len(stack.steps), "outputs": {name: list(value.shape) for name, value in outputs.items()}}
 
 
 def static_batch_size(session) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, metrics
+from devices import bench, feeds, metrics
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
 from devices.backends.registry import get_backend
@@ -168,6 +168,49 @@ def evaluate_outputs(
     return {name: np.concatenate(parts, axis=0) for name, parts in collected.items() if parts}
 
 
+def _dtypes(compiled: CompiledModel) -> dict[str, np.dtype]:
+    return {spec.name: spec.dtype for spec in compiled.input_specs}
+
+
+def first_call_feeds(compiled: CompiledModel, validation_path: Path, plan: dict) -> dict[str, np.ndarray]:
+    """The feeds of the first call of the first sample, state inputs at their initial values."""
+    stateless = {**plan, "state": {}}  # the first call needs no model run: its state is the initial value
+    for _, _, fed, _ in feeds.iter_calls(None, validation_path, stateless, input_names=compiled.input_names, limit=1):
+        fed = {**fed, **feeds.initial_state(plan)}
+        return {name: feeds.contiguous(value, _dtypes(compiled).get(name, value.dtype)) for name, value in fed.items()}
+    raise TaskFailed("the validation data has no samples")
+
+
+def evaluate_calls(compiled: CompiledModel, validation_path: Path, plan: dict, reference: dict[str, np.ndarray],
+                   evaluation: dict | None, check: Callable[[], None] | None = None) -> dict:
+    """Run the validation set sample by sample (sequences call by call, carrying state) and compare with FP32.
+
+    Sequences also get per-step figures, so a drift that builds up over the steps shows.
+    """
+    stack = feeds.OutputStack(compiled.output_names)
+    try:
+        for sample, step, _, outputs in feeds.iter_calls(compiled.run, validation_path, plan, input_names=compiled.input_names,
+                                                         dtypes=_dtypes(compiled), check=check):
+            stack.add(sample, step, outputs)
+        outputs = stack.arrays()
+        labels_array = _call_labels(validation_path, plan) if evaluation and evaluation.get("labels") else None
+        accuracy = metrics.evaluate(outputs, reference, evaluation, labels_array)
+    except feeds.FeedError as exc:
+        raise TaskFailed(str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TaskFailed(f"outputs do not match the reference: {exc}") from None
+    accuracy["calls"] = len(stack.steps)
+    if plan.get("mode") == feeds.SEQUENCES:
+        accuracy["sequences"] = len(set(stack.samples))
+        accuracy["per_step"] = feeds.per_step_figures(outputs, reference, stack.steps)
+    return accuracy
+
+
+def _call_labels(validation_path: Path, plan: dict) -> np.ndarray | None:
+    rows = [row[feeds.LABELS] for row in feeds.iter_rows(validation_path, [feeds.LABELS]) if feeds.LABELS in row]
+    return np.stack(rows) if rows and plan.get("mode") != feeds.SEQUENCES else None
+
+
 class TaskRunner:
     """Runs leased tasks one at a time in the calling thread."""
 
@@ -311,14 +354,21 @@ class TaskRunner:
 
     def _measure(self, task, cancel, compiled: CompiledModel, paths: dict, load_ms: float) -> dict:
         task_id = task["id"]
-        validation = load_npz(paths["validation"]) if "validation" in paths else None
+        plan = (task.get("evaluation") or {}).get("feeds")
+        by_calls = feeds.needs_calls(plan) and "validation" in paths
+        validation = load_npz(paths["validation"]) if "validation" in paths and not by_calls else None
         reference = load_npz(paths["reference"]) if "reference" in paths else None
         labels = validation.pop("labels", None) if validation is not None else None
 
         self._enter(task, cancel, "benchmark", "measuring latency")
         settings = bench.BenchmarkSettings.from_dict(task.get("benchmark"))
-        batch_sizes = benchmark_batch_sizes(compiled.input_specs, settings.batch_sizes)
-        feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
+        if by_calls:
+            # Each call is fed exactly its sample's tensors: the batch is what the data says.
+            batch_sizes = [1]
+            feeds_by_batch = {1: first_call_feeds(compiled, paths["validation"], plan)}
+        else:
+            batch_sizes = benchmark_batch_sizes(compiled.input_specs, settings.batch_sizes)
+            feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
         try:
             speed = bench.run_benchmark(compiled, feeds_by_batch, settings, load_ms=load_ms,
@@ -339,7 +389,11 @@ class TaskRunner:
             profile = {"by_op_type": [], "by_node": [], "error": f"{type(exc).__name__}: {exc}"}
 
         accuracy = None
-        if validation is not None and reference is not None:
+        if by_calls and reference is not None:
+            self._enter(task, cancel, "evaluate", "comparing outputs with the FP32 reference, call by call")
+            accuracy = evaluate_calls(compiled, paths["validation"], plan, reference, task.get("evaluation"),
+                                      check=lambda: self._check(task_id, cancel, "evaluate"))
+        elif validation is not None and reference is not None:
             self._enter(task, cancel, "evaluate", "comparing outputs with the FP32 reference")
             outputs = evaluate_outputs(
                 compiled, validation, check=lambda: self._check(task_id, cancel, "evaluate")

@@ -35,8 +35,13 @@ _ORT_TYPES = {
 }
 
 
+def ort_dtype(type_name: str) -> np.dtype:
+    """The numpy dtype of an onnxruntime type name such as `tensor(int64)`."""
+    return np.dtype(_ORT_TYPES.get(type_name, np.float32))
+
+
 def _spec(node_arg) -> TensorSpec:
-    dtype = np.dtype(_ORT_TYPES.get(node_arg.type, np.float32))
+    dtype = ort_dtype(node_arg.type)
     shape = tuple(dim if isinstance(dim, int) and dim > 0 else None for dim in node_arg.shape)
     return TensorSpec(name=node_arg.name, dtype=dtype, shape=shape)
 

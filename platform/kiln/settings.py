@@ -7,6 +7,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kiln.storage_settings import blob_storage_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BASE_DIR.parent
 
@@ -143,9 +145,22 @@ FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
 WHITENOISE_ROOT = FRONTEND_DIST if FRONTEND_DIST.exists() else None
 WHITENOISE_USE_FINDERS = True
 
-# Blob storage: local filesystem under KILN_DATA_DIR/blobs, content-addressed.
+# Blob storage: content-addressed; a folder under KILN_DATA_DIR/blobs unless S3 is configured (below).
 BLOB_ROOT = Path(os.environ.get("KILN_BLOB_ROOT", DATA_DIR / "blobs")).resolve()
 UPLOAD_TMP_DIR = DATA_DIR / "tmp"
+# S3-compatible storage (AWS S3, MinIO) instead of the folder when KILN_S3_BUCKET is set; agents and
+# browsers then move blobs through short-lived presigned URLs (one object, one method each).
+_BLOB_STORAGE_SETTINGS = blob_storage_settings(os.environ)
+S3_BUCKET = _BLOB_STORAGE_SETTINGS["S3_BUCKET"]
+S3_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_ENDPOINT_URL"]
+# The address agents and browsers reach the storage at, when it differs from the server's (compose: minio:9000 vs localhost:9000).
+S3_PUBLIC_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_PUBLIC_ENDPOINT_URL"]
+S3_PRESIGN_SECONDS = _BLOB_STORAGE_SETTINGS["S3_PRESIGN_SECONDS"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "blobs": _BLOB_STORAGE_SETTINGS["BLOB_STORAGE"],
+}
 MAX_UPLOAD_BYTES = _env_int("KILN_MAX_UPLOAD_BYTES", 4 * 1024**3)
 MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
 MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)

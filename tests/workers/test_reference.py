@@ -57,3 +57,23 @@ def test_dataset_without_the_model_input_fails(digits_path, tmp_path):
     with pytest.raises(InvalidDataset, match="'input'"):
         compute_reference_outputs(digits_path, data, tmp_path / "r.npz")
     assert not (tmp_path / "r.npz").exists()
+
+
+def test_stacked_feeds_keep_int_and_bool_dtypes_and_scalars(tmp_path):
+    from devices.feeds import resolve_plan
+    from tests.fixtures.feeds_models import MIXED_SIGNATURE, mixed_inputs_model
+    from workers.datasets import inspect_dataset
+
+    model = mixed_inputs_model(tmp_path / "mixed.onnx")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 2, 1, 3)).astype(np.float32)
+    n = rng.integers(1, 9, 4).astype(np.int64)
+    mask = rng.integers(0, 2, (4, 1, 3)).astype(bool)
+    data = write_npz(tmp_path / "mixed.npz", x=x, n=n, mask=mask)
+    plan = resolve_plan(inspect_dataset(data), MIXED_SIGNATURE)
+    result = compute_reference_outputs(model, data, tmp_path / "r.npz", plan=plan)
+    assert result["outputs"] == {"scaled": [4, 2, 1, 3], "kept": [4]}
+    with np.load(tmp_path / "r.npz", allow_pickle=False) as written:
+        assert written["kept"].dtype == np.int64
+        np.testing.assert_array_equal(written["kept"], mask.reshape(4, -1).sum(axis=1))
+        np.testing.assert_allclose(written["scaled"], np.where(mask[:, None], x * n[:, None, None, None], 0), rtol=1e-6)

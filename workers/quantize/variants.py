@@ -15,6 +15,7 @@ from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
 from workers.quantize.backends import runnable_backends
+from workers.workdir import working_directory
 
 logger = logging.getLogger(__name__)
 
@@ -308,10 +309,12 @@ def _preprocess(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> 
 
     output = scratch / "preprocessed.onnx"
     try:
-        quant_pre_process(
-            str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
-            external_data_location="preprocessed.onnx.data",
-        )
+        # Its shape inference drops scratch files into the current directory when some shape stays unknown.
+        with working_directory(scratch):
+            quant_pre_process(
+                str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
+                external_data_location="preprocessed.onnx.data",
+            )
     except Exception as error:
         logger.info("quant_pre_process failed on %s: %s", model_path.name, error)
         return model_path, f"skipped: {type(error).__name__}: {error}"

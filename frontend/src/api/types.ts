@@ -145,9 +145,47 @@ export interface Dataset {
   samples: number;
   arrays: Record<string, { dtype: string; shape: Shape }>;
   has_labels: boolean;
+  /** `npz` (named arrays) or `samples` (a zip of one .npz per sample). */
+  format?: 'npz' | 'samples';
+  /** The declared preprocessing that made this dataset from raw images, audio or text (empty for arrays). */
+  recipe?: DatasetRecipe | Record<string, never>;
+  /** The first samples as the recipe made them: thumbnails, waveform envelopes or text with its tokens. */
+  previews?: DatasetPreview[];
   sha256: string;
   size_bytes: number;
   created_at: string;
+}
+
+export interface DatasetRecipe {
+  type: 'image' | 'audio' | 'text';
+  input?: string;
+  inputs?: Record<string, string>;
+  size?: [number, number];
+  resize?: string;
+  color?: string;
+  scale?: number;
+  mean?: number[];
+  std?: number[];
+  layout?: string;
+  dtype?: string;
+  sample_rate?: number;
+  resample?: boolean;
+  length?: number | null;
+  max_length?: number;
+  label_names?: string[];
+  tokenizer_sha256?: string;
+}
+
+export interface DatasetPreview {
+  name: string;
+  thumbnail?: string;
+  seconds?: number;
+  sample_rate?: number;
+  peak?: number;
+  envelope?: number[];
+  text?: string;
+  tokens?: string[];
+  length?: number;
 }
 
 export const PRECISIONS = ['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
@@ -268,6 +306,10 @@ export interface JobCreate {
   targets: (number | string)[];
   tolerance: Tolerance;
   metrics?: DeclaredMetric[];
+  /** Outputs fed to inputs on the next call of a sequence, e.g. {"stateN": "state"}. */
+  state?: Record<string, string>;
+  initial_state?: Record<string, number>;
+  calibration_subset?: { count: number; seed: number; stratify: boolean } | null;
 }
 
 export interface EvaluationPlan {

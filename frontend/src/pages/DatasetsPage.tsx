@@ -1,9 +1,11 @@
-/** Calibration and validation datasets (.npz): upload and list with their arrays. */
+/** Calibration and validation datasets: arrays (.npz, or a zip of one .npz per sample) or raw images,
+ * audio and text through a declared recipe; upload and list with their arrays, recipe and first samples. */
 import { useId, useState } from 'react';
 import { useQueryClient } from '@tanstack/react-query';
 import { keys, PAGE_SIZE, rows, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
 import type { Dataset, DatasetKind } from '../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, StatusBadge } from '../components/common';
+import { DatasetSamples } from '../components/DatasetSamples';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatShape } from '../format';
 import { fileStem } from './ModelsPage';
@@ -22,6 +24,19 @@ export function DatasetArrays({ dataset }: { dataset: Dataset }) {
   );
 }
 
+const RECIPE_EXAMPLE = '{"type": "image", "input": "images", "size": [224, 224], "color": "RGB", "scale": 0.00392, "layout": "NCHW"}';
+
+/** The recipe's type while the user types it (null when empty or not JSON yet). */
+export function recipeKind(text: string): 'image' | 'audio' | 'text' | null {
+  if (!text.trim()) return null;
+  try {
+    const parsed = JSON.parse(text) as { type?: unknown };
+    return parsed.type === 'image' || parsed.type === 'audio' || parsed.type === 'text' ? parsed.type : null;
+  } catch {
+    return null;
+  }
+}
+
 export function DatasetsPage() {
   const [page, setPage] = useState(1);
   const datasets = useDatasets(page);
@@ -32,7 +47,12 @@ export function DatasetsPage() {
   const [kind, setKind] = useState<DatasetKind>('calibration');
   const nameId = useId();
   const kindId = useId();
+  const recipeId = useId();
+  const tokenizerId = useId();
+  const [recipe, setRecipe] = useState('');
+  const [tokenizer, setTokenizer] = useState<File | null>(null);
   const list = rows(datasets.data);
+  const recipeType = recipeKind(recipe);
 
   return (
     <>
@@ -43,8 +63,11 @@ export function DatasetsPage() {
       <section className="card" aria-labelledby="upload-dataset-heading">
         <h2 id="upload-dataset-heading">Upload a dataset</h2>
         <p className="muted small">
-          An <code>.npz</code> with one array per model input (first axis = samples), named like the inputs, and an
-          optional <code>labels</code> array for task accuracy.
+          An <code>.npz</code> with one array per model input, named like the inputs, and an optional{' '}
+          <code>labels</code> array for task accuracy. An array with the input&apos;s rank is batch-first; one more axis
+          stacks the exact tensors fed (scalars, batch not first); two more are sequences of calls. Samples of different
+          shapes go in a <code>.zip</code> of one <code>.npz</code> per sample. Raw data (a <code>.zip</code> of images or
+          WAV files, a <code>.txt</code> of lines) needs a recipe.
         </p>
         <div className="form-row">
           <div className="field">
@@ -70,16 +93,46 @@ export function DatasetsPage() {
             </select>
           </div>
         </div>
+        <div className="field">
+          <label htmlFor={recipeId}>Recipe for raw data (JSON, optional)</label>
+          <textarea
+            id={recipeId}
+            rows={3}
+            value={recipe}
+            placeholder={RECIPE_EXAMPLE}
+            onChange={(event) => setRecipe(event.target.value)}
+            data-testid="dataset-recipe-input"
+          />
+          <p className="muted small">
+            Images: size, resize (stretch or shorter_side_crop), color (RGB, BGR, L), scale, mean, std, layout (NCHW or
+            NHWC), dtype; class folders become labels. Audio: sample_rate, resample, length. Text: max_length, inputs
+            (model input → ids, attention_mask or type_ids) and the model&apos;s tokenizer.json below.
+          </p>
+        </div>
+        {recipeType === 'text' ? (
+          <div className="field">
+            <label htmlFor={tokenizerId}>tokenizer.json</label>
+            <input
+              id={tokenizerId}
+              type="file"
+              accept=".json"
+              onChange={(event) => setTokenizer(event.target.files?.[0] ?? null)}
+              data-testid="dataset-tokenizer-input"
+            />
+          </div>
+        ) : null}
         <UploadZone<Dataset>
           disabled={!canWrite}
-          label="NumPy archive (.npz)"
-          accept={['.npz']}
+          label={recipeType ? (recipeType === 'text' ? 'Lines of text (.txt)' : `Zip of ${recipeType} files (.zip)`) : 'NumPy archive (.npz) or zip of samples (.zip)'}
+          accept={recipeType === 'text' ? ['.txt'] : recipeType ? ['.zip'] : ['.npz', '.zip']}
           testId="dataset-upload"
           buildRequest={(file) => {
             const form = new FormData();
             form.append('name', name.trim() || fileStem(file.name));
             form.append('kind', kind);
             form.append('file', file);
+            if (recipe.trim()) form.append('recipe', recipe.trim());
+            if (recipeType === 'text' && tokenizer) form.append('tokenizer', tokenizer);
             return { path: 'datasets/', form };
           }}
           onUploaded={() => {
@@ -113,6 +166,7 @@ export function DatasetsPage() {
                   <th scope="col">Kind</th>
                   <th scope="col">Samples</th>
                   <th scope="col">Arrays</th>
+                  <th scope="col">Made from</th>
                   <th scope="col">Labels</th>
                   <th scope="col">Size</th>
                   <th scope="col">Uploaded</th>
@@ -131,6 +185,9 @@ export function DatasetsPage() {
                     <td data-testid="dataset-samples">{dataset.samples}</td>
                     <td>
                       <DatasetArrays dataset={dataset} />
+                    </td>
+                    <td>
+                      <DatasetSamples dataset={dataset} />
                     </td>
                     <td>{dataset.has_labels ? 'Yes' : 'No'}</td>
                     <td>{formatBytes(dataset.size_bytes)}</td>

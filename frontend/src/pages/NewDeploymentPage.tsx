@@ -1,6 +1,7 @@
 /** Start a deployment: model version, datasets, precisions, tolerance and target devices. */
 import { useEffect, useId, useMemo, useState, type FormEvent, type ReactNode } from 'react';
 import { Link, useNavigate, useSearchParams } from 'react-router';
+import { DatasetFeedsFields, emptyFeedsForm, feedsToJob, type FeedsForm } from '../components/DatasetFeedsFields';
 import { rows, useAgents, useCanWrite, useCreateJob, useDatasets, useModel, useModels } from '../api/hooks';
 import {
   DECLARED_METRIC_KINDS,
@@ -271,6 +272,7 @@ export function NewDeploymentPage() {
     modelVersion: params.get('version') ? Number(params.get('version')) : null,
   }));
   const [submitted, setSubmitted] = useState(false);
+  const [feeds, setFeeds] = useState<FeedsForm>(emptyFeedsForm);
 
   const models = useModels('', 1, 500);
   const model = useModel(modelId ?? 0);
@@ -330,11 +332,12 @@ export function NewDeploymentPage() {
   const submit = (event: FormEvent) => {
     event.preventDefault();
     setSubmitted(true);
-    if (errorCount > 0) {
+    const fed = feedsToJob(feeds);
+    if (errorCount > 0 || fed.problems.length > 0) {
       document.getElementById(ids.errors)?.focus();
       return;
     }
-    createJob.mutate(toJobCreate(form), { onSuccess: (job) => navigate(`/jobs/${job.id}`) });
+    createJob.mutate({ ...toJobCreate(form), ...fed.fields }, { onSuccess: (job) => navigate(`/jobs/${job.id}`) });
   };
 
   const calibrationSets = splitByCompatibility(datasetList.filter((dataset) => dataset.kind === 'calibration'), version);
@@ -455,6 +458,7 @@ export function NewDeploymentPage() {
               <FieldError id="validationDataset-error" message={errors.validationDataset} />
             </div>
           </div>
+          <DatasetFeedsFields version={version} value={feeds} onChange={setFeeds} hasCalibration={form.calibrationDataset !== null} />
         </section>
 
         <section className="card">

@@ -191,15 +191,16 @@ def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str
     return {"cancel": False, "lease_expires_at": expires}
 
 
-def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, path: Path, filename: str) -> Artifact:
-    """Keep the engine an agent compiled as an artifact of the job."""
+def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, filename: str, path: Path | None = None,
+                               blob_from=None) -> Artifact:
+    """Keep the engine an agent compiled as an artifact of the job: a file here, or the blob `blob_from()` makes once the lease checks out."""
     task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
     if task.status != DeviceTaskStatus.LEASED:
         raise Conflict("The task is no longer leased.", code="not_leased")
     suffix = Path(filename or "").suffix[:16] or ".bin"
     artifact = artifact_store(
         job=task.job, kind=ArtifactKind.COMPILED, name=f"{task.variant.key}-{task.backend}-task{task.id}{suffix}",
-        path=path, precision=task.variant.precision, backend=task.backend,
+        path=path, blob=blob_from() if blob_from else None, precision=task.variant.precision, backend=task.backend,
     )
     DeviceTask.objects.filter(pk=task.pk).update(compiled_artifact=artifact)
     return artifact

@@ -10,9 +10,11 @@ import time
 
 from django.db import transaction
 
+from devices.feeds import needs_calls
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.selectors import blob_file
 from kiln.reports.selectors import device_reports
+from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
 from workers.quantize import NotApplicable, build_variant
 from workers.quantize.cache import variant_cache_key
 from workers.quantize.search import plan_round
@@ -42,12 +44,54 @@ def _target_facts(job) -> tuple[list[str], list[str]]:
     return isa, backends
 
 
+CALIBRATION_CALLS = "calibration-calls.zip"
+
+
+def _calibration_calls_needed(job) -> bool:
+    feeds = job.feeds or {}
+    return bool(job.calibration_dataset_id) and (needs_calls(feeds.get("calibration")) or bool(feeds.get("calibration_subset")))
+
+
+def _write_calibration_calls(job) -> dict:
+    """Choose the calibration samples and write their calls once per job (state values from the FP32 model)."""
+    feeds = job.feeds
+    dataset_path = blob_file(job.calibration_dataset.blob)
+    subset = feeds.get("calibration_subset")
+    chosen = choose_samples(dataset_path, **subset) if subset else None
+    with scratch_dir() as scratch:
+        out = scratch / CALIBRATION_CALLS
+        written = write_calibration_calls(working_model_path(job), dataset_path, feeds["calibration"], out,
+                                          indices=chosen["indices"] if chosen else None)
+        artifact_store(job=job, kind=ArtifactKind.REFERENCE, name=CALIBRATION_CALLS, path=out, precision="fp32")
+    used = {**written, "of": job.calibration_dataset.samples}
+    if chosen:
+        used.update(seed=chosen["seed"], stratified=chosen["stratified"], by_label=chosen["by_label"],
+                    indices=chosen["indices"][:LISTED_INDICES], indices_listed=min(len(chosen["indices"]), LISTED_INDICES))
+    job.feeds = {**feeds, "calibration_used": used}
+    job.save(update_fields=["feeds", "updated_at"])
+    how = f", seed {chosen['seed']}{', stratified by label' if chosen['stratified'] else ''}" if chosen else ""
+    job_event_add(job=job, stage="quantize", message=f"Calibration: {written['samples']} of {used['of']} samples{how}, {written['calls']} calls.")
+    return written
+
+
+def calibration_path(job):
+    """The calibration data the quantizers read: the calls written for this job, else the dataset itself."""
+    if not job.calibration_dataset_id:
+        return None
+    if _calibration_calls_needed(job):
+        artifact = Artifact.objects.filter(job=job, kind=ArtifactKind.REFERENCE, name=CALIBRATION_CALLS).select_related("blob").first()
+        if artifact is None:
+            raise RuntimeError("the calibration calls of this job were not written")
+        return blob_file(artifact.blob)
+    return blob_file(job.calibration_dataset.blob)
+
+
 def _sensitivity(job) -> list[dict] | None:
     """Rank nodes by quantization error once per job; None without calibration data."""
     if "sensitivity" in job.search or not job.calibration_dataset_id:
         return job.search.get("sensitivity")
     try:
-        ranking = rank_nodes(model_path=working_model_path(job), calibration_path=blob_file(job.calibration_dataset.blob))
+        ranking = rank_nodes(model_path=working_model_path(job), calibration_path=calibration_path(job))
     except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
         ranking = []
@@ -87,6 +131,8 @@ def _create_variants(job, planned: list[dict], *, round_number: int) -> list[str
 
 
 def _plan_variants(job) -> str:
+    if _calibration_calls_needed(job):
+        _write_calibration_calls(job)
     if job.precisions == [specs.AUTO]:
         job.search.setdefault("round", 1)
         job.search.setdefault("started_at", time.time())
@@ -112,7 +158,10 @@ def job_quantize(*, job_id: int) -> None:
 def _variant_cache_key(variant: Variant, job: DeploymentJob) -> str:
     model_sha = (job.converted_blob or job.model_version.blob).sha256
     calibration_sha = job.calibration_dataset.blob.sha256 if job.calibration_dataset_id else ""
-    return variant_cache_key(model_sha256=model_sha, precision=variant.precision, options={**variant.options, "_calibration": calibration_sha})
+    # The same file fed another way (layout, state, subset) calibrates differently.
+    feeds = {key: (job.feeds or {}).get(key) for key in ("calibration", "calibration_subset")}
+    return variant_cache_key(model_sha256=model_sha, precision=variant.precision,
+                             options={**variant.options, "_calibration": calibration_sha, "_feeds": feeds})
 
 
 def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
@@ -138,7 +187,7 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
     variant.cache_key = _variant_cache_key(variant, job)
     if _reuse_cached(variant, job):
         return
-    calibration = blob_file(job.calibration_dataset.blob) if job.calibration_dataset_id else None
+    calibration = calibration_path(job)
     with scratch_dir() as scratch:
         out = scratch / f"{variant.key}.onnx"
         built = build_variant(

@@ -7,10 +7,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from devices.contract import LABEL_DECLARATIONS
+from devices.feeds import plan_problems
 from kiln.core.errors import KilnError
 from kiln.fleet.models import Agent
 from kiln.registry.services import blob_create
-from workers.datasets import check_dataset_against_signature
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
@@ -26,7 +26,8 @@ def _initial_stages() -> list[dict]:
     return [{"name": name, "status": "pending", "started_at": None, "finished_at": None, "message": ""} for name in STAGES]
 
 
-def _check_dataset(dataset, *, organization, signature, role: str):
+def _check_dataset(dataset, *, organization, signature, role: str, state: dict, initial_state: dict) -> dict | None:
+    """The dataset's feed plan (devices/feeds.py) for this model, or a 400 saying every way it does not fit."""
     if dataset is None:
         return None
     if dataset.organization_id != organization.id:
@@ -36,14 +37,27 @@ def _check_dataset(dataset, *, organization, signature, role: str):
             f"Dataset {dataset.name!r} was uploaded as a {dataset.kind} set; the {role}_dataset must be a {role} set.",
             code="dataset_kind",
         )
-    problems = check_dataset_against_signature({"samples": dataset.samples, "arrays": dataset.arrays, "has_labels": dataset.has_labels}, signature)
+    info = {"samples": dataset.samples, "arrays": dataset.arrays, "has_labels": dataset.has_labels, "format": dataset.format}
+    plan, problems = plan_problems(info, signature, state=state, initial_state=initial_state)
     if problems:
         raise KilnError(
             f"The {role} dataset {dataset.name!r} does not match the model's inputs: {'; '.join(problems)}",
             code="dataset_mismatch",
             details={"problems": problems},
         )
-    return dataset
+    return plan
+
+
+def _job_feeds(*, signature, calibration_dataset, validation_dataset, organization, state, initial_state, calibration_subset) -> dict:
+    """How each dataset is fed, checked against the model; a state mapping needs a dataset to carry it through."""
+    state, initial_state = specs.parse_state(state, initial_state)
+    if (state or initial_state) and calibration_dataset is None and validation_dataset is None:
+        problems = plan_problems({"arrays": {}}, signature, state=state, initial_state=initial_state)[1]
+        raise KilnError(f"A state mapping needs a dataset of sequences. {'; '.join(problems)}".strip(), code="dataset_required")
+    plans = {role: _check_dataset(dataset, organization=organization, signature=signature, role=role, state=state, initial_state=initial_state)
+             for role, dataset in (("calibration", calibration_dataset), ("validation", validation_dataset))}
+    subset = specs.parse_calibration_subset(calibration_subset, available=calibration_dataset.samples if calibration_dataset else None)
+    return {"state": state, "initial_state": initial_state, **plans, "calibration_subset": subset}
 
 
 def _check_targets(targets: list, *, organization) -> None:
@@ -79,7 +93,8 @@ def _check_label_metrics(declared: list[dict], tolerance: dict, validation_datas
 
 
 def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
-               metrics=None, package=None, rerun_of: DeploymentJob | None = None) -> DeploymentJob:
+               metrics=None, package=None, rerun_of: DeploymentJob | None = None, state=None, initial_state=None,
+               calibration_subset=None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
     parsed_package = specs.parse_package(package)
@@ -87,8 +102,8 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
     parsed_targets = specs.parse_targets(targets)
     signature = model_version.signature
     declared = specs.parse_metrics(metrics, outputs=[output["name"] for output in (signature or {}).get("outputs", [])])
-    _check_dataset(calibration_dataset, organization=organization, signature=signature, role="calibration")
-    _check_dataset(validation_dataset, organization=organization, signature=signature, role="validation")
+    feeds = _job_feeds(signature=signature, calibration_dataset=calibration_dataset, validation_dataset=validation_dataset,
+                       organization=organization, state=state, initial_state=initial_state, calibration_subset=calibration_subset)
     if "int8" in requested and calibration_dataset is None:
         raise KilnError("int8 (static) needs a calibration dataset; add one or use int8-dynamic.", code="calibration_required")
     _check_label_metrics(declared, parsed_tolerance, validation_dataset)
@@ -104,6 +119,7 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             targets=parsed_targets,
             tolerance=parsed_tolerance,
             metrics=declared,
+            feeds=feeds,
             stages=_initial_stages(),
             package=parsed_package,
             toolchain={"host": specs.host_toolchain()},
@@ -121,12 +137,14 @@ def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
         organization=job.organization, user=user, model_version=job.model_version, precisions=job.precisions,
         calibration_dataset=job.calibration_dataset, validation_dataset=job.validation_dataset, targets=job.targets,
         tolerance=job.tolerance, metrics=job.metrics, package=job.package, rerun_of=job,
+        state=(job.feeds or {}).get("state"), initial_state=(job.feeds or {}).get("initial_state"),
+        calibration_subset=(job.feeds or {}).get("calibration_subset"),
     )
 
 
-def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision: str = "", backend: str = "") -> Artifact:
-    """Keep a file as one of the job's artifacts (idempotent by job, kind and name)."""
-    blob = blob_create(organization=job.organization, path=path)
+def artifact_store(*, job: DeploymentJob, kind: str, name: str, path=None, blob=None, precision: str = "", backend: str = "") -> Artifact:
+    """Keep a file (or a blob already stored) as one of the job's artifacts (idempotent by job, kind and name)."""
+    blob = blob or blob_create(organization=job.organization, path=path)
     artifact, _ = Artifact.objects.update_or_create(
         job=job, kind=kind, name=name,
         defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},

@@ -120,3 +120,38 @@ def host_toolchain() -> dict:
         except PackageNotFoundError:
             continue
     return versions
+
+
+MAX_STATE_ENTRIES = 32
+MAX_CALIBRATION_SAMPLES = 100_000
+
+
+def parse_state(state, initial_state) -> tuple[dict[str, str], dict]:
+    """`state` maps an output to the input it feeds on the next call; `initial_state` gives inputs' first values."""
+    state = state or {}
+    initial_state = initial_state or {}
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in state.items()):
+        raise KilnError('state must map output names to input names, e.g. {"stateN": "state"}.', code="invalid_state")
+    if not isinstance(initial_state, dict) or not all(isinstance(k, str) for k in initial_state):
+        raise KilnError('initial_state must map input names to a number or a nested list, e.g. {"state": 0}.', code="invalid_state")
+    if len(state) > MAX_STATE_ENTRIES or len(initial_state) > MAX_STATE_ENTRIES:
+        raise KilnError(f"At most {MAX_STATE_ENTRIES} state entries.", code="invalid_state")
+    return dict(state), dict(initial_state)
+
+
+def parse_calibration_subset(raw, *, available: int | None) -> dict | None:
+    """`{"count": N, "seed": S, "stratify": bool}`: which calibration samples to use (None = all)."""
+    if raw in (None, {}, ""):
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"count", "seed", "stratify"}:
+        raise KilnError('calibration_subset is {"count": N, "seed": S, "stratify": true|false}.', code="invalid_calibration_subset")
+    count, seed = raw.get("count"), raw.get("seed", 0)
+    if type(count) is not int or not 1 <= count <= MAX_CALIBRATION_SAMPLES:
+        raise KilnError(f"calibration_subset.count must be a whole number from 1 to {MAX_CALIBRATION_SAMPLES}.", code="invalid_calibration_subset")
+    if type(seed) is not int or not 0 <= seed < 2**32:
+        raise KilnError("calibration_subset.seed must be a whole number from 0 to 2**32 - 1.", code="invalid_calibration_subset")
+    if available is None:
+        raise KilnError("calibration_subset needs a calibration dataset.", code="invalid_calibration_subset")
+    if count > available:
+        raise KilnError(f"calibration_subset.count is {count} but the calibration dataset has {available} samples.", code="invalid_calibration_subset")
+    return {"count": count, "seed": seed, "stratify": bool(raw.get("stratify", True))}

@@ -108,20 +108,32 @@ def _validation_inputs(job, scratch: Path) -> Path:
     return path
 
 
+def validation_feed_plan(job) -> dict | None:
+    """How the inputs the devices are measured on are fed (the validation set's plan, else the calibration set's)."""
+    feeds = job.feeds or {}
+    if job.validation_dataset_id:
+        return feeds.get("validation")
+    return feeds.get("calibration") if job.calibration_dataset_id else None
+
+
 def _reference(job) -> str:
+    plan = validation_feed_plan(job)
     with scratch_dir() as scratch:
         inputs = _validation_inputs(job, scratch)
         out = scratch / "reference.npz"
-        summary = compute_reference_outputs(source_model_path(job), inputs, out)
+        summary = compute_reference_outputs(source_model_path(job), inputs, out, plan=plan)
         reference = artifact_store(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
         validation_blob = blob_create(organization=job.organization, path=inputs)
         job.evaluation = _evaluation_plan(job, out)
+        if plan:
+            job.evaluation["feeds"] = plan
     job.reference_blob = reference.blob
     job.validation_blob = validation_blob
     job.save(update_fields=["reference_blob", "validation_blob", "evaluation", "updated_at"])
     kinds = ", ".join(f"{entry['name']}: {entry['kind']}{' (primary)' if entry['primary'] else ''}" for entry in job.evaluation["outputs"])
     job_event_add(job=job, stage="reference", message=f"Outputs judged as {kinds}.")
-    return f"FP32 reference outputs on {summary['samples']} samples."
+    calls = f" ({summary['calls']} calls)" if "calls" in summary else ""
+    return f"FP32 reference outputs on {summary['samples']} samples{calls}."
 
 
 def _evaluation_plan(job, reference_path: Path) -> dict:

@@ -73,6 +73,13 @@ class Dataset(models.Model):
     samples = models.IntegerField()
     arrays = models.JSONField(default=dict)
     has_labels = models.BooleanField(default=False)
+    # "npz" (named arrays, row i = sample i) or "samples" (a zip of one .npz per sample).
+    format = models.CharField(max_length=16, default="npz")
+    # Raw data (images, audio, text) becomes `blob` through this declared recipe; `source_blob` keeps
+    # the raw upload and `previews` the first samples as the UI shows them.
+    recipe = models.JSONField(default=dict, blank=True)
+    source_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    previews = models.JSONField(default=list, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -40,14 +40,15 @@ def dataset_get(*, organization, dataset_id: int) -> Dataset:
 
 
 def model_version_onnx_path(version: ModelVersion) -> Path:
-    """The ONNX file of a version on disk (inside its extracted archive for zips)."""
+    """The ONNX file of a version on this host (inside its extracted archive for zips)."""
     if version.source_format == SourceFormat.ONNX_ZIP:
-        return storage.extracted_dir(version.blob.sha256) / version.onnx_member
-    return storage.blob_path(version.blob.sha256)
+        return storage.extracted_model(version.blob.sha256) / version.onnx_member
+    return storage.local_path(version.blob.sha256)
 
 
 def blob_file(blob) -> Path:
-    return storage.blob_path(blob.sha256)
+    """A file on this host holding the blob's bytes (see storage.local_path)."""
+    return storage.local_path(blob.sha256)
 
 
 def upload_get(*, organization, owner: str, upload_id) -> Upload:

@@ -4,21 +4,24 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import tempfile
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
 from devices.contract import OUTPUT_KINDS
+from devices.recipes import RecipeError, parse_recipe
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
-from workers.datasets import InvalidDataset, inspect_npz
+from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
+from workers.raw_datasets import build_raw_dataset
 
 from . import storage, uploads
 from .messages import unreadable_model_message
@@ -30,18 +33,48 @@ MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
 
 
 def blob_create(*, organization, path: Path, sha256: str | None = None, move: bool = False) -> Blob:
-    """Store a file as a content-addressed blob of this organization (idempotent)."""
+    """Store a file as a content-addressed blob of this organization (idempotent).
+
+    Runs in a transaction holding the digest's lock, so a release of the same bytes cannot remove
+    the file between the store and the row (the caller's transaction keeps the lock until it ends).
+    """
     if sha256 is None:
         sha256, size = storage.file_sha256(path)
     else:
         size = Path(path).stat().st_size
-    storage.put_file(Path(path), sha256=sha256, move=move)
-    blob, _ = Blob.objects.get_or_create(
-        organization=organization,
-        sha256=sha256,
-        defaults={"size_bytes": size, "storage_key": f"{sha256[:2]}/{sha256}"},
-    )
+    with transaction.atomic():
+        _lock_digest(sha256)
+        key = storage.put_file(Path(path), sha256=sha256, move=move)
+        blob, _ = Blob.objects.get_or_create(
+            organization=organization, sha256=sha256, defaults={"size_bytes": size, "storage_key": key},
+        )
     return blob
+
+
+def blob_create_staged(*, organization, key: str, sha256: str, size_bytes: int) -> Blob:
+    """A blob of an object uploaded straight to storage through a presigned URL, once its bytes check out."""
+    with transaction.atomic():
+        _lock_digest(sha256)
+        try:
+            storage_key = storage.incoming_commit(key, sha256=sha256, size_bytes=size_bytes, max_bytes=settings.MAX_UPLOAD_BYTES)
+        except storage.IncomingRejected as exc:
+            raise KilnError(f"The upload was refused: {exc}.", code="staged_upload_rejected") from None
+        blob, _ = Blob.objects.get_or_create(
+            organization=organization, sha256=sha256, defaults={"size_bytes": size_bytes, "storage_key": storage_key},
+        )
+    return blob
+
+
+def _lock_digest(sha256: str) -> None:
+    """Serialize, until the current transaction ends, every store and release of one digest's file.
+
+    PostgreSQL: a transaction-scoped advisory lock keyed by the digest. SQLite (the embedded
+    default) needs none: every transaction takes the database's write lock when it begins
+    (settings: transaction_mode IMMEDIATE).
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha256[:15], 16)])
 
 
 def _source_format(filename: str) -> str:
@@ -177,63 +210,176 @@ def _blob_referenced(blob: Blob) -> bool:
 def blob_release(*, blob: Blob) -> bool:
     """Delete a blob row nothing references, and its file once no organization stores those bytes.
 
-    Runs inside the caller's transaction; the files go only after it commits, so a rollback
-    never leaves a row without its file.
+    Runs inside the caller's transaction, holding the digest's lock, so no upload of the same bytes
+    can attach to the row while it goes. The file goes only after the transaction commits (a
+    rollback never leaves a row without its file), under the lock again (see blob_file_release).
     """
-    if _blob_referenced(blob):
+    _lock_digest(blob.sha256)
+    if not Blob.objects.filter(pk=blob.pk).exists() or _blob_referenced(blob):
         return False
     sha256 = blob.sha256
     blob.delete()
+    transaction.on_commit(lambda: blob_file_release(sha256=sha256))
+    return True
 
-    def remove_files() -> None:
-        if not Blob.objects.filter(sha256=sha256).exists():
-            storage.delete_file(sha256)
 
-    transaction.on_commit(remove_files)
+def blob_file_release(*, sha256: str) -> bool:
+    """Remove a digest's stored file when no blob row of any organization names it any more."""
+    with transaction.atomic():
+        _lock_digest(sha256)
+        if Blob.objects.filter(sha256=sha256).exists():
+            return False
+        storage.delete_file(sha256)
     return True
 
 
 def model_delete(*, model: Model) -> None:
-    if DeploymentJob.objects.filter(model_version__model=model).exists():
-        raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+    """Delete a model, its versions, and the blobs nothing else references."""
     with transaction.atomic():
+        Model.objects.select_for_update().filter(pk=model.pk).first()
+        if DeploymentJob.objects.filter(model_version__model=model).exists():
+            raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
         blobs = [version.blob for version in model.versions.select_related("blob")]
         model.delete()
         for blob in blobs:
             blob_release(blob=blob)
 
 
-def dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+def model_version_delete(*, version: ModelVersion) -> None:
+    """Delete one version of a model and release its blob; the model keeps at least one version."""
+    with transaction.atomic():
+        Model.objects.select_for_update().filter(pk=version.model_id).first()
+        if DeploymentJob.objects.filter(model_version=version).exists():
+            raise KilnError("This version has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+        if not ModelVersion.objects.filter(model_id=version.model_id).exclude(pk=version.pk).exists():
+            raise KilnError("This is the model's only version; delete the model instead.", code="last_version", status_code=409)
+        blob = version.blob
+        version.delete()
+        blob_release(blob=blob)
+
+
+MAX_TOKENIZER_BYTES = 64 * 1024**2
+
+
+def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=None, tokenizer=None) -> Dataset:
+    """A dataset from an `.npz` of arrays or a zip of per-sample `.npz` files, or from raw data
+    (images, WAV files, lines of text) through a declared recipe."""
     if kind not in DatasetKind.values:
         raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
+    if recipe not in (None, "", {}):
+        return _raw_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload, recipe=recipe, tokenizer=tokenizer)
     filename = Path(upload.name or "").name
-    if Path(filename).suffix.lower() != ".npz":
-        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples).", code="unsupported_format")
+    suffix = Path(filename).suffix.lower()
+    if suffix in HDF5_SUFFIXES:
+        return _hdf5_dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload)
+    if suffix not in (".npz", ".zip"):
+        raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), a .zip of one .npz per sample, "
+                        "or an HDF5 file of one group per sample.", code="unsupported_format")
     upload_path = Path(upload.temporary_file_path())
     try:
-        info = inspect_npz(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
     except InvalidDataset as exc:
         raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
-    blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
-    return Dataset.objects.create(
-        organization=organization,
-        name=((name or "").strip() or Path(upload.name).stem)[:200],
-        kind=kind,
-        blob=blob,
-        samples=info["samples"],
-        arrays=info["arrays"],
-        has_labels=info["has_labels"],
-        created_by=user,
-    )
+    with transaction.atomic():
+        blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+        return Dataset.objects.create(
+            organization=organization,
+            name=((name or "").strip() or Path(upload.name).stem)[:200],
+            kind=kind,
+            blob=blob,
+            samples=info["samples"],
+            arrays=info["arrays"],
+            has_labels=info["has_labels"],
+            format=info["format"],
+            created_by=user,
+        )
+
+
+RAW_SUFFIXES = {"image": (".zip",), "audio": (".zip",), "text": (".txt",)}
+HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+def _hdf5_dataset_create(*, organization, user, name: str, kind: str, upload) -> Dataset:
+    """An HDF5 file of one group per sample, kept as uploaded and stored as a zip of one .npz per sample."""
+    filename = Path(upload.name or "").name
+    upload_path = Path(upload.temporary_file_path())
+    with tempfile.TemporaryDirectory(prefix="kiln-h5-") as scratch:
+        samples = Path(scratch) / "samples.zip"
+        try:
+            hdf5_to_samples(upload_path, samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+            info = inspect_dataset(samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
+        except InvalidDataset as exc:
+            raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from None
+        with transaction.atomic():
+            return Dataset.objects.create(
+                organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
+                blob=blob_create(organization=organization, path=samples),
+                source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
+                samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"], created_by=user,
+            )
+
+
+def _tokenizer_text(tokenizer) -> str | None:
+    if tokenizer is None:
+        return None
+    if tokenizer.size > MAX_TOKENIZER_BYTES:
+        raise KilnError(f"tokenizer.json is over {MAX_TOKENIZER_BYTES // 1024**2} MB.", code="invalid_recipe")
+    try:
+        return tokenizer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise KilnError("tokenizer.json is not UTF-8 text.", code="invalid_recipe") from None
+
+
+def _raw_dataset_create(*, organization, user, name: str, kind: str, upload, recipe, tokenizer) -> Dataset:
+    """Prepare every raw sample by the recipe before anything is stored: one bad sample refuses the whole upload."""
+    try:
+        parsed = parse_recipe(recipe)
+    except RecipeError as exc:
+        raise KilnError(f"The recipe is not valid: {exc}.", code="invalid_recipe") from None
+    filename = Path(upload.name or "").name
+    if Path(filename).suffix.lower() not in RAW_SUFFIXES[parsed["type"]]:
+        wanted = " or ".join(RAW_SUFFIXES[parsed["type"]])
+        raise KilnError(f"A {parsed['type']} recipe reads a {wanted} file, not {filename!r}.", code="unsupported_format")
+    tokenizer_json = _tokenizer_text(tokenizer)
+    upload_path = Path(upload.temporary_file_path())
+    with tempfile.TemporaryDirectory(prefix="kiln-raw-") as scratch:
+        prepared = Path(scratch) / "prepared.npz"
+        try:
+            info = build_raw_dataset(upload_path, parsed, prepared, display_name=filename, tokenizer_json=tokenizer_json,
+                                     max_bytes=settings.MAX_DATASET_BYTES)
+        except RecipeError as exc:
+            raise KilnError(f"{filename}: {redact_server_paths(str(exc), {upload_path: filename})}", code="invalid_dataset") from None
+        with transaction.atomic():
+            if tokenizer_json is not None:
+                tokenizer_path = Path(scratch) / "tokenizer.json"
+                tokenizer_path.write_text(tokenizer_json, encoding="utf-8")
+                parsed["tokenizer_sha256"] = blob_create(organization=organization, path=tokenizer_path).sha256
+            if info["label_names"]:
+                parsed["label_names"] = info["label_names"]
+            return Dataset.objects.create(
+                organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
+                blob=blob_create(organization=organization, path=prepared),
+                source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
+                samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"],
+                recipe=parsed, previews=info["previews"], created_by=user,
+            )
 
 
 def dataset_delete(*, dataset: Dataset) -> None:
-    if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
-        raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
+    """Delete a dataset and release its blob when nothing else references it."""
     with transaction.atomic():
-        blob = dataset.blob
+        Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
+        if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
+            raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
+        blobs = [dataset.blob, dataset.source_blob]
+        tokenizer_sha256 = (dataset.recipe or {}).get("tokenizer_sha256")
         dataset.delete()
-        blob_release(blob=blob)
+        # A tokenizer is referenced from recipes, not by a key: it goes when no recipe names it.
+        if tokenizer_sha256 and not Dataset.objects.filter(organization=dataset.organization, recipe__tokenizer_sha256=tokenizer_sha256).exists():
+            blobs.append(Blob.objects.filter(organization=dataset.organization, sha256=tokenizer_sha256).first())
+        for blob in blobs:
+            if blob is not None:
+                blob_release(blob=blob)
 
 
 # -- resumable uploads -----------------------------------------------------------------------
@@ -290,8 +436,9 @@ def _upload_finish(upload: Upload, path: Path) -> None:
             f"The assembled file's sha256 is {sha256}, not the {upload.expected_sha256} announced; the upload was discarded.",
             code="digest_mismatch",
         )
-    upload.blob = blob_create(organization=upload.organization, path=path, sha256=sha256, move=True)
-    upload.save(update_fields=["blob", "updated_at"])
+    with transaction.atomic():
+        upload.blob = blob_create(organization=upload.organization, path=path, sha256=sha256, move=True)
+        upload.save(update_fields=["blob", "updated_at"])
 
 
 def upload_delete(*, upload: Upload) -> None:
@@ -310,7 +457,7 @@ def upload_consume(*, upload: Upload) -> uploads.StoredUpload:
     """Hand a finished upload to a service that makes a model, version, dataset or artifact of it (once)."""
     if not upload.complete:
         raise Conflict(f"The upload has {upload.offset} of {upload.length} bytes; finish it first.", code="upload_incomplete")
-    stored = uploads.StoredUpload(name=upload.filename, path=storage.blob_path(upload.blob.sha256), sha256=upload.blob.sha256, blob=upload.blob)
+    stored = uploads.StoredUpload(name=upload.filename, path=storage.local_path(upload.blob.sha256), sha256=upload.blob.sha256, blob=upload.blob)
     upload.delete()
     return stored
 

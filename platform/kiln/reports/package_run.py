@@ -5,8 +5,13 @@
     python run.py inputs.npz --public-key kiln.pem # pin the server's key (kiln packages signing key)
     KILN_PACKAGE_KEY=... python run.py inputs.npz  # an encrypted package: the organization's key
 
-The inputs are an .npz with one array per model input (first axis = samples), as uploaded to Kiln.
-Needs numpy, cryptography, and onnxruntime or openvino. Exit code 2: the package failed verification.
+    python run.py photos.zip --save-outputs out.npz # raw files through the job's recipe; every sample's outputs
+
+The inputs are an .npz with one array per model input (first axis = samples), as uploaded to Kiln,
+or, when the job's dataset was raw data with a recipe, the same kind of raw files (a .zip of
+images or WAV files, a .txt of lines): `kiln_recipe.py` prepares them exactly as Kiln did.
+Needs numpy, cryptography, and onnxruntime or openvino (plus Pillow, soundfile or tokenizers for
+raw input). Exit code 2: the package failed verification.
 """
 import argparse
 import base64
@@ -100,9 +105,56 @@ def load(root: Path, manifest: dict, key: bytes | None, backend: str):
     return [i.name for i in session.get_inputs()], lambda feeds: session.run(None, feeds)
 
 
+def _ordered(outputs, names: list[str]) -> list:
+    """Outputs in the signature's order, whether the runtime returned a list or a mapping by port."""
+    if isinstance(outputs, list | tuple):
+        return list(outputs)
+    by_name = {(port.get_any_name() if hasattr(port, "get_any_name") else port): value for port, value in outputs.items()}
+    return [by_name[name] for name in names]
+
+
+def iter_samples(path: str, manifest: dict, names: list[str]):
+    """Each sample's feeds (batch of one): rows of an .npz, or raw files prepared by the package's recipe."""
+    if path.lower().endswith(".npz"):
+        with np.load(path, allow_pickle=False) as data:
+            for index in range(len(data[names[0]])):
+                yield {name: data[name][index : index + 1] for name in names}
+        return
+    recipe = manifest.get("recipe")
+    if not recipe:
+        raise SystemExit("This package has no recipe for raw input: pass an .npz of input arrays.")
+    sys.path.insert(0, str(HERE))
+    import kiln_recipe
+
+    if recipe["type"] == "text":
+        tokenizer = kiln_recipe.load_tokenizer((HERE / "tokenizer.json").read_text(encoding="utf-8"), recipe)
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    yield {name: value[None] for name, value in kiln_recipe.prepare_text(line.rstrip("\n"), recipe, tokenizer).items()}
+        return
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        for member in kiln_recipe.raw_members(archive.namelist(), recipe):
+            yield {name: value[None] for name, value in kiln_recipe.prepare_file(member, archive.read(member), recipe).items()}
+
+
+def save_outputs(run, samples, path: str, output_names: list[str]) -> int:
+    """Run every sample and write the outputs by name, samples on the first axis (as Kiln's reference)."""
+    collected = {name: [] for name in output_names}
+    for feeds in samples:
+        for name, value in zip(output_names, run(feeds)):
+            value = np.asarray(value)
+            collected[name].append(value if value.ndim and value.shape[0] == 1 else value[None])
+    np.savez(path, **{name: np.concatenate(parts) for name, parts in collected.items()})
+    return len(next(iter(collected.values())))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("inputs", nargs="?", help=".npz of input arrays, first axis = samples")
+    parser.add_argument("inputs", nargs="?", help=".npz of input arrays (first axis = samples), or raw files the package's recipe reads")
+    parser.add_argument("--save-outputs", help="run every sample and write the outputs, by output name, to this .npz")
     parser.add_argument("--verify-only", action="store_true")
     parser.add_argument("--public-key", help="PEM of the server's signing key to trust (default: the one in the package)")
     parser.add_argument("--key", default=os.environ.get("KILN_PACKAGE_KEY"), help="base64 key of an encrypted package")
@@ -121,8 +173,12 @@ def main() -> int:
         parser.error("inputs is required unless --verify-only")
     key = base64.b64decode(args.key) if args.key else None
     names, run = load(HERE, manifest, key, args.backend or manifest["backend"])
-    with np.load(args.inputs, allow_pickle=False) as data:
-        feeds = {name: data[name][:1] for name in names}
+    if args.save_outputs:
+        output_names = [output["name"] for output in manifest["signature"]["outputs"]]
+        count = save_outputs(lambda feeds: _ordered(run(feeds), output_names), iter_samples(args.inputs, manifest, names), args.save_outputs, output_names)
+        print(f"outputs of {count} samples written to {args.save_outputs}")
+        return 0
+    feeds = next(iter_samples(args.inputs, manifest, names))
     for _ in range(10):
         run(feeds)
     times = []

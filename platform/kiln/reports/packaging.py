@@ -14,14 +14,25 @@ import re
 import zipfile
 from pathlib import Path
 
+from devices import recipes
 from kiln.pipeline.models import Artifact
+from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
 
 from . import signing
 
 RUN_SCRIPT_PATH = Path(__file__).with_name("package_run.py")
+RECIPE_SCRIPT_PATH = Path(recipes.__file__)
 FORMAT = "kiln-package/1"
 ZIP64_FROM_BYTES = 1 << 31
+
+
+def dataset_recipe(job) -> dict:
+    """The recipe that made the job's validation data from raw files (else its calibration data's), if any."""
+    for dataset in (job.validation_dataset, job.calibration_dataset):
+        if dataset is not None and dataset.recipe:
+            return dataset.recipe
+    return {}
 
 
 def package_name(target: str) -> str:
@@ -61,6 +72,8 @@ def _readme(job, device: dict, chosen: dict) -> str:
         "- `report.json`: every variant measured on this device.",
         "- `manifest.json`, `manifest.sig`, `signing-key.pem`: every file's sha256 and the toolchain, signed by the Kiln server.",
         "- `run.py`: `python run.py your-inputs.npz` verifies the package, then times the model here",
+        *(["- `kiln_recipe.py`: the preprocessing recipe of the job's data; `run.py` reads raw files through it",
+           "  (`python run.py photos.zip --save-outputs outputs.npz`)."] if dataset_recipe(job) else []),
         "  (`--verify-only` only checks; `--public-key` pins the server's key from `kiln packages signing-key`).",
         *(["", "The model files are encrypted (`.enc`, AES-256-GCM). Set `KILN_PACKAGE_KEY` to your organization's key",
            "(`kiln packages key`); `run.py` decrypts them in memory only."] if (job.package or {}).get("encrypt") else []),
@@ -118,6 +131,7 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
                       "device": {"agent_version": capabilities.get("agent_version"), "runtimes": capabilities.get("runtimes") or {}}},
         "signature": version.signature,
         "preprocessing": (job.package or {}).get("preprocessing"),
+        "recipe": dataset_recipe(job) or None,
         "postprocessing": (job.package or {}).get("postprocessing"),
         "encryption": {"algorithm": "AES-256-GCM", "key": "organization", "key_id": key_id, "associated_data": "original_path"} if key_id else None,
         "signing_key_fingerprint": signing.public_key_fingerprint(),
@@ -138,6 +152,13 @@ def build_device_package(*, job, device: dict, out_path: Path) -> bool:
         if compiled and compiled["id"] != variant_artifact.id:
             compiled_artifact = Artifact.objects.select_related("blob").get(pk=compiled["id"])
             files.append(_add_file(archive, blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}", role="compiled", key=key))
+        recipe = dataset_recipe(job)
+        if recipe:
+            # The package prepares raw input with the very code that made the dataset it was measured on.
+            files.append(_add_text(archive, "kiln_recipe.py", RECIPE_SCRIPT_PATH.read_text(), role="script"))
+            if recipe.get("tokenizer_sha256"):
+                tokenizer = Blob.objects.get(organization=job.organization, sha256=recipe["tokenizer_sha256"])
+                files.append(_add_file(archive, blob_file(tokenizer), "tokenizer.json", role="tokenizer", key=None))
         files += [
             _add_text(archive, "report.json", json.dumps({"job": job.id, "tolerance": job.tolerance, **device}, indent=2, default=str), role="report"),
             _add_text(archive, "run.py", RUN_SCRIPT_PATH.read_text(), role="script"),

@@ -210,11 +210,20 @@ def job_report(*, job) -> dict:
         "tolerance": job.tolerance,
         "metrics": job.metrics,
         "evaluation": job.evaluation,
+        "datasets": _datasets_summary(job),
         "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
         "devices": devices,
         "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},
         "rerun": rerun_differences(job=job) if job.rerun_of_id else None,
     }
+
+
+def _datasets_summary(job) -> dict:
+    """How the job's data was fed (layout, state carried) and which calibration samples were used."""
+    feeds = job.feeds or {}
+    plans = {role: {"mode": plan["mode"], "format": plan["format"]} for role in ("calibration", "validation") if (plan := feeds.get(role))}
+    return {**plans, "state": feeds.get("state") or {}, "calibration_subset": feeds.get("calibration_subset"),
+            "calibration_used": feeds.get("calibration_used")}
 
 
 # -- the performance database ----------------------------------------------------------------

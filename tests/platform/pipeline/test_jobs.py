@@ -247,3 +247,44 @@ def test_the_evaluation_plan_follows_the_model_and_the_declared_metrics(tenant, 
         from kiln.fleet.api.agent_views import task_payload
 
         assert task_payload(task)["evaluation"] == job["evaluation"]
+
+
+@pytest.mark.parametrize(
+    "override, code, fragment",
+    [
+        ({"state": {"nope": "input"}}, "dataset_mismatch", "names output 'nope', which the model does not have"),
+        ({"state": ["stateN"]}, "invalid_state", "state must map output names"),
+        ({"calibration_subset": {"count": 10**6}}, "invalid_calibration_subset", "count"),
+        ({"calibration_subset": {"count": 5, "seed": -1}}, "invalid_calibration_subset", "seed"),
+        ({"calibration_subset": {"count": 5, "colour": "red"}}, "invalid_calibration_subset", "calibration_subset is"),
+    ],
+)
+def test_bad_state_mappings_and_subsets_are_400_and_store_nothing(tenant, uploaded, override, code, fragment):
+    response = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=uploaded["calibration"],
+                          validation_dataset=uploaded["validation"], **override)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code and fragment in response.json()["error"], response.json()
+    assert DeploymentJob.objects.count() == 0
+
+
+def test_state_mapping_without_data_is_400(tenant, uploaded):
+    response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"], state={"logits": "input"})
+    assert response.status_code == 400 and response.json()["code"] == "dataset_required", response.content
+
+
+def test_calibration_subset_by_count_and_seed_is_stratified_and_reported(tenant, uploaded, model_files, django_capture_on_commit_callbacks):
+    labelled = upload(tenant.client, "/api/v1/datasets/", model_files["validation"], kind="calibration").json()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32", "int8"], calibration_dataset=labelled["id"],
+                              validation_dataset=uploaded["validation"], calibration_subset={"count": 40, "seed": 3})
+    assert response.status_code == 201, response.content
+    job = DeploymentJob.objects.get(pk=response.json()["id"])
+    used = job.feeds["calibration_used"]
+    assert used["samples"] == used["calls"] == 40 and used["seed"] == 3 and used["stratified"]
+    labels = np.load(model_files["validation"])["labels"]
+    shares = np.bincount(labels, minlength=10) * 40 / len(labels)
+    assert all(abs(used["by_label"].get(str(label), 0) - share) < 1 for label, share in enumerate(shares))
+    assert [labels[i] for i in used["indices"]].count(0) == used["by_label"].get("0", 0)
+    assert Variant.objects.get(job=job, key="int8").recipe["samples"] == 40
+    report = tenant.client.get(f"/api/v1/jobs/{job.id}/report/").json()
+    assert report["datasets"]["calibration_used"]["by_label"] == used["by_label"]

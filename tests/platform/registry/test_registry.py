@@ -216,7 +216,7 @@ def test_dataset_must_be_npz(tenant, tmp_path):
 
 def test_blob_paths_refuse_non_digests():
     with pytest.raises(ValueError):
-        storage.blob_path("../../etc/passwd")
+        storage.blob_key("../../etc/passwd")
 
 
 def test_browser_session_upload_works_with_csrf(model_files, db):
@@ -248,7 +248,8 @@ def test_a_damaged_stored_copy_is_replaced_by_the_next_upload_of_those_bytes(set
     source = tmp_path / "model.bin"
     source.write_bytes(b"weights" * 1000)
     sha, _ = storage.file_sha256(source)
-    stored = storage.put_file(source, sha256=sha)
+    storage.put_file(source, sha256=sha)
+    stored = storage.local_path(sha)
     stored.write_bytes(b"bit rot" + stored.read_bytes()[7:])
     storage.put_file(source, sha256=sha)
     assert storage.file_sha256(stored)[0] == sha

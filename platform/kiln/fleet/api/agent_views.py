@@ -20,12 +20,13 @@ from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
-from kiln.registry.selectors import blob_file, upload_get
+from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
 
-from .. import services
+from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
 from .serializers import (
+    ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
     HeartbeatSerializer,
     LeaseSerializer,
@@ -194,6 +195,17 @@ class AgentUploadDetailView(AgentUploadActorMixin, UploadDetailView):
     pass
 
 
+class ArtifactUploadView(AgentView):
+    """Where an agent sends an engine: a presigned PUT with S3 (the server never receives the bytes), else the resumable uploads."""
+
+    @extend_schema(request=ArtifactUploadPlanSerializer, responses={200: dict})
+    def post(self, request, task_id: int):
+        data = ArtifactUploadPlanSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        plan = artifact_uploads.device_task_artifact_upload_plan(agent=self.agent, task_id=task_id, **data.validated_data)
+        return Response(plan)
+
+
 class ArtifactView(AgentView):
     parser_classes = [MultiPartParser, BoundedJSONParser]
 
@@ -202,6 +214,11 @@ class ArtifactView(AgentView):
         data = ArtifactUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
+        if "staged" in values:
+            artifact = artifact_uploads.device_task_store_staged_artifact(
+                agent=self.agent, task_id=task_id, attempt=values["attempt"], staged=values["staged"], filename=values.get("filename") or "",
+            )
+            return Response({"sha256": artifact.blob.sha256, "artifact": artifact.id}, status=status.HTTP_201_CREATED)
         if "upload" in values:
             stored = upload_get(organization=self.agent.organization, owner=f"agent:{self.agent.id}", upload_id=values["upload"])
             upload = upload_consume(upload=stored)
@@ -249,4 +266,4 @@ class TaskFileView(AgentView):
         blob = {"model": task.variant.artifact.blob if task.variant.artifact else None, "validation": task.job.validation_blob, "reference": task.job.reference_blob}[name]
         if blob is None:
             raise KilnError("Not found.", code="not_found", status_code=404)
-        return download_response(blob_file(blob), f"task{task.id}-{name}{'.onnx' if name == 'model' else '.npz'}")
+        return download_response(blob, f"task{task.id}-{name}{'.onnx' if name == 'model' else '.npz'}")

@@ -2,6 +2,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from kiln.core.fields import id_field
+from kiln.reports.selectors import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
 
@@ -48,13 +49,11 @@ class JobListSerializer(serializers.ModelSerializer):
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
-            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds",
             "outcome",
         ]
 
     def get_outcome(self, job) -> list[dict]:
-        from kiln.reports.selectors import job_outcome
-
         return job_outcome(job=job)
 
     def get_model(self, job) -> dict:
@@ -80,6 +79,10 @@ class JobCreateSerializer(serializers.Serializer):
     tolerance = serializers.JSONField(required=False, default=dict)
     package = serializers.JSONField(required=False, default=dict)
     metrics = serializers.JSONField(required=False, default=list)
+    state = serializers.JSONField(required=False, default=dict, help_text='Outputs that feed inputs on the next call, e.g. {"stateN": "state"}.')
+    initial_state = serializers.JSONField(required=False, default=dict, help_text="First value of each state input: a number or a nested list (default 0).")
+    calibration_subset = serializers.JSONField(required=False, default=None, allow_null=True,
+                                               help_text='Calibrate on {"count": N, "seed": S, "stratify": true} samples (stratified by label when labels exist).')
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.registry.api.views import download_response
-from kiln.registry.selectors import blob_file, dataset_get, model_version_get
+from kiln.registry.selectors import dataset_get, model_version_get
 
 from .. import selectors, services
 from .serializers import ArtifactSerializer, JobCreateSerializer, JobListSerializer, JobSerializer
@@ -42,6 +42,9 @@ class JobListView(generics.ListAPIView):
             tolerance=values["tolerance"],
             package=values["package"],
             metrics=values["metrics"],
+            state=values["state"],
+            initial_state=values["initial_state"],
+            calibration_subset=values["calibration_subset"],
         )
         return Response(JobSerializer(selectors.job_get(organization=organization, job_id=job.id)).data, status=status.HTTP_201_CREATED)
 
@@ -77,7 +80,7 @@ class ArtifactDownloadView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, pk: int):
         artifact = selectors.artifact_get(organization=request.organization, artifact_id=pk)
-        return download_response(blob_file(artifact.blob), artifact.name)
+        return download_response(artifact.blob, artifact.name)
 
 
 STREAM_POLL_SECONDS = 1.0

@@ -77,12 +77,15 @@ class DatasetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Dataset
-        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "sha256", "size_bytes", "created_at"]
+        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "format", "recipe", "previews", "sha256", "size_bytes", "created_at"]
 
 
 class DatasetUploadSerializer(FileOrUploadSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     kind = serializers.ChoiceField(choices=["calibration", "validation"])
+    recipe = serializers.CharField(max_length=20_000, required=False, allow_blank=True,
+                                   help_text="JSON preprocessing recipe that turns raw images, WAV files or text lines into the model's inputs.")
+    tokenizer = serializers.FileField(required=False, help_text="The model's tokenizer.json, for a text recipe.")
 
 
 class OutputKindsSerializer(serializers.Serializer):

@@ -1,0 +1,247 @@
+"""Declared preprocessing: how one raw file (an image, a WAV, a line of text) becomes the tensors a
+model input takes.
+
+The same code runs when Kiln turns an upload into a dataset and in a deployment package's
+`run.py` (this file is copied into every package whose job used a recipe), so the accuracy Kiln
+measured is the accuracy of what the package does with raw input. Only numpy is imported here;
+Pillow, soundfile and tokenizers are imported when a recipe needs them.
+
+Recipes (JSON):
+
+    {"type": "image", "input": "images", "size": [320, 320], "resize": "stretch" | "shorter_side_crop",
+     "color": "RGB" | "BGR" | "L", "scale": 0.00392156862745098, "mean": [0, 0, 0], "std": [1, 1, 1],
+     "layout": "NCHW" | "NHWC", "dtype": "float32"}
+    {"type": "audio", "input": "input", "sample_rate": 16000, "resample": false, "length": 16000, "dtype": "float32"}
+    {"type": "text", "inputs": {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"},
+     "max_length": 64, "dtype": "int64"}
+
+Each sample's tensors carry no batch axis; a dataset stacks them batch-first.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+AUDIO_SUFFIXES = (".wav",)
+TYPES = ("image", "audio", "text")
+MAX_IMAGE_SIDE = 4096
+MAX_AUDIO_SECONDS = 600
+MAX_TEXT_LENGTH = 8192
+TEXT_FIELDS = ("ids", "attention_mask", "type_ids")
+NUMERIC_DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "int8")
+
+
+class RecipeError(ValueError):
+    """The recipe is malformed, or one raw sample cannot be prepared by it; the message says which."""
+
+
+# -- checking a recipe --------------------------------------------------------------------------
+
+def parse_recipe(raw: Any) -> dict[str, Any]:
+    """The recipe with its defaults filled in; RecipeError says what is wrong."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise RecipeError(f"the recipe is not JSON: {error}") from None
+    if not isinstance(raw, dict) or raw.get("type") not in TYPES:
+        raise RecipeError(f"a recipe is an object whose type is one of {', '.join(TYPES)}")
+    parser = {"image": _image_recipe, "audio": _audio_recipe, "text": _text_recipe}[raw["type"]]
+    recipe = parser(raw)
+    unknown = sorted(set(raw) - set(recipe))
+    if unknown:
+        raise RecipeError(f"unknown recipe field(s) for {raw['type']}: {', '.join(unknown)}")
+    return recipe
+
+
+def _name(raw: dict, key: str, default: str) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise RecipeError(f"{key} must be a model input name")
+    return value
+
+
+def _dtype(raw: dict, default: str) -> str:
+    value = raw.get("dtype", default)
+    if value not in NUMERIC_DTYPES:
+        raise RecipeError(f"dtype must be one of {', '.join(NUMERIC_DTYPES)}")
+    return value
+
+
+def _numbers(raw: dict, key: str, default: list[float], count: int) -> list[float]:
+    value = raw.get(key, default)
+    if isinstance(value, int | float):
+        value = [value] * count
+    if (not isinstance(value, list) or len(value) != count
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+        raise RecipeError(f"{key} must be {count} number(s), one per channel")
+    return [float(v) for v in value]
+
+
+def _image_recipe(raw: dict) -> dict[str, Any]:
+    size = raw.get("size")
+    if (not isinstance(size, list) or len(size) != 2
+            or not all(type(v) is int and 1 <= v <= MAX_IMAGE_SIDE for v in size)):
+        raise RecipeError(f"size must be [height, width], each 1..{MAX_IMAGE_SIDE}")
+    color = raw.get("color", "RGB")
+    if color not in ("RGB", "BGR", "L"):
+        raise RecipeError("color must be RGB, BGR or L (grayscale)")
+    channels = 1 if color == "L" else 3
+    resize = raw.get("resize", "stretch")
+    if resize not in ("stretch", "shorter_side_crop"):
+        raise RecipeError("resize must be stretch or shorter_side_crop")
+    layout = raw.get("layout", "NCHW")
+    if layout not in ("NCHW", "NHWC"):
+        raise RecipeError("layout must be NCHW or NHWC")
+    scale = raw.get("scale", 1 / 255)
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise RecipeError("scale must be a number")
+    std = _numbers(raw, "std", [1.0] * channels, channels)
+    if any(value == 0 for value in std):
+        raise RecipeError("std must not be zero")
+    return {"type": "image", "input": _name(raw, "input", "images"), "size": size, "resize": resize, "color": color,
+            "scale": float(scale), "mean": _numbers(raw, "mean", [0.0] * channels, channels), "std": std,
+            "layout": layout, "dtype": _dtype(raw, "float32")}
+
+
+def _audio_recipe(raw: dict) -> dict[str, Any]:
+    rate = raw.get("sample_rate")
+    if type(rate) is not int or not 1000 <= rate <= 192000:
+        raise RecipeError("sample_rate must be a whole number of Hz from 1000 to 192000")
+    length = raw.get("length")
+    if length is not None and (type(length) is not int or not 1 <= length <= rate * MAX_AUDIO_SECONDS):
+        raise RecipeError(f"length must be a number of samples, at most {MAX_AUDIO_SECONDS} s")
+    if not isinstance(raw.get("resample", False), bool):
+        raise RecipeError("resample must be true or false")
+    return {"type": "audio", "input": _name(raw, "input", "input"), "sample_rate": rate, "resample": raw.get("resample", False),
+            "length": length, "dtype": _dtype(raw, "float32")}
+
+
+def _text_recipe(raw: dict) -> dict[str, Any]:
+    inputs = raw.get("inputs", {"input_ids": "ids", "attention_mask": "attention_mask"})
+    if (not isinstance(inputs, dict) or not inputs
+            or not all(isinstance(k, str) and k and v in TEXT_FIELDS for k, v in inputs.items())):
+        raise RecipeError(f"inputs must map model input names to one of {', '.join(TEXT_FIELDS)}")
+    length = raw.get("max_length")
+    if type(length) is not int or not 1 <= length <= MAX_TEXT_LENGTH:
+        raise RecipeError(f"max_length must be a whole number of tokens, 1..{MAX_TEXT_LENGTH}")
+    return {"type": "text", "inputs": dict(inputs), "max_length": length, "dtype": _dtype(raw, "int64")}
+
+
+def recipe_inputs(recipe: dict[str, Any]) -> list[str]:
+    """The model inputs a recipe makes."""
+    return list(recipe["inputs"]) if recipe["type"] == "text" else [recipe["input"]]
+
+
+# -- preparing one sample -----------------------------------------------------------------------
+
+def prepare_image(data: bytes, recipe: dict[str, Any]) -> np.ndarray:
+    """One image file's bytes as the input tensor (no batch axis)."""
+    return normalize_image(decode_image(data, recipe), recipe)
+
+
+def decode_image(data: bytes, recipe: dict[str, Any]):
+    """The image resized and cropped to the recipe's size, in its colour mode (a Pillow image)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            if max(opened.size) > 4 * MAX_IMAGE_SIDE:
+                raise RecipeError(f"the image is {opened.size[0]}x{opened.size[1]}, over {4 * MAX_IMAGE_SIDE} pixels a side")
+            image = opened.convert("L" if recipe["color"] == "L" else "RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise RecipeError(f"not an image Pillow can read ({error})") from None
+    height, width = recipe["size"]
+    if recipe["resize"] == "shorter_side_crop":
+        factor = max(height / image.height, width / image.width)
+        resized = image.resize((max(width, round(image.width * factor)), max(height, round(image.height * factor))), Image.BILINEAR)
+        left, top = (resized.width - width) // 2, (resized.height - height) // 2
+        return resized.crop((left, top, left + width, top + height))
+    return image.resize((width, height), Image.BILINEAR)
+
+
+def normalize_image(image, recipe: dict[str, Any]) -> np.ndarray:
+    array = np.asarray(image, dtype=np.float32)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if recipe["color"] == "BGR":
+        array = array[:, :, ::-1]
+    array = (array * recipe["scale"] - np.asarray(recipe["mean"], np.float32)) / np.asarray(recipe["std"], np.float32)
+    if recipe["layout"] == "NCHW":
+        array = array.transpose(2, 0, 1)
+    return np.ascontiguousarray(array.astype(recipe["dtype"]))
+
+
+def prepare_audio(data: bytes, recipe: dict[str, Any]) -> np.ndarray:
+    """One WAV file's bytes as a mono waveform at the recipe's rate, padded or cut to its length."""
+    import soundfile
+
+    try:
+        waveform, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
+        raise RecipeError(f"not a sound file soundfile can read ({error})") from None
+    if len(waveform) > rate * MAX_AUDIO_SECONDS:
+        raise RecipeError(f"the recording is longer than {MAX_AUDIO_SECONDS} s")
+    mono = waveform.mean(axis=1)
+    if rate != recipe["sample_rate"]:
+        if not recipe["resample"]:
+            raise RecipeError(f"recorded at {rate} Hz but the recipe takes {recipe['sample_rate']} Hz "
+                              "(set resample: true to convert)")
+        from scipy.signal import resample_poly
+
+        divisor = math.gcd(rate, recipe["sample_rate"])
+        mono = resample_poly(mono, recipe["sample_rate"] // divisor, rate // divisor).astype(np.float32)
+    length = recipe["length"]
+    if length is not None:
+        mono = mono[:length] if len(mono) >= length else np.pad(mono, (0, length - len(mono)))
+    return np.ascontiguousarray(mono.astype(recipe["dtype"]))
+
+
+def load_tokenizer(tokenizer_json: str, recipe: dict[str, Any]):
+    """A `tokenizers` tokenizer from a tokenizer.json, padding and cutting to the recipe's length."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+    except Exception as error:  # the Rust side raises plain Exception for a bad file
+        raise RecipeError(f"not a tokenizer.json the tokenizers library can read ({error})") from None
+    tokenizer.enable_truncation(max_length=recipe["max_length"])
+    tokenizer.enable_padding(length=recipe["max_length"])
+    return tokenizer
+
+
+def prepare_text(line: str, recipe: dict[str, Any], tokenizer) -> dict[str, np.ndarray]:
+    """One line of text as the recipe's token arrays (no batch axis)."""
+    encoding = tokenizer.encode(line)
+    return {name: np.asarray(getattr(encoding, field), dtype=recipe["dtype"]) for name, field in recipe["inputs"].items()}
+
+
+def prepare_file(name: str, data: bytes, recipe: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The input tensors of one image or audio file; RecipeError names the file."""
+    try:
+        if recipe["type"] == "image":
+            return {recipe["input"]: prepare_image(data, recipe)}
+        if recipe["type"] == "audio":
+            return {recipe["input"]: prepare_audio(data, recipe)}
+    except RecipeError as error:
+        raise RecipeError(f"{name}: {error}") from None
+    raise RecipeError(f"{name}: a {recipe['type']} recipe reads lines of text, not files")
+
+
+def raw_members(names: list[str], recipe: dict[str, Any]) -> list[str]:
+    """The files of a zip a recipe reads, in order (folders, hidden files and other types skipped)."""
+    suffixes = IMAGE_SUFFIXES if recipe["type"] == "image" else AUDIO_SUFFIXES
+    return sorted(name for name in names
+                  if name.lower().endswith(suffixes) and not any(part.startswith((".", "__MACOSX")) for part in name.split("/")))
+
+
+def member_label(name: str) -> str | None:
+    """The class of a file from its folder (`cat/001.jpg` is a cat), or None at the top level."""
+    parts = name.split("/")
+    return parts[-2] if len(parts) > 1 else None

@@ -1,0 +1,178 @@
+"""Turn raw data (a zip of images or WAV files, a text file of lines) into a dataset through its
+declared recipe (devices/recipes.py), one sample at a time.
+
+Memory holds one sample: each input's rows are appended to a scratch file as they are made, and
+the `.npz` is assembled from those files at the end. Any sample that cannot be prepared stops the
+build with its name, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devices import recipes
+from devices.recipes import RecipeError
+
+PREVIEWS = 4
+THUMBNAIL_SIDE = 96
+MAX_SAMPLES = 1_000_000
+MAX_LINE_CHARS = 100_000
+# One raw file (an image, a recording) and all of them, uncompressed.
+MAX_FILE_BYTES = 256 * 1024**2
+MAX_RAW_BYTES = 64 * 1024**3
+LABELS = "labels"
+
+
+def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: str | Path, *, display_name: str,
+                      tokenizer_json: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+    """Write the `.npz` a recipe makes of a raw upload; returns what inspect_dataset would, plus `previews`
+    and the `label_names` its folders gave."""
+    raw_path, out_path = Path(raw_path), Path(out_path)
+    samples = _samples(raw_path, recipe, display_name, tokenizer_json)
+    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".raw-") as scratch:
+        writer = _RowFiles(Path(scratch), max_bytes)
+        previews, label_names = [], {}
+        try:
+            for name, tensors, label, preview in samples:
+                if label is not None:
+                    tensors = {**tensors, LABELS: np.asarray(label_names.setdefault(label, len(label_names)), np.int64)}
+                writer.add(name, tensors)
+                if len(previews) < PREVIEWS:
+                    previews.append(preview())
+            if not writer.count:
+                raise RecipeError(f"{display_name} holds no {'lines' if recipe['type'] == 'text' else recipe['type'] + ' files'}")
+            if label_names and writer.count != writer.counts.get(LABELS, 0):
+                raise RecipeError("some files are in class folders and some are not: put every file in a folder named after its class, or none")
+            arrays = writer.write_npz(out_path)
+        except BaseException:
+            writer.close()
+            out_path.unlink(missing_ok=True)
+            raise
+    return {"samples": writer.count, "arrays": arrays, "has_labels": bool(label_names), "format": "npz",
+            "previews": previews, "label_names": sorted(label_names, key=label_names.get)}
+
+
+Sample = tuple[str, dict[str, np.ndarray], "str | None", Any]
+
+
+def _samples(raw_path: Path, recipe: dict[str, Any], display_name: str, tokenizer_json: str | None) -> Iterator[Sample]:
+    if recipe["type"] == "text":
+        if not tokenizer_json:
+            raise RecipeError("a text recipe needs the model's tokenizer.json")
+        return _text_samples(raw_path, recipe, recipes.load_tokenizer(tokenizer_json, recipe))
+    try:
+        archive = zipfile.ZipFile(raw_path)
+    except zipfile.BadZipFile:
+        raise RecipeError(f"{display_name} is not a zip of {recipe['type']} files") from None
+    return _file_samples(archive, recipe)
+
+
+def _file_samples(archive: zipfile.ZipFile, recipe: dict[str, Any]) -> Iterator[Sample]:
+    with archive:
+        members = recipes.raw_members(archive.namelist(), recipe)
+        if len(members) > MAX_SAMPLES:
+            raise RecipeError(f"the zip holds {len(members)} files, over the limit of {MAX_SAMPLES}")
+        declared = sum(archive.getinfo(member).file_size for member in members)
+        if declared > MAX_RAW_BYTES:
+            raise RecipeError(f"the files in the zip hold {declared / 1024**2:.0f} MB uncompressed, over {MAX_RAW_BYTES / 1024**3:.0f} GB")
+        for member in members:
+            # A member's declared size bounds what is read: a zip bomb stops here, not in memory.
+            if archive.getinfo(member).file_size > MAX_FILE_BYTES:
+                raise RecipeError(f"{member} is over {MAX_FILE_BYTES / 1024**2:.0f} MB uncompressed")
+            data = archive.read(member)
+            tensors = recipes.prepare_file(member, data, recipe)
+            yield member, tensors, recipes.member_label(member), lambda member=member, data=data, tensors=tensors: _preview(member, data, tensors, recipe)
+
+
+def _text_samples(raw_path: Path, recipe: dict[str, Any], tokenizer) -> Iterator[Sample]:
+    with open(raw_path, encoding="utf-8", errors="strict", newline=None) as lines:
+        number = 0
+        try:
+            for number, line in enumerate(lines, start=1):
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue
+                if len(text) > MAX_LINE_CHARS:
+                    raise RecipeError(f"line {number} is longer than {MAX_LINE_CHARS} characters")
+                tensors = recipes.prepare_text(text, recipe, tokenizer)
+                yield f"line {number}", tensors, None, lambda number=number, text=text, tensors=tensors: _text_preview(number, text, tensors, recipe, tokenizer)
+        except UnicodeDecodeError:
+            raise RecipeError(f"line {number + 1} is not UTF-8 text") from None
+
+
+def _preview(member: str, data: bytes, tensors: dict[str, np.ndarray], recipe: dict[str, Any]) -> dict[str, Any]:
+    if recipe["type"] == "image":
+        image = recipes.decode_image(data, recipe)
+        image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return {"name": member, "thumbnail": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}
+    waveform = tensors[recipe["input"]].astype(np.float32)
+    return {"name": member, "seconds": round(len(waveform) / recipe["sample_rate"], 3), "sample_rate": recipe["sample_rate"],
+            "peak": round(float(np.abs(waveform).max(initial=0.0)), 4),
+            "envelope": [round(float(np.abs(part).max(initial=0.0)), 3) for part in np.array_split(waveform, 32)]}
+
+
+def _text_preview(number: int, text: str, tensors: dict[str, np.ndarray], recipe: dict[str, Any], tokenizer) -> dict[str, Any]:
+    ids_name = next((name for name, field in recipe["inputs"].items() if field == "ids"), None)
+    tokens = tokenizer.encode(text).tokens if ids_name else []
+    return {"name": f"line {number}", "text": text[:160], "tokens": [token for token in tokens if token][:24],
+            "length": int(np.count_nonzero(tensors[next(iter(tensors))] != 0)) if tensors else 0}
+
+
+class _RowFiles:
+    """One scratch file per array, rows appended in order; every row of an array has one shape and dtype."""
+
+    def __init__(self, directory: Path, max_bytes: int | None):
+        self.directory, self.max_bytes = directory, max_bytes
+        self.handles: dict[str, Any] = {}
+        self.first: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+        self.first_name = ""
+        self.count = 0
+        self.bytes = 0
+
+    def add(self, name: str, tensors: dict[str, np.ndarray]) -> None:
+        if not self.first:
+            self.first_name = name
+        for key, value in tensors.items():
+            first = self.first.setdefault(key, value)
+            if value.shape != first.shape or value.dtype != first.dtype:
+                raise RecipeError(f"{name}: the recipe made {key!r} of shape {list(value.shape)} but {self.first_name} made "
+                                  f"{list(first.shape)}; every sample must come out the same shape (set size or length in the recipe)")
+            if key not in self.handles:
+                self.handles[key] = (self.directory / f"{len(self.handles)}.rows").open("wb")  # closed by write_npz or close
+            handle = self.handles[key]
+            handle.write(np.ascontiguousarray(value).tobytes())
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.bytes += value.nbytes
+        if self.max_bytes is not None and self.bytes > self.max_bytes:
+            raise RecipeError(f"the prepared arrays exceed this server's limit of {self.max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
+        self.count += 1
+
+    def write_npz(self, out_path: Path) -> dict[str, dict[str, Any]]:
+        arrays = {}
+        with zipfile.ZipFile(out_path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for index, (key, handle) in enumerate(self.handles.items()):
+                handle.close()
+                first = self.first[key]
+                shape = (self.counts[key], *first.shape)
+                header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False, "shape": shape}
+                with archive.open(f"{key}.npy", "w", force_zip64=True) as member, open(self.directory / f"{index}.rows", "rb") as rows:
+                    np.lib.format.write_array_header_2_0(member, header)
+                    shutil.copyfileobj(rows, member, 1 << 20)
+                arrays[key] = {"dtype": first.dtype.name, "shape": list(shape)}
+        return arrays
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            handle.close()
