@@ -8,6 +8,7 @@ Screenshots land in test-artifacts/screenshots/.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -102,6 +103,13 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new
     expect(note).to_contain_text("±29%")
     expect(page.get_by_test_id("unstable-notes")).to_contain_text("disagree by more than 10%")
     expect(page.get_by_test_id("remeasure")).to_be_visible()
+    # The chart: a fixed legend with its labels before any hover, every point named, a caption that says how to zoom.
+    legend = page.locator(".u-legend").first
+    expect(legend).to_contain_text("Within tolerance")
+    expect(legend).to_contain_text("Recommended")
+    chart = page.get_by_test_id("latency-accuracy-chart")
+    expect(chart).to_have_attribute("aria-label", re.compile(r"fp32 · onnxruntime 0\.023 ms.*fp16 · onnxruntime 0\.021 ms|fp16 · onnxruntime 0\.021 ms.*fp32 · onnxruntime 0\.023 ms"))
+    expect(page.locator("figure.chart figcaption").first).to_contain_text("drag across the plot to zoom")
     screenshot(page, "20-report-verdict-noise-tie")
     page.get_by_test_id("remeasure").click()
     expect(page.get_by_text(f"re-run of #{job['id']}")).to_be_visible()
@@ -367,3 +375,52 @@ def test_uploading_a_pytorch_checkpoint_says_what_it_is_and_how_to_export(stack,
     expect(error).to_contain_text('torch.onnx.export(model, example_input, "model.onnx")')
     expect(error).not_to_contain_text("proto")
     screenshot(page, "32-upload-error-in-user-terms")
+
+
+# -- item 7: compare and export --------------------------------------------------------------------
+
+def test_compare_two_deployments_of_one_model_and_export_csv(stack, new_page, digits_files):
+    import csv
+    import io
+
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "compare", "Comparisons")
+    agent = scripted_agent(stack, user, "cmp-box")
+    model = upload_model(stack, user, digits_files, name="digits-compare")
+    version = model["versions"][0]["id"]
+    first = api(stack, user, "POST", "jobs/", json={"model_version": version, "precisions": ["fp32", "int8-dynamic"]}).json()
+    answer_tasks(stack, agent, first["id"], user, {"fp32": (2.0, [2.0, 2.0, 2.0], False, 1.0), "int8-dynamic": (1.0, [1.0, 1.0, 1.0], False, 0.998)})
+    second = api(stack, user, "POST", "jobs/", json={"model_version": version, "precisions": ["fp32", "int8-dynamic"]}).json()
+    answer_tasks(stack, agent, second["id"], user, {"fp32": (2.2, [2.2, 2.2, 2.2], False, 1.0), "int8-dynamic": (1.5, [1.5, 1.5, 1.5], False, 0.998)})
+
+    page = new_page()
+    sign_in(page, user)
+    page.goto(f"/jobs/{first['id']}")
+    page.get_by_test_id("result-compare-link").click()
+    expect(page).to_have_title("Compare deployments · Kiln")
+    page.get_by_test_id("compare-b").select_option(value=str(second["id"]))
+    expect(page.get_by_test_id("compare-ground")).to_contain_text("Same model on cmp-box")
+    rows = page.get_by_test_id("compare-row")
+    expect(rows).to_have_count(2)
+    int8 = rows.filter(has_text="int8-dynamic")
+    expect(int8).to_contain_text("1.50x")
+    expect(int8).to_contain_text(f"recommended in #{first['id']}")
+    screenshot(page, "33-compare")
+
+    with page.expect_download() as download_info:
+        page.get_by_test_id("csv-export").click()
+    download = download_info.value
+    assert download.suggested_filename == f"kiln-compare-{first['id']}-{second['id']}.csv"
+    table = list(csv.reader(io.StringIO(open(download.path(), encoding="utf-8").read())))
+    assert table[0][:6] == ["variant", "backend", "device", f"p50 ms #{first['id']}", f"p50 ms #{second['id']}", "ratio"]
+    exported = {row[0]: row for row in table[1:]}
+    assert float(exported["int8-dynamic"][5]) == 1.5 and exported["int8-dynamic"][2] == "cmp-box"
+
+    # Any results table exports: the report's variants.
+    page.goto(f"/jobs/{second['id']}/report")
+    with page.expect_download() as download_info:
+        page.get_by_test_id("csv-export").first.click()
+    report_rows = list(csv.DictReader(io.StringIO(open(download_info.value.path(), encoding="utf-8").read())))
+    assert {row["variant"]: float(row["p50_ms"]) for row in report_rows} == {"int8-dynamic": 1.5, "fp32": 2.2}
+    assert [row["recommended"] for row in report_rows if row["variant"] == "int8-dynamic"] == ["true"]

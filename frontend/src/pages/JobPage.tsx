@@ -186,6 +186,7 @@ function ArtifactRow({ artifact }: { artifact: Artifact }) {
       <td>
         <code title={artifact.sha256}>{artifact.name}</code>
       </td>
+      <td>{artifact.kind}</td>
       <td>{artifact.precision ?? '—'}</td>
       <td>{artifact.backend ?? '—'}</td>
       <td className="numeric">{formatBytes(artifact.size_bytes)}</td>
@@ -206,6 +207,7 @@ export function ArtifactList({ artifacts, recommended = new Set<number>() }: { a
         <thead>
           <tr>
             <th scope="col">Name</th>
+            <th scope="col">Kind</th>
             <th scope="col">Precision</th>
             <th scope="col">Backend</th>
             <th scope="col" className="numeric">Size</th>
@@ -220,7 +222,7 @@ export function ArtifactList({ artifacts, recommended = new Set<number>() }: { a
           return (
             <tbody key={group.key} data-testid={`artifact-group-${group.key}`}>
               <tr className="group-row">
-                <th scope="rowgroup" colSpan={5}>
+                <th scope="rowgroup" colSpan={6}>
                   {group.title} <span className="muted small">· {group.note}</span>
                 </th>
               </tr>

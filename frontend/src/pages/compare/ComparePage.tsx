@@ -96,7 +96,7 @@ export function ComparePage() {
                     <td>{row.device}</td>
                     <td className="numeric">{formatMs(row.a?.latency_ms?.p50)}</td>
                     <td className="numeric">{formatMs(row.b?.latency_ms?.p50)}</td>
-                    <td className="numeric">{row.ratio === null ? '—' : `${formatNumber(row.ratio, 2)}x`}</td>
+                    <td className="numeric">{row.ratio === null ? "—" : `${row.ratio.toFixed(2)}x`}</td>
                     <td className="numeric">{formatNumber(row.a?.accuracy?.value ?? null, 4)}</td>
                     <td className="numeric">{formatNumber(row.b?.accuracy?.value ?? null, 4)}</td>
                   </tr>
