@@ -121,7 +121,10 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
             tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"{what} process died (exit {process.returncode}): {' | '.join(tail)}")
         result = json.loads(result_path.read_text())
-    result["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0.0, watch.peak_mb)
+    # The watchdog's samples, not the child's ru_maxrss: Linux carries ru_maxrss across execve, so
+    # a child of a large parent would report the parent's peak. ru_maxrss only fills in for a child
+    # too short-lived to be sampled.
+    result["peak_rss_mb"] = watch.peak_mb or result.get("peak_rss_mb") or 0.0
     return result
 
 
