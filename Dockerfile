@@ -21,4 +21,5 @@ RUN useradd --create-home kiln && mkdir -p /data && chown kiln /data
 USER kiln
 ENV KILN_DATA_DIR=/data
 EXPOSE 8000
-CMD ["gunicorn", "kiln.wsgi:application", "--chdir", "platform", "--bind", "0.0.0.0:8000", "--workers", "3", "--threads", "8", "--timeout", "300"]
+# ASGI under uvicorn workers: an agent's lease long-poll waits on the event loop, holding no thread.
+CMD ["gunicorn", "kiln.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker", "--chdir", "platform", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "300", "--no-control-socket"]

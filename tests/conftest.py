@@ -169,6 +169,13 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.5, message: str
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
 
 
+def celery_worker_command(schedule: Path) -> list[str]:
+    """A real Celery worker process that also runs the housekeeping beat."""
+    return [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
+            "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+            "--beat", "--schedule", str(schedule)]
+
+
 @pytest.fixture
 def kiln_stack(transactional_db, live_server, tmp_path, settings):
     """A live server (this process), a real Celery worker process, and agents on demand."""
@@ -195,10 +202,34 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
 
     # Messages left in the broker by an earlier run name rows of an earlier database.
     celery_app.control.purge()
-    stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
-                           "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
-                           "--beat", "--schedule", str(tmp_path / "celerybeat-schedule")], {"KILN_HOUSEKEEPING_SECONDS": "1"})
+    stack.spawn("worker", celery_worker_command(tmp_path / "celerybeat-schedule"), {"KILN_HOUSEKEEPING_SECONDS": "1"})
     try:
         yield stack
     finally:
         stack.stop()
+
+
+# -- object storage: a real S3-compatible server (moto's server mode) in its own process -----
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    from tests.fixtures.s3 import start_s3_server, stop_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
+    finally:
+        stop_s3_server(server)
+
+
+@pytest.fixture
+def s3_storage(s3_server, settings, tmp_path):
+    """This process stores blobs in the S3 server (an emptied bucket); BLOB_ROOT holds only local copies."""
+    from tests.fixtures.s3 import BUCKET, use_s3
+
+    client = s3_server.client()
+    for key in s3_server.object_keys():
+        client.delete_object(Bucket=BUCKET, Key=key)
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    use_s3(settings, s3_server)
+    return s3_server

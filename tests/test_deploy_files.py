@@ -21,11 +21,20 @@ def compose_command() -> list[str] | None:
 
 @pytest.mark.skipif(compose_command() is None, reason="neither docker-compose nor the docker compose plugin is installed (.ci/run installs docker-compose)")
 def test_docker_compose_accepts_the_stack():
-    env = {**os.environ, "KILN_SECRET_KEY": "x" * 50}
+    env = {**os.environ, "KILN_SECRET_KEY": "x" * 50, "MINIO_ROOT_PASSWORD": "y" * 40}
     result = subprocess.run([*compose_command(), "config"], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    for service in ("postgres", "redis", "web", "worker", "agent"):
+    for service in ("postgres", "redis", "minio", "minio-bucket", "web", "worker", "agent"):
         assert f"  {service}:" in result.stdout
+    assert "KILN_S3_ENDPOINT_URL: http://minio:9000" in result.stdout
+
+
+def test_docker_compose_refuses_to_start_minio_without_a_password():
+    if compose_command() is None:
+        pytest.skip("neither docker-compose nor the docker compose plugin is installed")
+    env = {key: value for key, value in os.environ.items() if key != "MINIO_ROOT_PASSWORD"}
+    result = subprocess.run([*compose_command(), "config"], cwd=REPO, env={**env, "KILN_SECRET_KEY": "x" * 50}, capture_output=True, text=True)
+    assert result.returncode != 0 and "MINIO_ROOT_PASSWORD" in result.stderr
 
 
 def test_platform_is_not_a_package():

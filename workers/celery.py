@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 from django.conf import settings
+
+from workers.workdir import task_work_dir_enter, task_work_dir_leave
 
 _PLATFORM_DIR = Path(__file__).resolve().parent.parent / "platform"
 if str(_PLATFORM_DIR) not in sys.path:
@@ -26,6 +29,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     task_default_queue="kiln",
+    # With KILN_LOG_JSON the worker keeps Django's LOGGING (JSON lines with job and task ids).
+    worker_hijack_root_logger=not settings.LOG_JSON,
 )
 
 
@@ -55,7 +60,19 @@ def _configure_beat() -> None:
     }
 
 
-HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline")
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work")
+
+
+@task_prerun.connect
+def _enter_task_work_dir(task_id=None, **_):
+    """Each task runs in its own temporary working directory (libraries write scratch files there)."""
+    task_work_dir_enter(str(task_id))
+
+
+@task_postrun.connect
+def _leave_task_work_dir(task_id=None, **_):
+    task_work_dir_leave(str(task_id))
+
 
 _configure_filesystem_broker()
 _configure_beat()

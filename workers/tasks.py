@@ -1,4 +1,4 @@
-"""Celery tasks: each takes ids, calls one pipeline service, and can run twice safely."""
+"""Celery tasks: each takes ids, calls one pipeline service under its work lease, and can run twice safely."""
 from __future__ import annotations
 
 from django.db import InterfaceError, OperationalError
@@ -6,7 +6,9 @@ from django.db import InterfaceError, OperationalError
 from kiln.fleet.services import agents_mark_offline
 from kiln.pipeline import quantize, stages
 from kiln.pipeline.device_tasks import device_tasks_requeue_expired, jobs_redispatch_waiting
+from kiln.pipeline.leases import stage_run_leased, variant_build_leased
 from kiln.pipeline.queue import REDISPATCH_TASK_NAME, STAGE_TASK_NAMES, VARIANT_BUILD_TASK_NAME
+from kiln.pipeline.reaper import work_reap_expired
 
 from .celery import app
 
@@ -24,42 +26,42 @@ HOUSEKEEPING = {"acks_late": True, "soft_time_limit": 60, "time_limit": 90}
 
 @app.task(name=STAGE_TASK_NAMES["validate"], soft_time_limit=600, time_limit=660, **COMMON)
 def job_validate(job_id: int) -> None:
-    stages.job_validate(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="validate", work=stages.job_validate)
 
 
 @app.task(name=STAGE_TASK_NAMES["convert"], soft_time_limit=1800, time_limit=1900, **COMMON)
 def job_convert(job_id: int) -> None:
-    stages.job_convert(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="convert", work=stages.job_convert)
 
 
 @app.task(name=STAGE_TASK_NAMES["reference"], soft_time_limit=1800, time_limit=1900, **COMMON)
 def job_reference(job_id: int) -> None:
-    stages.job_reference(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="reference", work=stages.job_reference)
 
 
 @app.task(name=STAGE_TASK_NAMES["quantize"], soft_time_limit=300, time_limit=360, **COMMON)
 def job_quantize(job_id: int) -> None:
-    quantize.job_quantize(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="quantize", work=quantize.job_quantize)
 
 
 @app.task(name=VARIANT_BUILD_TASK_NAME, soft_time_limit=3600, time_limit=3700, **COMMON)
 def variant_build(variant_id: int) -> None:
-    quantize.variant_build(variant_id=variant_id)
+    variant_build_leased(variant_id=variant_id, work=quantize.variant_build)
 
 
 @app.task(name=STAGE_TASK_NAMES["dispatch"], soft_time_limit=120, time_limit=180, **COMMON)
 def job_dispatch(job_id: int) -> None:
-    stages.job_dispatch(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="dispatch", work=stages.job_dispatch)
 
 
 @app.task(name=STAGE_TASK_NAMES["collect"], soft_time_limit=600, time_limit=660, **COMMON)
 def job_collect(job_id: int) -> None:
-    quantize.job_collect(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="collect", work=quantize.job_collect)
 
 
 @app.task(name=STAGE_TASK_NAMES["report"], soft_time_limit=300, time_limit=360, **COMMON)
 def job_report(job_id: int) -> None:
-    stages.job_report(job_id=job_id)
+    stage_run_leased(job_id=job_id, stage="report", work=stages.job_report)
 
 
 # -- housekeeping (Celery beat; idempotent, safe when several hosts run it at once) -----------
@@ -77,3 +79,8 @@ def redispatch_waiting(organization_id: int | None = None) -> int:
 @app.task(name="kiln.housekeeping.mark_agents_offline", **HOUSEKEEPING)
 def mark_agents_offline() -> int:
     return agents_mark_offline()
+
+
+@app.task(name="kiln.housekeeping.reap_stuck_work", **HOUSEKEEPING)
+def reap_stuck_work() -> int:
+    return work_reap_expired()

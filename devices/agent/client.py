@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -140,6 +140,11 @@ class HttpClient:
             return urljoin(self.server + "/", path.lstrip("/"))
         return self.server + self.api_prefix + path
 
+    def on_server(self, url: str) -> bool:
+        """Whether an absolute URL points at this client's server (same scheme, host and port)."""
+        target, server = urlsplit(url), urlsplit(self.server)
+        return (target.scheme, target.netloc) == (server.scheme, server.netloc)
+
     def request(
         self,
         method: str,
@@ -163,7 +168,8 @@ class HttpClient:
         url = self.url(path)
         headers = dict(headers or {})
         attempts = max_attempts or self.retry.max_attempts
-        if authenticated and self.token:
+        if authenticated and self.token and self.on_server(url):
+            # A presigned storage URL carries its own signature; the token never leaves the server's origin.
             headers["Authorization"] = f"Bearer {self.token}"
         timeout = (self.connect_timeout_s, read_timeout_s or self.timeout_s)
         retry_number = 0
@@ -276,13 +282,40 @@ class AgentClient(HttpClient):
         return self._json(self.request("POST", f"tasks/{task_id}/progress", json=body))
 
     def upload_artifact(self, task_id: int, *, attempt: int, path: Path, progress=None) -> dict:
-        """Send the compiled artifact as a resumable upload: a dropped connection costs only the
-        bytes in flight, and an engine of gigabytes never sits in memory."""
-        from devices.agent.resumable import upload_file
+        """Send the compiled artifact, streamed from disk (an engine of gigabytes never sits in memory).
 
-        upload = upload_file(self, Path(path), create_path="uploads", progress=progress)
-        body = {"attempt": attempt, "upload": upload["id"], "filename": Path(path).name}
+        The server says how: a presigned PUT straight to object storage (S3), or a resumable upload
+        to itself, where a dropped connection costs only the bytes in flight.
+        """
+        from devices.agent.resumable import file_sha256, upload_file
+
+        path = Path(path)
+        sha256 = file_sha256(path)
+        plan = self._json(self.request("POST", f"tasks/{task_id}/artifact-upload", json={
+            "attempt": attempt, "sha256": sha256, "size_bytes": path.stat().st_size, "filename": path.name}))
+        if plan.get("method") == "PUT":
+            self.put_presigned(plan["url"], path, headers=plan.get("headers") or {})
+            body = {"attempt": attempt, "staged": plan["staged"], "filename": path.name}
+        else:
+            upload = upload_file(self, path, create_path="uploads", progress=progress, sha256=sha256)
+            body = {"attempt": attempt, "upload": upload["id"], "filename": path.name}
         return self._json(self.request("POST", f"tasks/{task_id}/artifact", json=body))
+
+    def put_presigned(self, url: str, path: Path, *, headers: dict) -> None:
+        """PUT a file to a presigned storage URL, streamed, retried like any call (without the agent token)."""
+        handles = []
+
+        def body():
+            handle = open(path, "rb")  # noqa: SIM115 - closed below, after the last try
+            handles.append(handle)
+            return handle, "application/octet-stream"
+
+        try:
+            self.request("PUT", url, body_factory=body, headers=headers, authenticated=False,
+                         read_timeout_s=max(self.timeout_s, 300.0))
+        finally:
+            for handle in handles:
+                handle.close()
 
     def result(self, task_id: int, payload: dict) -> dict:
         return self._json(self.request("POST", f"tasks/{task_id}/result", json=payload))

@@ -21,6 +21,7 @@ import numpy as np
 from devices import bench, feeds, metrics
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
+from devices.backends.options import InvalidCompileOptions, parse_compile_options
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 
@@ -343,7 +344,11 @@ class TaskRunner:
         backend = get_backend(backend_name)
         bench.reset_peak_rss()
         started = time.perf_counter_ns()
-        compiled = backend.compile(paths["model"], task_dir / "compiled", threads=self.threads)
+        try:
+            compile_options = parse_compile_options(task.get("compile"))
+        except InvalidCompileOptions as exc:
+            raise TaskFailed(f"the task's compile options are invalid: {exc}") from None
+        compiled = backend.compile(paths["model"], task_dir / "compiled", threads=self.threads, options=compile_options)
         load_ms = (time.perf_counter_ns() - started) / bench.NS_PER_MS
         logger.info("compiled in %.1f ms: %s (%d bytes), %d threads", load_ms,
                     compiled.artifact_path.name, compiled.artifact_path.stat().st_size, compiled.threads)

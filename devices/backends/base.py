@@ -78,10 +78,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def compile(
-        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> CompiledModel:
         """Compile `model_path` (ONNX) for this device, write the artifact under `work_dir`,
-        and return the loaded model. `threads` None lets the runtime choose."""
+        and return the loaded model. `threads` None lets the runtime choose; `options` are
+        compile options (`devices.backends.options`), whose `threads` wins over the argument."""
 
 
 def summarize_profile(

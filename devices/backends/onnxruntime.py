@@ -14,6 +14,7 @@ import numpy as np
 import psutil
 
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
+from devices.backends.options import parse_compile_options
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +41,65 @@ def ort_dtype(type_name: str) -> np.dtype:
     return np.dtype(_ORT_TYPES.get(type_name, np.float32))
 
 
-def _spec(node_arg) -> TensorSpec:
+def _spec(node_arg, static_shapes: dict[str, list[int]]) -> TensorSpec:
     dtype = ort_dtype(node_arg.type)
+    if node_arg.name in static_shapes:
+        return TensorSpec(name=node_arg.name, dtype=dtype, shape=tuple(static_shapes[node_arg.name]))
     shape = tuple(dim if isinstance(dim, int) and dim > 0 else None for dim in node_arg.shape)
     return TensorSpec(name=node_arg.name, dtype=dtype, shape=shape)
+
+
+def _level(ort, name: str):
+    return {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[name]
+
+
+def free_dimension_overrides(model_path: str | Path, static_shapes: dict[str, list[int]]) -> dict[str, int]:
+    """`{dim_param: value}` that pins each named dynamic input dimension to the data's shape.
+
+    ORT overrides free dimensions by their symbolic name, so an input whose dynamic dimension has
+    no name cannot be specialised this way; a mismatch with a fixed dimension is an error.
+    """
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    unknown = sorted(set(static_shapes) - {value.name for value in graph.input})
+    if unknown:
+        raise ValueError(f"static_shapes names no input of the model: {', '.join(unknown)}")
+    overrides: dict[str, int] = {}
+    for value in graph.input:
+        dims = static_shapes.get(value.name)
+        if dims is None:
+            continue
+        declared = value.type.tensor_type.shape.dim
+        if len(declared) != len(dims):
+            raise ValueError(f"static shape {dims} for input {value.name!r} has {len(dims)} dimensions; the model's has {len(declared)}")
+        for dim, wanted in zip(declared, dims):
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != wanted:
+                raise ValueError(f"static shape {dims} for input {value.name!r} contradicts its fixed dimension {dim.dim_value}")
+            if dim.HasField("dim_param") and dim.dim_param and overrides.setdefault(dim.dim_param, wanted) != wanted:
+                raise ValueError(f"dimension {dim.dim_param!r} is given two sizes ({overrides[dim.dim_param]} and {wanted})")
+    return overrides
 
 
 class OnnxRuntimeCompiledModel(CompiledModel):
     """An ORT session over the offline-optimized model."""
 
-    def __init__(self, artifact_path: Path, threads: int | None, profile_dir: Path):
+    def __init__(self, artifact_path: Path, threads: int | None, profile_dir: Path,
+                 options: dict[str, Any] | None = None, overrides: dict[str, int] | None = None):
         import onnxruntime as ort
 
         self.artifact_path = artifact_path
+        self.options = parse_compile_options(options)
+        threads = self.options.get("threads") or threads
         self._requested_threads = threads
         self._profile_dir = profile_dir
+        self._overrides = dict(overrides or {})
         self.session = ort.InferenceSession(
             str(artifact_path), self._session_options(), providers=["CPUExecutionProvider"]
         )
-        self.input_specs = [_spec(arg) for arg in self.session.get_inputs()]
+        static = self.options.get("static_shapes") or {}
+        self.input_specs = [_spec(arg, static) for arg in self.session.get_inputs()]
         self.output_names = [arg.name for arg in self.session.get_outputs()]
         # ORT's default intra-op pool has one thread per physical core.
         self.threads = threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
@@ -70,7 +111,9 @@ class OnnxRuntimeCompiledModel(CompiledModel):
         # The artifact was optimized at EXTENDED level, which keeps it valid on any CPU with this
         # EP; the layout transforms of ALL are machine-specific and are applied at load, exactly
         # as a deployment loading the artifact with default options would.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.graph_optimization_level = _level(ort, self.options.get("graph_optimization", "all"))
+        for name, value in self._overrides.items():
+            options.add_free_dimension_override_by_name(name, value)
         # A model that declares a wrong output shape (ddddocr's recognizer says [1, seqlen] and
         # returns [T, 1, C]) makes ORT warn on every run; failures still raise.
         options.log_severity_level = 3
@@ -145,20 +188,29 @@ class OnnxRuntimeBackend(Backend):
         return ort.__version__
 
     def compile(
-        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> OnnxRuntimeCompiledModel:
         import onnxruntime as ort
 
+        compile_options = parse_compile_options(options)
+        overrides = free_dimension_overrides(model_path, compile_options.get("static_shapes") or {})
+        threads = compile_options.get("threads") or threads
         work_dir = Path(work_dir)
         work_dir.mkdir(parents=True, exist_ok=True)
         artifact_path = work_dir / ARTIFACT_NAME
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        # The saved artifact never goes past EXTENDED (ALL's layouts are machine-specific), nor past
+        # the level asked for: a lower level at load cannot undo fusions already saved.
+        saved_level = "basic" if compile_options.get("graph_optimization") == "basic" else "extended"
+        options.graph_optimization_level = _level(ort, saved_level)
         options.optimized_model_filepath = str(artifact_path)
+        for name, value in overrides.items():
+            options.add_free_dimension_override_by_name(name, value)
         if threads:
             options.intra_op_num_threads = threads
         # Creating the session is what writes the optimized model.
         ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
         if not artifact_path.exists():
             raise RuntimeError(f"ONNX Runtime did not write the optimized model to {artifact_path}")
-        return OnnxRuntimeCompiledModel(artifact_path, threads, work_dir)
+        return OnnxRuntimeCompiledModel(artifact_path, threads, work_dir, compile_options, overrides)

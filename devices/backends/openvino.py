@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
+from devices.backends.options import parse_compile_options
 
 logger = logging.getLogger(__name__)
 
@@ -17,11 +18,15 @@ ARTIFACT_NAME = "model.openvino.blob"
 DEVICE = "CPU"
 
 
-def _config(threads: int | None, *, profiling: bool = False) -> dict:
+def _config(threads: int | None, *, profiling: bool = False, options: dict[str, Any] | None = None) -> dict:
     # The benchmark reports per-request latency, which is what the LATENCY hint optimizes.
     # On CPUs with bf16 or fp16 units the plugin would otherwise quietly run an FP32 model in
-    # lower precision; precision is the variant's business, so the artifact must run as built.
-    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    # lower precision; precision is the variant's business (or a compile option the search measured
+    # for accuracy like any variant), so by default the artifact runs as built.
+    options = options or {}
+    config: dict[str, Any] = {"PERFORMANCE_HINT": options.get("performance_hint", "LATENCY"),
+                              "INFERENCE_PRECISION_HINT": options.get("inference_precision", "f32")}
+    threads = options.get("threads") or threads
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     if profiling:
@@ -71,16 +76,31 @@ def _owned_tensor(ov, array: np.ndarray):
     return tensor
 
 
+def read_specialised(core, model_path: Path, options: dict[str, Any]):
+    """The ONNX model read by OpenVINO, reshaped to the static shapes the options name."""
+    model = core.read_model(str(model_path))
+    static = options.get("static_shapes") or {}
+    if static:
+        declared, _ = _declared_names(model_path)
+        unknown = sorted(set(static) - declared)
+        if unknown:
+            raise ValueError(f"static_shapes names no input of the model: {', '.join(unknown)}")
+        model.reshape({name: dims for name, dims in static.items()})
+    return model
+
+
 class OpenVinoCompiledModel(CompiledModel):
     """A compiled model imported from the exported blob."""
 
-    def __init__(self, core, source_model_path: Path, artifact_path: Path, threads: int | None):
+    def __init__(self, core, source_model_path: Path, artifact_path: Path, threads: int | None,
+                 options: dict[str, Any] | None = None):
         self._core = core
         self._source_model_path = source_model_path
         self._threads = threads
+        self.options = parse_compile_options(options)
         self.artifact_path = artifact_path
         # Run what was exported, so that a broken blob fails here and not in a deployment.
-        self.compiled = core.import_model(artifact_path.read_bytes(), DEVICE, _config(threads))
+        self.compiled = core.import_model(artifact_path.read_bytes(), DEVICE, _config(threads, options=self.options))
         self.request = self.compiled.create_infer_request()
         declared_inputs, declared_outputs = _declared_names(source_model_path)
         self.input_specs = [_spec(port, declared_inputs) for port in self.compiled.inputs]
@@ -108,8 +128,8 @@ class OpenVinoCompiledModel(CompiledModel):
     def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
         # Performance counters must be enabled at compile time and slow every inference down a
         # little, so they get their own compiled model instead of the benchmarked one.
-        model = self._core.read_model(str(self._source_model_path))
-        compiled = self._core.compile_model(model, DEVICE, _config(self._threads, profiling=True))
+        model = read_specialised(self._core, self._source_model_path, self.options)
+        compiled = self._core.compile_model(model, DEVICE, _config(self._threads, profiling=True, options=self.options))
         request = compiled.create_infer_request()
         node_times_ms: dict[str, float] = {}
         node_op_types: dict[str, str] = {}
@@ -150,18 +170,20 @@ class OpenVinoBackend(Backend):
         return ov.get_version().split("-")[0]
 
     def compile(
-        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> OpenVinoCompiledModel:
         import openvino as ov
 
+        compile_options = parse_compile_options(options)
         work_dir = Path(work_dir)
         work_dir.mkdir(parents=True, exist_ok=True)
         core = ov.Core()
-        model = core.read_model(str(model_path))
-        compiled = core.compile_model(model, DEVICE, _config(threads))
+        model = read_specialised(core, Path(model_path), compile_options)
+        compiled = core.compile_model(model, DEVICE, _config(threads, options=compile_options))
         artifact_path = work_dir / ARTIFACT_NAME
         exported = compiled.export_model()
         # Recent releases return an io.BytesIO, older ones bytes.
         artifact_path.write_bytes(exported.getvalue() if hasattr(exported, "getvalue") else exported)
         del compiled
-        return OpenVinoCompiledModel(core, Path(model_path), artifact_path, threads)
+        return OpenVinoCompiledModel(core, Path(model_path), artifact_path, threads, compile_options)

@@ -34,6 +34,7 @@ class TensorRtBackend(Backend):
         return getattr(tensorrt, "__version__", None)
 
     def compile(
-        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None
+        self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,
+        options: dict | None = None,
     ) -> CompiledModel:
         raise NotImplementedError(NOT_IMPLEMENTED)

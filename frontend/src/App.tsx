@@ -16,6 +16,7 @@ import { NewDeploymentPage } from './pages/NewDeploymentPage';
 import { PerformancePage } from './pages/PerformancePage';
 import { ReportPage } from './pages/report/ReportPage';
 import { TokensPage } from './pages/TokensPage';
+import { ComparePage } from './pages/compare/ComparePage';
 
 function RouteError() {
   const error = useRouteError();
@@ -53,6 +54,7 @@ export const routes: RouteObject[] = [
       { path: 'jobs/:jobId', element: <JobPage /> },
       { path: 'jobs/:jobId/report', element: <ReportPage /> },
       { path: 'performance', element: <PerformancePage /> },
+      { path: 'compare', element: <ComparePage /> },
       { path: 'devices', element: <DevicesPage /> },
       { path: 'settings/tokens', element: <TokensPage /> },
       { path: 'members', element: <MembersPage /> },

@@ -1,6 +1,10 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kiln.settings")
-application = get_asgi_application()
+django.setup(set_prefix=False)
+
+from kiln.core.asgi import KilnASGIHandler  # noqa: E402  (needs the apps set up above)
+
+application = KilnASGIHandler()

@@ -112,7 +112,7 @@ def models_list(ctx, search: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def models_upload(ctx, path: Path, name: str | None, model_id: int | None, as_json: bool) -> None:
-    """Upload an .onnx (or a .zip with external data), resumably."""
+    """Upload an .onnx (or a .zip with external data, a .pt2 or a traced .pt), resumably."""
     client = _client(ctx)
     if model_id:
         result = _with_upload_progress(path, lambda progress: client.upload_model_version(model_id, path, progress=progress))

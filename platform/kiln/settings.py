@@ -7,6 +7,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kiln.storage_settings import blob_storage_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BASE_DIR.parent
 
@@ -80,10 +82,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "kiln.core.middleware.RequestMetricsMiddleware",
     "kiln.core.middleware.UploadLimitMiddleware",
     "kiln.core.middleware.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "kiln.core.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -111,8 +114,17 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# PostgreSQL connections one process may hold at once (0: no pool). Under ASGI every sync request
+# runs in a thread of its own, so without a bound a burst of agents opens one connection each and
+# max_connections (100 by default) runs out for everyone; `make up` and docker-compose give the web
+# server a pool. Connections are not kept across requests: ASGI's per-request threads would leak them.
+DB_POOL_SIZE = _env_int("KILN_DB_POOL_SIZE", 0, minimum=0)
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    if DB_POOL_SIZE and _database["ENGINE"] == "django.db.backends.postgresql":
+        # A request waits up to `timeout` for a free connection rather than failing at once.
+        _database.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 30}
+    DATABASES = {"default": _database}
 else:
     DATABASES = {
         "default": {
@@ -143,9 +155,22 @@ FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
 WHITENOISE_ROOT = FRONTEND_DIST if FRONTEND_DIST.exists() else None
 WHITENOISE_USE_FINDERS = True
 
-# Blob storage: local filesystem under KILN_DATA_DIR/blobs, content-addressed.
+# Blob storage: content-addressed; a folder under KILN_DATA_DIR/blobs unless S3 is configured (below).
 BLOB_ROOT = Path(os.environ.get("KILN_BLOB_ROOT", DATA_DIR / "blobs")).resolve()
 UPLOAD_TMP_DIR = DATA_DIR / "tmp"
+# S3-compatible storage (AWS S3, MinIO) instead of the folder when KILN_S3_BUCKET is set; agents and
+# browsers then move blobs through short-lived presigned URLs (one object, one method each).
+_BLOB_STORAGE_SETTINGS = blob_storage_settings(os.environ)
+S3_BUCKET = _BLOB_STORAGE_SETTINGS["S3_BUCKET"]
+S3_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_ENDPOINT_URL"]
+# The address agents and browsers reach the storage at, when it differs from the server's (compose: minio:9000 vs localhost:9000).
+S3_PUBLIC_ENDPOINT_URL = _BLOB_STORAGE_SETTINGS["S3_PUBLIC_ENDPOINT_URL"]
+S3_PRESIGN_SECONDS = _BLOB_STORAGE_SETTINGS["S3_PRESIGN_SECONDS"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "blobs": _BLOB_STORAGE_SETTINGS["BLOB_STORAGE"],
+}
 MAX_UPLOAD_BYTES = _env_int("KILN_MAX_UPLOAD_BYTES", 4 * 1024**3)
 MAX_ARCHIVE_UNCOMPRESSED_BYTES = _env_int("KILN_MAX_ARCHIVE_BYTES", 8 * 1024**3)
 MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
@@ -156,6 +181,9 @@ MAX_AGENT_RESULT_BYTES = _env_int("KILN_MAX_AGENT_RESULT_BYTES", 4 * 1024**2, mi
 MAX_DATASET_BYTES = _env_int("KILN_MAX_DATASET_BYTES", 8 * 1024**3, minimum=1)
 # Elements of one model input at batch 1; stages allocate inputs this size, so it is refused at upload.
 MAX_INPUT_ELEMENTS = _env_int("KILN_MAX_INPUT_ELEMENTS", 2**28, minimum=1)
+# PyTorch uploads are loaded and exported in a sandboxed child process with these limits.
+TORCH_SANDBOX_MEMORY_MB = _env_int("KILN_TORCH_SANDBOX_MEMORY_MB", 6144, minimum=1024)
+TORCH_SANDBOX_CPU_SECONDS = _env_int("KILN_TORCH_SANDBOX_CPU_SECONDS", 600, minimum=10)
 UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
 FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
 # Every upload streams to a temp file, hashed on the way and cut off at the limit; set globally
@@ -183,6 +211,17 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}}
 
+# Prometheus metrics at /metrics (off by default). Several server processes each write their
+# samples under METRICS_DIR and a scrape sums them (prometheus_client's multiprocess mode).
+METRICS = _env_bool("KILN_METRICS", False)
+METRICS_TOKEN = os.environ.get("KILN_METRICS_TOKEN", "")
+METRICS_DIR = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or DATA_DIR / "metrics").resolve()
+if METRICS:
+    METRICS_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
+# Logs as one JSON object per line (with job and task ids) instead of plain text.
+LOG_JSON = _env_bool("KILN_LOG_JSON", False)
+
 # Fleet timing, chosen by the server and obeyed by agents.
 AGENT_HEARTBEAT_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_SECONDS", 10)
 AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
@@ -192,10 +231,18 @@ AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
 # Celery beat: lease expiry, re-dispatch of waiting jobs, offline agents, the stuck-work reaper.
 HOUSEKEEPING_SECONDS = _env_int("KILN_HOUSEKEEPING_SECONDS", 5)
+# Work leases of host-side tasks: a running stage or variant build renews its lease every third of
+# WORK_LEASE_SECONDS; one that expires (the worker died) is sent again, at most WORK_MAX_ATTEMPTS
+# times. A task still queued after WORK_QUEUE_GRACE_SECONDS (its message was lost) is sent again.
+WORK_LEASE_SECONDS = _env_int("KILN_WORK_LEASE_SECONDS", 60, minimum=3)
+WORK_QUEUE_GRACE_SECONDS = _env_int("KILN_WORK_QUEUE_GRACE_SECONDS", 900, minimum=1)
+WORK_MAX_ATTEMPTS = _env_int("KILN_WORK_MAX_ATTEMPTS", 3, minimum=1)
 BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
 BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
 BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)
 BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS", "1"))
+# Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
+BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -233,7 +280,8 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "kiln.core.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", **({"formatter": "json"} if LOG_JSON else {})}},
     "root": {"handlers": ["console"], "level": os.environ.get("KILN_LOG_LEVEL", "INFO")},
     "loggers": {"django.server": {"level": "WARNING"}},
 }

@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from kiln.core.metrics_view import metrics
 from kiln.core.views import health, spa_index
 
 api_v1 = [
@@ -20,7 +21,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
-    re_path(r"^(?!api/|admin/|static/).*$", spa_index, name="spa"),
+    path("metrics", metrics, name="metrics"),
+    re_path(r"^(?!api/|admin/|static/|metrics$).*$", spa_index, name="spa"),
 ]
 
 handler400 = "kiln.core.views.bad_request"

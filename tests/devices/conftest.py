@@ -211,7 +211,7 @@ class FakeAgentServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_POST = do_HEAD = do_PATCH = _handle
+            do_GET = do_POST = do_HEAD = do_PATCH = do_PUT = _handle
 
         self.tus = FakeTus()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -250,6 +250,7 @@ class FakeAgentServer:
             digest = (sha256_override or {}).get(name) or hashlib.sha256(data).hexdigest()
             task_files[name] = {"url": url, "sha256": digest, "size_bytes": len(data)}
         self.route("POST", f"{prefix}/progress", Answer(200, {"cancel": False, "lease_expires_at": "x"}))
+        self.route("POST", f"{prefix}/artifact-upload", Answer(200, {"method": "resumable"}))
         self.route("POST", f"{prefix}/artifact", Answer(201, {"sha256": "abc"}))
         self.route("POST", f"{prefix}/result", Answer(200, {"ok": True}))
         return {

@@ -13,7 +13,7 @@ from devices.agent.client import (
     parse_retry_after,
 )
 
-from .conftest import Answer
+from .conftest import Answer, FakeAgentServer
 
 LEASE = "/api/agent/v1/tasks/lease"
 
@@ -130,11 +130,51 @@ def test_register_sends_no_agent_token(agent_server):
 def test_artifact_goes_up_resumably_then_names_the_upload(agent_server, client, tmp_path):
     artifact = tmp_path / "model.blob"
     artifact.write_bytes(b"compiled-bytes")
+    agent_server.route("POST", "/api/agent/v1/tasks/4/artifact-upload", Answer(200, {"method": "resumable"}))
     agent_server.route("POST", "/api/agent/v1/tasks/4/artifact", [Answer(502), Answer(201, {"sha256": "s"})])
     assert client.upload_artifact(4, attempt=3, path=artifact) == {"sha256": "s"}
+    plan = agent_server.hits("POST", "/api/agent/v1/tasks/4/artifact-upload")[0].json()
+    assert plan == {"attempt": 3, "sha256": hashlib.sha256(b"compiled-bytes").hexdigest(), "size_bytes": 14, "filename": "model.blob"}
     request = agent_server.hits("POST", "/api/agent/v1/tasks/4/artifact")[-1]
     assert request.json() == {"attempt": 3, "upload": "1", "filename": "model.blob"}
     assert bytes(agent_server.tus.uploads["1"]["data"]) == b"compiled-bytes"
+
+
+def test_artifact_goes_to_a_presigned_url_without_the_agent_token_when_the_server_says_so(agent_server, client, tmp_path):
+    artifact = tmp_path / "model.blob"
+    artifact.write_bytes(b"compiled-bytes" * 100)
+    # Another origin, as object storage is: same host, another port.
+    storage = FakeAgentServer()
+    storage.thread.start()
+    try:
+        put_path = "/bucket/incoming/x?X-Amz-Signature=abc"
+        storage.route("PUT", put_path, [Answer(503), Answer(200)])
+        agent_server.route("POST", "/api/agent/v1/tasks/4/artifact-upload", Answer(200, {
+            "method": "PUT", "url": storage.url + put_path, "headers": {"x-amz-checksum-sha256": "c2hh"}, "staged": "token"}))
+        agent_server.route("POST", "/api/agent/v1/tasks/4/artifact", Answer(201, {"sha256": "s"}))
+        assert client.upload_artifact(4, attempt=3, path=artifact) == {"sha256": "s"}
+        put = storage.hits("PUT", put_path)[-1]
+        assert len(storage.hits("PUT", put_path)) == 2, "a 503 from storage is retried"
+        assert put.body == artifact.read_bytes() and put.headers["x-amz-checksum-sha256"] == "c2hh"
+        assert "Authorization" not in put.headers, "the agent token never goes to storage"
+        assert agent_server.hits("POST", "/api/agent/v1/tasks/4/artifact")[-1].json() == {"attempt": 3, "staged": "token", "filename": "model.blob"}
+        assert not agent_server.tus.uploads
+    finally:
+        storage.httpd.shutdown()
+
+
+def test_a_download_redirected_to_storage_leaves_the_agent_token_behind(agent_server, client, tmp_path):
+    data = b"model-bytes" * 1000
+    storage = FakeAgentServer()
+    storage.thread.start()
+    try:
+        storage.route("GET", "/bucket/ab/cd?X-Amz-Signature=abc", Answer(200, data))
+        agent_server.route("GET", "/api/agent/v1/tasks/1/files/model", Answer(302, None, {"Location": storage.url + "/bucket/ab/cd?X-Amz-Signature=abc"}))
+        assert client.download("/api/agent/v1/tasks/1/files/model", tmp_path / "model.onnx") == hashlib.sha256(data).hexdigest()
+        assert "Authorization" in agent_server.hits("GET", "/api/agent/v1/tasks/1/files/model")[0].headers
+        assert "Authorization" not in storage.hits("GET", "/bucket/ab/cd?X-Amz-Signature=abc")[0].headers
+    finally:
+        storage.httpd.shutdown()
 
 
 def test_dropped_chunk_resumes_from_the_servers_offset(agent_server, client, tmp_path):

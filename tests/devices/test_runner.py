@@ -230,3 +230,25 @@ def test_metric_plugins_run_on_the_agent_and_a_raising_one_is_reported(agent_ser
 
     verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.0}, result["accuracy"])
     assert verdict["within_tolerance"] and verdict["metric"] == "plugin:label_hits"
+
+
+@pytest.mark.parametrize("backend", [
+    "onnxruntime",
+    pytest.param("openvino", marks=pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")),
+])
+def test_a_task_compiles_with_the_compile_options_the_search_asks_for(agent_server, runner, tiny_task_files, backend):
+    task = agent_server.serve_task(41, tiny_task_files, backend=backend)
+    task["compile"] = {"static_shapes": {"input": [1, 1, 8, 8]}}
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(41)
+    # Specialised to batch 1: only that batch is benchmarked, and every validation sample is still judged.
+    assert [row["batch_size"] for row in result["metrics"]["by_batch"]] == [1]
+    assert result["accuracy"]["cosine"] > 0.9999
+
+
+def test_a_task_with_invalid_compile_options_fails_with_the_reason(agent_server, runner, tiny_task_files):
+    task = agent_server.serve_task(42, tiny_task_files)
+    task["compile"] = {"threads": -3}
+    assert runner.run(task) == "failed"
+    [result] = agent_server.results(42)
+    assert "compile options are invalid: threads must be an integer" in result["error"]

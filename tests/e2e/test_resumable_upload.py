@@ -142,7 +142,7 @@ def _write_file(path, size: int) -> str:
 def test_interrupted_gigabyte_upload_resumes_with_the_right_digest_and_flat_memory(gunicorn, tmp_path, capsys):
     from kiln.client import Client
     from kiln.registry.models import Blob
-    from kiln.registry.storage import blob_path
+    from kiln.registry.storage import delete_file, local_path
 
     process, port = gunicorn
     tenant = make_tenant(username="big", organization="Big Files")
@@ -167,6 +167,6 @@ def test_interrupted_gigabyte_upload_resumes_with_the_right_digest_and_flat_memo
     assert any(done % (SIZE // 4) > 0 for done in seen[1:-1]), seen
     assert answer["complete"] is True and answer["sha256"] == expected
     blob = Blob.objects.get(organization=tenant.organization, sha256=expected)
-    assert blob.size_bytes == SIZE and blob_path(expected).stat().st_size == SIZE
+    assert blob.size_bytes == SIZE and local_path(expected).stat().st_size == SIZE
     assert growth_mb < RSS_GROWTH_LIMIT_MB
-    blob_path(expected).unlink()
+    delete_file(expected)

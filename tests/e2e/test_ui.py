@@ -356,7 +356,7 @@ def test_upload_deploy_watch_report_and_download(stack, new_page, digits_files, 
     expect(page.get_by_test_id("event-log")).to_be_visible()
     # Every device task's compiled engine is listed once the job has ended (no stale list).
     task_count = page.get_by_test_id("device-task-row").count()
-    expect(page.get_by_test_id("artifacts").get_by_text("compiled", exact=True)).to_have_count(task_count, timeout=15_000)
+    expect(page.locator('[data-testid="artifact-row"][data-kind="compiled"]')).to_have_count(task_count, timeout=15_000)
     screenshot(page, "08-job-done")
 
     # Download an artifact through its plain link.

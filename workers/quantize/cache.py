@@ -19,14 +19,14 @@ QUANTIZE_VERSION = "2"
 
 @lru_cache(maxsize=1)
 def toolchain_versions() -> dict[str, str | None]:
-    """Versions of everything that shapes a built variant."""
+    """Versions of everything that shapes a built variant (from package metadata: importing nncf costs seconds)."""
+    from importlib import metadata
+
     import onnxruntime
 
     try:
-        import nncf
-
-        nncf_version = nncf.__version__
-    except ImportError:
+        nncf_version = metadata.version("nncf")
+    except metadata.PackageNotFoundError:
         nncf_version = None
     return {
         "onnx": onnx.__version__,

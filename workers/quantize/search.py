@@ -1,14 +1,23 @@
 """`precisions: auto`: plan rounds of candidate variants, measure them, refine until the tolerance is met with nothing faster left.
 
 `plan_round` is pure and deterministic: the pipeline calls it with what the devices measured, and
-`search_locally` calls it with what this host measured (the benchmark uses that). Round 1 is a
-broad sweep across backends, precisions, calibration methods and tools, including what the
-vendors' own default tools produce, so the answer is never worse than theirs. Later rounds only
-refine candidates that missed the tolerance yet are faster than the best variant that met it:
-keeping more of the most sensitive nodes in float (INT8), or moving the most sensitive weights to
-INT8 (INT4). Keeping nodes in float can only slow a variant down, so a family that is already
-slower than the best passing variant is never refined, and a family whose last refinement passed
-is finished.
+`search_locally` calls it with what this host measured (the benchmark uses that). Speed comes first:
+
+- Round 1 measures FP32 on every backend and the cheapest member of each family (one INT8 build
+  per backend with per-tensor MinMax, INT8-dynamic and INT4 weights where the graph has MatMuls).
+- A family whose cheapest member is not faster than the best FP32 on the device, beyond the
+  measured noise, is pruned on that backend (`family_verdicts` says why, "INT8 does not pay on this
+  device: 0.89x"); a family that pays gets its other recipes (calibration methods, tools) there.
+- Later rounds refine only candidates that missed the tolerance yet are faster than the best
+  variant that met it: more of the most sensitive nodes in float (INT8), the most sensitive
+  weights in INT8 (INT4). Keeping nodes in float only slows a variant down, so a family already
+  slower than the best passing variant is never refined.
+- Compile options (`devices.backends.options`) are search dimensions too: the best candidate per
+  backend is tried with static shapes, thread counts and the runtime's hints, one option at a
+  time, then with the options that each paid, combined.
+
+A new family joins through `register_family`: a function that sees the round's `SearchState` and
+proposes specs (the PyTorch-learned recipes use it).
 """
 
 from __future__ import annotations
@@ -18,12 +27,17 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from devices import contract
+from devices.backends.options import describe as describe_compile_options
+from devices.backends.options import has_bf16
+from workers.learned.search import learned_proposals
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -37,6 +51,12 @@ KEEP_STEPS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_SUFFIX = re.compile(r"^(?P<base>.+?)-keep(?P<k>\d+)$")
 _MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
 _KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
+# The cheapest member of each family: what round 1 measures for speed before any accuracy work.
+PROBES = {"int8": "int8-minmax", "int8-dynamic": "int8-dynamic", "int4-weight": "int4-rtn", "fp16": "fp16"}
+FAMILY_NAMES = {"int8": "INT8", "int8-dynamic": "INT8-dynamic", "int4-weight": "INT4 weights", "fp16": "FP16"}
+# Below this relative gap two latencies are a tie, whatever their spread says.
+NOISE_FLOOR = 0.03
+COMPILE_SEPARATOR = "+"
 
 
 InvalidTolerance = contract.InvalidSpec
@@ -45,6 +65,43 @@ parse_tolerance = contract.parse_tolerance
 
 # ---------------------------------------------------------------------------------------------
 # Planning
+
+
+@dataclass
+class SearchState:
+    """What a family proposer sees: the round, the sweep of every recipe, what was measured and what pays."""
+
+    round_number: int
+    model_facts: dict[str, Any]
+    device_isa: list[str]
+    backends: list[str]
+    has_calibration: bool
+    sensitivity: list[dict[str, Any]]
+    measured: list[dict[str, Any]]
+    sweep: list[dict[str, Any]]
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def paying_backends(self, precision: str) -> list[str]:
+        """Backends where the family of `precision` beat FP32 beyond noise (all of them before it was measured)."""
+        verdict = self.verdicts.get(precision)
+        return list(self.backends) if verdict is None else list(verdict["paying_backends"])
+
+
+FamilyProposer = Callable[[SearchState], list[dict[str, Any]]]
+_FAMILY_PROPOSERS: list[FamilyProposer] = []
+
+
+def register_family(proposer: FamilyProposer) -> FamilyProposer:
+    """Add a family to the search: `proposer(state)` returns specs for this round (keys unique to the family)."""
+    if proposer not in _FAMILY_PROPOSERS:
+        _FAMILY_PROPOSERS.append(proposer)
+    return proposer
+
+
+def unregister_family(proposer: FamilyProposer) -> None:
+    """Remove a family added by `register_family` (tests, plugins being unloaded)."""
+    if proposer in _FAMILY_PROPOSERS:
+        _FAMILY_PROPOSERS.remove(proposer)
 
 
 def plan_round(
@@ -57,44 +114,251 @@ def plan_round(
     tolerance: dict[str, Any],
     sensitivity: list[dict[str, Any]] | None,
     measured: list[dict[str, Any]],
+    thread_choices: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Candidate specs `{"key", "precision", "options", "backends"}` for this round; [] when the search is done."""
+    """Candidate specs `{"key", "precision", "options", "backends", "compile"}` for this round; [] when the search is done.
+
+    `model_facts` holds the graph's `op_histogram` and, for static-shape specialisation,
+    `data_shapes` (`{input: [1, ...]}`, the shapes of the user's data at batch 1) and
+    `dynamic_inputs` (the inputs with a dynamic dimension). `thread_choices` are the thread counts
+    worth trying (the device's physical and logical cores); None when the caller pins threads.
+    """
     parse_tolerance(tolerance)
     sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration)
+    state = SearchState(round_number=round_number, model_facts=model_facts, device_isa=list(device_isa),
+                        backends=list(backends), has_calibration=has_calibration, sensitivity=list(sensitivity or []),
+                        measured=list(measured), sweep=sweep)
     if round_number <= 1:
-        return sweep + _outlier_keep_specs(sweep, sensitivity or [])
+        probes = set(PROBES.values()) | {"fp32"}
+        specs = [spec for spec in sweep if spec["key"] in probes]
+        return specs + _registered(state)
     if not measured:
         return []
-    templates = {spec["key"]: spec for spec in sweep}
-    usable = [entry for entry in measured if _p50(entry) is not None and _accuracy(entry) is not None]
-    passing = [_p50(entry) for entry in usable if _accuracy(entry).get("within_tolerance")]
-    best_passing = min(passing) if passing else math.inf
+    state.verdicts = family_verdicts(measured)
     tried = {entry["key"] for entry in measured}
+    proposals: dict[str, dict[str, Any]] = {}
+    for spec in [*_paying_recipes(state), *_refinements(state), *_compile_candidates(state, thread_choices),
+                 *_registered(state)]:
+        if spec["key"] in tried:
+            continue
+        known = proposals.get(spec["key"])
+        if known is None:
+            proposals[spec["key"]] = spec
+        elif known["backends"] and spec["backends"] and known["compile"] == spec["compile"]:
+            # The same recipe with the same options proposed for two backends is one variant run on both.
+            proposals[spec["key"]] = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
+    return [proposals[key] for key in sorted(proposals)]
+
+
+def _learned_family(state: SearchState) -> list[dict[str, Any]]:
+    """Learned rounding and QAT (workers.learned) for the fastest calibrated INT8 family that pays but misses the tolerance."""
+    paying = state.paying_backends("int8") if state.round_number > 1 else []
+    if not paying:
+        return []
+    usable = [entry for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
+              and not entry.get("compile")]
+    passing = [_p50(entry) for entry in usable if _passes(entry)]
+    best_passing = min(passing) if passing else math.inf
+    return [{**spec, "backends": [backend for backend in (spec["backends"] or paying) if backend in paying], "compile": {}}
+            for spec in learned_proposals(sweep=state.sweep, measured=usable, best_passing=best_passing)]
+
+
+register_family(_learned_family)
+
+
+def _registered(state: SearchState) -> list[dict[str, Any]]:
+    specs = []
+    for proposer in _FAMILY_PROPOSERS:
+        try:
+            specs.extend(proposer(state))
+        except Exception:  # one family's planning bug must not stop the search
+            logger.exception("family proposer %s failed", getattr(proposer, "__name__", proposer))
+    return specs
+
+
+def _paying_recipes(state: SearchState) -> list[dict[str, Any]]:
+    """The other recipes of each family whose probe paid, on the backends where it paid."""
+    specs = []
+    for spec in state.sweep:
+        if spec["key"] == "fp32" or spec["key"] in PROBES.values():
+            continue
+        paying = state.paying_backends(spec["precision"])
+        if paying:
+            specs.append({**spec, "backends": paying})
+    template = next((spec for spec in state.sweep if spec["key"] == EARLY_KEEP_FAMILY), None)
+    if template is not None and state.paying_backends("int8"):
+        specs.extend({**spec, "backends": state.paying_backends("int8")}
+                     for spec in _outlier_keep_specs(state.sweep, state.sensitivity))
+    return specs
+
+
+def _refinements(state: SearchState) -> list[dict[str, Any]]:
+    templates = {spec["key"]: spec for spec in state.sweep}
+    usable = [entry for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
+              and not entry.get("compile")]
+    passing = [_p50(entry) for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
+               and _accuracy(entry).get("within_tolerance")]
+    best_passing = min(passing) if passing else math.inf
 
     # The deepest refinement measured so far for each family, with its fastest latency and verdict.
     families: dict[str, dict[str, Any]] = {}
     for entry in usable:
         family, depth = _family(entry["key"])
-        if family is None:
+        if family is None or entry.get("backend") not in state.paying_backends(entry.get("precision", "")):
             continue
-        state = families.setdefault(family, {"depth": -1, "p50": math.inf, "passed": False})
-        if depth > state["depth"]:
-            state.update(depth=depth, p50=math.inf, passed=False)
-        if depth == state["depth"]:
-            state["p50"] = min(state["p50"], _p50(entry))
-            state["passed"] = state["passed"] or bool(_accuracy(entry).get("within_tolerance"))
+        family_state = families.setdefault(family, {"depth": -1, "p50": math.inf, "passed": False})
+        if depth > family_state["depth"]:
+            family_state.update(depth=depth, p50=math.inf, passed=False)
+        if depth == family_state["depth"]:
+            family_state["p50"] = min(family_state["p50"], _p50(entry))
+            family_state["passed"] = family_state["passed"] or bool(_accuracy(entry).get("within_tolerance"))
 
-    ranking = sensitivity or []
-    proposals: dict[str, dict[str, Any]] = {}
+    specs = []
     for family in sorted(families):
-        state = families[family]
+        family_state = families[family]
         # Refining only adds float work, so a family at or above the best passing latency cannot win.
-        if state["passed"] or state["p50"] >= best_passing:
+        if family_state["passed"] or family_state["p50"] >= best_passing:
             continue
-        spec = _refine(family, state["depth"], templates, ranking)
-        if spec is not None and spec["key"] not in tried:
-            proposals[spec["key"]] = spec
-    return [proposals[key] for key in sorted(proposals)]
+        spec = _refine(family, family_state["depth"], templates, state.sensitivity)
+        if spec is not None:
+            paying = state.paying_backends(spec["precision"])
+            specs.append({**spec, "backends": paying})
+    return specs
+
+
+def relative_noise(*entries: dict[str, Any]) -> float:
+    """How far apart two p50s must be to differ: twice the combined standard error of the medians, at least NOISE_FLOOR."""
+    variance = 0.0
+    for entry in entries:
+        latency = entry.get("latency_ms") or {}
+        count = max(int(latency.get("count") or 1), 1)
+        variance += (float(latency.get("cv") or 0.0) ** 2) * (math.pi / 2) / count
+    return max(NOISE_FLOOR, 2.0 * math.sqrt(variance))
+
+
+def family_verdicts(measured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per family (by precision): its probe's speed-up over the device's best FP32, per backend, and whether it pays.
+
+    `{precision: {"family", "speedup": {backend: x}, "paying_backends": [...], "reason"}}`; a family
+    whose probe failed to build or measure pays nowhere.
+    """
+    fp32 = [entry for entry in measured if entry.get("precision") == "fp32" and _p50(entry) is not None
+            and not entry.get("compile")]
+    if not fp32:
+        return {}
+    best_fp32 = min(fp32, key=_p50)
+    verdicts: dict[str, dict[str, Any]] = {}
+    for precision, probe in PROBES.items():
+        entries = [entry for entry in measured if entry.get("key") == probe]
+        if not entries:
+            continue
+        speedup: dict[str, float] = {}
+        paying: list[str] = []
+        for entry in sorted(entries, key=lambda e: str(e.get("backend"))):
+            if _p50(entry) is None:
+                continue
+            ratio = _p50(best_fp32) / _p50(entry)
+            speedup[entry["backend"]] = ratio
+            if ratio > 1.0 + relative_noise(entry, best_fp32):
+                paying.append(entry["backend"])
+        name = FAMILY_NAMES[precision]
+        best = max(speedup.values()) if speedup else None
+        if paying:
+            reason = f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {best_fp32.get('backend')}"
+        elif best is None:
+            reason = f"{name} could not be measured on this device; not searched further"
+        else:
+            reason = (f"{name} does not pay on this device: {best:.2f}x the best FP32 "
+                      f"({best_fp32.get('backend')}), within noise or slower; not calibrated further")
+        verdicts[precision] = {"family": name, "probe": probe, "speedup": speedup, "paying_backends": paying, "reason": reason}
+    return verdicts
+
+
+def _compile_candidates(state: SearchState, thread_choices: list[int] | None) -> list[dict[str, Any]]:
+    """Compile options for the fastest candidate on each backend: one at a time, then the ones that paid, combined."""
+    specs = []
+    by_key = {entry["key"]: entry for entry in state.measured}
+    for backend in state.backends:
+        base = _compile_base(state.measured, backend)
+        if base is None:
+            continue
+        singles = _single_compile_options(state, backend, thread_choices)
+        tried = []
+        for tag, options in singles:
+            key = f"{base['key']}{COMPILE_SEPARATOR}{tag}"
+            specs.append(_compile_spec(base, key, options, backend))
+            tried.append((tag, options, _measured_on(state.measured, key, backend)))
+        winners = [(tag, options) for tag, options, entry in tried
+                   if entry is not None and _p50(entry) is not None and _passes(entry)
+                   and _p50(entry) * (1.0 + relative_noise(entry, base)) < _p50(base)]
+        if len(winners) >= 2:
+            combined: dict[str, Any] = {}
+            for _, options in winners:
+                combined.update(options)
+            key = f"{base['key']}{COMPILE_SEPARATOR}{COMPILE_SEPARATOR.join(tag for tag, _ in winners)}"
+            if key not in by_key:
+                specs.append(_compile_spec(base, key, combined, backend))
+    return specs
+
+
+def _compile_base(measured: list[dict[str, Any]], backend: str) -> dict[str, Any] | None:
+    """The fastest passing plain build on `backend` (FP32 when nothing passes there)."""
+    plain = [entry for entry in measured if entry.get("backend") == backend and not entry.get("compile")
+             and _p50(entry) is not None and _accuracy(entry) is not None]
+    passing = [entry for entry in plain if _passes(entry)]
+    pool = passing or [entry for entry in plain if entry.get("precision") == "fp32"]
+    return min(pool, key=lambda entry: (_p50(entry), entry["key"])) if pool else None
+
+
+def _single_compile_options(state: SearchState, backend: str, thread_choices: list[int] | None) -> list[tuple[str, dict[str, Any]]]:
+    singles: list[tuple[str, dict[str, Any]]] = []
+    shapes = state.model_facts.get("data_shapes") or {}
+    dynamic = set(state.model_facts.get("dynamic_inputs") or [])
+    static = {name: list(dims) for name, dims in shapes.items() if name in dynamic}
+    if static:
+        singles.append(("static", {"static_shapes": static}))
+    for threads in sorted(set(thread_choices or [])):
+        singles.append((f"threads{threads}", {"threads": int(threads)}))
+    if backend == "onnxruntime":
+        singles.append(("ort-extended", {"graph_optimization": "extended"}))
+    if backend == "openvino":
+        singles.append(("ov-throughput", {"performance_hint": "THROUGHPUT"}))
+        if has_bf16(state.device_isa):
+            singles.append(("ov-bf16", {"inference_precision": "bf16"}))
+    return singles
+
+
+def _compile_spec(base: dict[str, Any], key: str, options: dict[str, Any], backend: str) -> dict[str, Any]:
+    return {"key": key, "precision": base["precision"], "options": dict(base.get("options") or {}),
+            "backends": [backend], "compile": dict(options)}
+
+
+def _measured_on(measured: list[dict[str, Any]], key: str, backend: str) -> dict[str, Any] | None:
+    return next((entry for entry in measured if entry.get("key") == key and entry.get("backend") == backend), None)
+
+
+def _passes(entry: dict[str, Any]) -> bool:
+    accuracy = _accuracy(entry)
+    return bool(accuracy and accuracy.get("within_tolerance"))
+
+
+def compile_winners(measured: list[dict[str, Any]]) -> list[str]:
+    """One line per backend where a compile option beat its base build: which options, how much faster."""
+    lines = []
+    for backend in sorted({entry.get("backend") for entry in measured if entry.get("compile")}):
+        tuned = [entry for entry in measured if entry.get("backend") == backend and entry.get("compile")
+                 and _p50(entry) is not None and _passes(entry)]
+        if not tuned:
+            continue
+        best = min(tuned, key=_p50)
+        base_key = best["key"].split(COMPILE_SEPARATOR)[0]
+        base = _measured_on(measured, base_key, backend)
+        if base is None or _p50(base) is None:
+            continue
+        ratio = _p50(base) / _p50(best)
+        verdict = "won" if ratio > 1.0 + relative_noise(best, base) else "did not pay (within noise or slower)"
+        lines.append(f"{backend}: {describe_compile_options(best['compile'])} {verdict}: {ratio:.2f}x {base_key} with runtime defaults")
+    return lines
 
 
 def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has_calibration: bool) -> list[dict[str, Any]]:
@@ -132,12 +396,12 @@ def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has
 
 
 def _spec(key: str, precision: str, options: dict[str, Any], backends: list[str] | None = None) -> dict[str, Any]:
-    return {"key": key, "precision": precision, "options": options, "backends": backends}
+    return {"key": key, "precision": precision, "options": options, "backends": backends, "compile": {}}
 
 
 def _family(key: str) -> tuple[str | None, int]:
     """(family, depth): "int8-mse-keep4" → ("int8-mse", 4); "int4-mix2" → ("int4-rtn", 2); "int8-mse" → ("int8-mse", 0)."""
-    if key in ("fp32", "fp16"):
+    if key in ("fp32", "fp16") or COMPILE_SEPARATOR in key:
         return None, 0
     mix = _MIX.match(key)
     if mix:
@@ -253,7 +517,7 @@ def search_locally(
     validation_path: str | Path,
     tolerance: Any,
     backends: tuple[str, ...] | list[str] = ("onnxruntime", "openvino"),
-    max_rounds: int = 4,
+    max_rounds: int = 5,
     time_budget_s: float = 600.0,
     work_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
@@ -264,22 +528,28 @@ def search_locally(
     sensitivity_samples: int = 64,
     confirm_windows: int = 5,
     metrics: list[dict[str, Any]] | None = None,
+    build_workers: int | None = None,
+    memory_budget_mb: int | None = None,
 ) -> dict[str, Any]:
     """Run the auto search on this host: build each round's candidates, measure them on each backend, recommend.
 
-    Returns `{"variants", "recommended", "reason", "pareto", "rounds", "sensitivity", "elapsed_s", "stopped"}`
-    with variants shaped like the report's (`id`, `key`, `backend`, `precision`, `recipe`, `latency_ms`,
-    `accuracy`, `size_bytes`, `path`).
+    `threads` pins the inference threads (the benchmark compares at one thread); None makes the
+    thread count a search dimension (this host's physical and logical cores). Builds run in child
+    processes under `memory_budget_mb` (default KILN_BUILD_MEMORY_MB), `build_workers` at a time
+    (default: the CPU count). The search stops when `time_budget_s` is spent and reports the best so far.
+
+    Returns `{"variants", "recommended", "reason", "pareto", "rounds", "sensitivity", "elapsed_s", "stopped",
+    "notes", "failures", "builds"}` with variants shaped like the report's (`id`, `key`, `backend`,
+    `precision`, `recipe`, `compile`, `latency_ms`, `accuracy`, `size_bytes`, `path`).
     """
+    import os
     import tempfile
 
     from devices.bench import BenchmarkSettings
     from workers.inspect import inspect_onnx
-    from workers.quantize.cache import cached_build_variant
-    from workers.quantize.sensitivity import rank_nodes
-    from workers.quantize.variants import NotApplicable, QuantizationError
 
     started = time.monotonic()
+    deadline = started + time_budget_s
     tolerance = parse_tolerance(tolerance)
     scoring = _scoring()
     settings = BenchmarkSettings.from_dict(benchmark or {"warmup_runs": 5, "warmup_seconds": 0.2,
@@ -288,49 +558,58 @@ def search_locally(
     work = Path(work_dir or scratch.name)
     work.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir) if cache_dir else work / "cache"
-    model_facts = inspect_onnx(model_path)
     isa = device_isa if device_isa is not None else host_isa()
     validation = _Validation(model_path, validation_path, max_validation_samples, metrics or [])
+    model_facts = {**inspect_onnx(model_path), **validation.shape_facts}
+    thread_choices = None if threads else host_thread_choices()
+    workers = max(1, build_workers or os.cpu_count() or 1)
 
-    sensitivity = None
-    if calibration_path is not None:
-        sensitivity = rank_nodes(model_path=model_path, calibration_path=calibration_path, max_samples=sensitivity_samples)
-
+    sensitivity: list[dict[str, Any]] | None = None
     entries: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
+    builds: list[dict[str, Any]] = []
+    recipes: dict[str, tuple[Path, dict[str, Any]]] = {}
     rounds = 0
     stopped = "search complete: tolerance met with no faster candidate left"
-    for round_number in range(1, max_rounds + 1):
+    for round_number in range(1, max_rounds + 2):
+        if round_number > 1 and sensitivity is None and calibration_path is not None and _int8_pays(entries):
+            # Sensitivity feeds only INT8's refinements: computed once INT8 has shown it can win.
+            sensitivity = _rank_nodes_safely(model_path, calibration_path, sensitivity_samples, memory_budget_mb, failures)
         specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
                            has_calibration=calibration_path is not None, tolerance=tolerance,
-                           sensitivity=sensitivity, measured=entries)
+                           sensitivity=sensitivity, measured=entries, thread_choices=thread_choices)
         if not specs:
             break
-        rounds = round_number
-        for spec in specs:
-            if time.monotonic() - started > time_budget_s:
-                stopped = f"time budget of {time_budget_s:g} s ran out in round {round_number}"
-                break
-            out = work / "variants" / f"{spec['key']}.onnx"
-            try:
-                built = cached_build_variant(cache_dir=cache, model_path=model_path, precision=spec["precision"],
-                                             out_path=out, calibration_path=calibration_path, options=spec["options"])
-            except (NotApplicable, QuantizationError) as error:
-                failures.append({"key": spec["key"], "error": str(error)})
-                continue
-            wanted = spec["backends"] or list(backends)
-            for backend in [name for name in wanted if name in built["backends"] and name in backends]:
-                entry = _measure(out, backend, spec, built, validation, settings, threads, work, tolerance, scoring)
-                entries.append(entry)
-        else:
-            continue
-        break
-    else:
-        if plan_round(round_number=max_rounds + 1, model_facts=model_facts, device_isa=isa, backends=list(backends),
-                      has_calibration=calibration_path is not None, tolerance=tolerance,
-                      sensitivity=sensitivity, measured=entries):
+        if round_number > max_rounds:
             stopped = f"stopped after max_rounds={max_rounds} with refinements left"
+            break
+        if time.monotonic() >= deadline:
+            stopped = f"time budget of {time_budget_s:g} s ran out before round {round_number}; reporting the best so far"
+            break
+        rounds = round_number
+        fresh = _build_round([spec for spec in specs if _recipe_key(spec) not in recipes], model_path, calibration_path,
+                             work, cache, workers, memory_budget_mb, deadline, failures)
+        builds.extend({"key": key, "peak_rss_mb": result.get("peak_rss_mb"), "build_s": result.get("build_s"),
+                       "cache": result.get("cache")} for key, (_, result) in fresh.items())
+        recipes.update(fresh)
+        built = {spec["key"]: recipes[_recipe_key(spec)] for spec in specs if _recipe_key(spec) in recipes}
+        out_of_time = False
+        for spec in specs:
+            if spec["key"] not in built:
+                continue
+            out, result = built[spec["key"]]
+            wanted = spec["backends"] or list(backends)
+            for backend in [name for name in wanted if name in result["backends"] and name in backends]:
+                if time.monotonic() >= deadline:
+                    out_of_time = True
+                    break
+                entries.append(_measure(out, backend, spec, result, validation, settings, threads, work, tolerance))
+        if out_of_time or len(built) < len(specs) and time.monotonic() >= deadline:
+            stopped = f"time budget of {time_budget_s:g} s ran out in round {round_number}; reporting the best so far"
+            break
 
+    # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
+    notes = [verdict["reason"] for verdict in family_verdicts(entries).values()] + compile_winners(entries)
     _confirm_fastest(entries, validation, threads, work, confirm_windows)
     recommended, reason = scoring.recommend(entries, tolerance)
     pareto = scoring.pareto_ids(entries)
@@ -346,13 +625,78 @@ def search_locally(
         "failures": failures,
         "recommended": recommended,
         "reason": reason,
+        "notes": notes,
         "pareto": sorted(pareto),
         "rounds": rounds,
         "sensitivity": sensitivity,
         "tolerance": tolerance,
+        "builds": builds,
+        "peak_build_rss_mb": max((b["peak_rss_mb"] or 0.0 for b in builds), default=0.0),
         "elapsed_s": time.monotonic() - started,
         "stopped": stopped,
     }
+
+
+def host_thread_choices() -> list[int]:
+    """This host's physical and logical core counts (one entry when they are equal)."""
+    import os
+
+    import psutil
+
+    return sorted({count for count in (psutil.cpu_count(logical=False), psutil.cpu_count(logical=True) or os.cpu_count())
+                   if count})
+
+
+def _int8_pays(entries: list[dict[str, Any]]) -> bool:
+    verdicts = family_verdicts(entries)
+    return any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic"))
+
+
+def _rank_nodes_safely(model_path, calibration_path, samples: int, budget: int | None, failures: list) -> list[dict[str, Any]]:
+    """Sensitivity ranking in a child process under the memory budget; a failure leaves the search without refinements."""
+    from workers.quantize.isolated import rank_nodes_isolated
+
+    try:
+        return rank_nodes_isolated(model_path=model_path, calibration_path=calibration_path, max_samples=samples,
+                                   memory_budget=budget)
+    except Exception as error:
+        failures.append({"key": "sensitivity", "error": f"{type(error).__name__}: {error}"})
+        return []
+
+
+def _build_round(specs, model_path, calibration_path, work: Path, cache: Path, workers: int, budget: int | None,
+                 deadline: float, failures: list) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Build every distinct recipe of the round, `workers` at a time, each in its own process under the memory budget.
+
+    Returns `{recipe key: (artifact path, build result)}`; specs that differ only in compile options share one build.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.quantize.isolated import build_isolated
+
+    recipes: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        recipes.setdefault(_recipe_key(spec), spec)
+
+    def build(spec):
+        out = work / "variants" / f"{_recipe_key(spec)}.onnx"
+        try:
+            return out, build_isolated(model_path=model_path, precision=spec["precision"], out_path=out,
+                                       calibration_path=calibration_path, options=spec["options"], cache_dir=cache,
+                                       memory_budget=budget, timeout_s=max(30.0, deadline - time.monotonic() + 30.0))
+        except Exception as error:
+            failures.append({"key": spec["key"], "error": f"{type(error).__name__}: {error}" if type(error).__name__ not in
+                             ("NotApplicable", "QuantizationError") else str(error)})
+            return None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = dict(zip(recipes, pool.map(build, recipes.values())))
+    return {key: result for key, result in results.items() if result is not None}
+
+
+def _recipe_key(spec: dict[str, Any]) -> str:
+    """The build's name: the spec's key without its compile options."""
+    return spec["key"].split(COMPILE_SEPARATOR)[0]
 
 
 class _Validation:
@@ -381,69 +725,121 @@ class _Validation:
                                              declared=declared, has_labels=self.labels is not None)
         single = {name: np.ascontiguousarray(value[: self.static_batch or 1]) for name, value in self.batches[0].items()}
         self.benchmark_feeds = single
+        dynamic = [value.name for value in session.get_inputs()
+                   if any(not isinstance(dim, int) or dim <= 0 for dim in value.shape)]
+        # The shapes of the user's data at the benchmark's batch: what static-shape compilation specialises to.
+        self.shape_facts = {"dynamic_inputs": dynamic,
+                            "data_shapes": {name: list(value.shape) for name, value in single.items()}}
 
-    def run(self, infer) -> dict[str, np.ndarray]:
+    def run(self, infer, *, rows_per_call: int | None = None) -> dict[str, np.ndarray]:
+        """Every validation sample through `infer`, `rows_per_call` rows at a time (a static-shape build) or whole batches."""
         from devices.batching import sample_rows
 
         parts: dict[str, list[np.ndarray]] = {}
-        for feeds in self.batches:
-            rows = len(next(iter(feeds.values())))
-            for name, value in infer(feeds).items():
-                parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
+        for batch in self.batches:
+            total = len(next(iter(batch.values())))
+            step = rows_per_call or total
+            for start in range(0, total, step):
+                feeds = {name: np.ascontiguousarray(value[start : start + step]) for name, value in batch.items()}
+                rows = len(next(iter(feeds.values())))
+                for name, value in infer(feeds).items():
+                    parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
         return {name: np.concatenate(values) for name, values in parts.items()}
 
 
 def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, threads: int | None, work: Path,
-                     windows: int, margin: float = 0.10) -> None:
-    """Re-time the passing variants within `margin` of the fastest, interleaved, so noise does not pick the winner.
+                     windows: int, max_contenders: int = 6, max_windows: int = 15) -> None:
+    """Re-time the fastest passing variants and each backend's plain FP32 side by side, until the leader is clear.
 
-    A single short run per candidate is enough to rule out the clearly slow ones, but near-ties on
-    a busy machine flip from run to run; round-robin windows expose every contender to the same drift.
+    Rounds are measured minutes apart, and on a busy machine the load drifts between them, so
+    first-pass timings from different rounds do not compare. The `max_contenders` fastest passing
+    variants, plus FP32 with runtime defaults on each backend (what a user gets without Kiln), are
+    timed again in round-robin windows so every one sees the same drift; after `windows` rounds,
+    more are added while the leader's 90% interval (bootstrap over the window medians) overlaps a
+    rival's. Each contender's p50 becomes the median of its window medians, with the interval as
+    `p50_ci`; the others are scaled by the drift the contenders saw (`drift_adjusted`).
     """
     from devices.backends.registry import get_backend
     from devices.bench import BenchmarkSettings, measure, summarize_latencies
 
-    passing = [e for e in entries if e.get("latency_ms") and e["accuracy"].get("within_tolerance") and e.get("path")]
+    passing = sorted((e for e in entries if e.get("latency_ms") and e["accuracy"].get("within_tolerance") and e.get("path")),
+                     key=lambda e: e["latency_ms"]["p50"])
     if windows < 1 or len(passing) < 2:
         return
-    best = min(e["latency_ms"]["p50"] for e in passing)
-    contenders = [e for e in passing if e["latency_ms"]["p50"] <= best * (1 + margin)]
-    if len(contenders) < 2:
-        return
+    contenders = passing[:max_contenders]
+    for entry in passing[max_contenders:]:
+        if entry["precision"] == "fp32" and not entry.get("compile") and entry["backend"] not in {
+                e["backend"] for e in contenders if e["precision"] == "fp32" and not e.get("compile")}:
+            contenders.append(entry)
     settings = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
-    compiled = [get_backend(e["backend"]).compile(e["path"], work / "confirm" / e["id"], threads=threads) for e in contenders]
+    compiled = [get_backend(e["backend"]).compile(e["path"], work / "confirm" / e["id"], threads=threads, options=e.get("compile"))
+                for e in contenders]
     try:
         bound = [model.bind(validation.benchmark_feeds) for model in compiled]
         samples: list[list[np.ndarray]] = [[] for _ in contenders]
-        for _ in range(windows):
+        for done in range(1, max_windows + 1):
             for index, run in enumerate(bound):
                 samples[index].append(measure(run, settings)["samples_ms"])
+            if done >= windows and _leader_is_clear(samples):
+                break
+        drifts = []
         for entry, parts in zip(contenders, samples):
             entry["latency_ms_first_pass"] = entry["latency_ms"]
             medians = [float(np.median(part)) for part in parts]
             entry["latency_ms"] = {**summarize_latencies(np.concatenate(parts)), "p50": float(np.median(medians))}
-            entry["confirmed"] = True
+            entry["p50_ci"] = list(median_interval(medians))
+            entry["confirmed"] = len(medians)
+            drifts.append(entry["latency_ms"]["p50"] / entry["latency_ms_first_pass"]["p50"])
     finally:
         for model in compiled:
             model.close()
+    drift = float(np.median(drifts))
+    for entry in entries:
+        if entry.get("latency_ms") and not entry.get("confirmed"):
+            entry["latency_ms_first_pass"] = entry["latency_ms"]
+            entry["latency_ms"] = {**entry["latency_ms"], "p50": entry["latency_ms"]["p50"] * drift}
+            entry["drift_adjusted"] = drift
+
+
+def median_interval(values: list[float], confidence: float = 0.90, resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap confidence interval of the median of `values` (deterministic: a fixed seed)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size < 2:
+        return float(data[0]), float(data[0])
+    rng = np.random.default_rng(0)
+    medians = np.median(data[rng.integers(0, data.size, (resamples, data.size))], axis=1)
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(medians, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _leader_is_clear(samples: list[list[np.ndarray]]) -> bool:
+    """Whether the contender with the lowest median window median is below every rival's interval."""
+    medians = [[float(np.median(part)) for part in parts] for parts in samples]
+    intervals = [median_interval(values) for values in medians]
+    leader = min(range(len(medians)), key=lambda index: float(np.median(medians[index])))
+    return all(intervals[leader][1] < intervals[index][0] for index in range(len(medians)) if index != leader)
 
 
 def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[str, Any], validation: _Validation,
-             settings, threads: int | None, work: Path, tolerance: dict[str, Any], scoring) -> dict[str, Any]:
+             settings, threads: int | None, work: Path, tolerance: dict[str, Any]) -> dict[str, Any]:
     from devices.backends.registry import get_backend
     from devices.bench import measure
     from devices.metrics import evaluate
 
+    compile_options = dict(spec.get("compile") or {})
     entry: dict[str, Any] = {
         "id": f"{spec['key']}@{backend_name}", "key": spec["key"], "backend": backend_name,
-        "precision": spec["precision"], "options": spec["options"], "recipe": built["recipe"],
+        "precision": spec["precision"], "options": spec["options"], "compile": compile_options,
+        "recipe": {**built["recipe"], **({"compile": compile_options} if compile_options else {})},
         "size_bytes": built["size_bytes"], "cache": built.get("cache"), "path": str(path),
-        "latency_ms": None, "accuracy": {"value": None}, "error": None,
+        "build_peak_rss_mb": built.get("peak_rss_mb"), "latency_ms": None, "accuracy": {"value": None}, "error": None,
     }
     try:
-        compiled = get_backend(backend_name).compile(path, work / "compiled" / entry["id"], threads=threads)
+        compiled = get_backend(backend_name).compile(path, work / "compiled" / entry["id"], threads=threads, options=compile_options)
         try:
-            outputs = validation.run(compiled.run)
+            static_batch = max((spec.static_batch or 0 for spec in compiled.input_specs), default=0)
+            outputs = validation.run(compiled.run, rows_per_call=static_batch or None)
             reference = {name: validation.reference[name] for name in validation.output_names}
             measured = evaluate({name: outputs[name] for name in reference}, reference, validation.plan, validation.labels)
             entry["accuracy"] = contract.score_accuracy(tolerance, measured)

@@ -15,6 +15,7 @@ from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
 from workers.quantize.backends import runnable_backends
+from workers.workdir import working_directory
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ _OPTIONS = {
         "calibrator", "percentile", "activation_type", "weight_type", "reduce_range",
         # NNCF's ONNX backend (workers.quantize.nncf_onnx), with tool="nncf".
         "tool", "preset", "model_type", "fast_bias_correction", "smooth_quant_alpha", "ignored_types",
+        # Learned rounding on top of the calibration (workers.learned).
+        "learn", "learn_seconds", "learn_samples", "learn_memory_mb",
     },
     "int8-dynamic": {"per_channel", "nodes_to_exclude", "op_types_to_quantize"},
     "int4-weight": {
@@ -83,8 +86,11 @@ def build_variant(
         "int8-dynamic": _build_int8_dynamic,
         "int4-weight": _build_int4_weight,
     }
+    builder = builders[precision]
+    if options.get("learn"):
+        builder = _learned_builder(builder)
     try:
-        recipe = builders[precision](model_path, out_path, calibration_path=calibration_path, options=options)
+        recipe = builder(model_path, out_path, calibration_path=calibration_path, options=options)
         backends = runnable_backends(out_path)
         if not backends:
             raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
@@ -94,6 +100,18 @@ def build_variant(
         _remove_outputs(out_path)
         raise
     return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes}
+
+
+def _learned_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    from workers.learned.recipes import LearningNotApplicable, build_learned_int8
+
+    def build(model_path: Path, out_path: Path, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return build_learned_int8(model_path, out_path, base_builder=base_builder, **kwargs)
+        except LearningNotApplicable as exc:
+            raise NotApplicable(str(exc)) from exc
+
+    return build
 
 
 def _remove_outputs(out_path: Path) -> None:
@@ -308,10 +326,12 @@ def _preprocess(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> 
 
     output = scratch / "preprocessed.onnx"
     try:
-        quant_pre_process(
-            str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
-            external_data_location="preprocessed.onnx.data",
-        )
+        # Its shape inference drops scratch files into the current directory when some shape stays unknown.
+        with working_directory(scratch):
+            quant_pre_process(
+                str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
+                external_data_location="preprocessed.onnx.data",
+            )
     except Exception as error:
         logger.info("quant_pre_process failed on %s: %s", model_path.name, error)
         return model_path, f"skipped: {type(error).__name__}: {error}"

@@ -188,10 +188,10 @@ export function isTerminal(status: string | undefined): boolean {
   return !!status && (TERMINAL_JOB_STATUSES as string[]).includes(status);
 }
 
-export function useJobs(page = 1) {
+export function useJobs(page = 1, model: number | null = null) {
   return useQuery({
-    queryKey: [...keys.jobs, { page }],
-    queryFn: () => api<Paginated<Job> | Job[]>(`jobs/${listQuery({ page: page > 1 ? page : null })}`),
+    queryKey: [...keys.jobs, { page, model }],
+    queryFn: () => api<Paginated<Job> | Job[]>(`jobs/${listQuery({ page: page > 1 ? page : null, model })}`),
     placeholderData: (previous) => previous,
     refetchInterval: (query) =>
       rows(query.state.data).some((job) => !isTerminal(job.status)) ? 3000 : false,
@@ -316,8 +316,9 @@ export function useArtifacts(id: number, jobStatus: string | undefined) {
   });
 }
 
-export function useReport(id: number) {
+export function useReport(id: number, enabled = true) {
   return useQuery({
+    enabled,
     queryKey: keys.report(id),
     queryFn: () => api<Report>(`jobs/${id}/report/`),
     refetchInterval: (query) => (query.state.data && !isTerminal(query.state.data.status) ? 3000 : false),

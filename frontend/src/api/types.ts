@@ -52,7 +52,17 @@ export interface TensorSpec {
   shape: Shape;
 }
 
+export interface PyTorchConversion {
+  format?: string;
+  exporter?: 'dynamo' | 'torchscript';
+  fallback_reason?: string | null;
+  parity?: { passed: boolean; min_cosine: number; threshold: number; samples: number };
+  torch_parameter_count?: number;
+}
+
 export interface ModelVersion {
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
   id: number;
   number: number;
   sha256: string;
@@ -66,6 +76,8 @@ export interface ModelVersion {
   validation: { ok: boolean; error: string | null } | null;
   /** Per output: the kind Kiln judges it by, what it inferred and why, and whether the user overrode it. */
   output_kinds?: Record<string, OutputKindInfo>;
+  /** PyTorch uploads: how the ONNX was exported and how closely it matches PyTorch. */
+  conversion?: PyTorchConversion;
   created_at: string;
   download_url: string;
 }
@@ -123,6 +135,15 @@ export interface Model {
   created_at: string;
   latest_version: ModelVersion | null;
   versions?: ModelVersion[];
+  /** On upload: earlier versions with exactly the same bytes. */
+  identical_to?: IdenticalVersion[];
+}
+
+export interface IdenticalVersion {
+  model: number;
+  name: string;
+  version: number;
+  version_id: number;
 }
 
 export type DatasetKind = 'calibration' | 'validation';
@@ -255,7 +276,7 @@ export interface Job {
   progress: number;
   error: string | null;
   model_version: number;
-  model: { id: number; name: string } | null;
+  model: { id: number; name: string; version?: number } | null;
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
@@ -272,6 +293,28 @@ export interface Job {
   rerun_of?: number | null;
   package?: { encrypt?: boolean } | null;
   toolchain?: { host?: Record<string, string> } | null;
+  /** The `auto` search's time budget ({} for explicit precisions). */
+  budget?: SearchBudget | Record<string, never>;
+  /** Per device, once reported: the recommended variant and its speed-up over FP32. */
+  outcome?: JobOutcome[];
+}
+
+export interface JobOutcome {
+  device: string;
+  agent: number | null;
+  recommended: string | null;
+  speedup: number | null;
+  beyond_noise: boolean | null;
+  tie: boolean;
+  accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
+  verdict: string | null;
+}
+
+export interface SearchBudget {
+  minutes: number;
+  started_at: number | null;
+  seconds_left: number | null;
+  stopped: string | null;
 }
 
 export interface JobCreate {
@@ -423,6 +466,50 @@ export interface ReportDevice {
   estimate?: DeviceEstimate | null;
   /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
   fp32_noise?: Fp32Noise[];
+  /** The one-line verdict on the recommended variant (reports/scoring.py). */
+  verdict?: Verdict | null;
+  /** Why not the others: one row per precision family. */
+  alternatives?: WhyNotRow[];
+  /** Each unstable measurement, in words, with its spread. */
+  unstable?: UnstableNote[];
+}
+
+/** A latency ratio (slow p50 / fast p50) with its 95% interval and where the noise figure came from. */
+export interface LatencyRatio {
+  ratio: number;
+  low: number;
+  high: number;
+  source: string;
+  beyond_noise: boolean;
+}
+
+export interface Verdict {
+  variant: number;
+  label: string;
+  text: string;
+  tie: boolean;
+  tied_with: ({ variant: number; label: string } & LatencyRatio)[];
+  speedup: ({ baseline: number } & LatencyRatio) | null;
+  accuracy: { metric: string | null; value: number | null; drop: number | null };
+}
+
+export interface WhyNotRow {
+  family: string;
+  variants: number;
+  variant: number;
+  label: string;
+  p50_ms: number | null;
+  drop: number | null;
+  metric: string | null;
+  why: string;
+}
+
+export interface UnstableNote {
+  variant: number;
+  label: string;
+  spread: number;
+  window_medians_ms: number[];
+  text: string;
 }
 
 export interface Fp32Noise {

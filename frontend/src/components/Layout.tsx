@@ -1,5 +1,5 @@
 /** The signed-in frame: navigation, organization switcher, the user's menu, and the page. */
-import { useId } from 'react';
+import { useEffect, useId, useState } from 'react';
 import { Navigate, NavLink, Outlet, useLocation, useNavigate } from 'react-router';
 import { useLogout, useMe, useSwitchOrganization } from '../api/hooks';
 import { ErrorMessage, Loading } from './common';
@@ -9,6 +9,7 @@ const NAV = [
   { to: '/datasets', label: 'Datasets' },
   { to: '/deployments', label: 'Deployments' },
   { to: '/performance', label: 'Performance' },
+  { to: '/compare', label: 'Compare' },
   { to: '/devices', label: 'Devices' },
   { to: '/settings/tokens', label: 'API tokens' },
   { to: '/members', label: 'Members' },
@@ -50,6 +51,10 @@ export function Layout() {
   const logout = useLogout();
   const navigate = useNavigate();
   const location = useLocation();
+  // Below the breakpoint the navigation folds into a menu; following a link closes it.
+  const [menuOpen, setMenuOpen] = useState(false);
+  const menuId = useId();
+  useEffect(() => setMenuOpen(false), [location.pathname]);
 
   if (me.isPending) return <Loading label="Checking your session…" />;
   if (me.isError) {
@@ -72,11 +77,24 @@ export function Layout() {
       <a className="skip-link" href="#main">
         Skip to content
       </a>
-      <aside className="sidebar">
-        <div className="brand">
-          <span className="brand-mark" aria-hidden="true" />
-          Kiln
+      <aside className={`sidebar${menuOpen ? ' menu-open' : ''}`}>
+        <div className="sidebar-top">
+          <div className="brand">
+            <span className="brand-mark" aria-hidden="true" />
+            Kiln
+          </div>
+          <button
+            type="button"
+            className="button button-small menu-toggle"
+            aria-expanded={menuOpen}
+            aria-controls={menuId}
+            onClick={() => setMenuOpen((open) => !open)}
+            data-testid="menu-toggle"
+          >
+            {menuOpen ? 'Close menu' : 'Menu'}
+          </button>
         </div>
+        <div className="sidebar-panel" id={menuId}>
         <OrganizationSwitcher />
         <nav aria-label="Main">
           <ul>
@@ -101,6 +119,7 @@ export function Layout() {
           >
             Sign out
           </button>
+        </div>
         </div>
       </aside>
       <main id="main" className="content" tabIndex={-1}>

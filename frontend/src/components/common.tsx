@@ -1,5 +1,5 @@
 /** Small presentational pieces used across pages. */
-import { useState, type ReactNode } from 'react';
+import { useEffect, useState, type ReactNode } from 'react';
 import { errorMessage } from '../api/client';
 import { humanize } from '../format';
 
@@ -116,7 +116,26 @@ export function SecretReveal({ label, value, testId, children }: { label: string
   );
 }
 
-export function PageHeader({ title, subtitle, actions }: { title: ReactNode; subtitle?: ReactNode; actions?: ReactNode }) {
+/** Sets the browser tab's title to "<page> · Kiln" while the page is shown. */
+export function useDocumentTitle(title: string | null | undefined) {
+  useEffect(() => {
+    if (title) document.title = `${title} · Kiln`;
+  }, [title]);
+}
+
+export function PageHeader({
+  title,
+  subtitle,
+  actions,
+  documentTitle,
+}: {
+  title: ReactNode;
+  subtitle?: ReactNode;
+  actions?: ReactNode;
+  /** The tab title, when `title` is not plain text. */
+  documentTitle?: string;
+}) {
+  useDocumentTitle(documentTitle ?? (typeof title === 'string' ? title : null));
   return (
     <header className="page-header">
       <div>

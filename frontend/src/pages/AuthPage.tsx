@@ -2,11 +2,19 @@
 import { useState, type FormEvent } from 'react';
 import { Link, Navigate, useNavigate, useSearchParams } from 'react-router';
 import { useLogin, useMe, useSignup } from '../api/hooks';
-import { ErrorMessage, Loading } from '../components/common';
+import { ErrorMessage, Loading, useDocumentTitle } from '../components/common';
 
 function safeNext(next: string | null): string {
   // Only same-site paths, so a crafted link cannot send a fresh session elsewhere.
   return next && next.startsWith('/') && !next.startsWith('//') ? next : '/models';
+}
+
+/** The server's password rules (settings.AUTH_PASSWORD_VALIDATORS), checked as the user types. */
+export const PASSWORD_MIN_LENGTH = 8;
+
+export function passwordProblems(password: string): string[] {
+  // The common-password list lives on the server; its answer comes back next to this field.
+  return password.length < PASSWORD_MIN_LENGTH ? [`at least ${PASSWORD_MIN_LENGTH} characters (${password.length} so far)`] : [];
 }
 
 export function AuthPage({ mode }: { mode: 'login' | 'signup' }) {
@@ -20,6 +28,8 @@ export function AuthPage({ mode }: { mode: 'login' | 'signup' }) {
   const [organization, setOrganization] = useState('');
   const next = safeNext(params.get('next'));
   const mutation = mode === 'login' ? login : signup;
+  useDocumentTitle(mode === 'login' ? 'Sign in' : 'Create an account');
+  const problems = mode === 'signup' ? passwordProblems(password) : [];
 
   if (me.isPending) return <Loading />;
   if (me.data) return <Navigate to={next} replace />;
@@ -62,7 +72,16 @@ export function AuthPage({ mode }: { mode: 'login' | 'signup' }) {
               required
               value={password}
               onChange={(event) => setPassword(event.target.value)}
+              aria-describedby={mode === 'signup' ? 'password-rules' : undefined}
             />
+            {mode === 'signup' ? (
+              <p id="password-rules" className={`small ${password && problems.length === 0 ? 'field-ok' : 'muted'}`} data-testid="password-rules">
+                {password && problems.length === 0
+                  ? '✓ Long enough. It must also not be a commonly used password.'
+                  : `Password rules: at least ${PASSWORD_MIN_LENGTH} characters, and not a commonly used password.`}
+                {password && problems.length > 0 ? <span className="field-error"> Still needs: {problems.join('; ')}.</span> : null}
+              </p>
+            ) : null}
           </div>
           {mode === 'signup' ? (
             <div className="field">

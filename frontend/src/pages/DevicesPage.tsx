@@ -13,6 +13,8 @@ import type { Agent, RegistrationToken } from '../api/types';
 import { CopyButton, EmptyState, ErrorMessage, Loading, PageHeader, SecretReveal, StatusBadge } from '../components/common';
 import { formatDate, formatRelative } from '../format';
 
+const ISA_SHOWN = 12;
+
 function Capabilities({ agent }: { agent: Agent }) {
   const caps = agent.capabilities ?? {};
   const runtimes = Object.entries(caps.runtimes ?? {});
@@ -21,8 +23,8 @@ function Capabilities({ agent }: { agent: Agent }) {
       {caps.cpu_model || caps.arch ? (
         <>
           <dt>CPU</dt>
-          <dd>
-            {caps.cpu_model ?? caps.arch}
+          <dd title={String(caps.cpu_model ?? caps.arch)}>
+            {capabilityText(String(caps.cpu_model ?? caps.arch))}
             {caps.cores ? `, ${caps.cores} cores` : ''}
             {caps.memory_mb ? `, ${Math.round(Number(caps.memory_mb) / 1024)} GB RAM` : ''}
           </dd>
@@ -31,33 +33,40 @@ function Capabilities({ agent }: { agent: Agent }) {
       {caps.os ? (
         <>
           <dt>OS</dt>
-          <dd>
-            {caps.os}
-            {caps.arch ? ` (${caps.arch})` : ''}
+          <dd title={String(caps.os)}>
+            {capabilityText(String(caps.os))}
+            {caps.arch ? ` (${capabilityText(String(caps.arch), 40)})` : ''}
           </dd>
         </>
       ) : null}
       {caps.gpu ? (
         <>
           <dt>GPU</dt>
-          <dd>{String((caps.gpu as { name?: string }).name ?? JSON.stringify(caps.gpu))}</dd>
+          <dd title={String((caps.gpu as { name?: string }).name ?? JSON.stringify(caps.gpu))}>
+            {capabilityText(String((caps.gpu as { name?: string }).name ?? JSON.stringify(caps.gpu)))}
+          </dd>
         </>
       ) : null}
       {runtimes.length ? (
         <>
           <dt>Runtimes</dt>
-          <dd>{runtimes.map(([name, version]) => `${name} ${version}`).join(', ')}</dd>
+          <dd title={runtimes.map(([name, version]) => `${name} ${version}`).join(', ')}>
+            {capabilityText(runtimes.map(([name, version]) => `${name} ${version}`).join(', '), 160)}
+          </dd>
         </>
       ) : null}
       {caps.isa?.length ? (
         <>
           <dt>ISA</dt>
           <dd className="chips">
-            {caps.isa.map((flag) => (
-              <span key={flag} className="chip">
-                {flag}
+            {caps.isa.slice(0, ISA_SHOWN).map((flag) => (
+              <span key={flag} className="chip" title={flag}>
+                {capabilityText(flag, 40)}
               </span>
             ))}
+            {caps.isa.length > ISA_SHOWN ? (
+              <span className="chip" title={caps.isa.join(' ')}>+{caps.isa.length - ISA_SHOWN} more</span>
+            ) : null}
           </dd>
         </>
       ) : null}
@@ -89,7 +98,7 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
             {agents.map((agent) => (
               <tr key={agent.id} data-testid="agent-row">
                 <td>
-                  <strong>{agent.name}</strong>
+                  <strong className="agent-name" title={agent.name}>{agent.name}</strong>
                   <div className="muted small">#{agent.id}{agent.capabilities?.agent_version ? ` · agent ${agent.capabilities.agent_version}` : ''}</div>
                 </td>
                 <td>
@@ -108,8 +117,8 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
                   ) : (
                     <div className="chips">
                       {Object.entries(agent.labels).map(([key, value]) => (
-                        <span key={key} className="chip">
-                          {key}={value}
+                        <span key={key} className="chip" title={`${key}=${value}`}>
+                          {capabilityText(`${key}=${value}`, 60)}
                         </span>
                       ))}
                     </div>
@@ -140,12 +149,81 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
   );
 }
 
+/** A capability value short enough for a table cell; the whole value stays in the tooltip. */
+export function capabilityText(value: string, limit = 80): string {
+  return value.length > limit ? `${value.slice(0, limit - 1)}…` : value;
+}
+
+/** The agents that joined after a token was created: the ones that used it, as far as this page can tell. */
+export function newAgents(agents: Agent[], knownIds: Set<number>): Agent[] {
+  return agents.filter((agent) => !knownIds.has(agent.id) && !agent.revoked);
+}
+
+/** Numbered steps from a fresh machine to a device that takes work, with a live check of the first heartbeat. */
+export function SetupSteps({ command, knownIds }: { command: string; knownIds: Set<number> }) {
+  const agents = useAgents();
+  const joined = newAgents(rows(agents.data), knownIds);
+  const online = joined.find((agent) => agent.online);
+  const both = `${command} && kiln-agent run`;
+  return (
+    <div className="setup-steps" data-testid="setup-steps">
+      <ol>
+        <li>
+          <strong>Install</strong> the agent and a runtime on the device:
+          <div className="secret-row">
+            <pre className="code-block"><code>pip install kiln onnxruntime</code></pre>
+            <CopyButton text="pip install kiln onnxruntime" label="Copy" />
+          </div>
+          <span className="muted small">Add <code>openvino</code> or TensorRT if the device has them; the agent reports what it finds.</span>
+        </li>
+        <li>
+          <strong>Register</strong> it with this server (once; the token is stored in the agent's config file):
+          <div className="secret-row">
+            <pre className="code-block" data-testid="register-command"><code>{command}</code></pre>
+            <CopyButton text={command} label="Copy command" />
+          </div>
+        </li>
+        <li>
+          <strong>Run</strong> it: it connects out to this server, so no inbound port is needed. Keep it running (a systemd
+          service, <code>tmux</code>, or <code>nohup</code>) for the device to take work.
+          <div className="secret-row">
+            <pre className="code-block" data-testid="run-command"><code>kiln-agent run</code></pre>
+            <CopyButton text="kiln-agent run" label="Copy" />
+          </div>
+        </li>
+      </ol>
+      <p className="small">
+        Or both in one go: <code data-testid="register-and-run-command">{both}</code> <CopyButton text={both} label="Copy" />
+      </p>
+      <div className={`first-heartbeat${online ? ' first-heartbeat-done' : ''}`} role="status" aria-live="polite" data-testid="first-heartbeat">
+        {online ? (
+          <>
+            <StatusBadge status="online" label="Connected" /> <strong>{online.name}</strong> sent its first heartbeat{' '}
+            {formatRelative(online.last_heartbeat_at)}. It is ready: <Link to="/deployments/new">start a deployment</Link>.
+          </>
+        ) : joined.length > 0 ? (
+          <>
+            <span className="spinner" aria-hidden="true" /> <strong>{joined[0].name}</strong> registered; waiting for its first heartbeat… (start{' '}
+            <code>kiln-agent run</code>)
+          </>
+        ) : (
+          <>
+            <span className="spinner" aria-hidden="true" /> Waiting for the first heartbeat… (this updates by itself)
+          </>
+        )}
+      </div>
+    </div>
+  );
+}
+
 function RegistrationTokens() {
   const tokens = useRegistrationTokens();
   const create = useCreateRegistrationToken();
   const revoke = useRevokeRegistrationToken();
   const [name, setName] = useState('');
   const [created, setCreated] = useState<RegistrationToken | null>(null);
+  const [knownIds, setKnownIds] = useState<Set<number>>(new Set());
+  const agents = useAgents();
   const nameId = useId();
   const list = rows(tokens.data);
 
@@ -153,6 +231,7 @@ function RegistrationTokens() {
     event.preventDefault();
     create.mutate(name.trim(), {
       onSuccess: (token) => {
+        setKnownIds(new Set(rows(agents.data).map((agent) => agent.id)));
         setCreated(token);
         setName('');
       },
@@ -163,8 +242,8 @@ function RegistrationTokens() {
     <section className="card" aria-labelledby="registration-heading">
       <h2 id="registration-heading">Register a device</h2>
       <p className="muted">
-        Create a registration token, then run the command it shows on the device (with <code>pip install kiln</code> and a
-        runtime installed). The agent connects out to this server; no inbound ports are needed.
+        Three steps on the device: install the agent, register it with a token made here, and run it. Create a token to see
+        the commands; this page then waits for the device's first heartbeat.
       </p>
       <form className="form-row" onSubmit={submit} aria-label="Create registration token">
         <div className="field">
@@ -187,17 +266,7 @@ function RegistrationTokens() {
       <ErrorMessage error={create.error ?? revoke.error} />
       {created?.token ? (
         <SecretReveal label="Registration token" value={created.token} testId="registration-token-secret">
-          {created.register_command ? (
-            <div className="command">
-              <p className="small">Run this on the device:</p>
-              <div className="secret-row">
-                <pre className="code-block" data-testid="register-command">
-                  <code>{created.register_command}</code>
-                </pre>
-                <CopyButton text={created.register_command} label="Copy command" />
-              </div>
-            </div>
-          ) : null}
+          {created.register_command ? <SetupSteps command={created.register_command} knownIds={knownIds} /> : null}
         </SecretReveal>
       ) : null}
       {tokens.isPending ? (

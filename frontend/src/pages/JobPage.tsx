@@ -1,7 +1,9 @@
 /** One deployment, live: stage timeline, device tasks, event log, artifacts, cancel. */
 import { Link, useNavigate, useParams } from 'react-router';
-import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useRerunJob } from '../api/hooks';
-import type { Artifact, DeviceTask, Job, JobStage, JobVariant } from '../api/types';
+import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useReport, useRerunJob } from '../api/hooks';
+import type { Artifact, DeviceTask, Job, JobStage, JobVariant, Report } from '../api/types';
+import { variantLabel } from './report/ReportTable';
+import { costPhrase, headline, speedupPhrase } from './report/verdict';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { formatBytes, formatDate, humanize, percent } from '../format';
@@ -14,6 +16,20 @@ function durationText(stage: JobStage): string {
   const end = stage.finished_at ? new Date(stage.finished_at).getTime() : Date.now();
   const seconds = Math.max(0, (end - new Date(stage.started_at).getTime()) / 1000);
   return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+}
+
+/** The search's time budget: minutes left while it runs, or why it stopped. */
+export function SearchBudgetLine({ job }: { job: Job }) {
+  const budget = job.budget;
+  if (!budget || !('minutes' in budget)) return null;
+  let text = `Search budget ${budget.minutes} min`;
+  if (budget.stopped) text += ` · stopped: ${budget.stopped}`;
+  else if (budget.seconds_left != null) text += ` · ${Math.ceil(budget.seconds_left / 60)} min left`;
+  return (
+    <p className="muted small" data-testid="search-budget">
+      {text}
+    </p>
+  );
 }
 
 function stagesOf(job: Job): JobStage[] {
@@ -37,7 +53,7 @@ function Timeline({ job }: { job: Job }) {
           <div>
             <div className="timeline-title">
               {humanize(stage.name)} <StatusBadge status={stage.status} />
-              <span className="muted small"> {durationText(stage)}</span>
+              <span className="muted small stage-duration"> {durationText(stage)}</span>
             </div>
             {stage.message ? (
               <div className="muted small timeline-message" title={stage.message}>
@@ -147,7 +163,43 @@ export function VariantList({ variants }: { variants: JobVariant[] }) {
   );
 }
 
-export function ArtifactList({ artifacts }: { artifacts: Artifact[] }) {
+/** The order artifacts are listed in: what to download first, first. */
+export const ARTIFACT_GROUPS: { key: string; title: string; note: string }[] = [
+  { key: 'package', title: 'Deployment package', note: 'the recommended variant with its report, a signed manifest and a run script' },
+  { key: 'recommended', title: 'Recommended', note: 'the variant each device should run' },
+  { key: 'variant', title: 'Variants', note: 'every candidate built on the host' },
+  { key: 'compiled', title: 'Compiled', note: 'engines the devices built' },
+  { key: 'reference', title: 'Reference', note: 'the converted FP32 model and its reference outputs' },
+];
+
+/** Which group an artifact belongs to; `recommended` holds the ids of the recommended variants' artifacts. */
+export function artifactGroup(artifact: Artifact, recommended: Set<number>): string {
+  if (artifact.kind === 'package') return 'package';
+  if (recommended.has(artifact.id)) return 'recommended';
+  if (artifact.kind === 'variant' || artifact.kind === 'compiled') return artifact.kind;
+  return 'reference';
+}
+
+function ArtifactRow({ artifact }: { artifact: Artifact }) {
+  return (
+    <tr data-testid="artifact-row" data-kind={artifact.kind}>
+      <td>
+        <code title={artifact.sha256}>{artifact.name}</code>
+      </td>
+      <td>{artifact.kind}</td>
+      <td>{artifact.precision ?? '—'}</td>
+      <td>{artifact.backend ?? '—'}</td>
+      <td className="numeric">{formatBytes(artifact.size_bytes)}</td>
+      <td>
+        <a className="button button-small" href={artifact.download_url} download data-testid="artifact-download" aria-label={`Download ${artifact.name}`}>
+          Download
+        </a>
+      </td>
+    </tr>
+  );
+}
+
+export function ArtifactList({ artifacts, recommended = new Set<number>() }: { artifacts: Artifact[]; recommended?: Set<number> }) {
   if (artifacts.length === 0) return <p className="muted">Artifacts appear as the pipeline produces them.</p>;
   return (
     <div className="table-wrap">
@@ -158,38 +210,95 @@ export function ArtifactList({ artifacts }: { artifacts: Artifact[] }) {
             <th scope="col">Kind</th>
             <th scope="col">Precision</th>
             <th scope="col">Backend</th>
-            <th scope="col">Size</th>
+            <th scope="col" className="numeric">Size</th>
             <th scope="col">
               <span className="visually-hidden">Download</span>
             </th>
           </tr>
         </thead>
-        <tbody>
-          {artifacts.map((artifact) => (
-            <tr key={artifact.id}>
-              <td>
-                <code title={artifact.sha256}>{artifact.name}</code>
-              </td>
-              <td>{artifact.kind}</td>
-              <td>{artifact.precision ?? '—'}</td>
-              <td>{artifact.backend ?? '—'}</td>
-              <td>{formatBytes(artifact.size_bytes)}</td>
-              <td>
-                <a
-                  className="button button-small"
-                  href={artifact.download_url}
-                  download
-                  data-testid="artifact-download"
-                  aria-label={`Download ${artifact.name}`}
-                >
-                  Download
-                </a>
-              </td>
-            </tr>
-          ))}
-        </tbody>
+        {ARTIFACT_GROUPS.map((group) => {
+          const members = artifacts.filter((artifact) => artifactGroup(artifact, recommended) === group.key);
+          if (members.length === 0) return null;
+          return (
+            <tbody key={group.key} data-testid={`artifact-group-${group.key}`}>
+              <tr className="group-row">
+                <th scope="rowgroup" colSpan={6}>
+                  {group.title} <span className="muted small">· {group.note}</span>
+                </th>
+              </tr>
+              {members.map((artifact) => (
+                <ArtifactRow key={artifact.id} artifact={artifact} />
+              ))}
+            </tbody>
+          );
+        })}
       </table>
     </div>
+  );
+}
+
+/** The ids of every recommended variant's artifacts (host-built and device-compiled). */
+export function recommendedArtifactIds(report: Report | undefined): Set<number> {
+  const ids = new Set<number>();
+  for (const device of report?.devices ?? []) {
+    const chosen = device.variants.find((variant) => variant.id === device.recommended);
+    if (chosen?.artifact?.id) ids.add(chosen.artifact.id);
+    const hostBuilt = (chosen as { variant_artifact?: { id: number } | null } | undefined)?.variant_artifact;
+    if (hostBuilt?.id) ids.add(hostBuilt.id);
+  }
+  return ids;
+}
+
+/** A finished deployment's result, first: per device, what to run, how much faster, what it costs, and the package. */
+export function ResultSummary({ report, jobId }: { report: Report; jobId: number }) {
+  if (report.devices.length === 0) return null;
+  return (
+    <section className="card result-summary" aria-labelledby="result-heading" data-testid="result-summary">
+      <div className="section-header">
+        <h2 id="result-heading">Result</h2>
+        <div className="button-row">
+          <Link to={`/compare?a=${jobId}`} className="button button-small" data-testid="result-compare-link">
+            Compare with…
+          </Link>
+          <Link to={`/jobs/${jobId}/report`} className="button button-small" data-testid="result-report-link">
+            Full report
+          </Link>
+        </div>
+      </div>
+      {report.devices.map((device, index) => {
+        const chosen = device.variants.find((variant) => variant.id === device.recommended);
+        const name = device.agent?.name ?? device.target ?? 'Device';
+        return (
+          <div key={device.agent?.id ?? device.target ?? index} className="result-device" data-testid="result-device">
+            <div>
+              <span className="muted small">{name}</span>
+              <div className="result-headline">
+                {chosen ? (
+                  <>
+                    <span className="badge badge-recommended">Recommended</span> <strong>{variantLabel(chosen)}</strong>
+                  </>
+                ) : (
+                  <strong>No recommendation</strong>
+                )}
+              </div>
+              {device.verdict ? (
+                <ul className="verdict-facts">
+                  <li data-testid="result-speedup">{speedupPhrase(device.verdict)}</li>
+                  <li>{costPhrase(device.verdict)}</li>
+                  {device.verdict.tie ? <li><span className="badge badge-tie">Tie within noise</span></li> : null}
+                </ul>
+              ) : null}
+              <p className="small result-verdict">{headline(device)}</p>
+            </div>
+            {device.package ? (
+              <a className="button button-primary button-small" href={device.package.download_url} download data-testid="result-package-download">
+                Download package
+              </a>
+            ) : null}
+          </div>
+        );
+      })}
+    </section>
   );
 }
 
@@ -201,6 +310,8 @@ export function JobPage() {
   const navigate = useNavigate();
   const canWrite = useCanWrite();
   const artifacts = useArtifacts(jobId, job.data?.status);
+  const finished = job.data?.status === 'succeeded';
+  const report = useReport(jobId, finished);
 
   if (job.isPending) return <Loading />;
   if (job.isError && !job.data) return <ErrorMessage error={job.error} />;
@@ -211,6 +322,7 @@ export function JobPage() {
   return (
     <>
       <PageHeader
+        documentTitle={`Deployment #${data.id}`}
         title={
           <>
             Deployment #{data.id} <StatusBadge status={data.status} />
@@ -271,6 +383,8 @@ export function JobPage() {
         </div>
       ) : null}
 
+      {finished && report.data ? <ResultSummary report={report.data} jobId={data.id} /> : null}
+
       <section className="card" aria-labelledby="progress-heading">
         <div className="section-header">
           <h2 id="progress-heading">Progress</h2>
@@ -279,6 +393,7 @@ export function JobPage() {
           </span>
         </div>
         <ProgressBar value={terminal && data.status === 'succeeded' ? 1 : data.progress} label="Deployment progress" />
+        <SearchBudgetLine job={data} />
         <Timeline job={data} />
       </section>
 
@@ -295,7 +410,7 @@ export function JobPage() {
       <section className="card" aria-labelledby="artifacts-heading">
           <h2 id="artifacts-heading">Artifacts</h2>
           <ErrorMessage error={artifacts.error} />
-          {artifacts.isPending ? <Loading /> : <ArtifactList artifacts={rows(artifacts.data)} />}
+          {artifacts.isPending ? <Loading /> : <ArtifactList artifacts={rows(artifacts.data)} recommended={recommendedArtifactIds(report.data)} />}
       </section>
       <section className="card" aria-labelledby="events-heading">
           <h2 id="events-heading">Event log</h2>

@@ -4,6 +4,7 @@ import { Link } from 'react-router';
 import { PAGE_SIZE, rows, useJobs } from '../api/hooks';
 import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, ProgressBar, StatusBadge } from '../components/common';
 import { formatDate, humanize } from '../format';
+import { OutcomeCells } from './outcome';
 
 export function JobsPage() {
   const [page, setPage] = useState(1);
@@ -43,6 +44,8 @@ export function JobsPage() {
                 <th scope="col">Status</th>
                 <th scope="col">Stage</th>
                 <th scope="col">Progress</th>
+                <th scope="col">Outcome</th>
+                <th scope="col" className="numeric">Speed-up vs FP32</th>
                 <th scope="col">Started</th>
               </tr>
             </thead>
@@ -53,7 +56,7 @@ export function JobsPage() {
                     <Link to={`/jobs/${job.id}`}>#{job.id}</Link>
                     {job.rerun_of ? <div className="muted small">re-run of #{job.rerun_of}</div> : null}
                   </td>
-                  <td>{job.model?.name ?? `version ${job.model_version}`}</td>
+                  <td>{job.model ? <Link to={`/models/${job.model.id}`}>{job.model.name}</Link> : `version ${job.model_version}`}</td>
                   <td>
                     <StatusBadge status={job.status} />
                   </td>
@@ -61,7 +64,15 @@ export function JobsPage() {
                   <td className="cell-progress">
                     <ProgressBar value={job.progress} label={`Progress of job ${job.id}`} small />
                   </td>
-                  <td>{formatDate(job.created_at)}</td>
+                  <OutcomeCells outcome={job.outcome} />
+                  <td>
+                    {formatDate(job.created_at)}
+                    {job.status === 'succeeded' ? (
+                      <div className="small">
+                        <Link to={`/jobs/${job.id}/report`}>Report</Link>
+                      </div>
+                    ) : null}
+                  </td>
                 </tr>
               ))}
             </tbody>

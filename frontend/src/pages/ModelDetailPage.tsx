@@ -2,7 +2,9 @@
 import { useId, useState } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { useDeleteModel, useEstimate, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
+import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
+import { IdenticalNotice } from './ModelsPage';
+import { OutcomeCells } from './outcome';
 import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -165,6 +167,20 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
             <dd>
               {version.filename} ({version.source_format})
             </dd>
+            {version.conversion?.exporter ? (
+              <>
+                <dt>Export to ONNX</dt>
+                <dd data-testid="model-conversion">
+                  {version.conversion.exporter === 'dynamo' ? 'torch.onnx dynamo exporter' : 'TorchScript-based exporter'}
+                  {version.conversion.parity
+                    ? `; parity ${version.conversion.parity.passed ? 'passed' : 'failed'}, min cosine ${version.conversion.parity.min_cosine.toFixed(6)}`
+                    : ''}
+                  {version.conversion.fallback_reason ? (
+                    <div className="muted">dynamo exporter failed: {version.conversion.fallback_reason}</div>
+                  ) : null}
+                </dd>
+              </>
+            ) : null}
             <dt>Size</dt>
             <dd data-testid="model-size">{formatBytes(version.size_bytes)}</dd>
             <dt>Parameters</dt>
@@ -248,6 +264,52 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
   );
 }
 
+/** Every deployment of this model, newest first, with what each recommended. */
+export function ModelDeployments({ modelId }: { modelId: number }) {
+  const jobs = useJobs(1, modelId);
+  const list = rows(jobs.data);
+  return (
+    <section className="card" aria-labelledby="deployments-heading" data-testid="model-deployments">
+      <div className="section-header">
+        <h2 id="deployments-heading">Deployments</h2>
+        <Link to="/deployments/new" className="button button-small">New deployment</Link>
+      </div>
+      <ErrorMessage error={jobs.error} />
+      {jobs.isPending ? (
+        <Loading />
+      ) : list.length === 0 ? (
+        <p className="muted">No deployment of this model yet.</p>
+      ) : (
+        <div className="table-wrap">
+          <table className="table">
+            <thead>
+              <tr>
+                <th scope="col">Job</th>
+                <th scope="col">Version</th>
+                <th scope="col">Status</th>
+                <th scope="col">Outcome</th>
+                <th scope="col" className="numeric">Speed-up vs FP32</th>
+                <th scope="col">Started</th>
+              </tr>
+            </thead>
+            <tbody>
+              {list.map((job) => (
+                <tr key={job.id} data-testid="model-deployment-row">
+                  <td><Link to={`/jobs/${job.id}`}>#{job.id}</Link></td>
+                  <td>v{job.model?.version ?? "?"}</td>
+                  <td><StatusBadge status={job.status} /></td>
+                  <OutcomeCells outcome={job.outcome} />
+                  <td>{formatDate(job.created_at)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </section>
+  );
+}
+
 export function ModelDetailPage() {
   const modelId = Number(useParams().modelId);
   const model = useModel(modelId);
@@ -313,12 +375,13 @@ export function ModelDetailPage() {
       ) : (
         <EmptyState title="This model has no versions.">Upload a file below to create version 1.</EmptyState>
       )}
+      <ModelDeployments modelId={modelId} />
       <section className="card" aria-labelledby="new-version-heading">
         <h2 id="new-version-heading">Upload a new version</h2>
         <UploadZone<ModelVersion>
           disabled={!canWrite}
-          label="ONNX model (.onnx or .zip)"
-          accept={['.onnx', '.zip']}
+          label="ONNX model (.onnx or .zip) or PyTorch (.pt2, traced .pt)"
+          accept={['.onnx', '.zip', '.pt2', '.pt']}
           testId="version-upload"
           buildRequest={(file) => {
             const form = new FormData();
@@ -329,7 +392,12 @@ export function ModelDetailPage() {
             setSelected(created?.id ?? null);
             void client.invalidateQueries({ queryKey: ['models'] });
           }}
-          describeResult={(created) => <span>Version {created?.number} is ready.</span>}
+          describeResult={(created) => (
+            <>
+              <span>Version {created?.number} is ready.</span>
+              <IdenticalNotice identical={created?.identical_to} />
+            </>
+          )}
         />
       </section>
     </>

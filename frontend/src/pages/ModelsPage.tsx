@@ -3,13 +3,28 @@ import { useDeferredValue, useId, useState } from 'react';
 import { Link } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
 import { PAGE_SIZE, rows, useModels, useCanWrite } from '../api/hooks';
-import type { Model } from '../api/types';
+import type { IdenticalVersion, Model } from '../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, Pager } from '../components/common';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate } from '../format';
 
 export function fileStem(name: string): string {
   return name.replace(/\.(onnx|zip|npz)$/i, '');
+}
+
+/** An upload with exactly the bytes of an earlier version: say so, and offer the earlier one. */
+export function IdenticalNotice({ identical }: { identical: IdenticalVersion[] | undefined }) {
+  if (!identical || identical.length === 0) return null;
+  const first = identical[0];
+  return (
+    <div className="small identical-notice" role="status" data-testid="identical-upload">
+      Byte-identical to <strong>{first.name} v{first.version}</strong>, which you already have
+      {identical.length > 1 ? ` (and ${identical.length - 1} more)` : ''}: its deployments and measurements apply to this file.{' '}
+      <Link to={`/models/${first.model}`} data-testid="identical-model-link">
+        Open {first.name}
+      </Link>
+    </div>
+  );
 }
 
 export function ModelsPage() {
@@ -42,8 +57,8 @@ export function ModelsPage() {
         </div>
         <UploadZone<Model>
           disabled={!canWrite}
-          label="ONNX model (.onnx, or .zip with external data)"
-          accept={['.onnx', '.zip']}
+          label="ONNX model (.onnx, or .zip with external data) or PyTorch (.pt2 torch.export, traced .pt)"
+          accept={['.onnx', '.zip', '.pt2', '.pt']}
           multiple
           testId="model-upload"
           buildRequest={(file) => {
@@ -57,9 +72,12 @@ export function ModelsPage() {
             void client.invalidateQueries({ queryKey: ['models'] });
           }}
           describeResult={(model) => (
-            <Link to={`/models/${model.id}`} data-testid="uploaded-model-link">
-              Open {model.name}
-            </Link>
+            <>
+              <Link to={`/models/${model.id}`} data-testid="uploaded-model-link">
+                Open {model.name}
+              </Link>
+              <IdenticalNotice identical={model.identical_to} />
+            </>
           )}
         />
       </section>

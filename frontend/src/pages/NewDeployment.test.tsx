@@ -86,7 +86,7 @@ describe('validateDeployment', () => {
   it('checks that datasets have an array for every model input', () => {
     const wrong = dataset(7, 'calibration', ['pixels']);
     const result = validateDeployment(form({ calibrationDataset: 7 }), { ...context, datasets: [wrong, validation] });
-    expect(result.errors.calibrationDataset).toMatch(/no array for model input “input”/);
+    expect(result.errors.calibrationDataset).toMatch(/does not fit this model: no array named “input”/);
   });
 
   it('needs labelled validation data for the accuracy metric', () => {

@@ -7,6 +7,7 @@ import {
   DECLARED_METRIC_KINDS,
   METRICS,
   PRECISIONS,
+  type Dataset,
   type DeclaredMetricKind,
   type ModelVersion,
   type Precision,
@@ -25,6 +26,7 @@ import {
   type DeploymentForm,
   type MetricDraft,
 } from './deploymentValidation';
+import { splitByCompatibility } from './datasetCompatibility';
 
 const PRECISION_HELP: Record<Precision, string> = {
   fp32: 'Reference precision; the baseline for accuracy drops.',
@@ -63,6 +65,54 @@ const DECLARED_HELP: Record<DeclaredMetricKind, string> = {
   ctc: 'sequence accuracy and CER vs labels (CTC)',
   plugin: 'your plugin (entry point kiln.metrics, on the agent)',
 };
+
+type DatasetSplit = ReturnType<typeof splitByCompatibility>;
+
+function datasetLabel(dataset: Dataset): string {
+  const samples = dataset.samples > 0 ? `${dataset.samples} samples` : 'no readable samples';
+  return `${dataset.name} (${samples}${dataset.has_labels ? ', labelled' : ''})`;
+}
+
+/** The datasets that fit the chosen model first; those that do not in their own group, marked. */
+function DatasetOptions({ split, version }: { split: DatasetSplit; version: ModelVersion | null }) {
+  if (!version) {
+    return (
+      <>
+        {[...split.fitting, ...split.misfits].map(({ dataset }) => (
+          <option key={dataset.id} value={dataset.id}>{datasetLabel(dataset)}</option>
+        ))}
+      </>
+    );
+  }
+  return (
+    <>
+      {split.fitting.length > 0 ? (
+        <optgroup label="Fit this model">
+          {split.fitting.map(({ dataset }) => (
+            <option key={dataset.id} value={dataset.id} data-fits="true">✓ {datasetLabel(dataset)}</option>
+          ))}
+        </optgroup>
+      ) : null}
+      {split.misfits.length > 0 ? (
+        <optgroup label="Do not fit this model">
+          {split.misfits.map(({ dataset }) => (
+            <option key={dataset.id} value={dataset.id} data-fits="false">✗ {datasetLabel(dataset)}</option>
+          ))}
+        </optgroup>
+      ) : null}
+    </>
+  );
+}
+
+function CompatibilityNote({ split, version, testId }: { split: DatasetSplit; version: ModelVersion | null; testId: string }) {
+  const total = split.fitting.length + split.misfits.length;
+  if (!version || total === 0) return null;
+  return (
+    <p className="muted small" data-testid={testId}>
+      {split.fitting.length} of {total} fit {version.signature?.inputs?.map((input) => `${input.name} ${formatShape(input.shape)}`).join(', ') || 'this model'}.
+    </p>
+  );
+}
 
 /** Metrics declared per output: which outputs the tolerance reads, with what threshold. */
 function DeclaredMetrics({
@@ -259,7 +309,10 @@ export function NewDeploymentPage() {
   }, [agentList]);
 
   const result = validateDeployment(form, { version, datasets: datasetList, agents: agentList });
-  const errors = submitted ? result.errors : {};
+  // A dataset is checked against the model as soon as it is chosen, next to its field; the rest on submit.
+  const errors = submitted
+    ? result.errors
+    : { calibrationDataset: form.calibrationDataset ? result.errors.calibrationDataset : undefined, validationDataset: form.validationDataset ? result.errors.validationDataset : undefined };
   const errorCount = Object.keys(result.errors).length;
   const set = <K extends keyof DeploymentForm>(key: K, value: DeploymentForm[K]) =>
     setForm((previous) => ({ ...previous, [key]: value }));
@@ -287,8 +340,8 @@ export function NewDeploymentPage() {
     createJob.mutate({ ...toJobCreate(form), ...fed.fields }, { onSuccess: (job) => navigate(`/jobs/${job.id}`) });
   };
 
-  const calibrationSets = datasetList.filter((dataset) => dataset.kind === 'calibration');
-  const validationSets = datasetList.filter((dataset) => dataset.kind === 'validation');
+  const calibrationSets = splitByCompatibility(datasetList.filter((dataset) => dataset.kind === 'calibration'), version);
+  const validationSets = splitByCompatibility(datasetList.filter((dataset) => dataset.kind === 'validation'), version);
 
   return (
     <>
@@ -384,12 +437,9 @@ export function NewDeploymentPage() {
                 {...invalid('calibrationDataset')}
               >
                 <option value="">None</option>
-                {calibrationSets.map((dataset) => (
-                  <option key={dataset.id} value={dataset.id}>
-                    {dataset.name} ({dataset.samples} samples)
-                  </option>
-                ))}
+                <DatasetOptions split={calibrationSets} version={version} />
               </select>
+              <CompatibilityNote split={calibrationSets} version={version} testId="calibration-compatibility" />
               <FieldError id="calibrationDataset-error" message={errors.calibrationDataset} />
             </div>
             <div className="field">
@@ -402,12 +452,9 @@ export function NewDeploymentPage() {
                 {...invalid('validationDataset')}
               >
                 <option value="">None</option>
-                {validationSets.map((dataset) => (
-                  <option key={dataset.id} value={dataset.id}>
-                    {dataset.name} ({dataset.samples} samples{dataset.has_labels ? ', labelled' : ''})
-                  </option>
-                ))}
+                <DatasetOptions split={validationSets} version={version} />
               </select>
+              <CompatibilityNote split={validationSets} version={version} testId="validation-compatibility" />
               <FieldError id="validationDataset-error" message={errors.validationDataset} />
             </div>
           </div>

@@ -1,5 +1,6 @@
 /** Client-side checks for a new deployment, run before anything is sent to the server. */
 import type { Agent, Dataset, DeclaredMetric, DeclaredMetricKind, JobCreate, ModelVersion, Precision, ToleranceMetric } from '../api/types';
+import { datasetCompatibility, mismatchMessage } from './datasetCompatibility';
 
 /** One declared metric as typed in the form (numbers still text). */
 export interface MetricDraft {
@@ -110,11 +111,6 @@ export function toDeclaredMetric(draft: MetricDraft): DeclaredMetric {
   return metric;
 }
 
-function missingInputs(dataset: Dataset, version: ModelVersion | null | undefined): string[] {
-  const inputs = version?.signature?.inputs ?? [];
-  const arrays = dataset.arrays ?? {};
-  return inputs.map((input) => input.name).filter((name) => !(name in arrays));
-}
 
 export function validateDeployment(form: DeploymentForm, context: DeploymentContext): ValidationResult {
   const errors: ValidationResult['errors'] = {};
@@ -141,19 +137,15 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
   if (calibration && calibration.kind !== 'calibration') {
     errors.calibrationDataset = `“${calibration.name}” is a ${calibration.kind} dataset, not a calibration dataset.`;
   } else if (calibration && context.version) {
-    const missing = missingInputs(calibration, context.version);
-    if (missing.length > 0) {
-      errors.calibrationDataset = `“${calibration.name}” has no array for model input ${missing.map((name) => `“${name}”`).join(', ')}.`;
-    }
+    const mismatch = mismatchMessage(calibration, datasetCompatibility(calibration, context.version));
+    if (mismatch) errors.calibrationDataset = mismatch;
   }
 
   if (validation && validation.kind !== 'validation') {
     errors.validationDataset = `“${validation.name}” is a ${validation.kind} dataset, not a validation dataset.`;
   } else if (validation && context.version) {
-    const missing = missingInputs(validation, context.version);
-    if (missing.length > 0) {
-      errors.validationDataset = `“${validation.name}” has no array for model input ${missing.map((name) => `“${name}”`).join(', ')}.`;
-    }
+    const mismatch = mismatchMessage(validation, datasetCompatibility(validation, context.version));
+    if (mismatch) errors.validationDataset = mismatch;
   }
   if (LABEL_TOLERANCES.includes(form.metric) && !errors.validationDataset) {
     if (!validation) errors.validationDataset = `The ${form.metric} metric needs a validation dataset with labels.`;

@@ -1,6 +1,7 @@
 """JSON errors with a human message for every failure the API can report."""
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import tempfile
@@ -85,6 +86,9 @@ def exception_handler(exc, context):
         return Response(error_body("A value in the request is out of range.", "out_of_range"), status=400)
     if isinstance(exc, Http404):
         return Response(error_body("Not found.", "not_found"), status=404)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        logger.error("storage full: %s", exc)
+        return Response(error_body("The server's storage is full; nothing was kept. Try again once space is freed.", "storage_full"), status=507)
     if isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)

@@ -11,6 +11,7 @@ is down it re-checks every FALLBACK_RECHECK_S seconds, so a lost wake-up costs l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ PREFIX = "kiln:wake:"
 FILE_POLL_S = 0.2
 FALLBACK_RECHECK_S = 1.0
 RECONNECT_MAX_S = 5.0
+CLOSE_TIMEOUT_S = 1.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 _sync_client: redis.Redis | None = None
@@ -138,18 +140,18 @@ class _Hub:
         delay = 0.2
         while True:
             client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=10)
+            pubsub = client.pubsub()
             try:
-                async with client.pubsub() as pubsub:
-                    await pubsub.psubscribe(PREFIX + "*")
-                    self.connected, delay = True, 0.2
-                    # Anything published while we were away: let every waiter re-check once.
-                    for channel in list(self.waiters):
-                        self.wake(channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "pmessage":
-                            channel = message["channel"]
-                            channel = channel.decode() if isinstance(channel, bytes) else channel
-                            self.wake(channel[len(PREFIX):])
+                await pubsub.psubscribe(PREFIX + "*")
+                self.connected, delay = True, 0.2
+                # Anything published while we were away: let every waiter re-check once.
+                for channel in list(self.waiters):
+                    self.wake(channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "pmessage":
+                        channel = message["channel"]
+                        channel = channel.decode() if isinstance(channel, bytes) else channel
+                        self.wake(channel[len(PREFIX):])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -157,7 +159,12 @@ class _Hub:
                     logger.warning("wake-up subscription lost (%s); waiters re-check every %.0f s until it is back", exc, FALLBACK_RECHECK_S)
                 self.connected = False
             finally:
-                await client.aclose()
+                # Bounded: a loop being closed (async_to_sync, tests) cancels this task, and a graceful
+                # close of a half-open connection could otherwise wait forever and hang the close.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.aclose(), CLOSE_TIMEOUT_S)
             await asyncio.sleep(delay)
             delay = min(RECONNECT_MAX_S, delay * 2)
 

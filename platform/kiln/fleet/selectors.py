@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from kiln.core.tokens import digest_matches, split_token
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
@@ -122,3 +125,9 @@ def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
         backends = set().union(*(a.backends for a in matching))
         resolved.append(Target(f"label:{target}", None, {key: value}, backends))
     return resolved, missing
+
+
+def agents_online_count() -> int:
+    """Agents of every organization with a recent heartbeat (for /metrics)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
+    return Agent.objects.filter(revoked_at__isnull=True, last_heartbeat_at__gte=cutoff).count()

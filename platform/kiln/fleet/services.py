@@ -10,12 +10,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from kiln.core import notify
+from kiln.core import metrics, notify
+from kiln.core.db import run_in_db_thread
 from kiln.core.errors import Conflict, KilnError
 from kiln.core.tokens import issue_token
 from kiln.pipeline.device_tasks import (
@@ -124,25 +124,9 @@ def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     with transaction.atomic():
         for task in lease_candidates(agent=agent):
             if device_task_start(task=task, agent=agent, now=now):
+                logger.info("task %s leased by %s", task.pk, agent.name, extra={"job_id": task.job_id, "task_id": task.pk, "agent_id": agent.pk})
                 return DeviceTask.objects.select_related("variant__artifact__blob", "job__validation_blob", "job__reference_blob").get(pk=task.pk)
     return None
-
-
-def _close_after(function, kwargs):
-    close_old_connections()
-    try:
-        return function(**kwargs)
-    finally:
-        connections.close_all()
-
-
-async def run_in_db_thread(function, **kwargs):
-    """Run a database function off the event loop, then give its connection back.
-
-    Shared executor threads (thread_sensitive=False) serve every waiting request, so a long-poll
-    holds neither a thread nor a database connection while it sleeps.
-    """
-    return await sync_to_async(_close_after, thread_sensitive=False)(function, kwargs)
 
 
 async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None:
@@ -153,13 +137,18 @@ async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None
     """
     deadline = time.monotonic() + max(0.0, min(wait_s, settings.AGENT_LONG_POLL_SECONDS))
     await run_in_db_thread(device_task_lease_begin, agent=agent)
-    with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups:
+    if deadline <= time.monotonic():
+        metrics.LEASE_CHECKS.inc()
+        return await run_in_db_thread(device_task_lease_once, agent=agent)
+    with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups, metrics.LEASE_WAITING.track_inprogress():
         while True:
+            metrics.LEASE_CHECKS.inc()
             task = await run_in_db_thread(device_task_lease_once, agent=agent)
             remaining = deadline - time.monotonic()
             if task is not None or remaining <= 0:
                 return task
-            await wakeups.wait(remaining)
+            if await wakeups.wait(remaining):
+                metrics.LEASE_WAKEUPS.inc()
 
 
 # -- progress and results -------------------------------------------------------------------
@@ -191,15 +180,16 @@ def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str
     return {"cancel": False, "lease_expires_at": expires}
 
 
-def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, path: Path, filename: str) -> Artifact:
-    """Keep the engine an agent compiled as an artifact of the job."""
+def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, filename: str, path: Path | None = None,
+                               blob_from=None) -> Artifact:
+    """Keep the engine an agent compiled as an artifact of the job: a file here, or the blob `blob_from()` makes once the lease checks out."""
     task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
     if task.status != DeviceTaskStatus.LEASED:
         raise Conflict("The task is no longer leased.", code="not_leased")
     suffix = Path(filename or "").suffix[:16] or ".bin"
     artifact = artifact_store(
         job=task.job, kind=ArtifactKind.COMPILED, name=f"{task.variant.key}-{task.backend}-task{task.id}{suffix}",
-        path=path, precision=task.variant.precision, backend=task.backend,
+        path=path, blob=blob_from() if blob_from else None, precision=task.variant.precision, backend=task.backend,
     )
     DeviceTask.objects.filter(pk=task.pk).update(compiled_artifact=artifact)
     return artifact

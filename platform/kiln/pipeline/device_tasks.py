@@ -13,21 +13,15 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kiln.core import notify
 from kiln.fleet.selectors import targets_resolve
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus, VariantStatus
-from .queue import enqueue_stage
+from .queue import enqueue_stage, wake_agents
 from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
 logger = logging.getLogger(__name__)
 
 HANDED_BACK = "handed_back"
-
-
-def wake_agents(*, organization_id: int) -> None:
-    """Wake the organization's agents that wait for work, once the transaction commits."""
-    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))
 
 
 # -- dispatch -------------------------------------------------------------------------------
@@ -114,7 +108,7 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
             return False
         level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"
         detail = "" if status == DeviceTaskStatus.SUCCEEDED else f": {error}"
-        job_event_add(job=task.job, stage="devices", level=level, message=f"{agent.name}: {task.variant.key} on {task.backend} {status}{detail}")
+        job_event_add(job=task.job, stage="devices", level=level, message=f"{agent.name}: {task.variant.key} on {task.backend} {status}{detail}", task_id=task.id)
         device_task_after_terminal(job_id=task.job_id)
     return True
 
@@ -127,7 +121,7 @@ def device_task_requeue(*, task: DeviceTask, reason: str, event: str = "") -> bo
         )
         if changed:
             if event:
-                job_event_add(job=task.job, stage="devices", level="warning", message=event)
+                job_event_add(job=task.job, stage="devices", level="warning", message=event, task_id=task.id)
             wake_agents(organization_id=task.organization_id)
     return bool(changed)
 
@@ -162,7 +156,7 @@ def device_tasks_requeue_expired() -> int:
                     message=f"lease of attempt {task.attempt} expired",
                 )
                 if changed:
-                    job_event_add(job=task.job, stage="devices", level="warning", message=f"Device task {task.id} ({task.backend}) lost its agent; requeued.")
+                    job_event_add(job=task.job, stage="devices", level="warning", message=f"Device task {task.id} ({task.backend}) lost its agent; requeued.", task_id=task.id)
                     wake_agents(organization_id=task.organization_id)
         count += changed
     return count

@@ -54,6 +54,13 @@ class DeploymentJob(models.Model):
     package = models.JSONField(default=dict, blank=True)
     # Versions of the host-side toolchain when the job was created; devices report their own.
     toolchain = models.JSONField(default=dict, blank=True)
+    # The work lease of the host-side stage task sent last (kiln.pipeline.leases): offered when it
+    # is enqueued, claimed and kept alive by the worker running it; the reaper re-sends it when it
+    # expires (the worker died, or the message was lost).
+    stage_task = models.CharField(max_length=16, blank=True, default="")
+    stage_lease_owner = models.CharField(max_length=32, blank=True, default="")
+    stage_lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    stage_attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -79,6 +86,7 @@ class JobEvent(models.Model):
 
 class ArtifactKind(models.TextChoices):
     CONVERTED = "converted"
+    SOURCE = "source"  # the PyTorch file a job's ONNX was exported from
     REFERENCE = "reference"
     VARIANT = "variant"
     COMPILED = "compiled"
@@ -121,6 +129,10 @@ class Variant(models.Model):
     status = models.CharField(max_length=16, choices=VariantStatus.choices, default=VariantStatus.PENDING)
     error = models.TextField(blank=True, default="")
     artifact = models.ForeignKey(Artifact, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The build's work lease, as the job's stage lease above.
+    build_lease_owner = models.CharField(max_length=32, blank=True, default="")
+    build_lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    build_attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

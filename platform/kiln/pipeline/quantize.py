@@ -15,10 +15,10 @@ from kiln.fleet.selectors import targets_resolve
 from kiln.registry.selectors import blob_file
 from kiln.reports.selectors import device_reports
 from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
-from workers.quantize import NotApplicable, build_variant
+from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
-from workers.quantize.search import plan_round
-from workers.quantize.sensitivity import rank_nodes
+from workers.quantize.isolated import build_isolated, rank_nodes_isolated
+from workers.quantize.search import family_verdicts, plan_round
 
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
@@ -28,20 +28,34 @@ from .services import artifact_store, job_event_add, job_fail, job_progress, job
 
 logger = logging.getLogger(__name__)
 
-MAX_SEARCH_ROUNDS = 4
-SEARCH_BUDGET_SECONDS = 3600
+MAX_SEARCH_ROUNDS = 5
 FINISHED_VARIANT_STATUSES = (VariantStatus.READY, VariantStatus.SKIPPED, VariantStatus.FAILED)
 
 
 # -- planning -------------------------------------------------------------------------------
 
-def _target_facts(job) -> tuple[list[str], list[str]]:
-    """ISA flags and runtimes of the agents the job targets (all of the organization when unknown)."""
+def _target_facts(job) -> tuple[list[str], list[str], list[int] | None]:
+    """ISA flags, runtimes and thread counts worth trying on the agents the job targets (all of the organization when unknown)."""
     targets, _ = targets_resolve(job=job)
     agents = [t.pinned_agent for t in targets if t.pinned_agent] or list(job.organization.agents.filter(revoked_at__isnull=True))
     isa = sorted(set.intersection(*(set(a.capabilities.get("isa") or []) for a in agents))) if agents else []
     backends = sorted(set().union(*(a.backends for a in agents))) if agents else ["onnxruntime", "openvino"]
-    return isa, backends
+    # Physical vs logical cores: a dimension only where every target agrees on both counts.
+    counts = {(a.capabilities.get("cores"), a.capabilities.get("logical_cores")) for a in agents}
+    threads = None
+    if len(counts) == 1:
+        threads = sorted({int(c) for c in next(iter(counts)) if isinstance(c, int) and c > 0}) or None
+    return isa, backends, threads
+
+
+def _shape_facts(job) -> dict:
+    """The inputs with a dynamic dimension and the shapes of the user's data at batch 1 (static-shape specialisation)."""
+    dataset = job.validation_dataset or job.calibration_dataset
+    arrays = (dataset.arrays if dataset else {}) or {}
+    inputs = (job.model_version.signature or {}).get("inputs", [])
+    dynamic = [spec["name"] for spec in inputs if any(not isinstance(d, int) or d <= 0 for d in spec.get("shape") or [])]
+    shapes = {name: [1, *arrays[name]["shape"][1:]] for name in dynamic if name in arrays and arrays[name].get("shape")}
+    return {"dynamic_inputs": dynamic, "data_shapes": shapes} if len(shapes) == len(dynamic) else {}
 
 
 CALIBRATION_CALLS = "calibration-calls.zip"
@@ -86,12 +100,15 @@ def calibration_path(job):
     return blob_file(job.calibration_dataset.blob)
 
 
-def _sensitivity(job) -> list[dict] | None:
-    """Rank nodes by quantization error once per job; None without calibration data."""
+def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
+    """Rank nodes by quantization error once per job, and only once INT8 has shown it can win on speed."""
     if "sensitivity" in job.search or not job.calibration_dataset_id:
         return job.search.get("sensitivity")
+    verdicts = family_verdicts(measured)
+    if not any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic")):
+        return None
     try:
-        ranking = rank_nodes(model_path=working_model_path(job), calibration_path=calibration_path(job))
+        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job))
     except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
         ranking = []
@@ -103,26 +120,31 @@ def _sensitivity(job) -> list[dict] | None:
 
 
 def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]:
-    isa, backends = _target_facts(job)
+    isa, backends, threads = _target_facts(job)
     version = job.model_version
     return plan_round(
         round_number=round_number,
-        model_facts={"signature": version.signature, "op_histogram": version.op_histogram},
+        model_facts={"signature": version.signature, "op_histogram": version.op_histogram, **_shape_facts(job)},
         device_isa=isa,
         backends=backends,
         has_calibration=job.calibration_dataset_id is not None,
         tolerance=job.tolerance,
-        sensitivity=_sensitivity(job),
+        sensitivity=_sensitivity(job, measured) if round_number > 1 else None,
         measured=measured,
+        thread_choices=threads,
     )
 
 
 def _create_variants(job, planned: list[dict], *, round_number: int) -> list[str]:
     created = []
     for spec in planned:
+        options = dict(spec.get("options") or {})
+        if spec.get("compile"):
+            # Compile options ride with the variant to its device tasks; the build itself ignores them.
+            options["compile"] = spec["compile"]
         _, was_created = Variant.objects.get_or_create(
             job=job, key=spec["key"],
-            defaults={"organization": job.organization, "precision": spec["precision"], "options": spec.get("options") or {},
+            defaults={"organization": job.organization, "precision": spec["precision"], "options": options,
                       "round": round_number, "backends": spec.get("backends") or []},
         )
         if was_created:
@@ -136,6 +158,7 @@ def _plan_variants(job) -> str:
     if job.precisions == [specs.AUTO]:
         job.search.setdefault("round", 1)
         job.search.setdefault("started_at", time.time())
+        job.search.setdefault("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
         planned = _search_specs(job, round_number=1, measured=[])
         job.save(update_fields=["search", "updated_at"])
         created = _create_variants(job, planned, round_number=1)
@@ -155,13 +178,18 @@ def job_quantize(*, job_id: int) -> None:
 
 # -- building one variant -------------------------------------------------------------------
 
+def _build_options(variant: Variant) -> dict:
+    """The variant's recipe options without its compile options (those shape the device's compile, not the build)."""
+    return {key: value for key, value in variant.options.items() if key != "compile"}
+
+
 def _variant_cache_key(variant: Variant, job: DeploymentJob) -> str:
     model_sha = (job.converted_blob or job.model_version.blob).sha256
     calibration_sha = job.calibration_dataset.blob.sha256 if job.calibration_dataset_id else ""
     # The same file fed another way (layout, state, subset) calibrates differently.
     feeds = {key: (job.feeds or {}).get(key) for key in ("calibration", "calibration_subset")}
     return variant_cache_key(model_sha256=model_sha, precision=variant.precision,
-                             options={**variant.options, "_calibration": calibration_sha, "_feeds": feeds})
+                             options={**_build_options(variant), "_calibration": calibration_sha, "_feeds": feeds})
 
 
 def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
@@ -176,7 +204,7 @@ def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
         job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx",
         defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
     )
-    variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id}
+    variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id, **_compile_recipe(variant)}
     variant.backends = cached.backends
     variant.status = VariantStatus.READY
     job_event_add(job=job, stage="quantize", message=f"{variant.key}: reused the identical build of job {cached.job_id}.")
@@ -190,16 +218,23 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
     calibration = calibration_path(job)
     with scratch_dir() as scratch:
         out = scratch / f"{variant.key}.onnx"
-        built = build_variant(
-            model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration, options=variant.options
+        # A child process under the build memory budget (KILN_BUILD_MEMORY_MB): a clear error, never the OOM killer.
+        built = build_isolated(
+            model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration,
+            options=_build_options(variant),
         )
         artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
     variant.artifact = artifact
-    variant.recipe = built.get("recipe", {})
+    variant.recipe = {**built.get("recipe", {}), "peak_rss_mb": round(built.get("peak_rss_mb") or 0.0, 1),
+                      "build_s": round(built.get("build_s") or 0.0, 2), **_compile_recipe(variant)}
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
     built_backends = built.get("backends", ["onnxruntime"])
     variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
     variant.status = VariantStatus.READY
+
+
+def _compile_recipe(variant: Variant) -> dict:
+    return {"compile": variant.options["compile"]} if variant.options.get("compile") else {}
 
 
 def variant_build(*, variant_id: int) -> None:
@@ -259,17 +294,44 @@ def _measured_by_target(job) -> dict[str, list[dict]]:
     return {report.target: report.variants for report in reports}
 
 
+def _budget_spent(job) -> bool:
+    started = job.search.get("started_at", time.time())
+    return time.time() - started > job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60
+
+
+def _log_verdicts(job, measured_by_target: dict[str, list[dict]]) -> None:
+    """Say once per family and target why the search went on with it or dropped it ("INT8 does not pay …")."""
+    said = set(job.search.get("verdicts_said", []))
+    for target, entries in sorted(measured_by_target.items()):
+        for verdict in family_verdicts(entries).values():
+            if f"{target}:{verdict['family']}" in said:
+                continue
+            said.add(f"{target}:{verdict['family']}")
+            job_event_add(job=job, stage="quantize", message=f"{target}: {verdict['reason']}.")
+    job.search["verdicts_said"] = sorted(said)
+
+
 def _next_round_specs(job) -> list[dict]:
     round_number = job.search.get("round", 1)
-    if job.precisions != [specs.AUTO] or round_number >= MAX_SEARCH_ROUNDS:
+    if job.precisions != [specs.AUTO]:
         return []
-    if time.time() - job.search.get("started_at", time.time()) > SEARCH_BUDGET_SECONDS:
-        job_event_add(job=job, stage="devices", level="warning", message="The search's time budget is spent; reporting the best found.")
+    measured_by_target = _measured_by_target(job)
+    _log_verdicts(job, measured_by_target)
+    if round_number >= MAX_SEARCH_ROUNDS:
+        return []
+    if _budget_spent(job):
+        minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
+        job.search["stopped"] = f"the time budget of {minutes} minute(s) was spent after round {round_number}; the report shows the best found"
+        job_event_add(job=job, stage="devices", level="warning", message=f"The search stopped: {job.search['stopped']}.")
+        job.save(update_fields=["search", "updated_at"])
         return []
     proposals: dict[str, dict] = {}
-    for entries in _measured_by_target(job).values():
+    for entries in measured_by_target.values():
         for spec in _search_specs(job, round_number=round_number + 1, measured=entries):
-            proposals.setdefault(spec["key"], spec)
+            known = proposals.get(spec["key"])
+            if known is not None and known.get("backends") and spec.get("backends"):
+                spec = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
+            proposals[spec["key"]] = spec
     existing = set(job.variants.values_list("key", flat=True))
     return [spec for spec in proposals.values() if spec["key"] not in existing]
 
@@ -281,6 +343,7 @@ def job_collect(*, job_id: int) -> None:
         return
     next_specs = _next_round_specs(job)
     if not next_specs:
+        job.save(update_fields=["search", "updated_at"])
         enqueue_stage(job_id=job_id, stage="report")
         return
     round_number = job.search.get("round", 1) + 1

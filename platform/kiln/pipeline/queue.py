@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from kiln.core import notify
 from workers.celery import app
+
+from .leases import BUILD, STAGE, lease_offer
 
 # The names under which workers/tasks.py registers each task; the pipeline sends by name so that
 # it never imports the task module (which imports the pipeline).
@@ -25,15 +28,25 @@ def _send_on_commit(name: str, *args) -> None:
     transaction.on_commit(lambda: app.signature(name, args=list(args)).delay())
 
 
-def enqueue_stage(*, job_id: int, stage: str) -> None:
-    """Send a job's stage to the workers once the current transaction commits."""
+def enqueue_stage(*, job_id: int, stage: str, resend: bool = False) -> None:
+    """Send a job's stage to the workers once the current transaction commits, under a work lease.
+
+    `resend` (the reaper's) keeps counting the attempts of the stage sent before.
+    """
+    lease_offer(STAGE, job_id, resend=resend, stage_task=stage)
     _send_on_commit(STAGE_TASK_NAMES[stage], job_id)
 
 
-def enqueue_variant_build(*, variant_id: int) -> None:
+def enqueue_variant_build(*, variant_id: int, resend: bool = False) -> None:
+    lease_offer(BUILD, variant_id, resend=resend)
     _send_on_commit(VARIANT_BUILD_TASK_NAME, variant_id)
 
 
 def enqueue_redispatch(*, organization_id: int) -> None:
     """Ask the workers to dispatch an organization's jobs that wait for devices."""
     _send_on_commit(REDISPATCH_TASK_NAME, organization_id)
+
+
+def wake_agents(*, organization_id: int) -> None:
+    """Wake the organization's agents that wait in a lease long-poll, once the transaction commits."""
+    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))

@@ -1,18 +1,43 @@
 """Reads for jobs, variants, device tasks and artifacts, scoped to one organization."""
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.shortcuts import get_object_or_404
 
+from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 
 
-def job_list(*, organization):
-    return DeploymentJob.objects.filter(organization=organization).select_related("model_version__model")
+def job_list(*, organization, model_id: str | None = None):
+    """The organization's deployments, newest first; with `model_id`, only that model's."""
+    jobs = DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").prefetch_related("reports__agent")
+    if model_id not in (None, ""):
+        if not str(model_id).isdigit():
+            from kiln.core.errors import KilnError
+
+            raise KilnError("model must be an id.", code="invalid_filter")
+        jobs = jobs.filter(model_version__model_id=int(model_id))
+    return jobs
+
+
+def search_budget(job: DeploymentJob) -> dict:
+    """`{"minutes", "started_at", "seconds_left", "stopped"}` of an `auto` job's search; {} for explicit precisions."""
+    if job.precisions != [specs.AUTO]:
+        return {}
+    minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
+    started = job.search.get("started_at")
+    left = None
+    if started is not None and not job.is_terminal:
+        left = max(0.0, minutes * 60 - (time.time() - started))
+    return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:
     queryset = DeploymentJob.objects.select_related("model_version__model").prefetch_related(
-        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__variant"
+        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__pinned_agent", "device_tasks__variant", "reports__agent"
     )
     return get_object_or_404(queryset, organization=organization, pk=job_id)
 
@@ -35,3 +60,28 @@ def job_change_fingerprint(*, job_id: int) -> tuple:
     events = JobEvent.objects.filter(job_id=job_id).count()
     stages = tuple(DeviceTask.objects.filter(job_id=job_id).values_list("stage", "status").order_by("id"))
     return job, tuple(sorted(tasks.items())), events, stages
+
+
+# -- operations (every organization: for /metrics, never for a user's answer) ----------------
+
+JOB_DURATION_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+
+
+def jobs_by_status_and_stage() -> list[tuple[str, str, int]]:
+    """How many jobs sit in each (status, stage): the queue depth per stage."""
+    rows = DeploymentJob.objects.values_list("status", "stage").annotate(count=Count("id")).order_by()
+    return [(status, stage, count) for status, stage, count in rows]
+
+
+def device_tasks_by_status() -> dict[str, int]:
+    return dict(DeviceTask.objects.values_list("status").annotate(count=Count("id")).order_by())
+
+
+def finished_job_durations() -> tuple[list[int], float, int]:
+    """Cumulative counts per JOB_DURATION_BUCKETS (seconds from creation to the end), the sum and the count."""
+    duration = ExpressionWrapper(F("finished_at") - F("created_at"), output_field=DurationField())
+    finished = DeploymentJob.objects.filter(finished_at__isnull=False).annotate(duration=duration)
+    aggregates = {f"le{i}": Count("id", filter=Q(duration__lte=timedelta(seconds=bound))) for i, bound in enumerate(JOB_DURATION_BUCKETS)}
+    values = finished.aggregate(total=Sum("duration"), count=Count("id"), **aggregates)
+    total = values["total"].total_seconds() if values["total"] else 0.0
+    return [values[f"le{i}"] for i in range(len(JOB_DURATION_BUCKETS))], total, values["count"]

@@ -14,7 +14,7 @@ from kiln.registry.services import blob_create
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
-from .queue import enqueue_stage
+from .queue import enqueue_stage, wake_agents
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +94,13 @@ def _check_label_metrics(declared: list[dict], tolerance: dict, validation_datas
 
 def job_create(*, organization, user, model_version, precisions, calibration_dataset=None, validation_dataset=None, targets=None, tolerance=None,
                metrics=None, package=None, rerun_of: DeploymentJob | None = None, state=None, initial_state=None,
-               calibration_subset=None) -> DeploymentJob:
+               calibration_subset=None, budget_minutes=None) -> DeploymentJob:
     """Check a deployment request, store it as a job and start its pipeline."""
     requested = specs.parse_precisions(precisions)
     parsed_package = specs.parse_package(package)
     parsed_tolerance = specs.parse_tolerance(tolerance)
     parsed_targets = specs.parse_targets(targets)
+    parsed_budget = specs.parse_budget_minutes(budget_minutes)
     signature = model_version.signature
     declared = specs.parse_metrics(metrics, outputs=[output["name"] for output in (signature or {}).get("outputs", [])])
     feeds = _job_feeds(signature=signature, calibration_dataset=calibration_dataset, validation_dataset=validation_dataset,
@@ -124,6 +125,7 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
             package=parsed_package,
             toolchain={"host": specs.host_toolchain()},
             rerun_of=rerun_of,
+            search={"budget_minutes": parsed_budget},
         )
         again = f" Re-run of job {rerun_of.id}." if rerun_of else ""
         job_event_add(job=job, stage="validate", message=f"Job created for {model_version.model.name} v{model_version.number}: precisions {', '.join(requested)}.{again}")
@@ -139,12 +141,13 @@ def job_rerun(*, job: DeploymentJob, user) -> DeploymentJob:
         tolerance=job.tolerance, metrics=job.metrics, package=job.package, rerun_of=job,
         state=(job.feeds or {}).get("state"), initial_state=(job.feeds or {}).get("initial_state"),
         calibration_subset=(job.feeds or {}).get("calibration_subset"),
+        budget_minutes=job.search.get("budget_minutes"),
     )
 
 
-def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision: str = "", backend: str = "") -> Artifact:
-    """Keep a file as one of the job's artifacts (idempotent by job, kind and name)."""
-    blob = blob_create(organization=job.organization, path=path)
+def artifact_store(*, job: DeploymentJob, kind: str, name: str, path=None, blob=None, precision: str = "", backend: str = "") -> Artifact:
+    """Keep a file (or a blob already stored) as one of the job's artifacts (idempotent by job, kind and name)."""
+    blob = blob or blob_create(organization=job.organization, path=path)
     artifact, _ = Artifact.objects.update_or_create(
         job=job, kind=kind, name=name,
         defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},
@@ -152,9 +155,9 @@ def artifact_store(*, job: DeploymentJob, kind: str, name: str, path, precision:
     return artifact
 
 
-def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info") -> JobEvent:
+def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info", task_id: int | None = None) -> JobEvent:
     log = logger.warning if level == "warning" else logger.error if level == "error" else logger.info
-    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage})
+    log("job %s [%s] %s", job.id, stage, message, extra={"job_id": job.id, "stage": stage, "task_id": task_id})
     return JobEvent.objects.create(job=job, stage=stage, level=level, message=message[:10000])
 
 
@@ -223,4 +226,6 @@ def job_cancel(*, job: DeploymentJob) -> DeploymentJob:
         status=DeviceTaskStatus.CANCELED, finished_at=now
     )
     job_event_add(job=job, stage=job.stage, message="Canceled by the user.", level="warning")
+    # Waiting agents re-check at once: the job's queued tasks are gone and none may still be leased.
+    wake_agents(organization_id=job.organization_id)
     return job

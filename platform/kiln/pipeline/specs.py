@@ -40,6 +40,25 @@ def resolve_precisions(requested: list[str], *, has_calibration: bool) -> list[s
     return candidates
 
 
+DEFAULT_BUDGET_MINUTES = 30
+MAX_BUDGET_MINUTES = 24 * 60
+
+
+def parse_budget_minutes(raw) -> int:
+    """The `auto` search's time budget in whole minutes (default 30, at most a day)."""
+    if raw in (None, ""):
+        return DEFAULT_BUDGET_MINUTES
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise KilnError("budget_minutes must be a number of minutes.", code="invalid_budget")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise KilnError(f"budget_minutes must be a number of minutes, got {str(raw)[:20]!r}.", code="invalid_budget") from None
+    if not 1 <= value <= MAX_BUDGET_MINUTES or value != value:
+        raise KilnError(f"budget_minutes must be between 1 and {MAX_BUDGET_MINUTES}.", code="invalid_budget")
+    return int(round(value))
+
+
 def parse_tolerance(raw) -> dict:
     try:
         return contract.parse_tolerance(raw)

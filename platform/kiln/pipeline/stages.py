@@ -10,9 +10,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from django.conf import settings
 from django.db import transaction
 
-from kiln.registry.models import SourceFormat
+from kiln.registry.models import CONVERTED_FORMATS, SourceFormat
 from kiln.registry.selectors import blob_file
 from kiln.registry.services import blob_create
 from kiln.reports.models import Report
@@ -21,6 +22,7 @@ from kiln.reports.selectors import DeviceReport, device_json, device_reports
 from kiln.reports.services import device_estimate, measurements_record
 from workers.convert import convert_model
 from workers.inspect import validate_onnx
+from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
 from workers.reference import compute_reference_outputs
 
 from .device_tasks import job_dispatch_device_tasks
@@ -50,7 +52,42 @@ def job_validate(*, job_id: int) -> None:
 
 # -- convert --------------------------------------------------------------------------------
 
+PARITY_SAMPLES = 64
+
+
+def _pytorch_parity(job) -> str:
+    """Compare the PyTorch upload with its ONNX export on the job's own inputs, in the sandbox; fail the stage when they disagree."""
+    version = job.model_version
+    conversion = version.conversion or {}
+    exporter = "torch.onnx.export(dynamo=True)" if conversion.get("exporter") == "dynamo" else "the TorchScript-based torch.onnx.export"
+    fallback = f" (the dynamo exporter failed: {conversion['fallback_reason']})" if conversion.get("fallback_reason") else ""
+    job_event_add(job=job, stage="convert", message=f"Exported from {version.filename} with {exporter}{fallback}.")
+    artifact_store(job=job, kind=ArtifactKind.SOURCE, name=version.filename, path=blob_file(version.blob), precision="fp32")
+    with scratch_dir() as scratch:
+        inputs = _validation_inputs(job, scratch, stage="convert")
+        try:
+            result = run_in_sandbox({"command": "parity", "kind": version.source_format, "max_samples": PARITY_SAMPLES},
+                                    files={"model": blob_file(version.blob), "onnx": source_model_path(job), "inputs": inputs},
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+        except SandboxFailed as failed:
+            raise StageFailed(f"The PyTorch model could not be compared with its ONNX export: {failed}") from None
+    parity = result["parity"]
+    for output in parity["outputs"]:
+        job_event_add(job=job, stage="convert", message=f"Parity of {output['name']!r} on {parity['samples']} samples: "
+                      f"cosine {output['cosine']:.7f}, max abs error {output['max_abs_error']:.3g}.")
+    verdict = "passed" if parity["passed"] else "failed"
+    summary = f"parity {verdict}: min cosine {parity['min_cosine']:.7f} (threshold {parity['threshold']})"
+    if not parity["passed"]:
+        raise StageFailed(f"The ONNX export does not match the PyTorch model on the job's inputs: {summary}.")
+    return summary
+
+
 def _convert(job) -> str:
+    parity = _pytorch_parity(job) + "; " if job.model_version.source_format in CONVERTED_FORMATS else ""
+    return parity + _convert_onnx(job)
+
+
+def _convert_onnx(job) -> str:
     if job.model_version.source_format == SourceFormat.ONNX_ZIP:
         job_event_add(job=job, stage="convert", level="warning", message="Models with external data are used as uploaded; conversion skipped.")
         return "skipped: external-data model"
@@ -96,13 +133,13 @@ def _synthetic_inputs(signature: dict, path: Path) -> None:
     np.savez(path, **arrays)
 
 
-def _validation_inputs(job, scratch: Path) -> Path:
+def _validation_inputs(job, scratch: Path, *, stage: str = "reference") -> Path:
     if job.validation_dataset_id:
         return blob_file(job.validation_dataset.blob)
     if job.calibration_dataset_id:
-        job_event_add(job=job, stage="reference", level="warning", message="No validation dataset: the calibration dataset is used to compare outputs with FP32.")
+        job_event_add(job=job, stage=stage, level="warning", message="No validation dataset: the calibration dataset is used to compare outputs with FP32.")
         return blob_file(job.calibration_dataset.blob)
-    job_event_add(job=job, stage="reference", level="warning", message=f"No datasets: {SYNTHETIC_SAMPLES} seeded random inputs are used to compare outputs with FP32.")
+    job_event_add(job=job, stage=stage, level="warning", message=f"No datasets: {SYNTHETIC_SAMPLES} seeded random inputs are used to compare outputs with FP32.")
     path = scratch / "synthetic-validation.npz"
     _synthetic_inputs(job.model_version.signature, path)
     return path
@@ -174,7 +211,8 @@ def job_dispatch(*, job_id: int) -> None:
 
 def _store_package(job: DeploymentJob, report: DeviceReport) -> None:
     """The recommended variant of one device, bundled for download with its report and a run script."""
-    device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason, final=True)
+    device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason,
+                         final=True, details=report.details)
     with tempfile.TemporaryDirectory(prefix="kiln-package-") as scratch:
         path = Path(scratch) / package_name(report.target)
         if build_device_package(job=job, device=device, out_path=path):
@@ -194,7 +232,7 @@ def _report(job: DeploymentJob) -> str:
         Report.objects.create(
             organization=job.organization, job=job, target=report.target, agent=report.agent,
             recommended_task_id=report.recommended, reason=report.reason,
-            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report)},
+            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report), "recommendation": report.details},
         )
         _store_package(job, report)
     if not succeeded:

@@ -35,6 +35,12 @@ class Model(models.Model):
 class SourceFormat(models.TextChoices):
     ONNX = "onnx"
     ONNX_ZIP = "onnx-zip"
+    TORCH_EXPORT = "torch-export"
+    TORCHSCRIPT = "torchscript"
+
+
+# Formats converted to ONNX at upload: the ONNX lives with the extracted files, the upload stays the version's blob.
+CONVERTED_FORMATS = (SourceFormat.TORCH_EXPORT, SourceFormat.TORCHSCRIPT)
 
 
 class ModelVersion(models.Model):
@@ -53,6 +59,11 @@ class ModelVersion(models.Model):
     # Per output: the kind inferred from the graph ({"kind", "reason", ...}) and the user's override.
     output_kinds = models.JSONField(default=dict, blank=True)
     output_kind_overrides = models.JSONField(default=dict, blank=True)
+    # PyTorch uploads: the exporter used (and why the first one failed), the PyTorch graph's ops and
+    # parameters, and the parity of the ONNX export with the PyTorch model.
+    conversion = models.JSONField(default=dict, blank=True)
+    # PyTorch uploads: the ONNX export the pipeline works on (the upload itself stays `blob`).
+    onnx_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -6,7 +6,7 @@ from pathlib import Path
 from django.shortcuts import get_object_or_404
 
 from . import storage
-from .models import Dataset, Model, ModelVersion, SourceFormat, Upload
+from .models import CONVERTED_FORMATS, Dataset, Model, ModelVersion, SourceFormat, Upload
 
 
 def model_list(*, organization, search: str = ""):
@@ -18,6 +18,13 @@ def model_list(*, organization, search: str = ""):
 
 def model_get(*, organization, model_id: int) -> Model:
     return get_object_or_404(Model.objects.prefetch_related("versions__blob"), organization=organization, pk=model_id)
+
+
+def model_versions_identical(*, version: ModelVersion) -> list[dict]:
+    """Other versions of this organization with exactly the same bytes, oldest first: what an upload duplicates."""
+    others = (ModelVersion.objects.filter(organization=version.organization, blob__sha256=version.blob.sha256)
+              .exclude(pk=version.pk).select_related("model").order_by("id")[:5])
+    return [{"model": other.model_id, "name": other.model.name, "version": other.number, "version_id": other.id} for other in others]
 
 
 def model_version_get(*, organization, version_id: int) -> ModelVersion:
@@ -33,14 +40,17 @@ def dataset_get(*, organization, dataset_id: int) -> Dataset:
 
 
 def model_version_onnx_path(version: ModelVersion) -> Path:
-    """The ONNX file of a version on disk (inside its extracted archive for zips)."""
+    """The ONNX file of a version on this host (inside its extracted archive for zips, the export for PyTorch uploads)."""
+    if version.source_format in CONVERTED_FORMATS:
+        return storage.local_path(version.onnx_blob.sha256)
     if version.source_format == SourceFormat.ONNX_ZIP:
-        return storage.extracted_dir(version.blob.sha256) / version.onnx_member
-    return storage.blob_path(version.blob.sha256)
+        return storage.extracted_model(version.blob.sha256) / version.onnx_member
+    return storage.local_path(version.blob.sha256)
 
 
 def blob_file(blob) -> Path:
-    return storage.blob_path(blob.sha256)
+    """A file on this host holding the blob's bytes (see storage.local_path)."""
+    return storage.local_path(blob.sha256)
 
 
 def upload_get(*, organization, owner: str, upload_id) -> Upload:

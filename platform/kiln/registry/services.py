@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -21,36 +21,71 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
+from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
+from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.raw_datasets import build_raw_dataset
 
 from . import storage, uploads
-from .models import Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
+from .messages import unreadable_model_message
+from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
 
 logger = logging.getLogger(__name__)
 
-MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP}
+MODEL_SUFFIXES = {".onnx": SourceFormat.ONNX, ".zip": SourceFormat.ONNX_ZIP, ".pt2": SourceFormat.TORCH_EXPORT, ".pt": SourceFormat.TORCHSCRIPT}
+CONVERTED_ONNX_MEMBER = "model.onnx"
 
 
 def blob_create(*, organization, path: Path, sha256: str | None = None, move: bool = False) -> Blob:
-    """Store a file as a content-addressed blob of this organization (idempotent)."""
+    """Store a file as a content-addressed blob of this organization (idempotent).
+
+    Runs in a transaction holding the digest's lock, so a release of the same bytes cannot remove
+    the file between the store and the row (the caller's transaction keeps the lock until it ends).
+    """
     if sha256 is None:
         sha256, size = storage.file_sha256(path)
     else:
         size = Path(path).stat().st_size
-    storage.put_file(Path(path), sha256=sha256, move=move)
-    blob, _ = Blob.objects.get_or_create(
-        organization=organization,
-        sha256=sha256,
-        defaults={"size_bytes": size, "storage_key": f"{sha256[:2]}/{sha256}"},
-    )
+    with transaction.atomic():
+        _lock_digest(sha256)
+        key = storage.put_file(Path(path), sha256=sha256, move=move)
+        blob, _ = Blob.objects.get_or_create(
+            organization=organization, sha256=sha256, defaults={"size_bytes": size, "storage_key": key},
+        )
     return blob
+
+
+def blob_create_staged(*, organization, key: str, sha256: str, size_bytes: int) -> Blob:
+    """A blob of an object uploaded straight to storage through a presigned URL, once its bytes check out."""
+    with transaction.atomic():
+        _lock_digest(sha256)
+        try:
+            storage_key = storage.incoming_commit(key, sha256=sha256, size_bytes=size_bytes, max_bytes=settings.MAX_UPLOAD_BYTES)
+        except storage.IncomingRejected as exc:
+            raise KilnError(f"The upload was refused: {exc}.", code="staged_upload_rejected") from None
+        blob, _ = Blob.objects.get_or_create(
+            organization=organization, sha256=sha256, defaults={"size_bytes": size_bytes, "storage_key": storage_key},
+        )
+    return blob
+
+
+def _lock_digest(sha256: str) -> None:
+    """Serialize, until the current transaction ends, every store and release of one digest's file.
+
+    PostgreSQL: a transaction-scoped advisory lock keyed by the digest. SQLite (the embedded
+    default) needs none: every transaction takes the database's write lock when it begins
+    (settings: transaction_mode IMMEDIATE).
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha256[:15], 16)])
 
 
 def _source_format(filename: str) -> str:
     suffix = Path(filename or "").suffix.lower()
     if suffix not in MODEL_SUFFIXES:
         raise KilnError(
-            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, or a .zip holding one .onnx with its external data.",
+            f"Unsupported file type {suffix or '(none)'}: upload an .onnx file, a .zip holding one .onnx with its external data, "
+            "a torch.export archive (.pt2) or a traced TorchScript file (.pt).",
             code="unsupported_format",
         )
     return MODEL_SUFFIXES[suffix]
@@ -74,6 +109,13 @@ def _check_input_sizes(signature: dict) -> None:
             )
 
 
+def _model_problem(onnx_path: Path, filename: str, detail: str) -> str:
+    """What the user uploaded instead of an ONNX model, and how to make one (see registry/messages.py)."""
+    parse_failed = "not a readable ONNX model" in detail or "parsing" in detail.lower() or "parse" in detail.lower()
+    return unreadable_model_message(path=Path(onnx_path), filename=Path(filename).name or "The file", parse_failed=parse_failed,
+                                    detail=detail)
+
+
 def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filename: str) -> tuple[dict, str]:
     """Validate and inspect an uploaded model; returns (facts, onnx member name). Raises 400s."""
     onnx_path = upload_path
@@ -81,7 +123,12 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     staging = None
     # Messages name the user's file and its entries, never the server's folders.
     names = {upload_path: filename}
-    if source_format == SourceFormat.ONNX_ZIP:
+    if source_format in CONVERTED_FORMATS:
+        staging = storage.new_temp_dir("torch-")
+        names[staging] = ""
+        onnx_path, conversion = _convert_torch_upload(upload_path, staging, filename=filename)
+        member = CONVERTED_ONNX_MEMBER
+    elif source_format == SourceFormat.ONNX_ZIP:
         staging = storage.new_temp_dir("extract-")
         names[staging] = ""
         try:
@@ -101,11 +148,13 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     try:
         validation = validate_onnx(onnx_path)
         if not validation["ok"]:
-            raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(validation['error'], names)}", code="invalid_model")
+            raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(validation["error"], names)), code="invalid_model")
         facts = inspect_onnx(onnx_path)
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
         facts["output_kinds"] = _output_kinds(onnx_path)
+        if source_format in CONVERTED_FORMATS:
+            facts["conversion"] = conversion
     except KilnError:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -113,8 +162,11 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     except Exception as exc:  # the inspector raises on unreadable protobufs
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        raise KilnError(f"This is not a valid ONNX model: {redact_server_paths(str(exc), names)}", code="invalid_model") from exc
-    if staging:
+        raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(str(exc), names)), code="invalid_model") from exc
+    if staging and source_format in CONVERTED_FORMATS:
+        # The export becomes a blob of its own with the version (_create_version), so every host finds it.
+        facts["converted_onnx"] = str(onnx_path)
+    elif staging:
         target = storage.extracted_dir(sha256)
         if target.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -124,8 +176,37 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     return facts, member
 
 
+def _convert_torch_upload(upload_path: Path, staging: Path, *, filename: str) -> tuple[Path, dict]:
+    """Check a PyTorch upload statically, then export it to ONNX in the sandbox; raises 400s with the reason."""
+    try:
+        facts = scan_torch_file(upload_path, max_total_bytes=settings.MAX_ARCHIVE_UNCOMPRESSED_BYTES)
+    except RefusedTorchFile as refused:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename}: {refused}", code=refused.code) from None
+    onnx_path = staging / CONVERTED_ONNX_MEMBER
+    try:
+        conversion = run_in_sandbox({"command": "convert", "kind": facts.kind, "onnx_out": str(onnx_path)}, files={"model": upload_path},
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+    except SandboxFailed as failed:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename} could not be loaded and exported to ONNX: {failed}", code="conversion_failed") from None
+    parity = conversion["parity"]
+    if not parity["passed"]:
+        shutil.rmtree(staging, ignore_errors=True)
+        worst = min(parity["outputs"], key=lambda output: output["cosine"])
+        raise KilnError(
+            f"{filename}: the ONNX export disagrees with the PyTorch model (output {worst['name']!r}: cosine {worst['cosine']:.6f}, "
+            f"max abs error {worst['max_abs_error']}); the threshold is cosine >= {parity['threshold']}.",
+            code="conversion_mismatch",
+        )
+    conversion["format"] = facts.kind
+    conversion["pickle_globals"] = facts.globals
+    return onnx_path, conversion
+
+
 def _create_version(*, model: Model, upload, source_format: str, facts: dict, member: str) -> ModelVersion:
     blob = blob_create(organization=model.organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+    onnx_blob = blob_create(organization=model.organization, path=Path(facts["converted_onnx"])) if facts.get("converted_onnx") else None
     number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
     return ModelVersion.objects.create(
         organization=model.organization,
@@ -141,6 +222,8 @@ def _create_version(*, model: Model, upload, source_format: str, facts: dict, me
         parameter_count=facts.get("parameter_count", 0),
         validation=facts["validation"],
         output_kinds=facts.get("output_kinds", {}),
+        conversion=facts.get("conversion", {}),
+        onnx_blob=onnx_blob,
     )
 
 
@@ -149,18 +232,32 @@ def model_create(*, organization, user, name: str, upload) -> Model:
     name = (name or "").strip() or Path(upload.name).stem
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
-    with transaction.atomic():
-        model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
-        _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    source_format = facts.get("conversion", {}).get("format", source_format)
+    try:
+        with transaction.atomic():
+            model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
+            _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    finally:
+        _discard_staging(facts)
     return model
 
 
 def model_version_create(*, model: Model, upload) -> ModelVersion:
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
-    with transaction.atomic():
-        Model.objects.select_for_update().filter(pk=model.pk).first()
-        return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    source_format = facts.get("conversion", {}).get("format", source_format)
+    try:
+        with transaction.atomic():
+            Model.objects.select_for_update().filter(pk=model.pk).first()
+            return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+    finally:
+        _discard_staging(facts)
+
+
+def _discard_staging(facts: dict) -> None:
+    """The folder a PyTorch export was written to, once it is a blob (or the version was not made)."""
+    if facts.get("converted_onnx"):
+        shutil.rmtree(Path(facts["converted_onnx"]).parent, ignore_errors=True)
 
 
 def _blob_referenced(blob: Blob) -> bool:
@@ -172,28 +269,51 @@ def _blob_referenced(blob: Blob) -> bool:
 def blob_release(*, blob: Blob) -> bool:
     """Delete a blob row nothing references, and its file once no organization stores those bytes.
 
-    Runs inside the caller's transaction; the files go only after it commits, so a rollback
-    never leaves a row without its file.
+    Runs inside the caller's transaction, holding the digest's lock, so no upload of the same bytes
+    can attach to the row while it goes. The file goes only after the transaction commits (a
+    rollback never leaves a row without its file), under the lock again (see blob_file_release).
     """
-    if _blob_referenced(blob):
+    _lock_digest(blob.sha256)
+    if not Blob.objects.filter(pk=blob.pk).exists() or _blob_referenced(blob):
         return False
     sha256 = blob.sha256
     blob.delete()
+    transaction.on_commit(lambda: blob_file_release(sha256=sha256))
+    return True
 
-    def remove_files() -> None:
-        if not Blob.objects.filter(sha256=sha256).exists():
-            storage.delete_file(sha256)
 
-    transaction.on_commit(remove_files)
+def blob_file_release(*, sha256: str) -> bool:
+    """Remove a digest's stored file when no blob row of any organization names it any more."""
+    with transaction.atomic():
+        _lock_digest(sha256)
+        if Blob.objects.filter(sha256=sha256).exists():
+            return False
+        storage.delete_file(sha256)
     return True
 
 
 def model_delete(*, model: Model) -> None:
-    if DeploymentJob.objects.filter(model_version__model=model).exists():
-        raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+    """Delete a model, its versions, and the blobs nothing else references."""
     with transaction.atomic():
-        blobs = [version.blob for version in model.versions.select_related("blob")]
+        Model.objects.select_for_update().filter(pk=model.pk).first()
+        if DeploymentJob.objects.filter(model_version__model=model).exists():
+            raise KilnError("This model has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+        blobs = [blob for version in model.versions.select_related("blob", "onnx_blob") for blob in (version.blob, version.onnx_blob) if blob]
         model.delete()
+        for blob in blobs:
+            blob_release(blob=blob)
+
+
+def model_version_delete(*, version: ModelVersion) -> None:
+    """Delete one version of a model and release its blob; the model keeps at least one version."""
+    with transaction.atomic():
+        Model.objects.select_for_update().filter(pk=version.model_id).first()
+        if DeploymentJob.objects.filter(model_version=version).exists():
+            raise KilnError("This version has deployment jobs; it is kept so their reports stay valid.", code="in_use", status_code=409)
+        if not ModelVersion.objects.filter(model_id=version.model_id).exclude(pk=version.pk).exists():
+            raise KilnError("This is the model's only version; delete the model instead.", code="last_version", status_code=409)
+        blobs = [blob for blob in (version.blob, version.onnx_blob) if blob]
+        version.delete()
         for blob in blobs:
             blob_release(blob=blob)
 
@@ -220,18 +340,19 @@ def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=N
         info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
     except InvalidDataset as exc:
         raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
-    blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
-    return Dataset.objects.create(
-        organization=organization,
-        name=((name or "").strip() or Path(upload.name).stem)[:200],
-        kind=kind,
-        blob=blob,
-        samples=info["samples"],
-        arrays=info["arrays"],
-        has_labels=info["has_labels"],
-        format=info["format"],
-        created_by=user,
-    )
+    with transaction.atomic():
+        blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
+        return Dataset.objects.create(
+            organization=organization,
+            name=((name or "").strip() or Path(upload.name).stem)[:200],
+            kind=kind,
+            blob=blob,
+            samples=info["samples"],
+            arrays=info["arrays"],
+            has_labels=info["has_labels"],
+            format=info["format"],
+            created_by=user,
+        )
 
 
 RAW_SUFFIXES = {"image": (".zip",), "audio": (".zip",), "text": (".txt",)}
@@ -305,9 +426,11 @@ def _raw_dataset_create(*, organization, user, name: str, kind: str, upload, rec
 
 
 def dataset_delete(*, dataset: Dataset) -> None:
-    if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
-        raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
+    """Delete a dataset and release its blob when nothing else references it."""
     with transaction.atomic():
+        Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
+        if DeploymentJob.objects.filter(Q(calibration_dataset=dataset) | Q(validation_dataset=dataset)).exists():
+            raise KilnError("This dataset is used by deployment jobs; it is kept so their results stay reproducible.", code="in_use", status_code=409)
         blobs = [dataset.blob, dataset.source_blob]
         tokenizer_sha256 = (dataset.recipe or {}).get("tokenizer_sha256")
         dataset.delete()
@@ -373,8 +496,9 @@ def _upload_finish(upload: Upload, path: Path) -> None:
             f"The assembled file's sha256 is {sha256}, not the {upload.expected_sha256} announced; the upload was discarded.",
             code="digest_mismatch",
         )
-    upload.blob = blob_create(organization=upload.organization, path=path, sha256=sha256, move=True)
-    upload.save(update_fields=["blob", "updated_at"])
+    with transaction.atomic():
+        upload.blob = blob_create(organization=upload.organization, path=path, sha256=sha256, move=True)
+        upload.save(update_fields=["blob", "updated_at"])
 
 
 def upload_delete(*, upload: Upload) -> None:
@@ -393,7 +517,7 @@ def upload_consume(*, upload: Upload) -> uploads.StoredUpload:
     """Hand a finished upload to a service that makes a model, version, dataset or artifact of it (once)."""
     if not upload.complete:
         raise Conflict(f"The upload has {upload.offset} of {upload.length} bytes; finish it first.", code="upload_incomplete")
-    stored = uploads.StoredUpload(name=upload.filename, path=storage.blob_path(upload.blob.sha256), sha256=upload.blob.sha256, blob=upload.blob)
+    stored = uploads.StoredUpload(name=upload.filename, path=storage.local_path(upload.blob.sha256), sha256=upload.blob.sha256, blob=upload.blob)
     upload.delete()
     return stored
 

@@ -27,7 +27,12 @@ class HashingUploadHandler(TemporaryFileUploadHandler):
         if self.received > settings.MAX_UPLOAD_BYTES:
             raise upload_too_large()
         self.digest.update(raw_data)
-        return super().receive_data_chunk(raw_data, start)
+        try:
+            return super().receive_data_chunk(raw_data, start)
+        except OSError:
+            # A full disk: the parser drops this half-written file without closing it, so remove it now.
+            self.file.close()
+            raise
 
     def file_complete(self, file_size):
         uploaded = super().file_complete(file_size)

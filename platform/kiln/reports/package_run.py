@@ -82,10 +82,40 @@ def read_model_file(root: Path, entry: dict, key: bytes | None) -> bytes:
         raise SystemExit(f"{entry['path']} does not open with this key (wrong key, or another organization's package).") from None
 
 
+def _ov_config(options: dict) -> dict:
+    # The settings Kiln measured (devices/backends/options.py, restated here because this script
+    # runs without Kiln installed): the LATENCY hint and f32 unless the search chose otherwise.
+    config = {"PERFORMANCE_HINT": options.get("performance_hint", "LATENCY"),
+              "INFERENCE_PRECISION_HINT": options.get("inference_precision", "f32")}
+    if options.get("threads"):
+        config["INFERENCE_NUM_THREADS"] = int(options["threads"])
+    return config
+
+
+def _ort_session(ort, model_bytes: bytes, options: dict):
+    levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    session_options = ort.SessionOptions()
+    session_options.graph_optimization_level = levels[options.get("graph_optimization", "all")]
+    if options.get("threads"):
+        session_options.intra_op_num_threads = int(options["threads"])
+    static = options.get("static_shapes") or {}
+    if static:
+        # Free dimensions are overridden by their symbolic names, which only a loaded session tells.
+        probe = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+        for value in probe.get_inputs():
+            for dim, size in zip(value.shape, static.get(value.name) or []):
+                if isinstance(dim, str) and dim:
+                    session_options.add_free_dimension_override_by_name(dim, int(size))
+    return ort.InferenceSession(model_bytes, session_options, providers=["CPUExecutionProvider"])
+
+
 def load(root: Path, manifest: dict, key: bytes | None, backend: str):
-    """A callable `run(feeds) -> outputs`, on the backend asked for, from the engine Kiln measured when there is one."""
+    """A callable `run(feeds) -> outputs`, on the backend asked for, from the engine Kiln measured when there is one,
+    with the compile options Kiln measured (static shapes, threads, hints)."""
     files = {entry["original_path"]: entry for entry in manifest["files"] if entry.get("role") in ("model", "compiled")}
     compiled = next((entry for entry in files.values() if entry["role"] == "compiled"), None)
+    options = manifest.get("compile") or {}
     if compiled is not None and manifest["backend"] != backend:
         compiled = None
     if backend == "openvino":
@@ -93,15 +123,18 @@ def load(root: Path, manifest: dict, key: bytes | None, backend: str):
 
         core = ov.Core()
         if compiled is not None:
-            engine = core.import_model(io.BytesIO(read_model_file(root, compiled, key)), "CPU")
+            engine = core.import_model(io.BytesIO(read_model_file(root, compiled, key)), "CPU", _ov_config(options))
         else:
-            engine = core.compile_model(core.read_model(read_model_file(root, files["model.onnx"], key)), "CPU")
+            model = core.read_model(read_model_file(root, files["model.onnx"], key))
+            if options.get("static_shapes"):
+                model.reshape(options["static_shapes"])
+            engine = core.compile_model(model, "CPU", _ov_config(options))
         request = engine.create_infer_request()
         return [port.get_any_name() for port in engine.inputs], request.infer
     import onnxruntime as ort
 
     source = compiled if compiled is not None and compiled["original_path"].endswith(".onnx") else files["model.onnx"]
-    session = ort.InferenceSession(read_model_file(root, source, key), providers=["CPUExecutionProvider"])
+    session = _ort_session(ort, read_model_file(root, source, key), options)
     return [i.name for i in session.get_inputs()], lambda feeds: session.run(None, feeds)
 
 

@@ -40,6 +40,20 @@ def package_name(target: str) -> str:
     return "kiln-package-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target).strip("-") + ".zip"
 
 
+def _why_not_table(device: dict) -> list[str]:
+    """The report's "why not the others", one row per precision family, as Markdown lines."""
+    rows = device.get("alternatives") or []
+    notes = [note["text"] for note in device.get("unstable") or []]
+    if not rows and not notes:
+        return []
+    lines = ["Why not the others:", "", "| family | best of it | p50 (ms) | why not |", "|---|---|---|---|"]
+    for row in rows:
+        p50 = f"{row['p50_ms']:.3g}" if row.get("p50_ms") is not None else "-"
+        count = f" (of {row['variants']})" if row.get("variants", 1) > 1 else ""
+        lines.append(f"| {row['family']} | {row['label']}{count} | {p50} | {row['why'].replace('|', '/')} |")
+    return [*(lines if rows else []), *([""] + notes if notes else []), ""]
+
+
 def _readme(job, device: dict, chosen: dict) -> str:
     latency = chosen.get("latency_ms") or {}
     accuracy = chosen.get("accuracy") or {}
@@ -51,8 +65,9 @@ def _readme(job, device: dict, chosen: dict) -> str:
         f"p50 {latency.get('p50', float('nan')):.3f} ms, p99 {latency.get('p99', float('nan')):.3f} ms, "
         f"{accuracy.get('metric')} {accuracy.get('value')} (drop {accuracy.get('drop')}).",
         "",
-        f"Why this one: {device['reason']}",
+        f"Verdict: {(device.get('verdict') or {}).get('text') or device['reason']}",
         "",
+        *_why_not_table(device),
         "- `model.onnx`: the variant (runs on ONNX Runtime; OpenVINO reads it too).",
         "- `compiled/`: the engine the device built from it, when the agent uploaded one.",
         "- `report.json`: every variant measured on this device.",
@@ -111,6 +126,8 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
         "model": {"name": version.model.name, "version": version.number, "sha256": version.blob.sha256},
         "variant": {"key": chosen.get("key"), "precision": chosen["precision"], "recipe": chosen.get("recipe") or {}},
         "backend": chosen["backend"],
+        # Compile options the search measured for this variant; run.py applies them (static shapes, threads, hints).
+        "compile": (chosen.get("options") or {}).get("compile") or {},
         "device": {"name": agent.get("name"), "target": device["target"], "cpu_model": capabilities.get("cpu_model")},
         "measured": {"latency_ms": chosen.get("latency_ms"), "accuracy": chosen.get("accuracy")},
         "toolchain": {"host": (job.toolchain or {}).get("host") or {},

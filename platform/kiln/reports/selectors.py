@@ -12,7 +12,7 @@ from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskStatus
 
 from .models import Measurement, Report
 from .packaging import package_name
-from .scoring import fp32_noise, pareto_ids, recommend, score_accuracy
+from .scoring import fp32_noise, pareto_ids, recommendation, score_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,18 @@ def _scored(tolerance: dict, accuracy: dict) -> dict:
     return scored
 
 
+def _timing(metrics: dict) -> dict:
+    """The samples the noise of a latency is judged by (reports/noise.py): the headline batch's
+    window medians, and per-round medians of interleaved re-timing when the device did that."""
+    rows = metrics.get("by_batch") or []
+    windows = rows[0].get("window_medians_ms") if rows and isinstance(rows[0], dict) else None
+    timing = {"window_medians_ms": [float(v) for v in windows or [] if _is_number(v)]}
+    interleaved = metrics.get("interleaved_medians_ms")
+    if isinstance(interleaved, list):
+        timing["interleaved_medians_ms"] = [float(v) for v in interleaved if _is_number(v)]
+    return timing
+
+
 def _entry(task: DeviceTask, tolerance: dict) -> dict:
     metrics = task.metrics or {}
     accuracy = task.accuracy or {}
@@ -64,6 +76,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "precision": variant.precision,
         "recipe": variant.recipe,
         "options": variant.options,
+        "compile": variant.options.get("compile") or {},
         "round": variant.round,
         "status": task.status,
         "error": task.error or None,
@@ -75,6 +88,7 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "peak_memory_mb": metrics.get("peak_memory_mb"),
         "threads": metrics.get("threads"),
         "unstable": metrics.get("unstable"),
+        "timing": _timing(metrics),
         "size_bytes": variant.artifact.blob.size_bytes if variant.artifact else None,
         "accuracy": _scored(tolerance, accuracy),
         "profile": task.profile or {},
@@ -93,7 +107,8 @@ def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
         variant = task.variant
         return {
             "id": task.id, "task": task.id, "variant": variant.id, "key": variant.key, "backend": task.backend,
-            "precision": variant.precision, "recipe": variant.recipe, "options": variant.options, "round": variant.round,
+            "precision": variant.precision, "recipe": variant.recipe, "options": variant.options,
+            "compile": variant.options.get("compile") or {}, "round": variant.round,
             "status": task.status, "error": f"The agent's result for this variant cannot be read: {exc}",
             "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
             "latency_ms": None, "accuracy": {"value": None, "within_tolerance": False}, "profile": {},
@@ -121,6 +136,7 @@ class DeviceReport:
     variants: list[dict]
     recommended: int | None
     reason: str
+    details: dict
 
 
 def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
@@ -132,8 +148,8 @@ def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front
-        recommended, reason = recommend(entries, job.tolerance)
-        reports.append(DeviceReport(target, _group_agent(members), entries, recommended, reason))
+        chosen = recommendation(entries, job.tolerance)
+        reports.append(DeviceReport(target, _group_agent(members), entries, chosen.variant, chosen.reason, chosen.as_dict()))
     succeeded = any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members)
     return reports, succeeded
 
@@ -144,14 +160,32 @@ def _agent_json(agent) -> dict | None:
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
-def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None) -> dict:
+def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None,
+                details: dict | None = None) -> dict:
+    """One device's part of the report; `details` is the recommendation's verdict, why-not rows and unstable notes."""
+    details = details or {}
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
+        "verdict": details.get("verdict"), "alternatives": details.get("alternatives") or [], "unstable": details.get("unstable") or [],
         "fp32_noise": fp32_noise(variants),
         "package": {"id": package.id, "name": package.name, "sha256": package.blob.sha256,
                     "download_url": reverse("artifact-download", args=[package.id])} if package else None,
         "estimate": estimate,
     }
+
+
+def job_outcome(*, job) -> list[dict]:
+    """Per device of a finished job: the recommended variant, its speed-up over FP32 and its accuracy (for lists)."""
+    outcome = []
+    for report in job.reports.all():
+        verdict = (report.data or {}).get("recommendation", {}).get("verdict") or {}
+        speedup = verdict.get("speedup") or {}
+        outcome.append({
+            "device": report.agent.name if report.agent else report.target, "agent": report.agent_id,
+            "recommended": verdict.get("label"), "speedup": speedup.get("ratio"), "beyond_noise": speedup.get("beyond_noise"),
+            "tie": verdict.get("tie", False), "accuracy": verdict.get("accuracy"), "verdict": verdict.get("text") or report.reason,
+        })
+    return sorted(outcome, key=lambda row: row["device"] or "")
 
 
 def job_report(*, job) -> dict:
@@ -161,13 +195,15 @@ def job_report(*, job) -> dict:
         packages = {a.name: a for a in job.artifacts.filter(kind=ArtifactKind.PACKAGE).select_related("blob")}
         devices = [
             device_json(agent=r.agent, target=r.target, variants=r.data.get("variants", []), recommended=r.recommended_task_id, reason=r.reason,
-                        final=True, package=packages.get(package_name(r.target)), estimate=r.data.get("estimate"))
+                        final=True, package=packages.get(package_name(r.target)), estimate=r.data.get("estimate"),
+                        details=r.data.get("recommendation"))
             for r in stored
         ]
     else:
         live, _ = device_reports(job=job)
         devices = [
-            device_json(agent=r.agent, target=r.target, variants=r.variants, recommended=r.recommended, reason=r.reason, final=False)
+            device_json(agent=r.agent, target=r.target, variants=r.variants, recommended=r.recommended, reason=r.reason, final=False,
+                        details=r.details)
             for r in live
         ]
     return {
@@ -177,11 +213,23 @@ def job_report(*, job) -> dict:
         "metrics": job.metrics,
         "evaluation": job.evaluation,
         "datasets": _datasets_summary(job),
-        "search": {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or []},
+        "search": _search_summary(job, devices),
         "devices": devices,
         "toolchain": {"host": (job.toolchain or {}).get("host") or {}, "devices": device_toolchains(job=job)},
         "rerun": rerun_differences(job=job) if job.rerun_of_id else None,
     }
+
+
+def _search_summary(job, devices: list[dict]) -> dict:
+    """Rounds, sensitivity, the time budget and, per device, why families were searched or dropped and which compile options won."""
+    from workers.quantize.search import compile_winners, family_verdicts
+
+    notes = {}
+    for device in devices:
+        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}"} for variant in device.get("variants", [])]
+        notes[device["target"]] = [verdict["reason"] for verdict in family_verdicts(measured).values()] + compile_winners(measured)
+    return {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or [],
+            "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes}
 
 
 def _datasets_summary(job) -> dict:

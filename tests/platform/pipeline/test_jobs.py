@@ -41,6 +41,9 @@ def create_job(tenant, **body):
         ({"tolerance": {"metric": "cosine", "max_drop": 5}}, "invalid_tolerance"),
         ({"targets": [{"gpu": True}]}, "invalid_targets"),
         ({"targets": [999999]}, "invalid_targets"),
+        ({"budget_minutes": 0}, "invalid_budget"),
+        ({"budget_minutes": "soon"}, "invalid_budget"),
+        ({"budget_minutes": 100000}, "invalid_budget"),
     ],
 )
 def test_bad_job_requests_are_400_with_a_reason(tenant, uploaded, override, code):
@@ -173,7 +176,7 @@ def test_identical_build_is_reused_from_the_cache_not_rebuilt(tenant, uploaded, 
     def no_rebuild(**kwargs):
         raise AssertionError("an identical variant was rebuilt")
 
-    monkeypatch.setattr(quantize, "build_variant", no_rebuild)
+    monkeypatch.setattr(quantize, "build_isolated", no_rebuild)
     with django_capture_on_commit_callbacks(execute=True):
         second = create_job(tenant, **body).json()["id"]
     original = Variant.objects.get(job_id=first, key="int8")
@@ -247,6 +250,54 @@ def test_the_evaluation_plan_follows_the_model_and_the_declared_metrics(tenant, 
         from kiln.fleet.api.agent_views import task_payload
 
         assert task_payload(task)["evaluation"] == job["evaluation"]
+
+
+def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the_reason(tenant, uploaded):
+    import time
+
+    import kiln.pipeline.quantize as quantize
+
+    default = create_job(tenant, model_version=uploaded["version"], precisions=["auto"]).json()
+    assert default["budget"]["minutes"] == 30
+    assert create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["budget"] == {}
+    job_id = create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"]
+    job = DeploymentJob.objects.get(pk=job_id)
+    job.search["started_at"] = time.time() - 30
+    job.save()
+    budget = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()["budget"]
+    assert budget["minutes"] == 2 and 60 < budget["seconds_left"] <= 90
+    assert not quantize._budget_spent(job)
+
+    job.search["started_at"] = time.time() - 121
+    job.save()
+    assert quantize._next_round_specs(job) == []
+    job.refresh_from_db()
+    assert job.search["stopped"].startswith("the time budget of 2 minute(s) was spent after round 1")
+    detail = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert detail["budget"]["seconds_left"] == 0 and detail["budget"]["stopped"] == job.search["stopped"]
+    assert any("The search stopped: the time budget of 2 minute(s)" in e["message"] for e in detail["events"])
+
+
+def test_a_compile_option_variant_shares_its_build_and_carries_its_options_to_the_device(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+    from kiln.fleet.api.agent_views import task_payload
+
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"]).json()["id"])
+    static = {"static_shapes": {"input": [1, 1, 8, 8]}}
+    quantize._create_variants(job, [
+        {"key": "fp32", "precision": "fp32", "options": {}, "backends": None, "compile": {}},
+        {"key": "fp32+static", "precision": "fp32", "options": {}, "backends": ["openvino"], "compile": static},
+    ], round_number=2)
+    plain, tuned = Variant.objects.get(job=job, key="fp32"), Variant.objects.get(job=job, key="fp32+static")
+    assert tuned.options == {"compile": static} and tuned.backends == ["openvino"]
+    # The build ignores compile options: one artifact serves both variants.
+    assert quantize._build_options(tuned) == {} and quantize._variant_cache_key(tuned, job) == quantize._variant_cache_key(plain, job)
+    assert quantize._compile_recipe(tuned) == {"compile": static} and quantize._compile_recipe(plain) == {}
+    # An unsaved task with an id is enough to render the payload an agent would lease.
+    task = DeviceTask(id=1, job=job, variant=tuned, backend="openvino", target="t", organization=job.organization)
+    tuned.artifact = Artifact(blob=job.model_version.blob)
+    payload = task_payload(task)
+    assert payload["compile"] == static
 
 
 @pytest.mark.parametrize(

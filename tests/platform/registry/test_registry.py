@@ -48,6 +48,17 @@ def test_identical_bytes_are_stored_once(tenant, model_files, settings):
     assert len(blob_files(settings)) == 1
 
 
+def test_a_byte_identical_upload_names_the_model_it_duplicates_within_the_organization(tenant, other_tenant, model_files):
+    first = upload(tenant.client, "/api/v1/models/", model_files["model"], name="original").json()
+    assert first["identical_to"] == []
+    # Another organization's copy of the same bytes is not named (tenant isolation).
+    assert upload(other_tenant.client, "/api/v1/models/", model_files["model"], name="theirs").json()["identical_to"] == []
+    again = upload(tenant.client, "/api/v1/models/", model_files["model"], name="copy").json()
+    assert again["identical_to"] == [{"model": first["id"], "name": "original", "version": 1, "version_id": first["versions"][0]["id"]}]
+    version = upload(tenant.client, f"/api/v1/models/{again['id']}/versions/", model_files["model"]).json()
+    assert [row["name"] for row in version["identical_to"]] == ["original", "copy"]
+
+
 def test_new_version_gets_the_next_number(tenant, model_files, tmp_path):
     model_id = upload(tenant.client, "/api/v1/models/", model_files["model"], name="m").json()["id"]
     other = tmp_path / "transformer.onnx"
@@ -82,6 +93,32 @@ def test_bad_model_uploads_are_400_and_leave_nothing(tenant, settings, tmp_path,
     assert response.json()["error"]
     assert Model.objects.count() == 0 and Blob.objects.count() == 0
     assert blob_files(settings) == []
+
+
+def _pytorch_checkpoint(path):
+    import torch
+
+    torch.save({"weight": torch.zeros(2, 2)}, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("content, says", [
+    (_pytorch_checkpoint, "it is a zip archive (a PyTorch .pt/.pth checkpoint saved with torch.save is one)"),
+    (b"\x80\x04\x95" + b"\x00" * 40, "it is a Python pickle"),
+    (b"\x89HDF\r\n\x1a\n" + b"\x00" * 40, "it is an HDF5 file (a Keras .h5 model)"),
+    (b"<!DOCTYPE html><html><body>Sign in</body></html>", "it is an HTML or XML page"),
+    (b"\x12\xff\xfe\x00\x01garbage\x00\x9a", "its bytes do not read as one"),
+])
+def test_a_file_that_is_not_onnx_is_named_for_what_it_is_with_how_to_export(tenant, tmp_path, content, says):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content(tmp_path / "checkpoint.pt") if callable(content) else content)
+    response = upload(tenant.client, "/api/v1/models/", path)
+    assert response.status_code == 400 and response.json()["code"] == "invalid_model"
+    message = response.json()["error"]
+    assert message.startswith("model.onnx is not an ONNX model: ") and says in message
+    assert "torch.onnx.export" in message and "tf2onnx" in message
+    # Neither the server's paths nor the protobuf parser's own words.
+    assert "/tmp" not in message and "proto" not in message.lower() and str(tmp_path) not in message
 
 
 def test_truncated_onnx_is_rejected(tenant, model_files, tmp_path, settings):
@@ -179,7 +216,7 @@ def test_dataset_must_be_npz(tenant, tmp_path):
 
 def test_blob_paths_refuse_non_digests():
     with pytest.raises(ValueError):
-        storage.blob_path("../../etc/passwd")
+        storage.blob_key("../../etc/passwd")
 
 
 def test_browser_session_upload_works_with_csrf(model_files, db):
@@ -211,7 +248,8 @@ def test_a_damaged_stored_copy_is_replaced_by_the_next_upload_of_those_bytes(set
     source = tmp_path / "model.bin"
     source.write_bytes(b"weights" * 1000)
     sha, _ = storage.file_sha256(source)
-    stored = storage.put_file(source, sha256=sha)
+    storage.put_file(source, sha256=sha)
+    stored = storage.local_path(sha)
     stored.write_bytes(b"bit rot" + stored.read_bytes()[7:])
     storage.put_file(source, sha256=sha)
     assert storage.file_sha256(stored)[0] == sha

@@ -1,7 +1,9 @@
 """Report scoring: the Pareto set, the recommendation with its reason, and FP32's noise figure."""
 from __future__ import annotations
 
-from kiln.reports.scoring import fp32_noise, pareto_ids, recommend, score_accuracy
+import pytest
+
+from kiln.reports.scoring import fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 
@@ -11,8 +13,10 @@ def measured(value, figure="top1_agreement", reference=None):
                               "reference": {figure: reference} if reference is not None else {}, "errors": {}}}}
 
 
-def entry(id, precision, p50, value, backend="onnxruntime"):
-    return {"id": id, "precision": precision, "backend": backend, "latency_ms": {"p50": p50}, "accuracy": score_accuracy(TOLERANCE, measured(value))}
+def entry(id, precision, p50, value, backend="onnxruntime", windows=(), unstable=False, size=1000, key=None):
+    return {"id": id, "key": key or precision, "precision": precision, "backend": backend, "latency_ms": {"p50": p50},
+            "accuracy": score_accuracy(TOLERANCE, measured(value)), "timing": {"window_medians_ms": list(windows)}, "unstable": unstable,
+            "size_bytes": size}
 
 
 def test_pareto_set_drops_dominated_variants():
@@ -36,11 +40,64 @@ def test_recommends_the_fastest_within_tolerance_not_the_fastest_overall():
     assert "int8-dynamic" in reason and "1.33x" in reason
 
 
-def test_slow_int8_is_never_recommended_and_the_reason_says_so():
+def test_slow_int8_is_never_recommended_and_the_why_not_row_says_so():
     entries = [entry(1, "fp32", 1.0, 1.0), entry(2, "int8", 1.6, 0.999)]
-    chosen, reason = recommend(entries, TOLERANCE)
-    assert chosen == 1
-    assert "int8 does not pay" in reason
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 1
+    assert chosen.alternatives == [{"family": "int8", "variants": 1, "variant": 2, "label": "int8 on onnxruntime", "p50_ms": 1.6,
+                                    "drop": pytest.approx(0.001), "metric": "top1_agreement", "why": "slower: 0.62x the recommended's speed"}]
+
+
+def test_the_verdict_is_one_line_naming_the_variant_the_speed_up_and_the_cost():
+    entries = [entry(1, "fp32", 2.0, 1.0, windows=(2.0, 2.01, 1.99)), entry(2, "int8", 1.0, 0.997, windows=(1.0, 1.01, 0.99), key="int8-mse")]
+    verdict = recommendation(entries, TOLERANCE).verdict
+    assert verdict["text"] == "Use int8-mse on onnxruntime: 2.00x faster than FP32 (1 vs 2 ms); costs 0.003 top1_agreement (0.997)."
+    assert verdict["speedup"]["beyond_noise"] and not verdict["tie"]
+
+
+def test_a_speed_up_inside_the_noise_is_a_tie_and_the_more_accurate_wins():
+    # The issue's small CNN: INT4 weight-only "1.10x FP32" while its own row was unstable.
+    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
+               entry(2, "int4-weight", 0.021, 0.999, windows=(0.019, 0.021, 0.025), unstable=True, size=800)]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 1
+    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["variant"] == 2
+    assert "a tie within noise" in chosen.reason and "more accurate one is recommended" in chosen.reason
+    assert chosen.alternatives[0]["why"].endswith("a tie within noise, and less accurate")
+    note = chosen.unstable[0]
+    assert note["variant"] == 2 and "0.019, 0.021, 0.025 ms" in note["text"] and "Re-measure" in note["text"]
+    assert note["spread"] == pytest.approx((0.025 - 0.019) / 0.021)
+
+
+def test_of_a_tie_in_speed_and_accuracy_the_smaller_wins():
+    entries = [entry(1, "int8", 1.00, 1.0, windows=(0.9, 1.0, 1.1), size=4000), entry(2, "int4-weight", 0.98, 1.0, windows=(0.9, 0.98, 1.1), size=1000),
+               entry(3, "fp32", 3.0, 1.0, windows=(3.0, 3.0, 3.0), size=16000)]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 2
+    # The faster-measured and equally accurate int8 is not preferred over a smaller one either.
+    entries[0]["latency_ms"]["p50"] = 0.97
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 2 and "so the smaller one is recommended" in chosen.reason
+    assert {row["family"]: row["why"] for row in chosen.alternatives}["int8"].endswith("a tie within noise, and larger")
+
+
+def test_a_speed_up_beyond_the_noise_beats_the_more_accurate():
+    entries = [entry(1, "fp32", 2.0, 1.0, windows=(1.95, 2.0, 2.05)), entry(2, "int8", 1.5, 0.995, windows=(1.45, 1.5, 1.55))]
+    assert recommendation(entries, TOLERANCE).variant == 2
+
+
+def test_why_not_groups_variants_by_family_with_one_row_each():
+    entries = [entry(1, "fp32", 2.0, 1.0), entry(2, "int8", 1.0, 0.999, key="int8-minmax"), entry(3, "int8", 0.9, 0.95, key="int8-mse"),
+               entry(4, "int8-dynamic", 1.4, 0.999), entry(5, "fp16", 2.1, 1.0),
+               {"id": 6, "key": "int4-weight", "precision": "int4-weight", "backend": "onnxruntime", "latency_ms": None,
+                "accuracy": {"value": None, "within_tolerance": False}, "status": "failed", "error": "Unsupported op MatMulNBits"}]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 2
+    rows = {row["family"]: row for row in chosen.alternatives}
+    assert list(rows) == ["fp16", "fp32", "int4", "int8"]
+    assert rows["int8"]["variants"] == 2 and rows["int8"]["label"] == "int8-dynamic on onnxruntime"
+    assert rows["int8"]["why"] == "slower: 0.71x the recommended's speed"
+    assert rows["int4"]["why"] == "failed: Unsupported op MatMulNBits"
 
 
 def test_when_nothing_meets_the_tolerance_the_most_accurate_is_returned_with_why():

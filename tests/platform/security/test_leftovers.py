@@ -18,11 +18,11 @@ pytestmark = pytest.mark.django_db
 def test_deleting_a_model_releases_its_blobs_and_files(tenant, model_files, django_capture_on_commit_callbacks):
     model = upload(tenant.client, "/api/v1/models/", model_files["model"]).json()
     sha = model["versions"][0]["sha256"]
-    assert storage.blob_path(sha).exists()
+    assert storage.blob_exists(sha)
     with django_capture_on_commit_callbacks(execute=True):
         assert tenant.client.delete(f"/api/v1/models/{model['id']}/").status_code == 204
     assert not Blob.objects.filter(sha256=sha).exists()
-    assert not storage.blob_path(sha).exists()
+    assert not storage.blob_exists(sha)
 
 
 def test_deleting_a_dataset_releases_its_blob(tenant, model_files, django_capture_on_commit_callbacks):
@@ -31,7 +31,7 @@ def test_deleting_a_dataset_releases_its_blob(tenant, model_files, django_captur
     with django_capture_on_commit_callbacks(execute=True):
         assert tenant.client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204
     assert not Blob.objects.exists()
-    assert not storage.blob_path(blob.sha256).exists()
+    assert not storage.blob_exists(blob.sha256)
 
 
 def test_shared_bytes_stay_while_anything_references_them(tenant, model_files, django_capture_on_commit_callbacks):
@@ -46,10 +46,10 @@ def test_shared_bytes_stay_while_anything_references_them(tenant, model_files, d
     with django_capture_on_commit_callbacks(execute=True):
         tenant.client.delete(f"/api/v1/datasets/{second['id']}/")
     assert not Blob.objects.filter(organization=tenant.organization).exists()
-    assert storage.blob_path(sha).exists()  # the other organization stores the same bytes
+    assert storage.blob_exists(sha)  # the other organization stores the same bytes
     with django_capture_on_commit_callbacks(execute=True):
         other.client.delete(f"/api/v1/datasets/{theirs['id']}/")
-    assert not storage.blob_path(sha).exists()
+    assert not storage.blob_exists(sha)
 
 
 def test_a_validation_set_is_not_a_calibration_set(tenant, model_files):

@@ -1,19 +1,21 @@
 /** The deployment report: per device, every variant measured, and the recommendation. */
 import { lazy, Suspense } from 'react';
-import { Link, useParams } from 'react-router';
+import { Link, useNavigate, useParams } from 'react-router';
 import { ApiError } from '../../api/client';
-import { useJob, useReport } from '../../api/hooks';
-import type { Report, ReportDevice, Tolerance } from '../../api/types';
+import { isTerminal, useCanWrite, useJob, useReport, useRerunJob } from '../../api/hooks';
+import type { Report, ReportDevice, SensitivityRow, Tolerance } from '../../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
-import { formatNumber } from '../../format';
+import { formatMs, formatNumber } from '../../format';
+import { costPhrase, headline, speedupPhrase, tiePhrase } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
+import { LearningCurves } from './LearningCurves';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
 
-export function Recommendation({ device }: { device: ReportDevice }) {
+export function Recommendation({ device, onRemeasure }: { device: ReportDevice; onRemeasure?: () => void }) {
   const variant = device.variants.find((candidate) => candidate.id === device.recommended);
   if (!variant) {
     return (
@@ -23,13 +25,23 @@ export function Recommendation({ device }: { device: ReportDevice }) {
     );
   }
   const provisional = device.final === false;
+  const verdict = device.verdict;
+  const tie = verdict ? tiePhrase(verdict) : null;
   return (
     <div className="recommendation" data-testid="recommendation">
       <div>
         <span className="badge badge-recommended">{provisional ? 'Best so far' : 'Recommended'}</span> <strong>{variantLabel(variant)}</strong>
         {provisional ? <span className="muted small"> · still measuring; this page updates by itself</span> : null}
       </div>
-      {device.reason ? <p className="recommendation-reason">{device.reason}</p> : null}
+      {verdict ? (
+        <ul className="verdict-facts" aria-label="Verdict">
+          <li data-testid="verdict-speedup">{speedupPhrase(verdict)}</li>
+          <li data-testid="verdict-cost">{costPhrase(verdict)}</li>
+          {verdict.tie ? <li><span className="badge badge-tie">Tie within noise</span></li> : null}
+        </ul>
+      ) : null}
+      <p className="recommendation-reason" data-testid="verdict">{headline(device)}</p>
+      {tie ? <p className="small" data-testid="verdict-tie">{tie}</p> : null}
       <div className="button-row">
         {variant.artifact?.download_url ? (
           <a className="button button-primary button-small" href={variant.artifact.download_url} download data-testid="recommended-download">
@@ -42,6 +54,66 @@ export function Recommendation({ device }: { device: ReportDevice }) {
           </a>
         ) : null}
       </div>
+      <UnstableNotes device={device} onRemeasure={onRemeasure} />
+      <WhyNotTable device={device} />
+    </div>
+  );
+}
+
+/** Unstable measurements explained in words, with their spread and a way to measure again. */
+export function UnstableNotes({ device, onRemeasure }: { device: ReportDevice; onRemeasure?: () => void }) {
+  const notes = device.unstable ?? [];
+  if (notes.length === 0) return null;
+  return (
+    <div className="alert alert-warn unstable-notes" role="note" data-testid="unstable-notes">
+      <strong>Unstable measurements.</strong> A benchmark is unstable when its windows (three consecutive parts of the same run)
+      disagree by more than 10%: the device was busy or changing clock speed, so small speed differences cannot be trusted.
+      <ul>
+        {notes.map((note) => (
+          <li key={note.variant} data-testid="unstable-note">
+            {note.text}
+          </li>
+        ))}
+      </ul>
+      {onRemeasure ? (
+        <button type="button" className="button button-small" onClick={onRemeasure} data-testid="remeasure">
+          Re-measure (run this deployment again)
+        </button>
+      ) : null}
+    </div>
+  );
+}
+
+/** Why not the others: one row per precision family, its best showing and why it lost. */
+export function WhyNotTable({ device }: { device: ReportDevice }) {
+  const rows = device.alternatives ?? [];
+  if (rows.length === 0) return null;
+  return (
+    <div className="table-wrap why-not">
+      <table className="table" data-testid="why-not">
+        <caption className="muted small">Why not the others (the best of each precision family)</caption>
+        <thead>
+          <tr>
+            <th scope="col">Family</th>
+            <th scope="col">Best of it</th>
+            <th scope="col" className="numeric">p50</th>
+            <th scope="col">Why not</th>
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((row) => (
+            <tr key={row.family}>
+              <th scope="row">{row.family}</th>
+              <td>
+                {row.label}
+                {row.variants > 1 ? <span className="muted small"> (best of {row.variants})</span> : null}
+              </td>
+              <td className="numeric">{formatMs(row.p50_ms)}</td>
+              <td>{row.why}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
     </div>
   );
 }
@@ -197,7 +269,7 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
   );
 }
 
-function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
+function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[] }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
     <section className="device-report" aria-label={`Results on ${name}`} data-testid="device-report">
@@ -208,7 +280,7 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
             {device.agent ? <p className="muted small">{capabilitySummary(device.agent.capabilities)}</p> : null}
           </div>
         </div>
-        <Recommendation device={device} />
+        <Recommendation device={device} onRemeasure={onRemeasure} />
         <DeviceFindings device={device} />
         <Fp32Noise device={device} />
         {device.variants.length === 0 ? (
@@ -219,9 +291,10 @@ function DeviceSection({ device, tolerance }: { device: ReportDevice; tolerance:
       </div>
       {device.variants.length > 0 ? (
         <Suspense fallback={<Loading label="Loading charts…" />}>
-          <ReportCharts device={device} tolerance={tolerance} />
+          <ReportCharts device={device} tolerance={tolerance} sensitivity={sensitivity} />
         </Suspense>
       ) : null}
+      <LearningCurves variants={device.variants} />
     </section>
   );
 }
@@ -231,9 +304,16 @@ export function ReportPage() {
   const report = useReport(jobId);
   // A 404 report means "not ready" only when the job itself exists (another tenant's job is a 404 too).
   const job = useJob(jobId);
+  const rerun = useRerunJob(jobId);
+  const navigate = useNavigate();
+  const canWrite = useCanWrite();
+  const remeasure = canWrite && report.data?.status && isTerminal(report.data.status)
+    ? () => rerun.mutate(undefined, { onSuccess: (created) => navigate(`/jobs/${created.id}`) })
+    : undefined;
 
   const header = (
     <PageHeader
+      documentTitle={`Report for deployment #${jobId}`}
       title={<>Report for deployment #{jobId} {report.data ? <StatusBadge status={report.data.status} /> : null}</>}
       subtitle={
         <>
@@ -271,7 +351,7 @@ export function ReportPage() {
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (
         report.data.devices.map((device, index) => (
-          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} />
+          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []} />
         ))
       )}
       <RerunSummary report={report.data} />

@@ -2,6 +2,7 @@
 import { useState } from 'react';
 import type { AccuracyResult, ReportVariant } from '../../api/types';
 import { StatusBadge } from '../../components/common';
+import { CsvButton } from '../../components/csv';
 import { formatBytes, formatMs, formatNumber } from '../../format';
 
 type SortValue = number | string | boolean | null | undefined;
@@ -144,6 +145,15 @@ export function ReportTable({
     );
 
   return (
+    <>
+    <div className="table-tools">
+      <CsvButton
+        filename={`kiln-report-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`}
+        header={['variant', 'precision', 'backend', 'p50_ms', 'p99_ms', 'throughput_per_s', 'size_bytes', 'accuracy_metric', 'accuracy', 'drop', 'within_tolerance', 'unstable', 'recommended']}
+        rows={sorted.map((v) => [v.key ?? v.precision, v.precision, v.backend, v.latency_ms?.p50, v.latency_ms?.p99, v.throughput_per_s, v.size_bytes,
+          v.accuracy?.metric, v.accuracy?.value, v.accuracy?.drop, v.accuracy?.within_tolerance, v.unstable ?? null, v.id === recommended])}
+      />
+    </div>
     <div className="table-wrap">
       <table className="table report-table" data-testid="report-table">
         <caption className="visually-hidden">Variants measured on {deviceName}. Column headers sort the table.</caption>
@@ -220,5 +230,6 @@ export function ReportTable({
         </tbody>
       </table>
     </div>
+    </>
   );
 }

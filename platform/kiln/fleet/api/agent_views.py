@@ -16,16 +16,18 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.accounts.api.views import CredentialsThrottled
+from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
 from kiln.pipeline.models import DeviceTaskStatus
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
-from kiln.registry.selectors import blob_file, upload_get
+from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
 
-from .. import services
+from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
 from .serializers import (
+    ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
     HeartbeatSerializer,
     LeaseSerializer,
@@ -61,6 +63,8 @@ def task_payload(task) -> dict:
         "job": job.id,
         "variant": {"id": task.variant.id, "key": task.variant.key, "precision": task.variant.precision, "recipe": task.variant.recipe},
         "backend": task.backend,
+        # Compile options the search is measuring (devices.backends.options); {} = the runtime's defaults.
+        "compile": task.variant.options.get("compile") or {},
         "files": {
             "model": _file_entry(task, "model", task.variant.artifact.blob),
             "validation": _file_entry(task, "validation", job.validation_blob),
@@ -141,7 +145,7 @@ async def lease_view(request):
     if request.method != "POST":
         return JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
     try:
-        agent = await services.run_in_db_thread(_authenticated_agent, request=request)
+        agent = await run_in_db_thread(_authenticated_agent, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
@@ -194,6 +198,17 @@ class AgentUploadDetailView(AgentUploadActorMixin, UploadDetailView):
     pass
 
 
+class ArtifactUploadView(AgentView):
+    """Where an agent sends an engine: a presigned PUT with S3 (the server never receives the bytes), else the resumable uploads."""
+
+    @extend_schema(request=ArtifactUploadPlanSerializer, responses={200: dict})
+    def post(self, request, task_id: int):
+        data = ArtifactUploadPlanSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        plan = artifact_uploads.device_task_artifact_upload_plan(agent=self.agent, task_id=task_id, **data.validated_data)
+        return Response(plan)
+
+
 class ArtifactView(AgentView):
     parser_classes = [MultiPartParser, BoundedJSONParser]
 
@@ -202,6 +217,11 @@ class ArtifactView(AgentView):
         data = ArtifactUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
+        if "staged" in values:
+            artifact = artifact_uploads.device_task_store_staged_artifact(
+                agent=self.agent, task_id=task_id, attempt=values["attempt"], staged=values["staged"], filename=values.get("filename") or "",
+            )
+            return Response({"sha256": artifact.blob.sha256, "artifact": artifact.id}, status=status.HTTP_201_CREATED)
         if "upload" in values:
             stored = upload_get(organization=self.agent.organization, owner=f"agent:{self.agent.id}", upload_id=values["upload"])
             upload = upload_consume(upload=stored)
@@ -249,4 +269,4 @@ class TaskFileView(AgentView):
         blob = {"model": task.variant.artifact.blob if task.variant.artifact else None, "validation": task.job.validation_blob, "reference": task.job.reference_blob}[name]
         if blob is None:
             raise KilnError("Not found.", code="not_found", status_code=404)
-        return download_response(blob_file(blob), f"task{task.id}-{name}{'.onnx' if name == 'model' else '.npz'}")
+        return download_response(blob, f"task{task.id}-{name}{'.onnx' if name == 'model' else '.npz'}")

@@ -234,17 +234,28 @@ class ResultSerializer(serializers.Serializer):
 
 
 class ArtifactUploadSerializer(serializers.Serializer):
-    """The compiled artifact: a multipart `file`, or the id of the agent's finished resumable upload."""
+    """The compiled artifact: a multipart `file`, the id of the agent's finished resumable upload, or
+    the `staged` token of an upload sent straight to S3 through the URL `artifact-upload` gave."""
 
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     file = serializers.FileField(required=False)
     upload = serializers.UUIDField(required=False)
+    staged = serializers.CharField(max_length=1000, required=False)
     filename = serializers.CharField(max_length=255, required=False)
 
     def validate(self, attrs):
-        if ("file" in attrs) == ("upload" in attrs):
-            raise serializers.ValidationError("Send either a file (multipart) or the id of a finished upload.")
+        if sum(name in attrs for name in ("file", "upload", "staged")) != 1:
+            raise serializers.ValidationError("Send one of: a file (multipart), the id of a finished upload, or a staged upload's token.")
         return attrs
+
+
+class ArtifactUploadPlanSerializer(serializers.Serializer):
+    """What an agent is about to upload, so that the server can sign a URL for exactly that."""
+
+    attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    size_bytes = serializers.IntegerField(min_value=0)
+    filename = serializers.CharField(max_length=255, required=False, default="")
 
 
 def agent_intervals() -> dict:

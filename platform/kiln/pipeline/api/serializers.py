@@ -2,8 +2,10 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from kiln.core.fields import id_field
+from kiln.reports.selectors import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
+from ..selectors import search_budget
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -35,19 +37,30 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
         fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at"]
 
     def get_agent(self, task) -> dict | None:
-        agent = task.leased_by
+        # A task pinned to one device names it before any agent has leased it (not "agent:1").
+        agent = task.leased_by or task.pinned_agent
         return {"id": agent.id, "name": agent.name} if agent else None
 
 
 class JobListSerializer(serializers.ModelSerializer):
     model = serializers.SerializerMethodField()
+    outcome = serializers.SerializerMethodField()
+    budget = serializers.SerializerMethodField()
 
     class Meta:
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
-            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds",
+            "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "budget",
+            "outcome",
         ]
+
+    def get_outcome(self, job) -> list[dict]:
+        return job_outcome(job=job)
+
+    def get_budget(self, job) -> dict:
+        """The search's time budget: minutes, seconds left while it runs, and why it stopped if the budget ended it."""
+        return search_budget(job)
 
     def get_model(self, job) -> dict:
         version = job.model_version
@@ -76,6 +89,8 @@ class JobCreateSerializer(serializers.Serializer):
     initial_state = serializers.JSONField(required=False, default=dict, help_text="First value of each state input: a number or a nested list (default 0).")
     calibration_subset = serializers.JSONField(required=False, default=None, allow_null=True,
                                                help_text='Calibrate on {"count": N, "seed": S, "stratify": true} samples (stratified by label when labels exist).')
+    # Checked by the service (specs.parse_budget_minutes) so every caller gets the same message.
+    budget_minutes = serializers.JSONField(required=False, default=None)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

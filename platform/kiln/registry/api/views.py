@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from kiln.core.errors import KilnError
 from kiln.core.parsers import BoundedJSONParser
 
-from .. import selectors, services
+from .. import selectors, services, storage
 from ..uploads import parse_metadata
 from .serializers import (
     DatasetSerializer,
@@ -43,7 +43,15 @@ class StreamingUploadMixin:
         return values
 
 
-def download_response(path, filename: str) -> FileResponse:
+def download_response(blob, filename: str) -> HttpResponse:
+    """A blob as a download: a redirect to a short-lived presigned URL with S3, else streamed from the folder.
+
+    Callers check first that the requester may read the blob (its organization, the agent's lease).
+    """
+    url = storage.presigned_download_url(blob.sha256, filename=filename)
+    if url is not None:
+        return HttpResponseRedirect(url)
+    path = storage.local_path(blob.sha256)
     if not path.exists():
         raise KilnError("The file of this object is missing from storage.", code="missing_blob", status_code=410)
     return FileResponse(open(path, "rb"), as_attachment=True, filename=filename)
@@ -63,7 +71,8 @@ class ModelListView(StreamingUploadMixin, generics.ListAPIView):
                 organization=request.organization, user=request.user, name=data.get("name", ""), upload=data["file"]
             )
         model = selectors.model_get(organization=request.organization, model_id=model.id)
-        return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
+        return Response({**ModelSerializer(model).data, "identical_to": selectors.model_versions_identical(version=model.versions.get())},
+                        status=status.HTTP_201_CREATED)
 
 
 class ModelDetailView(APIView):
@@ -89,7 +98,8 @@ class ModelVersionListView(StreamingUploadMixin, APIView):
         data = self.parsed_upload(request, VersionUploadSerializer)
         with services.upload_released_on_error(upload=data["file"]):
             version = services.model_version_create(model=model, upload=data["file"])
-        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+        return Response({**ModelVersionSerializer(version).data, "identical_to": selectors.model_versions_identical(version=version)},
+                        status=status.HTTP_201_CREATED)
 
 
 class ModelVersionDetailView(APIView):
@@ -104,6 +114,12 @@ class ModelVersionDetailView(APIView):
         data.is_valid(raise_exception=True)
         version = services.model_version_set_output_kinds(version=_version(request, pk, number), overrides=data.validated_data["output_kinds"])
         return Response(ModelVersionSerializer(version).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk: int, number: int):
+        """Delete this version and the stored file nothing else uses (409 while jobs use it, or when it is the last one)."""
+        services.model_version_delete(version=_version(request, pk, number))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 def _version(request, pk: int, number: int):
@@ -121,7 +137,7 @@ class ModelVersionDownloadView(APIView):
         version = model.versions.filter(number=number).select_related("blob").first()
         if version is None:
             raise KilnError("Not found.", code="not_found", status_code=404)
-        return download_response(selectors.blob_file(version.blob), version.filename)
+        return download_response(version.blob, version.filename)
 
 
 class DatasetListView(StreamingUploadMixin, generics.ListAPIView):

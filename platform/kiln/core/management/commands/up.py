@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,23 +46,36 @@ def _demo_credentials() -> dict:
     return credentials
 
 
+def web_server_command(bin_dir: Path, *, bind: str, workers: int, platform_dir: Path) -> list[str]:
+    """Gunicorn supervising uvicorn workers: the ASGI app, so a waiting agent long-poll holds no thread."""
+    return [str(bin_dir / "gunicorn"), "kiln.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker",
+            "--bind", bind, "--workers", str(workers), "--timeout", "300", "--graceful-timeout", "25", "--chdir", str(platform_dir),
+            # Several servers on one machine (tests, other checkouts) must not fight over one control socket.
+            "--no-control-socket"]
+
+
 class Command(BaseCommand):
     help = "Migrate, create the demo account, and run web + Celery worker + a local agent until Ctrl-C."
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default=os.environ.get("KILN_BIND", "127.0.0.1:8000"))
+        parser.add_argument("--workers", type=int, default=int(os.environ.get("KILN_WEB_WORKERS", "2")), help="Web server processes.")
         parser.add_argument("--no-agent", action="store_true", help="Do not start the local agent.")
 
     def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
+        if settings.METRICS:
+            # Samples of processes from an earlier run would be summed into this run's /metrics.
+            shutil.rmtree(settings.METRICS_DIR, ignore_errors=True)
+            settings.METRICS_DIR.mkdir(parents=True, exist_ok=True)
         credentials = _demo_credentials()
         url = f"http://{options['bind']}"
         repo = settings.REPO_ROOT
         bin_dir = Path(sys.executable).parent
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "platform")])}
         processes = [
-            subprocess.Popen([str(bin_dir / "gunicorn"), "kiln.wsgi:application", "--bind", options["bind"], "--workers", "2",
-                              "--threads", "8", "--timeout", "300", "--chdir", str(repo / "platform")], env=env),
+            subprocess.Popen(web_server_command(bin_dir, bind=options["bind"], workers=options["workers"], platform_dir=repo / "platform"),
+                             env={"KILN_DB_POOL_SIZE": "8", **env}),
             # --beat: the housekeeping schedule (lease expiry, re-dispatch, offline agents, stuck work).
             subprocess.Popen([str(bin_dir / "celery"), "-A", "workers.celery", "worker", "--loglevel", "INFO", "--concurrency", "1",
                               "--beat", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env=env, cwd=repo),

@@ -1,0 +1,37 @@
+/** A finished deployment's outcome in a few words: what each device should run and how much faster. */
+import type { JobOutcome } from '../api/types';
+
+/** "2.41x" for a speed-up beyond the noise; "tie" inside it; "—" when FP32 itself won or nothing was measured. */
+export function speedupCell(outcome: JobOutcome): string {
+  if (outcome.speedup === null || outcome.speedup === undefined) return outcome.tie ? 'tie within noise' : '—';
+  return outcome.beyond_noise ? `${outcome.speedup.toFixed(2)}x` : `${outcome.speedup.toFixed(2)}x (within noise)`;
+}
+
+export function OutcomeCells({ outcome }: { outcome: JobOutcome[] | undefined }) {
+  const rows = outcome ?? [];
+  if (rows.length === 0) {
+    return (
+      <>
+        <td className="muted">—</td>
+        <td className="muted numeric">—</td>
+      </>
+    );
+  }
+  return (
+    <>
+      <td data-testid="job-outcome">
+        {rows.map((row) => (
+          <div key={row.device} title={row.verdict ?? undefined}>
+            {row.recommended ?? 'no recommendation'}
+            {rows.length > 1 ? <span className="muted small"> on {row.device}</span> : null}
+          </div>
+        ))}
+      </td>
+      <td className="numeric" data-testid="job-speedup">
+        {rows.map((row) => (
+          <div key={row.device}>{speedupCell(row)}</div>
+        ))}
+      </td>
+    </>
+  );
+}

@@ -1,0 +1,55 @@
+"""Builds in their own process: results and errors cross back as JSON, and a build over the memory budget is stopped by name."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from workers.quantize import NotApplicable
+from workers.quantize.isolated import BuildMemoryExceeded, build_isolated, memory_budget_mb
+from workers.quantize.variants import build_variant
+
+
+def test_an_isolated_build_matches_the_in_process_one_and_reports_its_peak_memory(mlp_path, mlp_calibration, tmp_path):
+    options = {"calibration_method": "minmax", "per_channel": False}
+    isolated = build_isolated(model_path=mlp_path, precision="int8", out_path=tmp_path / "a.onnx",
+                              calibration_path=mlp_calibration, options=options)
+    direct = build_variant(model_path=mlp_path, precision="int8", out_path=tmp_path / "b.onnx",
+                           calibration_path=mlp_calibration, options=options)
+    assert isolated["recipe"] == direct["recipe"] and isolated["backends"] == direct["backends"]
+    onnx.checker.check_model(str(tmp_path / "a.onnx"))
+    assert 50 < isolated["peak_rss_mb"] < memory_budget_mb()
+    assert isolated["build_s"] > 0
+
+
+def test_a_build_over_the_memory_budget_fails_naming_the_budget_and_leaves_no_artifact(mlp_path, mlp_calibration, tmp_path):
+    # Importing the quantization toolchain alone takes a few hundred MB: 300 MB cannot hold a build.
+    with pytest.raises(BuildMemoryExceeded, match=r"build memory budget of 300 MB \(KILN_BUILD_MEMORY_MB\)"):
+        build_isolated(model_path=mlp_path, precision="int8", out_path=tmp_path / "big.onnx",
+                       calibration_path=mlp_calibration, memory_budget=300)
+    assert not (tmp_path / "big.onnx").exists()
+
+
+def test_the_build_errors_cross_the_process_boundary_as_the_same_types(tmp_path):
+    from tests.devices.conftest import build_tiny_cnn
+
+    path = tmp_path / "cnn.onnx"
+    model = build_tiny_cnn()
+    # No MatMul weight at all: INT4 weights are not applicable.
+    model.graph.node[3].op_type = "Add"
+    onnx.save(model, str(path))
+    with pytest.raises(NotApplicable):
+        build_isolated(model_path=path, precision="int4-weight", out_path=tmp_path / "int4.onnx")
+    with pytest.raises(ValueError, match="unknown option"):
+        build_isolated(model_path=path, precision="fp32", out_path=tmp_path / "fp32.onnx", options={"bogus": 1})
+
+
+def test_the_budget_setting_is_checked(monkeypatch):
+    monkeypatch.delenv("KILN_BUILD_MEMORY_MB", raising=False)
+    assert memory_budget_mb() == 4096
+    monkeypatch.setenv("KILN_BUILD_MEMORY_MB", "2048")
+    assert memory_budget_mb() == 2048
+    for bad in ("lots", "100"):
+        monkeypatch.setenv("KILN_BUILD_MEMORY_MB", bad)
+        with pytest.raises(ValueError, match="KILN_BUILD_MEMORY_MB must"):
+            memory_budget_mb()

@@ -1,0 +1,162 @@
+"""Learned INT8 variants: calibrate as usual, then learn the weights' rounding on the calibration set.
+
+`build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. The
+result is the calibrated variant's own QDQ graph with learned integer weights: the same operators,
+scales and speed, so agents run it like any other INT8 variant. Time and memory are bounded: the
+whole learning stops at `learn_seconds`, and the activations kept for it at `learn_memory_mb`.
+"""
+from __future__ import annotations
+
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from .adaround import learn_layer, nearest_error
+from .layers import find_layers, fp32_weights, gather_tensors, replace_integer_weights
+
+METHODS = ("adaround", "qat")
+DEFAULT_SECONDS = 120
+DEFAULT_MEMORY_MB = 512
+DEFAULT_SAMPLES = 256
+MAX_STEPS_PER_LAYER = 3000
+LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb")
+
+
+class LearningNotApplicable(Exception):
+    """Nothing here can be learned (no quantized weight layer); the message says why."""
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(calibration options, learning options) of an int8 spec."""
+    return ({k: v for k, v in options.items() if k not in LEARN_OPTIONS}, {k: v for k, v in options.items() if k in LEARN_OPTIONS})
+
+
+def _calibration_batches(model_path: Path, calibration_path: Path, samples: int) -> list[dict[str, np.ndarray]]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    static = next((i.shape[0] for i in session.get_inputs() if i.shape and isinstance(i.shape[0], int) and i.shape[0] > 0), None)
+    with np.load(calibration_path, allow_pickle=False) as archive:
+        arrays = {name: archive[name][:samples] for name in names}
+    rows = len(next(iter(arrays.values())))
+    step = static or 16
+    batches = []
+    for start in range(0, rows - (rows % step if static else 0), step):
+        batches.append({name: value[start:start + step] for name, value in arrays.items()})
+    return batches or [arrays]
+
+
+def _samples_within(model_path: Path, layers, calibration_path: Path, wanted: int, memory_mb: int) -> int:
+    """How many calibration samples keep every layer's input and output within the memory bound."""
+    probe = gather_tensors(model_path, sorted({n for layer in layers for n in (layer.input_name, layer.output_name)}),
+                           _calibration_batches(model_path, calibration_path, 1)[:1])
+    per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
+    return max(1, min(wanted, (memory_mb << 20) // per_sample))
+
+
+def _learn_layers(layers, weights, tensors, *, budget: float, started: float, results: list, learned: dict) -> None:
+    """Each layer's share of what is left of the budget follows its error when rounded to nearest (plus a floor)."""
+    def arguments(layer):
+        return {"weight": weights[layer.weight_name], "bias": weights.get(layer.bias_name) if layer.bias_name else None,
+                "inputs": tensors[layer.input_name], "targets": tensors[layer.output_name]}
+
+    errors = [nearest_error(layer, **arguments(layer)) for layer in layers]
+    shares = [error + 0.1 * sum(errors) / len(errors) for error in errors]
+    for index, layer in enumerate(layers):
+        remaining = budget - (time.perf_counter() - started)
+        seconds = max(0.0, remaining * shares[index] / max(sum(shares[index:]), 1e-20))
+        result = learn_layer(layer, **arguments(layer), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER, seed=index)
+        learned[layer.quantized_weight_name] = result.integers
+        results.append(result.summary())
+
+
+def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder) -> dict[str, Any]:
+    """Calibrated INT8 with `base_builder`, then learned rounding of every quantized weight layer."""
+    calibration_options, learn = split_options(options)
+    method = learn.get("learn")
+    if method not in METHODS:
+        raise ValueError(f"unknown learning method {method!r}; choose {', '.join(METHODS)}")
+    if calibration_options.get("tool", "onnxruntime") != "onnxruntime":
+        raise LearningNotApplicable("learned rounding works on ONNX Runtime's QDQ graphs only")
+    started = time.perf_counter()
+    budget = float(learn.get("learn_seconds", DEFAULT_SECONDS))
+    with tempfile.TemporaryDirectory(prefix="kiln-learn-") as scratch:
+        calibrated = Path(scratch) / "calibrated.onnx"
+        recipe = base_builder(model_path, calibrated, calibration_path=calibration_path, options=calibration_options)
+        qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(model_path))
+    layers = find_layers(qdq, fp32)
+    usable = [layer for layer in layers if layer.skipped is None]
+    if not usable:
+        reasons = "; ".join(f"{layer.node}: {layer.skipped}" for layer in layers) or "no Conv, Gemm or MatMul has a quantized weight"
+        raise LearningNotApplicable(f"nothing to learn ({reasons})")
+    if method == "qat":
+        return _build_qat(model_path, out_path, fp32=fp32, layers=usable, calibration_path=Path(calibration_path), learn=learn,
+                          calibration_options=calibration_options, base_builder=base_builder, budget=budget, started=started)
+    samples = _samples_within(model_path, usable, Path(calibration_path), int(learn.get("learn_samples", DEFAULT_SAMPLES)),
+                              int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)))
+    batches = _calibration_batches(model_path, Path(calibration_path), samples)
+    tensors = gather_tensors(model_path, sorted({n for layer in usable for n in (layer.input_name, layer.output_name)}), batches)
+    weights = fp32_weights(fp32, [layer.weight_name for layer in usable] + [layer.bias_name for layer in usable if layer.bias_name])
+    samples = len(tensors[usable[0].input_name])
+    results, learned = [], {}
+    # One intra-op thread: the layers are small, and more threads only contend with the worker's other tasks.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _learn_layers(usable, weights, tensors, budget=budget, started=started, results=results, learned=learned)
+    finally:
+        torch.set_num_threads(threads)
+    replace_integer_weights(qdq, learned)
+    onnx.save(qdq, str(out_path))
+    return {**recipe, "learned": {
+        "method": method, "library": "kiln (PyTorch)", "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget,
+        "samples": samples, "layers": results, "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # One curve for the report: each step's loss relative to rounding to nearest, layer after layer.
+        "curve": [round(value / max(row["mse_nearest"], 1e-20), 5) for row in results for value in row["curve"]],
+    }}
+
+
+def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, calibration_path: Path, learn: dict, calibration_options: dict,
+               base_builder, budget: float, started: float) -> dict[str, Any]:
+    """Distil a fake-quantized student from the FP32 teacher, then calibrate and quantize the tuned FP32 graph as usual."""
+    from .qat import distill
+    from .torch_graph import UnsupportedGraph
+
+    try:
+        from .torch_graph import OnnxModule
+
+        OnnxModule(fp32)
+    except UnsupportedGraph as exc:
+        raise LearningNotApplicable(f"QAT skipped: {exc}") from exc
+    output_names = [output.name for output in fp32.graph.output]
+    probe = gather_tensors(model_path, output_names, _calibration_batches(model_path, calibration_path, 1)[:1])
+    per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
+    samples = max(1, min(int(learn.get("learn_samples", DEFAULT_SAMPLES)), (int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)) << 20) // per_sample))
+    batches = _calibration_batches(model_path, calibration_path, samples)
+    teacher = [gather_tensors(model_path, output_names, [batch]) for batch in batches]
+    # Training gets what calibration left of the budget, less a share for quantizing the tuned model.
+    remaining = budget - (time.perf_counter() - started)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tuned, result = distill(fp32, layers, batches, teacher, seconds=max(0.0, remaining * 0.8))
+    finally:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="kiln-qat-") as scratch:
+        tuned_path = Path(scratch) / "tuned.onnx"
+        onnx.save(tuned, str(tuned_path))
+        recipe = base_builder(tuned_path, out_path, calibration_path=calibration_path, options=calibration_options)
+    return {**recipe, "learned": {
+        "method": "qat", "library": "kiln (PyTorch interpreter)", "teacher": "fp32", "device": result.device,
+        "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
+        "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
+    }}
