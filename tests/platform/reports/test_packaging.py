@@ -55,7 +55,7 @@ def test_the_manifest_lists_every_file_and_is_signed_by_the_server(tenant, model
     root = package_of(tenant.client, job_id, tmp_path)
     manifest_bytes = (root / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)
-    assert {entry["path"] for entry in manifest["files"]} == {"model.onnx", "report.json", "run.py", "README.md", "signing-key.pem"}
+    assert {entry["path"] for entry in manifest["files"]} == {"model.onnx", "report.json", "run.py", "kiln_feeds.py", "README.md", "signing-key.pem"}
     assert manifest["signature"]["inputs"][0]["name"] == "input" and manifest["preprocessing"] == {"scale": 1 / 16}
     assert manifest["toolchain"]["host"]["onnxruntime"] and manifest["toolchain"]["device"]["runtimes"] == {"onnxruntime": "1.32.0"}
     assert manifest["encryption"] is None and manifest["backend"] == "onnxruntime"
