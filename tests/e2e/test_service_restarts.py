@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,18 +115,22 @@ class OwnPostgres:
 
 
 @pytest.fixture
-def own_postgres(tmp_path_factory):
+def own_postgres():
     bin_dir = _postgres_bin()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
-    cluster = OwnPostgres(bin_dir, Path(tmp_path_factory.mktemp("pg")))
-    problem = cluster.init()
-    if problem:
-        pytest.skip(f"cannot run a throwaway PostgreSQL cluster here: {problem}")
+    # Not under pytest's root-only temporary folder: the `postgres` user must reach it.
+    root = Path(tempfile.mkdtemp(prefix="kiln-pg-"))
+    cluster = OwnPostgres(bin_dir, root)
     try:
+        problem = cluster.init()
+        if problem:
+            pytest.skip(f"cannot run a throwaway PostgreSQL cluster here: {problem}")
         yield cluster
     finally:
-        cluster.pg_ctl("stop")
+        if (cluster.data / "postmaster.pid").exists():
+            cluster._run(str(bin_dir / "pg_ctl"), "-D", str(cluster.data), "-w", "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
@@ -151,7 +156,11 @@ class ServerStack:
             except requests.RequestException:
                 return False
 
-        wait_until(healthy, timeout=60, message="the ASGI server")
+        try:
+            wait_until(healthy, timeout=60, message="the ASGI server")
+        except AssertionError:
+            stack.stop()
+            raise
         stack.spawn("worker", celery_worker_command(tmp_path / "celerybeat-schedule"))
         return cls(stack)
 
@@ -195,5 +204,62 @@ def test_redis_restarted_while_a_variant_builds_the_job_still_completes_with_eac
         assert_each_variant_built_once(job["id"])
         # The outage was felt (and survived) by the worker, not slept through.
         assert "Connection to broker lost" in (tmp_path / "worker.log").read_text()
+    finally:
+        live.stack.stop()
+
+
+TENANT_CODE = """
+from kiln.accounts.services import api_token_create, membership_ensure, organization_get_or_create
+from kiln.fleet.services import registration_token_create
+from django.contrib.auth import get_user_model
+user, _ = get_user_model().objects.get_or_create(username="pia")
+org = organization_get_or_create(name="Pias")
+membership_ensure(user=user, organization=org, role="owner")
+out = {"token": api_token_create(user=user, organization=org, name="t")[1],
+       "registration": [registration_token_create(organization=org, user=user, name="t")[1] for _ in range(2)]}
+"""
+
+OUTCOME_CODE = """
+from kiln.pipeline.models import Artifact, DeviceTask, Variant
+job_id = {job_id}
+out = {{"variants": sorted((v.precision, v.status, v.build_attempts) for v in Variant.objects.filter(job_id=job_id)),
+        "artifacts": sorted(a.name for a in Artifact.objects.filter(job_id=job_id, kind="variant")),
+        "tasks": sorted([t.variant.precision, t.leased_by.name, t.stage, t.status] for t in DeviceTask.objects.filter(job_id=job_id))}}
+"""
+
+
+def test_postgres_restarted_while_agents_long_poll_the_job_still_completes_and_nothing_is_stuck(own_postgres, own_redis, model_files, tmp_path):
+    env = {**os.environ, "DATABASE_URL": own_postgres.url, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")])}
+    subprocess.run([sys.executable, "platform/manage.py", "migrate", "--verbosity", "0"], env=env, cwd=REPO, check=True, timeout=240)
+    live = ServerStack.start(tmp_path, database_url=own_postgres.url, redis_url=own_redis.url)
+    try:
+        tenant = live.django(TENANT_CODE)
+        api = Api(live.stack.url, tenant["token"])
+        ids = upload_digits(api, model_files)
+        secrets = iter(tenant["registration"])
+        live.stack.registration_token = lambda _tenant: next(secrets)
+        for name in ("one", "two"):
+            live.stack.start_agent(None, name, backends="onnxruntime")
+        job = api.post("/api/v1/jobs/", json={"model_version": ids["version"], "precisions": PRECISIONS})
+        # Both agents are idle in a lease long-poll while the worker builds; the database restarts under them.
+        def building() -> bool:
+            state = api.get(f"/api/v1/jobs/{job['id']}/").json()
+            return state["status"] == "running" and state["stage"] != "validate"
+
+        wait_until(building, timeout=120, interval=0.2, message="the job to start building")
+        own_postgres.pg_ctl("restart")
+        server_log = tmp_path / "server.log"
+        restarted_at = server_log.stat().st_size
+        finished = api.wait_for_job(job["id"], live.stack, timeout=200)
+        assert finished["status"] == "succeeded", (finished["events"], live.stack.logs())
+        # Requests during the restart may fail (agents retry them); none once the database is back:
+        # a pooled connection the restart killed is replaced, not handed to a request.
+        after = server_log.read_bytes()[restarted_at:].decode(errors="replace")
+        assert "Internal Server Error" not in after, after[-4000:]
+        outcome = live.django(OUTCOME_CODE.format(job_id=job["id"]))
+        assert outcome["variants"] == [[p, VariantStatus.READY, 1] for p in PRECISIONS], outcome
+        assert len(outcome["artifacts"]) == len(PRECISIONS) == len({name.split(".")[0] for name in outcome["artifacts"]})
+        # One task per variant and agent, each finished: none stuck queued or leased, none doubled.
+        assert outcome["tasks"] == [[p, agent, "done", DeviceTaskStatus.SUCCEEDED] for p in PRECISIONS for agent in ("one", "two")], outcome
     finally:
         live.stack.stop()
