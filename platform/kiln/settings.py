@@ -122,8 +122,11 @@ DB_POOL_SIZE = _env_int("KILN_DB_POOL_SIZE", 0, minimum=0)
 if DATABASE_URL:
     _database = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
     if DB_POOL_SIZE and _database["ENGINE"] == "django.db.backends.postgresql":
-        # A request waits up to `timeout` for a free connection rather than failing at once.
+        # A request waits up to `timeout` for a free connection rather than failing at once. Health
+        # checks (one round trip per checkout) replace a connection that a database restart killed
+        # while it sat idle in the pool, instead of handing it to a request (a 500 per stale connection).
         _database.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 30}
+        _database["CONN_HEALTH_CHECKS"] = True
     DATABASES = {"default": _database}
 else:
     DATABASES = {
