@@ -5,7 +5,7 @@
 import { useEffect, useId, useMemo, useRef, useState } from 'react';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
-import type { ReportDevice, ReportVariant, SensitivityRow, Tolerance } from '../../api/types';
+import type { ReportDevice, ReportVariant, Tolerance } from '../../api/types';
 import { BarList } from '../../components/BarList';
 import { formatNumber } from '../../format';
 import { variantLabel } from './ReportTable';
@@ -87,11 +87,10 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
       height: 300,
       // A live legend shows each series' value under the cursor, which is empty everywhere but on a point.
       legend: { live: false },
-      // Drag across the plot to zoom in on crowded points; double-click to zoom out.
-      cursor: { drag: { x: true, y: true, uni: 20 }, points: { size: 12 } },
+      cursor: { drag: { x: false, y: false }, points: { size: 12 } },
       scales: {
         x: { time: false, range: (_u, min, max) => [Math.max(0, min - (max - min || max) * 0.2), max + (max - min || max) * 0.2] },
-        y: { range: (_u, min, max) => (min === null || max === null || (min >= low - pad && max <= high + pad && max - min >= high - low) ? [low - pad, high + pad] : [min, max]) },
+        y: { range: () => [low - pad, high + pad] },
       },
       axes: [
         { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid } },
@@ -105,23 +104,6 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
       ],
       hooks: {
         draw: [
-          (u) => {
-            // Each point is labelled with its variant, so overlapping points can be told apart (and zoomed into).
-            const { ctx } = u;
-            ctx.save();
-            ctx.fillStyle = COLORS.axis;
-            ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-            ctx.textAlign = 'left';
-            points.forEach((variant, index) => {
-              const x = u.valToPos(variant.latency_ms.p50, 'x', true);
-              const y = u.valToPos(variant.accuracy.value, 'y', true);
-              if (x < u.bbox.left || x > u.bbox.left + u.bbox.width || y < u.bbox.top || y > u.bbox.top + u.bbox.height) return;
-              // Alternate above and below so that neighbours do not print over each other.
-              const dy = (index % 2 === 0 ? -10 : 16) * devicePixelRatio;
-              ctx.fillText(variant.key ?? variant.precision, x + 8 * devicePixelRatio, y + dy);
-            });
-            ctx.restore();
-          },
           (u) => {
             if (threshold === null) return;
             // The tolerance is a horizontal line across the whole plot, not a data series.
@@ -146,8 +128,7 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
     };
     const recommended = points.find(isRecommended);
     const label =
-      `Scatter of ${points.length} variants, latency p50 against ${metric}: ` +
-      points.map((variant) => `${variantLabel(variant)} ${formatNumber(variant.latency_ms.p50, 3)} ms, ${formatNumber(variant.accuracy.value, 4)}`).join('; ') + '.' +
+      `Scatter of ${points.length} variants, latency p50 against ${metric}.` +
       (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
       (recommended
         ? ` Recommended: ${variantLabel(recommended)} at ${formatNumber(recommended.latency_ms.p50, 3)} ms, ${formatNumber(recommended.accuracy.value, 4)}.`
@@ -161,64 +142,13 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
       <figcaption>
         Faster is further left, more accurate is {lower ? 'lower' : 'higher'} ({metric}). Variants must stay {lower ? 'below' : 'above'} the
         dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 ${lower ? '+' : '−'} ${tolerance.max_drop ?? 0}`}).
-        Each point is labelled with its variant; drag across the plot to zoom, double-click to zoom out.
       </figcaption>
       <UPlot options={chart.options} data={chart.data} label={chart.label} testId="latency-accuracy-chart" />
     </figure>
   );
 }
 
-/** What the per-operator numbers are, and why they can add up to more than the benchmark's p50. */
-export function profileCaption(variant: ReportVariant): string {
-  const rows = variant.profile?.by_op_type ?? [];
-  const total = rows.reduce((sum, row) => sum + row.time_ms, 0);
-  const p50 = variant.latency_ms?.p50;
-  const base = `Time per operator type for ${variantLabel(variant)}, slowest first: the mean per run of a separate profiled session (runs with the profiler on), summed over the nodes of each type.`;
-  if (p50 && total > p50 * 1.05) {
-    return `${base} Together ${formatNumber(total, 3)} ms, more than the benchmark's p50 of ${formatNumber(p50, 3)} ms: the profiler's own overhead per node, and nodes timed one by one where the runtime would overlap them.`;
-  }
-  return `${base} Together ${formatNumber(total, 3)} ms${p50 ? ` (benchmark p50 ${formatNumber(p50, 3)} ms)` : ''}.`;
-}
-
-/** Per layer: the slowest nodes of a variant beside how much INT8 hurt each (the search's sensitivity), when measured. */
-export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; sensitivity: SensitivityRow[] }) {
-  const nodes = [...((variant.profile as { by_node?: { name: string; op_type: string; time_ms: number; share?: number }[] } | undefined)?.by_node ?? [])]
-    .sort((a, b) => b.time_ms - a.time_ms)
-    .slice(0, 15);
-  if (nodes.length === 0) return null;
-  const sqnr = new Map(sensitivity.map((row) => [row.node, row.sqnr_db]));
-  return (
-    <div className="table-wrap">
-      <table className="table table-compact" data-testid="layer-table">
-        <caption className="muted small">
-          Slowest layers of {variantLabel(variant)}{sensitivity.length ? ', with their quantization sensitivity (SQNR of the node’s output under INT8; lower hurts more)' : ''}
-        </caption>
-        <thead>
-          <tr>
-            <th scope="col">Layer</th>
-            <th scope="col">Op</th>
-            <th scope="col" className="numeric">Time per run</th>
-            <th scope="col" className="numeric">Share</th>
-            <th scope="col" className="numeric">SQNR (dB)</th>
-          </tr>
-        </thead>
-        <tbody>
-          {nodes.map((node) => (
-            <tr key={node.name}>
-              <td><code>{node.name}</code></td>
-              <td>{node.op_type}</td>
-              <td className="numeric">{formatNumber(node.time_ms, 4)} ms</td>
-              <td className="numeric">{node.share === undefined ? '—' : `${Math.round(node.share * 100)}%`}</td>
-              <td className="numeric">{sqnr.has(node.name) ? formatNumber(sqnr.get(node.name) ?? null, 1) : '—'}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
-  );
-}
-
-export function OpTypeBreakdown({ device, sensitivity = [] }: { device: ReportDevice; sensitivity?: SensitivityRow[] }) {
+export function OpTypeBreakdown({ device }: { device: ReportDevice }) {
   const profiled = device.variants.filter((variant) => (variant.profile?.by_op_type?.length ?? 0) > 0);
   const [selected, setSelected] = useState<number | null>(null);
   const selectId = useId();
@@ -242,7 +172,7 @@ export function OpTypeBreakdown({ device, sensitivity = [] }: { device: ReportDe
           ))}
         </select>
       </div>
-      <figcaption data-testid="op-type-caption">{profileCaption(variant)}</figcaption>
+      <figcaption>Time per operator type for {variantLabel(variant)}, slowest first.</figcaption>
       <BarList
         testId="op-type-chart"
         ariaLabel={`Time by operator type for ${variantLabel(variant)}`}
@@ -253,12 +183,11 @@ export function OpTypeBreakdown({ device, sensitivity = [] }: { device: ReportDe
           title: `${row.count} node${row.count === 1 ? '' : 's'}, ${Math.round((row.share ?? 0) * 100)}% of the time`,
         }))}
       />
-      <LayerTable variant={variant} sensitivity={sensitivity} />
     </figure>
   );
 }
 
-export default function ReportCharts({ device, tolerance, sensitivity = [] }: { device: ReportDevice; tolerance: Tolerance; sensitivity?: SensitivityRow[] }) {
+export default function ReportCharts({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
   return (
     <div className="grid-2">
       <section className="card" aria-label={`Latency and accuracy on ${device.agent?.name ?? 'device'}`}>
@@ -267,7 +196,7 @@ export default function ReportCharts({ device, tolerance, sensitivity = [] }: { 
       </section>
       <section className="card" aria-label={`Time by operator type on ${device.agent?.name ?? 'device'}`}>
         <h3>Time by operator type</h3>
-        <OpTypeBreakdown device={device} sensitivity={sensitivity} />
+        <OpTypeBreakdown device={device} />
       </section>
     </div>
   );
