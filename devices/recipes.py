@@ -16,6 +16,10 @@ Recipes (JSON):
     {"type": "text", "inputs": {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"},
      "max_length": 64, "dtype": "int64"}
 
+A text input may also be an object, for models that take a token array in another form:
+`{"field": "attention_mask", "dtype": "float32", "shape": [1, 1, 64], "additive": -30}` feeds the
+mask as an additive bias (0 where a token is, -30 on padding) shaped `[1, 1, 64]` per sample.
+
 Each sample's tensors carry no batch axis; a dataset stacks them batch-first. An audio recipe with
 a `chunk` makes each recording a sequence of calls for a streaming model: step t feeds the `context`
 samples before chunk t and the chunk (`[steps, 1, context + chunk]` with `batch_axis`), and each
@@ -139,13 +143,44 @@ def _audio_recipe(raw: dict) -> dict[str, Any]:
 
 def _text_recipe(raw: dict) -> dict[str, Any]:
     inputs = raw.get("inputs", {"input_ids": "ids", "attention_mask": "attention_mask"})
-    if (not isinstance(inputs, dict) or not inputs
-            or not all(isinstance(k, str) and k and v in TEXT_FIELDS for k, v in inputs.items())):
+    if not isinstance(inputs, dict) or not inputs or len(inputs) > 8 or not all(isinstance(k, str) and k for k in inputs):
         raise RecipeError(f"inputs must map model input names to one of {', '.join(TEXT_FIELDS)}")
     length = raw.get("max_length")
     if type(length) is not int or not 1 <= length <= MAX_TEXT_LENGTH:
         raise RecipeError(f"max_length must be a whole number of tokens, 1..{MAX_TEXT_LENGTH}")
-    return {"type": "text", "inputs": dict(inputs), "max_length": length, "dtype": _dtype(raw, "int64")}
+    return {"type": "text", "inputs": {name: _text_input(name, spec, length) for name, spec in inputs.items()},
+            "max_length": length, "dtype": _dtype(raw, "int64")}
+
+
+def _text_input(name: str, spec: Any, length: int) -> str | dict[str, Any]:
+    """One text input: a token field's name, or an object that gives it its own dtype, shape or additive form."""
+    if isinstance(spec, str) and spec in TEXT_FIELDS:
+        return spec
+    if not isinstance(spec, dict) or spec.get("field") not in TEXT_FIELDS:
+        raise RecipeError(f"input {name!r} must be one of {', '.join(TEXT_FIELDS)}, or an object with a field")
+    unknown = sorted(set(spec) - {"field", "dtype", "shape", "additive"})
+    if unknown:
+        raise RecipeError(f"unknown field(s) for text input {name!r}: {', '.join(unknown)}")
+    parsed: dict[str, Any] = {"field": spec["field"]}
+    if "dtype" in spec:
+        parsed["dtype"] = _dtype(spec, "int64")
+    if "shape" in spec:
+        shape = spec["shape"]
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= 6 or not all(type(v) is int and v >= 1 for v in shape)
+                or math.prod(shape) != length):
+            raise RecipeError(f"shape of input {name!r} must be whole numbers whose product is max_length ({length})")
+        parsed["shape"] = shape
+    if "additive" in spec:
+        additive = spec["additive"]
+        if spec["field"] != "attention_mask" or not isinstance(additive, int | float) or isinstance(additive, bool) or not math.isfinite(additive):
+            raise RecipeError(f"additive of input {name!r} is the number fed on padding in place of an attention_mask's 0")
+        parsed["additive"] = float(additive)
+    return parsed
+
+
+def text_field(spec: str | dict[str, Any]) -> str:
+    """The token field (ids, attention_mask, type_ids) a text input is made from."""
+    return spec if isinstance(spec, str) else spec["field"]
 
 
 def recipe_inputs(recipe: dict[str, Any]) -> list[str]:
@@ -255,7 +290,17 @@ def load_tokenizer(tokenizer_json: str, recipe: dict[str, Any]):
 def prepare_text(line: str, recipe: dict[str, Any], tokenizer) -> dict[str, np.ndarray]:
     """One line of text as the recipe's token arrays (no batch axis)."""
     encoding = tokenizer.encode(line)
-    return {name: np.asarray(getattr(encoding, field), dtype=recipe["dtype"]) for name, field in recipe["inputs"].items()}
+    return {name: _text_tensor(encoding, spec, recipe["dtype"]) for name, spec in recipe["inputs"].items()}
+
+
+def _text_tensor(encoding, spec: str | dict[str, Any], dtype: str) -> np.ndarray:
+    values = np.asarray(getattr(encoding, text_field(spec)))
+    if isinstance(spec, str):
+        return values.astype(dtype)
+    if "additive" in spec:
+        values = np.where(values != 0, 0.0, spec["additive"])
+    values = values.astype(spec.get("dtype", dtype))
+    return np.ascontiguousarray(values.reshape(spec["shape"])) if "shape" in spec else values
 
 
 def prepare_file(name: str, data: bytes, recipe: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -104,7 +104,7 @@ def _text_samples(raw_path: Path, recipe: dict[str, Any], tokenizer) -> Iterator
                 if len(text) > MAX_LINE_CHARS:
                     raise RecipeError(f"line {number} is longer than {MAX_LINE_CHARS} characters")
                 tensors = recipes.prepare_text(text, recipe, tokenizer)
-                yield f"line {number}", tensors, None, lambda number=number, text=text, tensors=tensors: _text_preview(number, text, tensors, recipe, tokenizer)
+                yield f"line {number}", tensors, None, lambda number=number, text=text: _text_preview(number, text, recipe, tokenizer)
         except UnicodeDecodeError:
             raise RecipeError(f"line {number + 1} is not UTF-8 text") from None
 
@@ -125,11 +125,11 @@ def _preview(member: str, data: bytes, tensors: dict[str, np.ndarray], recipe: d
             "envelope": [round(float(np.abs(part).max(initial=0.0)), 3) for part in np.array_split(waveform, 32)]}
 
 
-def _text_preview(number: int, text: str, tensors: dict[str, np.ndarray], recipe: dict[str, Any], tokenizer) -> dict[str, Any]:
-    ids_name = next((name for name, field in recipe["inputs"].items() if field == "ids"), None)
-    tokens = tokenizer.encode(text).tokens if ids_name else []
-    return {"name": f"line {number}", "text": text[:160], "tokens": [token for token in tokens if token][:24],
-            "length": int(np.count_nonzero(tensors[next(iter(tensors))] != 0)) if tensors else 0}
+def _text_preview(number: int, text: str, recipe: dict[str, Any], tokenizer) -> dict[str, Any]:
+    feeds_ids = any(recipes.text_field(spec) == "ids" for spec in recipe["inputs"].values())
+    encoding = tokenizer.encode(text)
+    return {"name": f"line {number}", "text": text[:160], "tokens": [token for token, kept in zip(encoding.tokens, encoding.attention_mask, strict=True) if token and kept][:24] if feeds_ids else [],
+            "length": int(sum(encoding.attention_mask))}
 
 
 class _RowFiles:

@@ -169,7 +169,7 @@ export interface Dataset {
 export interface DatasetRecipe {
   type: 'image' | 'audio' | 'text';
   input?: string;
-  inputs?: Record<string, string>;
+  inputs?: Record<string, string | TextInputSpec>;
   size?: [number, number];
   resize?: string;
   color?: string;
@@ -184,6 +184,14 @@ export interface DatasetRecipe {
   max_length?: number;
   label_names?: string[];
   tokenizer_sha256?: string;
+}
+
+/** A text input fed in another form than the tokenizer's: its own dtype, per-sample shape or an additive mask. */
+export interface TextInputSpec {
+  field: string;
+  dtype?: string;
+  shape?: number[];
+  additive?: number;
 }
 
 export interface DatasetPreview {
@@ -529,6 +537,34 @@ export interface SensitivityRow {
   relative_error?: number;
 }
 
+/** One step of a sequence job's accuracy (devices/feeds.py per_step_figures): every sequence's call t against FP32's. */
+export interface PerStepRow {
+  step: number;
+  sequences: number;
+  outputs: Record<string, { cosine: number | null; max_abs_error: number | null }>;
+}
+
+/** The calibration samples a job used (workers/calibration_set.py): how many, drawn how, and which. */
+export interface CalibrationUsed {
+  samples: number;
+  calls: number;
+  of: number;
+  seed?: number;
+  stratified?: boolean;
+  by_label?: Record<string, number> | null;
+  indices?: number[];
+  indices_listed?: number;
+}
+
+/** How the job's data was fed and which calibration samples were chosen (reports/selectors.py _datasets_summary). */
+export interface ReportDatasets {
+  calibration?: { mode: string; format: string };
+  validation?: { mode: string; format: string };
+  state?: Record<string, string>;
+  calibration_subset?: { count: number; seed?: number; stratify?: boolean } | null;
+  calibration_used?: CalibrationUsed | null;
+}
+
 export interface Report {
   job: number;
   status: JobStatus;
@@ -536,6 +572,7 @@ export interface Report {
   metrics?: DeclaredMetric[];
   evaluation?: EvaluationPlan | null;
   search?: { rounds: number; sensitivity: SensitivityRow[] };
+  datasets?: ReportDatasets;
   devices: ReportDevice[];
   rerun?: {
     job: number;

@@ -1,6 +1,11 @@
 /** How a dataset was made and what its first samples look like: the recipe in words, then thumbnails,
  * waveform envelopes or lines of text with their tokens. */
-import type { Dataset, DatasetPreview, DatasetRecipe } from '../api/types';
+import type { Dataset, DatasetPreview, DatasetRecipe, TextInputSpec } from '../api/types';
+
+function textField(spec: string | TextInputSpec): string {
+  if (typeof spec === 'string') return spec;
+  return spec.additive !== undefined ? `${spec.field} (additive ${spec.additive})` : spec.field;
+}
 
 export function recipeSummary(recipe: DatasetRecipe): string {
   if (recipe.type === 'image') {
@@ -13,7 +18,7 @@ export function recipeSummary(recipe: DatasetRecipe): string {
   if (recipe.type === 'audio') {
     return `audio → ${recipe.input}: ${recipe.sample_rate} Hz${recipe.resample ? ' (resampled)' : ''}${recipe.length ? `, ${recipe.length} samples` : ''}, ${recipe.dtype}`;
   }
-  const fed = Object.entries(recipe.inputs ?? {}).map(([input, field]) => `${field} → ${input}`).join(', ');
+  const fed = Object.entries(recipe.inputs ?? {}).map(([input, spec]) => `${textField(spec)} → ${input}`).join(', ');
   return `text: tokenizer.json, ${recipe.max_length} tokens, ${fed}`;
 }
 

@@ -10,7 +10,9 @@ import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
 import { costPhrase, headline, speedupPhrase, tiePhrase } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
+import { CalibrationSubset } from './CalibrationSubset';
 import { LearningCurves } from './LearningCurves';
+import { PerStepAccuracy } from './PerStepAccuracy';
 import { ReportTable, variantLabel } from './ReportTable';
 
 const ReportCharts = lazy(() => import('./ReportCharts'));
@@ -295,6 +297,7 @@ function DeviceSection({ device, tolerance, onRemeasure }: { device: ReportDevic
         </Suspense>
       ) : null}
       <LearningCurves variants={device.variants} />
+      <PerStepAccuracy variants={device.variants} />
     </section>
   );
 }
@@ -347,6 +350,7 @@ export function ReportPage() {
     <>
       {header}
       <OutputsJudged report={report.data} />
+      <CalibrationSubset datasets={report.data.datasets} />
       {report.data.devices.length === 0 ? (
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (
