@@ -123,6 +123,9 @@ def plan_problems(
                             f"(inputs: {', '.join(map(repr, inputs)) or 'none'})")
         elif output in outputs and outputs[output].get("dtype") not in (None, inputs[fed]["dtype"]):
             problems.append(f"state output {output!r} is {outputs[output]['dtype']} but input {fed!r} is {inputs[fed]['dtype']}")
+        elif output in outputs and not _state_shapes_fit(outputs[output].get("shape"), inputs[fed].get("shape")):
+            problems.append(f"state output {output!r} has shape {format_shape(outputs[output]['shape'])} but input {fed!r} "
+                            f"takes {format_shape(inputs[fed]['shape'])}")
     if len(set(state.values())) != len(state):
         problems.append("the state mapping feeds one input from two outputs")
     for name in initial_state:
@@ -155,6 +158,15 @@ def plan_problems(
             except FeedError as error:
                 problems.append(str(error))
     return {"mode": mode, "format": fmt, "offsets": offsets, "state": state, "initial": initial}, problems
+
+
+def _state_shapes_fit(produced: list | None, expected: list | None) -> bool:
+    """Whether an output can be fed back as an input: the same rank, and no fixed size that differs
+    (a symbolic or unknown size fits anything)."""
+    if produced is None or expected is None:
+        return True
+    return len(produced) == len(expected) and all(
+        not (isinstance(ours, int) and isinstance(theirs, int)) or ours == theirs for ours, theirs in zip(produced, expected, strict=True))
 
 
 def _array_problems(name: str, array: Mapping[str, Any], spec: Mapping[str, Any], offsets: dict[str, int]) -> list[str]:

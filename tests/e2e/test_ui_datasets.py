@@ -1,6 +1,7 @@
 """Browser tests of the dataset parts of the UI: raw images uploaded with a recipe show the recipe
 and thumbnails of their first samples, a corrupt image is refused by name, and the new-deployment
-form sends a state mapping and a seeded calibration subset. Real server, worker and Chromium."""
+form sends a state mapping and a seeded calibration subset, and a sequence job's report draws its
+per-step accuracy and the calibration samples drawn. Real server, worker, agent and Chromium."""
 from __future__ import annotations
 
 import io
@@ -11,7 +12,10 @@ import numpy as np
 import pytest
 
 from tests.e2e import test_ui as ui
+from tests.e2e.test_stateful_stack import STEPS
 from tests.e2e.test_ui import api, new_user, screenshot, select_containing, sign_in
+from tests.fixtures.models import write_npz
+from tests.fixtures.zoo import SILERO_VAD
 
 # The browser, the live stack and the digits files are test_ui's fixtures, shared here.
 browser, digits_files, new_page, stack, ui_dist = ui.browser, ui.digits_files, ui.new_page, ui.stack, ui.ui_dist
@@ -94,3 +98,60 @@ def test_new_deployment_sends_the_state_mapping_and_calibration_subset(stack, ne
     job_id = int(page.url.rstrip("/").split("/")[-1])
     job = api(stack, user, "GET", f"jobs/{job_id}/").json()
     assert job["feeds"]["calibration_subset"] == {"count": 30, "seed": 5, "stratify": True}
+
+
+def wait_for_job(stack, user, job_id: int, timeout: float) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        job = api(stack, user, "GET", f"jobs/{job_id}/").json()
+        if job["status"] in ("succeeded", "failed", "canceled") or time.monotonic() > deadline:
+            return job
+        time.sleep(2)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(SILERO_VAD.path is None, reason="silero-vad is not installed (it is in the dev extra)")
+def test_a_sequence_jobs_report_draws_per_step_accuracy_and_the_calibration_samples_drawn(stack, new_page, tmp_path):
+    """Silero VAD fed call by call with its state: the report page draws each variant's cosine per step
+    and says which calibration sequences the seeded subset chose."""
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "vera", "Voice")
+    with open(SILERO_VAD.path, "rb") as handle:
+        model = api(stack, user, "POST", "models/", data={"name": "silero-vad"}, files={"file": ("silero_vad.onnx", handle)}).json()
+    ids = {}
+    for kind, count, seed in (("calibration", 6, 1), ("validation", 3, 2)):
+        path = write_npz(tmp_path / f"{kind}.npz", **SILERO_VAD.sequences(count, STEPS, seed=seed))
+        with open(path, "rb") as handle:
+            response = api(stack, user, "POST", "datasets/", data={"kind": kind}, files={"file": (path.name, handle)})
+        assert response.status_code == 201, response.text
+        ids[kind] = response.json()["id"]
+    # ONNX Runtime only: one fp32 and one int8 line per chart.
+    stack.start_agent(user.tenant, "cpu", backends="onnxruntime")
+    created = api(stack, user, "POST", "jobs/", json={
+        "model_version": model["versions"][0]["id"], "precisions": ["fp32", "int8"], "calibration_dataset": ids["calibration"],
+        "validation_dataset": ids["validation"], "state": SILERO_VAD.state, "initial_state": {"state": 0},
+        "calibration_subset": {"count": 4, "seed": 5}, "tolerance": {"metric": "cosine", "max_drop": 0.5}})
+    assert created.status_code == 201, created.text
+    job = wait_for_job(stack, user, created.json()["id"], timeout=780)
+    assert job["status"] == "succeeded", (job["error"], [event["message"] for event in job["events"]])
+    used = api(stack, user, "GET", f"jobs/{job['id']}/report/").json()["datasets"]["calibration_used"]
+
+    page = new_page()
+    sign_in(page, user)
+    page.goto(f"/jobs/{job['id']}/report")
+    per_step = page.get_by_test_id("per-step-accuracy").first
+    expect(per_step).to_be_visible(timeout=30_000)
+    chart = per_step.get_by_test_id("per-step-chart-output")
+    expect(chart.get_by_role("img", name="Cosine per step of output, one line per variant")).to_be_visible()
+    expect(chart.locator("polyline")).to_have_count(2)
+    expect(per_step).to_contain_text("over 3 sequences")
+    table = per_step.get_by_test_id("per-step-table")
+    expect(table.get_by_role("row").filter(has_text="int8").filter(has_text="stateN")).to_contain_text(str(STEPS))
+    calibration = page.get_by_test_id("calibration-subset")
+    expect(calibration.get_by_test_id("calibration-summary")).to_have_text(
+        f"4 of 6 samples ({4 * STEPS} calls), drawn with seed 5, not stratified (the set has no labels).")
+    expect(calibration.get_by_test_id("calibration-indices")).to_contain_text(", ".join(str(index) for index in used["indices"]))
+    screenshot(page, "22-report-per-step-calibration")

