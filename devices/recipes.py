@@ -18,7 +18,8 @@ Recipes (JSON):
 
 A text input may also be an object, for models that take a token array in another form:
 `{"field": "attention_mask", "dtype": "float32", "shape": [1, 1, 64], "additive": -30}` feeds the
-mask as an additive bias (0 where a token is, -30 on padding) shaped `[1, 1, 64]` per sample.
+mask as an additive bias (0 where a token is, -30 on padding; float32 unless a dtype is given)
+shaped `[1, 1, 64]` per sample.
 
 Each sample's tensors carry no batch axis; a dataset stacks them batch-first. An audio recipe with
 a `chunk` makes each recording a sequence of calls for a streaming model: step t feeds the `context`
@@ -175,6 +176,8 @@ def _text_input(name: str, spec: Any, length: int) -> str | dict[str, Any]:
         if spec["field"] != "attention_mask" or not isinstance(additive, int | float) or isinstance(additive, bool) or not math.isfinite(additive):
             raise RecipeError(f"additive of input {name!r} is the number fed on padding in place of an attention_mask's 0")
         parsed["additive"] = float(additive)
+        # A bias is a float whatever the token arrays' dtype is.
+        parsed.setdefault("dtype", "float32")
     return parsed
 
 

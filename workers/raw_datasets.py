@@ -128,8 +128,9 @@ def _preview(member: str, data: bytes, tensors: dict[str, np.ndarray], recipe: d
 def _text_preview(number: int, text: str, recipe: dict[str, Any], tokenizer) -> dict[str, Any]:
     feeds_ids = any(recipes.text_field(spec) == "ids" for spec in recipe["inputs"].values())
     encoding = tokenizer.encode(text)
-    return {"name": f"line {number}", "text": text[:160], "tokens": [token for token, kept in zip(encoding.tokens, encoding.attention_mask, strict=True) if token and kept][:24] if feeds_ids else [],
-            "length": int(sum(encoding.attention_mask))}
+    # Padding is not shown: the tokens are those the attention mask keeps.
+    tokens = [token for token, kept in zip(encoding.tokens, encoding.attention_mask, strict=True) if token and kept] if feeds_ids else []
+    return {"name": f"line {number}", "text": text[:160], "tokens": tokens[:24], "length": int(sum(encoding.attention_mask))}
 
 
 class _RowFiles:
