@@ -106,7 +106,9 @@ export function DatasetsPage() {
           <p className="muted small">
             Images: size, resize (stretch or shorter_side_crop), color (RGB, BGR, L), scale, mean, std, layout (NCHW or
             NHWC), dtype; class folders become labels. Audio: sample_rate, resample, length. Text: max_length, inputs
-            (model input → ids, attention_mask or type_ids) and the model&apos;s tokenizer.json below.
+            (model input → ids, attention_mask or type_ids, or an object such as{' '}
+            <code>{'{"field": "attention_mask", "dtype": "float32", "shape": [1, 1, 64], "additive": -30}'}</code> for a mask
+            fed as an additive bias) and the model&apos;s tokenizer.json below.
           </p>
         </div>
         {recipeType === 'text' ? (
