@@ -8,13 +8,14 @@ Screenshots land in test-artifacts/screenshots/.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 import requests
 
 from tests.e2e import test_ui as ui
-from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, expect_named_points, new_user, screenshot, sign_in
 
 # The same fixtures as test_ui.py; the browser stays module-scoped (see there why).
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
@@ -102,6 +103,9 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new
     expect(note).to_contain_text("±29%")
     expect(page.get_by_test_id("unstable-notes")).to_contain_text("disagree by more than 10%")
     expect(page.get_by_test_id("remeasure")).to_be_visible()
+    # Two points 0.002 ms and 0.001 apart: each is named, and the names do not print over each other.
+    expect_named_points(page, ["fp32 · onnxruntime", "fp16 · onnxruntime"])
+    expect(page.get_by_test_id("chart-legend")).to_have_text(re.compile("Within tolerance.*Recommended.*Tolerance"))
     screenshot(page, "20-report-verdict-noise-tie")
     page.get_by_test_id("remeasure").click()
     expect(page.get_by_text(f"re-run of #{job['id']}")).to_be_visible()
