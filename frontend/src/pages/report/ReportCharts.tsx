@@ -298,16 +298,18 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
   );
 }
 
+const LAYER_LIMIT = 15;
+
 /** Per layer: the slowest nodes of a variant beside how much INT8 hurts each (the search's sensitivity). */
 export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; sensitivity: SensitivityRow[] }) {
-  const rows = layerRows(variant, sensitivity);
+  const rows = layerRows(variant, sensitivity, LAYER_LIMIT);
   if (rows.length === 0) return null;
   const matched = rows.filter((row) => row.sqnrDb !== null).length;
   return (
     <div className="table-wrap">
       <table className="table table-compact" data-testid="layer-table">
         <caption className="muted small">
-          Per layer: the {rows.length} slowest layers of {variantLabel(variant)}, with their part of the p50 (share of the profiled time) and
+          {rows.length === LAYER_LIMIT ? `The ${LAYER_LIMIT} slowest layers` : 'The layers'} of {variantLabel(variant)}, slowest first, with their part of the p50 (share of the profiled time) and
           {sensitivity.length > 0
             ? ` their quantization sensitivity: the SQNR of the layer's output under INT8, lower hurts more (${matched} of these layers were ranked by the search).`
             : ' no quantization sensitivity: the search ranks layers only for an auto deployment that tries INT8.'}
@@ -341,22 +343,24 @@ export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; s
   );
 }
 
-export function OpTypeBreakdown({ device, sensitivity = [] }: { device: ReportDevice; sensitivity?: SensitivityRow[] }) {
+/** The variants of a device with a per-operator profile, and the one to show first (the recommended). */
+function profiledVariants(device: ReportDevice, selected: number | null): { profiled: ReportVariant[]; variant: ReportVariant | null } {
   const profiled = device.variants.filter((variant) => (variant.profile?.by_op_type?.length ?? 0) > 0);
-  const [selected, setSelected] = useState<number | null>(null);
-  const selectId = useId();
-  if (profiled.length === 0) return <p className="muted">No per-layer profile was recorded on this device.</p>;
   const variant =
-    profiled.find((candidate) => candidate.id === selected) ??
-    profiled.find((candidate) => candidate.id === device.recommended) ??
-    profiled[0];
+    profiled.find((candidate) => candidate.id === selected) ?? profiled.find((candidate) => candidate.id === device.recommended) ?? profiled[0] ?? null;
+  return { profiled, variant };
+}
+
+export function OpTypeBreakdown({ device, variant, profiled, onSelect }: { device: ReportDevice; variant: ReportVariant | null; profiled: ReportVariant[]; onSelect: (id: number) => void }) {
+  const selectId = useId();
+  if (!variant) return <p className="muted">No per-layer profile was recorded on this device.</p>;
   const bars = opTypeBars(variant).slice(0, 15);
 
   return (
     <figure className="chart">
       <div className="field field-inline">
         <label htmlFor={selectId}>Variant</label>
-        <select id={selectId} value={variant.id} onChange={(event) => setSelected(Number(event.target.value))} data-testid="profile-variant-select">
+        <select id={selectId} value={variant.id} onChange={(event) => onSelect(Number(event.target.value))} data-testid="profile-variant-select">
           {profiled.map((candidate) => (
             <option key={candidate.id} value={candidate.id}>
               {variantLabel(candidate)}
@@ -376,22 +380,32 @@ export function OpTypeBreakdown({ device, sensitivity = [] }: { device: ReportDe
           title: `${bar.count} node${bar.count === 1 ? '' : 's'}, ${Math.round(bar.share * 100)}% of the profiled time; profiled ${formatNumber(bar.profiledMs, 4)} ms per run`,
         }))}
       />
-      <LayerTable variant={variant} sensitivity={sensitivity} />
     </figure>
   );
 }
 
 export default function ReportCharts({ device, tolerance, sensitivity = [] }: { device: ReportDevice; tolerance: Tolerance; sensitivity?: SensitivityRow[] }) {
+  const [selected, setSelected] = useState<number | null>(null);
+  const { profiled, variant } = profiledVariants(device, selected);
+  const name = device.agent?.name ?? 'device';
   return (
-    <div className="grid-2">
-      <section className="card" aria-label={`Latency and accuracy on ${device.agent?.name ?? 'device'}`}>
-        <h3>Latency vs accuracy</h3>
-        <LatencyAccuracyScatter device={device} tolerance={tolerance} />
-      </section>
-      <section className="card" aria-label={`Time by operator type and per layer on ${device.agent?.name ?? 'device'}`}>
-        <h3>Time by operator type and per layer</h3>
-        <OpTypeBreakdown device={device} sensitivity={sensitivity} />
-      </section>
-    </div>
+    <>
+      <div className="grid-2">
+        <section className="card" aria-label={`Latency and accuracy on ${name}`}>
+          <h3>Latency vs accuracy</h3>
+          <LatencyAccuracyScatter device={device} tolerance={tolerance} />
+        </section>
+        <section className="card" aria-label={`Time by operator type on ${name}`}>
+          <h3>Time by operator type</h3>
+          <OpTypeBreakdown device={device} variant={variant} profiled={profiled} onSelect={setSelected} />
+        </section>
+      </div>
+      {variant && layerRows(variant, sensitivity).length > 0 ? (
+        <section className="card" aria-label={`Per layer on ${name}`} data-testid="layer-view">
+          <h3>Per layer: time and quantization sensitivity</h3>
+          <LayerTable variant={variant} sensitivity={sensitivity} />
+        </section>
+      ) : null}
+    </>
   );
 }
