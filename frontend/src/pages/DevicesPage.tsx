@@ -203,7 +203,8 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
             <CopyButton text={SERVICE_COMMAND} label="Copy" />
           </div>
           <span className="muted small">
-            Or all at once: <code>{up} --install-service</code> registers and installs the service instead of running in this terminal.
+            Or add <code>--install-service</code> to the command of step 2: it registers and installs the service instead of running
+            in the terminal.
           </span>
         </li>
       </ol>
@@ -254,8 +255,8 @@ function RegistrationTokens() {
     <section className="card" aria-labelledby="registration-heading">
       <h2 id="registration-heading">Register a device</h2>
       <p className="muted">
-        Three steps on the device: install the agent, register it with a token made here, and run it. Create a token to see
-        the commands; this page then waits for the device's first heartbeat.
+        On the device: install the agent, then one command registers it with a token made here and runs it; a service keeps it
+        running. Create a token to see the commands; this page then waits for the device's first heartbeat.
       </p>
       <form className="form-row" onSubmit={submit} aria-label="Create registration token">
         <div className="field">

@@ -10,7 +10,7 @@ import { BarList } from '../../components/BarList';
 import { formatNumber } from '../../format';
 import { layerRows, opTypeBars, profileCaption } from './profile';
 import { variantLabel } from './ReportTable';
-import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, scaleRange, zoomWindow, type Range } from './scatterGeometry';
+import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, scaleRange, tickLabels, zoomWindow, type Range } from './scatterGeometry';
 
 const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
 
@@ -176,8 +176,8 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
         y: { range: () => zoom.current?.y ?? model.home.y },
       },
       axes: [
-        { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid } },
-        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64 },
+        { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid }, values: (_u, splits) => tickLabels(splits) },
+        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64, values: (_u, splits) => tickLabels(splits) },
       ],
       series: [
         {},
@@ -353,7 +353,7 @@ function profiledVariants(device: ReportDevice, selected: number | null): { prof
 
 export function OpTypeBreakdown({ device, variant, profiled, onSelect }: { device: ReportDevice; variant: ReportVariant | null; profiled: ReportVariant[]; onSelect: (id: number) => void }) {
   const selectId = useId();
-  if (!variant) return <p className="muted">No per-layer profile was recorded on this device.</p>;
+  if (!variant) return <p className="muted">No per-operator profile was recorded on this device (the runtime has no profiler, or profiling failed).</p>;
   const bars = opTypeBars(variant).slice(0, 15);
 
   return (

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, zoomWindow } from './scatterGeometry';
+import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, tickLabels, zoomWindow } from './scatterGeometry';
 
 describe('axis ranges', () => {
   it('widens a flat range instead of returning a zero-width one', () => {
@@ -41,5 +41,13 @@ describe('point labels', () => {
   it('names points that sit on one another in one label', () => {
     const merged = mergeCoincident([{ x: 10, y: 10, text: 'a', width: 6 }, { x: 11, y: 10, text: 'b', width: 6 }, { x: 40, y: 10, text: 'c', width: 6 }]);
     expect(merged.map((anchor) => anchor.text)).toEqual(['a, b', 'c']);
+  });
+});
+
+describe('tick labels', () => {
+  it('prints as many decimals as the spacing needs, so that ticks never read alike', () => {
+    expect(tickLabels([0.021, 0.0215, 0.022, 0.0225])).toEqual(['0.021', '0.0215', '0.022', '0.0225']);
+    expect(tickLabels([0.8, 1, 1.2])).toEqual(['0.8', '1', '1.2']);
+    expect(tickLabels([0, 50, 100])).toEqual(['0', '50', '100']);
   });
 });

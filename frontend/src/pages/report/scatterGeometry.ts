@@ -139,3 +139,11 @@ export function placeLabels(anchors: LabelAnchor[], width: number, height: numbe
 }
 
 export { LABEL_HEIGHT };
+
+/** Axis tick labels with as many decimals as their spacing needs, so that no two ticks read alike. */
+export function tickLabels(splits: number[]): string[] {
+  const steps = splits.slice(1).map((value, index) => Math.abs(value - splits[index])).filter((step) => step > 0);
+  const step = steps.length ? Math.min(...steps) : 1;
+  const digits = Math.min(8, Math.max(0, Math.ceil(-Math.log10(step) + 1e-9)));
+  return splits.map((value) => value.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: 0 }));
+}
