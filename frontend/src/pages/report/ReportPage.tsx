@@ -262,7 +262,7 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
         <span key={row.backend}>
           {index > 0 ? '; ' : ''}
           {row.backend} {row.metric} {row.value === null ? '—' : row.value.toFixed(4)}
-          {row.drop !== null && row.drop !== undefined ? ` (drop ${row.drop.toExponential(1)})` : ''}
+          {row.drop === null || row.drop === undefined ? '' : row.drop === 0 ? ' (no drop)' : ` (drop ${Math.abs(row.drop) >= 1e-3 ? formatNumber(row.drop, 4) : row.drop.toExponential(1)})`}
         </span>
       ))}
     </p>
