@@ -223,8 +223,11 @@ def expect_named_points(page, names: list[str]) -> None:
     expect(labels).to_have_count(len(names))
     assert sorted(labels.all_inner_texts()) == sorted(names)
     boxes = [labels.nth(index).bounding_box() for index in range(len(names))]
+    plot = page.get_by_test_id("latency-accuracy-chart").first.locator(".u-over").bounding_box()
     for index, a in enumerate(boxes):
         assert a is not None and a["width"] > 0
+        inside = plot["x"] - 1 <= a["x"] and a["x"] + a["width"] <= plot["x"] + plot["width"] + 1 and plot["y"] - 1 <= a["y"] and a["y"] + a["height"] <= plot["y"] + plot["height"] + 1
+        assert inside, f"point label outside the plot: {a} {plot}"
         for b in boxes[index + 1:]:
             apart = a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"] or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"]
             assert apart, f"point labels overlap: {a} {b}"
@@ -631,6 +634,14 @@ def test_live_job_rerun_performance_page_and_estimate(stack, new_page, digits_fi
     expect(caption).to_contain_text("a mean per run over 10 runs of a separate session with per-node timing on")
     expect(page.get_by_test_id("layer-table").first.get_by_test_id("layer-row").first).to_be_visible()
     screenshot(page, "16-rerun-report")
+    # At 1400 px and at 800 px the chart follows its card: every label inside the plot, no sideways page scroll.
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_function("document.querySelector('.u-over').getBoundingClientRect().right <= window.innerWidth")
+        expect_named_points(page, ["fp32 · onnxruntime", "fp32 · openvino"])
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        screenshot(page, f"16c-report-{width}px")
+    page.set_viewport_size({"width": 1280, "height": 800})
 
     # The performance database: both jobs' measurements, the device chart and the job comparison.
     page.get_by_role("link", name="Performance").click()
