@@ -80,6 +80,13 @@ describe('per-operator numbers', () => {
     expect(caption).toMatch(/\d+\.\dx the p50, because of the cold run and the profiler's overhead per node/);
   });
 
+  it('says when the agent left a warm-up run out', () => {
+    const warmed = { ...variant, profile: { ...variant.profile, warmup_runs: 1 } } as ReportVariant;
+    const caption = profileCaption(warmed, 'fp32 · onnxruntime');
+    expect(caption).toContain('a mean per run over 10 runs of a separate session with per-node timing on, after 1 warm-up run left out');
+    expect(caption).not.toContain('cold');
+  });
+
   it('lists the slowest layers beside their INT8 sensitivity, matching names the runtime rewrote', async () => {
     const { LayerTable } = await charts();
     render(<LayerTable variant={variant} sensitivity={[{ node: 'relu1', op_type: 'Conv', sqnr_db: 21.46 }]} />);

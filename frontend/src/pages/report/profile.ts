@@ -2,10 +2,11 @@
  * What the agent's per-operator profile means, in numbers a reader can put next to the p50.
  *
  * The agent (devices/agent/runner.py, devices/backends/*.profile) runs the variant PROFILE_RUNS
- * (10) times in a separate session with per-node timing switched on, without warm-up, and sends
- * each node's time summed over those runs divided by the runs: a mean per run that includes the
- * first, cold run and the profiler's own cost. Its total is therefore often several times the
- * benchmark's p50 (warmed up, profiler off). Each row's `share` of the profiled time does carry
+ * (10) times in a separate session with per-node timing switched on and sends each node's time
+ * summed over those runs divided by the runs: a mean per run that includes the profiler's own cost
+ * per node. Agents since `warmup_runs` was added leave one warm-up run out; older ones counted the
+ * first, cold run too. The total is therefore often more than the benchmark's p50 (warmed up,
+ * profiler off), by many times when the cold run was counted. Each row's `share` of the profiled time does carry
  * over, so share x p50 is the part of the benchmark's p50 the row stands for.
  */
 import type { ReportVariant, SensitivityRow } from '../../api/types';
@@ -27,7 +28,7 @@ export interface LayerRow {
   sqnrDb: number | null;
 }
 
-type Profile = { by_op_type?: { op_type: string; time_ms: number; share?: number; count?: number }[]; by_node?: unknown[]; runs?: number; total_ms?: number };
+type Profile = { by_op_type?: { op_type: string; time_ms: number; share?: number; count?: number }[]; by_node?: unknown[]; runs?: number; warmup_runs?: number; total_ms?: number };
 
 function profileOf(variant: ReportVariant): Profile {
   return (variant.profile ?? {}) as Profile;
@@ -77,15 +78,17 @@ export function profileCaption(variant: ReportVariant, label: string): string {
   const runs = Number.isFinite(profile.runs) ? (profile.runs as number) : 10;
   const total = profiledTotalMs(variant);
   const p50 = p50Of(variant);
+  const warmup = Number.isFinite(profile.warmup_runs) ? (profile.warmup_runs as number) : 0;
+  const cold = warmup > 0 ? `after ${warmup} warm-up run${warmup === 1 ? '' : 's'} left out` : 'first (cold) run included and no warm-up';
   const profiled =
-    `The profiler's own times are a mean per run over ${runs} runs of a separate session with per-node timing on, first (cold) run included and no warm-up: ` +
+    `The profiler's own times are a mean per run over ${runs} runs of a separate session with per-node timing on, ${cold}: ` +
     `${formatMs(total)} per run in all`;
   if (p50 === null) return `Time per operator type for ${label}, slowest first. ${profiled}; there is no benchmark p50 to scale them to.`;
   const ratio = total / p50;
   return (
     `Time per operator type for ${label}, slowest first. Each bar is the type's share of the profiled time applied to the benchmark's p50 ` +
     `(${formatMs(p50)}), so the bars add up to the p50. ${profiled}` +
-    (ratio > 1.05 ? `, ${ratio.toFixed(1)}x the p50, because of the cold run and the profiler's overhead per node.` : '.') +
+    (ratio > 1.05 ? `, ${ratio.toFixed(1)}x the p50, because of ${warmup > 0 ? '' : 'the cold run and '}the profiler's overhead per node.` : '.') +
     ' Hover a bar for its profiled time.'
   );
 }
