@@ -56,8 +56,9 @@ class CompiledModel(abc.ABC):
         state with the model: it is valid until the next bind() or run()."""
 
     @abc.abstractmethod
-    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
-        """Per-op-type and per-node time, averaged per run (see `summarize_profile`)."""
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10, warmup_runs: int = 1) -> dict:
+        """Per-op-type and per-node time, averaged over `runs` runs made after `warmup_runs` uncounted
+        ones (see `summarize_profile`): a fresh session's first run pays for allocations and caches."""
 
     def close(self) -> None:
         """Release runtime resources; the object must not be used afterwards."""
@@ -87,12 +88,13 @@ class Backend(abc.ABC):
 
 
 def summarize_profile(
-    node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int
+    node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int, warmup_runs: int = 0
 ) -> dict:
     """Turn total time per node over `runs` runs into the wire shape of a profile.
 
     Times are per run (total divided by `runs`); `share` is the fraction of all profiled time;
-    `count` is how many nodes of that op type took time.
+    `count` is how many nodes of that op type took time; `warmup_runs` says how many runs before
+    them were left out.
     """
     runs = max(int(runs), 1)
     total = sum(node_times_ms.values())
@@ -121,5 +123,6 @@ def summarize_profile(
         "by_op_type": by_op_type,
         "by_node": by_node[:PROFILE_TOP_NODES],
         "runs": runs,
+        "warmup_runs": max(int(warmup_runs), 0),
         "total_ms": total / runs,
     }

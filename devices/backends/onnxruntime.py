@@ -131,7 +131,7 @@ class OnnxRuntimeCompiledModel(CompiledModel):
     def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
         return functools.partial(self.session.run, None, feeds)
 
-    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10, warmup_runs: int = 1) -> dict:
         import onnxruntime as ort
 
         self._profile_dir.mkdir(parents=True, exist_ok=True)
@@ -140,11 +140,13 @@ class OnnxRuntimeCompiledModel(CompiledModel):
             self._session_options(profiling=True),
             providers=["CPUExecutionProvider"],
         )
-        for _ in range(runs):
+        # The profiler is on from the session's start, so warm-up runs are traced too and are
+        # left out when the trace is read.
+        for _ in range(warmup_runs + runs):
             session.run(None, feeds)
         trace_path = Path(session.end_profiling())
         try:
-            return parse_ort_trace(json.loads(trace_path.read_text()), runs)
+            return parse_ort_trace(json.loads(trace_path.read_text()), runs, warmup_runs=warmup_runs)
         finally:
             trace_path.unlink(missing_ok=True)
 
@@ -152,9 +154,16 @@ class OnnxRuntimeCompiledModel(CompiledModel):
         self.session = None
 
 
-def parse_ort_trace(trace, runs: int) -> dict:
-    """Summarize an ORT profiler trace (Chrome trace events) per node and per op type."""
+def parse_ort_trace(trace, runs: int, warmup_runs: int = 0) -> dict:
+    """Summarize an ORT profiler trace (Chrome trace events) per node and per op type.
+
+    The node events inside the first `warmup_runs` `model_run` windows are left out; a trace
+    without timed `model_run` events is counted whole, over `runs + warmup_runs` runs.
+    """
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    windows = sorted((event["ts"], event["ts"] + event.get("dur", 0)) for event in events
+                     if event.get("cat") == "Session" and event.get("name") == "model_run" and "ts" in event)
+    skipped = windows[:warmup_runs] if warmup_runs and len(windows) > warmup_runs else []
     node_times_ms: dict[str, float] = {}
     node_op_types: dict[str, str] = {}
     suffix = "_kernel_time"
@@ -162,10 +171,13 @@ def parse_ort_trace(trace, runs: int) -> dict:
         name = event.get("name", "")
         if event.get("cat") != "Node" or not name.endswith(suffix):
             continue
+        if any(start <= event.get("ts", -1) <= end for start, end in skipped):
+            continue
         node = name[: -len(suffix)]
         node_times_ms[node] = node_times_ms.get(node, 0.0) + float(event.get("dur", 0)) / 1000.0
         node_op_types[node] = event.get("args", {}).get("op_name", "unknown")
-    return summarize_profile(node_times_ms, node_op_types, runs)
+    counted_runs = runs if skipped or not warmup_runs else runs + warmup_runs
+    return summarize_profile(node_times_ms, node_op_types, counted_runs, warmup_runs=len(skipped))
 
 
 class OnnxRuntimeBackend(Backend):

@@ -125,7 +125,7 @@ class OpenVinoCompiledModel(CompiledModel):
             request.set_tensor(name, _owned_tensor(ov, array))
         return request.infer
 
-    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10) -> dict:
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 10, warmup_runs: int = 1) -> dict:
         # Performance counters must be enabled at compile time and slow every inference down a
         # little, so they get their own compiled model instead of the benchmarked one.
         model = read_specialised(self._core, self._source_model_path, self.options)
@@ -133,6 +133,9 @@ class OpenVinoCompiledModel(CompiledModel):
         request = compiled.create_infer_request()
         node_times_ms: dict[str, float] = {}
         node_op_types: dict[str, str] = {}
+        # Profiling info describes the last inference only, so warm-up runs are simply not read.
+        for _ in range(warmup_runs):
+            request.infer(feeds)
         for _ in range(runs):
             request.infer(feeds)
             for info in request.get_profiling_info():
@@ -141,7 +144,7 @@ class OpenVinoCompiledModel(CompiledModel):
                 time_ms = info.real_time.total_seconds() * 1000.0
                 node_times_ms[info.node_name] = node_times_ms.get(info.node_name, 0.0) + time_ms
                 node_op_types[info.node_name] = info.node_type
-        return summarize_profile(node_times_ms, node_op_types, runs)
+        return summarize_profile(node_times_ms, node_op_types, runs, warmup_runs=warmup_runs)
 
     def close(self) -> None:
         self.request = None

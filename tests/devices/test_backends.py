@@ -57,6 +57,7 @@ def test_bind_runs_the_model(compiled, sample_feeds):
 
 def test_profile_has_op_types_and_nodes(compiled, sample_feeds):
     profile = compiled.profile(sample_feeds, runs=3)
+    assert (profile["runs"], profile["warmup_runs"]) == (3, 1)
     op_types = {row["op_type"] for row in profile["by_op_type"]}
     assert op_types, profile
     assert any("conv" in op_type.lower() for op_type in op_types)
@@ -85,6 +86,25 @@ def test_parse_ort_trace_sums_kernel_time_per_node_and_op_type():
     top = profile["by_node"][0]
     assert (top["name"], top["op_type"]) == ("conv", "Conv")
     assert top["time_ms"] == pytest.approx(0.3) and top["share"] == pytest.approx(0.75)
+
+
+def test_parse_ort_trace_leaves_out_the_warm_up_runs():
+    trace = [
+        {"cat": "Session", "name": "model_run", "ts": 100, "dur": 50},
+        {"cat": "Node", "name": "conv_kernel_time", "ts": 110, "dur": 900, "args": {"op_name": "Conv"}},
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 50},
+        {"cat": "Node", "name": "conv_kernel_time", "ts": 210, "dur": 100, "args": {"op_name": "Conv"}},
+        {"cat": "Session", "name": "model_run", "ts": 300, "dur": 50},
+        {"cat": "Node", "name": "conv_kernel_time", "ts": 310, "dur": 300, "args": {"op_name": "Conv"}},
+    ]
+    profile = parse_ort_trace(trace, runs=2, warmup_runs=1)
+    assert (profile["runs"], profile["warmup_runs"]) == (2, 1)
+    assert profile["by_op_type"][0]["time_ms"] == pytest.approx(0.2)
+    # Without timed runs to tell the warm-up apart, every run is counted and none is called warm-up.
+    untimed = [{key: value for key, value in event.items() if key != "ts"} for event in trace]
+    whole = parse_ort_trace(untimed, runs=2, warmup_runs=1)
+    assert (whole["runs"], whole["warmup_runs"]) == (3, 0)
+    assert whole["by_op_type"][0]["time_ms"] == pytest.approx(1300 / 3 / 1000)
 
 
 def test_static_batch_model_reports_its_batch(static_batch_model_path, tmp_path):

@@ -8,13 +8,14 @@ Screenshots land in test-artifacts/screenshots/.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 import requests
 
 from tests.e2e import test_ui as ui
-from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, expect_named_points, new_user, screenshot, sign_in
 
 # The same fixtures as test_ui.py; the browser stays module-scoped (see there why).
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
@@ -102,6 +103,9 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new
     expect(note).to_contain_text("±29%")
     expect(page.get_by_test_id("unstable-notes")).to_contain_text("disagree by more than 10%")
     expect(page.get_by_test_id("remeasure")).to_be_visible()
+    # Two points 0.002 ms and 0.001 apart: each is named, and the names do not print over each other.
+    expect_named_points(page, ["fp32 · onnxruntime", "fp16 · onnxruntime"])
+    expect(page.get_by_test_id("chart-legend")).to_have_text(re.compile("Within tolerance.*Recommended.*Tolerance"))
     screenshot(page, "20-report-verdict-noise-tie")
     page.get_by_test_id("remeasure").click()
     expect(page.get_by_text(f"re-run of #{job['id']}")).to_be_visible()
@@ -191,24 +195,28 @@ def test_device_setup_steps_turn_green_on_a_real_agents_first_heartbeat(stack, n
     expect(page.get_by_test_id("run-command")).to_have_text("kiln-agent run")
     command = page.get_by_test_id("register-command").inner_text()
     assert command.startswith(f"kiln-agent register --server {stack.url}")
-    expect(page.get_by_test_id("register-and-run-command")).to_have_text(f"{command} && kiln-agent run")
+    up = page.get_by_test_id("up-command").inner_text()
+    assert up == command.replace("kiln-agent register", "kiln-agent up", 1)
+    expect(steps.locator("ol > li").nth(2)).to_contain_text("Keep it running")
+    expect(page.get_by_test_id("service-command")).to_have_text("kiln-agent install-service")
+    expect(steps.locator("ol > li").nth(2)).to_contain_text("add --install-service to the command of step 2")
     heartbeat = page.get_by_test_id("first-heartbeat")
     expect(heartbeat).to_contain_text("Waiting for the first heartbeat…")
     screenshot(page, "24-device-setup-waiting")
 
-    # What the page says, run as a real agent process: register (the page's token), then run.
-    secret = re.search(r"--registration-token (\S+)", command).group(1)
+    # What the page says, run as a real agent process: `kiln-agent up` registers and runs in one go.
+    secret = re.search(r"--registration-token (\S+)", up).group(1)
     env = {**os.environ, **getattr(stack, "env", {}), "KILN_AGENT_CONFIG": str(tmp_path / "agent.json")}
-    subprocess.run([sys.executable, "-m", "devices.agent", "register", "--server", stack.url, "--registration-token", secret,
-                    "--name", "bench-rig-1"], env=env, cwd=ui.REPO, check=True, capture_output=True, timeout=60)
-    expect(heartbeat).to_contain_text("bench-rig-1", timeout=20_000)
     log = open(tmp_path / "agent.log", "ab")
-    agent = subprocess.Popen([sys.executable, "-m", "devices.agent", "run", "--work-dir", str(tmp_path / "work")], env=env, cwd=ui.REPO,
+    agent = subprocess.Popen([sys.executable, "-m", "devices.agent", "up", "--server", stack.url, "--registration-token", secret,
+                              "--name", "bench-rig-1", "--work-dir", str(tmp_path / "work")], env=env, cwd=ui.REPO,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        expect(heartbeat).to_contain_text("bench-rig-1", timeout=60_000)
         expect(heartbeat).to_contain_text("sent its first heartbeat", timeout=60_000)
         expect(heartbeat).to_have_class(re.compile("first-heartbeat-done"))
         assert "rgb(" in heartbeat.evaluate("element => getComputedStyle(element).backgroundColor")
+        assert (tmp_path / "agent.json").exists(), "up saved the registration"
         screenshot(page, "25-device-setup-connected")
     finally:
         agent.terminate()

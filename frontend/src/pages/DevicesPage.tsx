@@ -159,12 +159,19 @@ export function newAgents(agents: Agent[], knownIds: Set<number>): Agent[] {
   return agents.filter((agent) => !knownIds.has(agent.id) && !agent.revoked);
 }
 
+/** `kiln-agent up …`: the server's register command, as the one command that registers and runs. */
+export function upCommand(registerCommand: string): string {
+  return registerCommand.replace(/^kiln-agent register\b/, 'kiln-agent up');
+}
+
+export const SERVICE_COMMAND = 'kiln-agent install-service';
+
 /** Numbered steps from a fresh machine to a device that takes work, with a live check of the first heartbeat. */
 export function SetupSteps({ command, knownIds }: { command: string; knownIds: Set<number> }) {
   const agents = useAgents();
   const joined = newAgents(rows(agents.data), knownIds);
   const online = joined.find((agent) => agent.online);
-  const both = `${command} && kiln-agent run`;
+  const up = upCommand(command);
   return (
     <div className="setup-steps" data-testid="setup-steps">
       <ol>
@@ -177,24 +184,30 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
           <span className="muted small">Add <code>openvino</code> or TensorRT if the device has them; the agent reports what it finds.</span>
         </li>
         <li>
-          <strong>Register</strong> it with this server (once; the token is stored in the agent's config file):
+          <strong>Register and run</strong> it, in one command. It registers once (the agent's token is saved in{' '}
+          <code>~/.config/kiln/agent.json</code>; running it again re-uses it), then connects out to this server and takes work, so no
+          inbound port is needed.
           <div className="secret-row">
-            <pre className="code-block" data-testid="register-command"><code>{command}</code></pre>
-            <CopyButton text={command} label="Copy command" />
+            <pre className="code-block" data-testid="up-command"><code>{up}</code></pre>
+            <CopyButton text={up} label="Copy command" />
           </div>
+          <span className="muted small">
+            The same in two steps: <code data-testid="register-command">{command}</code>, then <code data-testid="run-command">kiln-agent run</code>.
+          </span>
         </li>
         <li>
-          <strong>Run</strong> it: it connects out to this server, so no inbound port is needed. Keep it running (a systemd
-          service, <code>tmux</code>, or <code>nohup</code>) for the device to take work.
+          <strong>Keep it running</strong> after you log out or reboot (optional): install it as a service, a systemd user unit on Linux or a
+          launchd agent on macOS, with no root needed. It prints the one command that starts it; add <code>--print</code> to see the file first.
           <div className="secret-row">
-            <pre className="code-block" data-testid="run-command"><code>kiln-agent run</code></pre>
-            <CopyButton text="kiln-agent run" label="Copy" />
+            <pre className="code-block" data-testid="service-command"><code>{SERVICE_COMMAND}</code></pre>
+            <CopyButton text={SERVICE_COMMAND} label="Copy" />
           </div>
+          <span className="muted small">
+            Or add <code>--install-service</code> to the command of step 2: it registers and installs the service instead of running
+            in the terminal.
+          </span>
         </li>
       </ol>
-      <p className="small">
-        Or both in one go: <code data-testid="register-and-run-command">{both}</code> <CopyButton text={both} label="Copy" />
-      </p>
       <div className={`first-heartbeat${online ? ' first-heartbeat-done' : ''}`} role="status" aria-live="polite" data-testid="first-heartbeat">
         {online ? (
           <>
@@ -203,8 +216,8 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
           </>
         ) : joined.length > 0 ? (
           <>
-            <span className="spinner" aria-hidden="true" /> <strong>{joined[0].name}</strong> registered; waiting for its first heartbeat… (start{' '}
-            <code>kiln-agent run</code>)
+            <span className="spinner" aria-hidden="true" /> <strong>{joined[0].name}</strong> registered; waiting for its first heartbeat… (is{' '}
+            <code>kiln-agent up</code> or <code>kiln-agent run</code> still running?)
           </>
         ) : (
           <>
@@ -242,8 +255,8 @@ function RegistrationTokens() {
     <section className="card" aria-labelledby="registration-heading">
       <h2 id="registration-heading">Register a device</h2>
       <p className="muted">
-        Three steps on the device: install the agent, register it with a token made here, and run it. Create a token to see
-        the commands; this page then waits for the device's first heartbeat.
+        On the device: install the agent, then one command registers it with a token made here and runs it; a service keeps it
+        running. Create a token to see the commands; this page then waits for the device's first heartbeat.
       </p>
       <form className="form-row" onSubmit={submit} aria-label="Create registration token">
         <div className="field">

@@ -123,3 +123,12 @@ def test_report_renders_when_a_stored_result_is_unreadable(tenant, agent, leased
     response = tenant.client.get(f"/api/v1/jobs/{task.job_id}/report/")
     assert response.status_code == 200
     assert "cannot be read" in response.json()["devices"][0]["variants"][0]["error"]
+
+
+def test_a_profile_keeps_how_many_warm_up_runs_the_agent_left_out_and_refuses_a_negative_count():
+    from kiln.fleet.api.serializers import ProfileSerializer
+
+    kept = ProfileSerializer(data={"by_op_type": [], "runs": 10, "warmup_runs": 1, "total_ms": 0.5})
+    assert kept.is_valid(), kept.errors
+    assert kept.validated_data["warmup_runs"] == 1
+    assert not ProfileSerializer(data={"warmup_runs": -1}).is_valid()

@@ -5,10 +5,12 @@
 import { useEffect, useId, useMemo, useRef, useState } from 'react';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
-import type { ReportDevice, ReportVariant, Tolerance } from '../../api/types';
+import type { ReportDevice, ReportVariant, SensitivityRow, Tolerance } from '../../api/types';
 import { BarList } from '../../components/BarList';
 import { formatNumber } from '../../format';
+import { layerRows, opTypeBars, profileCaption } from './profile';
 import { variantLabel } from './ReportTable';
+import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, scaleRange, tickLabels, zoomWindow, type Range } from './scatterGeometry';
 
 const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
 
@@ -32,138 +34,333 @@ export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): 
   return lower ? reference + (tolerance.max_drop ?? 0) : reference - (tolerance.max_drop ?? 0);
 }
 
-/** Mounts a uPlot chart that follows its container's width. */
-function UPlot({ options, data, label, testId }: { options: Omit<uPlot.Options, 'width'>; data: uPlot.AlignedData; label: string; testId: string }) {
-  const container = useRef<HTMLDivElement>(null);
-  useEffect(() => {
-    const element = container.current;
-    if (!element) return undefined;
-    const plot = new uPlot({ ...options, width: element.clientWidth || 560 } as uPlot.Options, data, element);
-    const observer =
-      typeof ResizeObserver === 'undefined'
-        ? null
-        : new ResizeObserver(() => plot.setSize({ width: element.clientWidth || 560, height: options.height }));
-    observer?.observe(element);
-    return () => {
-      observer?.disconnect();
-      plot.destroy();
-    };
-  }, [options, data]);
-  return <div ref={container} className="uplot-host" role="img" aria-label={label} data-testid={testId} />;
+type Plotted = ReportVariant & { latency_ms: { p50: number }; accuracy: { value: number } };
+
+function isPlotted(variant: ReportVariant): variant is Plotted {
+  return Number.isFinite(variant.latency_ms?.p50) && Number.isFinite(variant.accuracy?.value);
+}
+
+interface View {
+  x: Range;
+  y: Range;
+}
+
+const LABEL_FONT = '12px system-ui, sans-serif';
+
+/** The recommended point first (its label gets the best spot), then fastest first. */
+function labelOrder(points: Plotted[], recommended: number | null | undefined): Plotted[] {
+  return [...points].sort((a, b) => Number(b.id === recommended) - Number(a.id === recommended) || a.latency_ms.p50 - b.latency_ms.p50);
+}
+
+/** Puts the variant names next to their points, as HTML over the canvas so that they can be read, selected and found. */
+function drawLabels(u: uPlot, layer: HTMLDivElement, points: Plotted[], recommended: number | null | undefined): void {
+  const width = u.over.clientWidth || u.bbox.width / devicePixelRatio;
+  const height = u.over.clientHeight || u.bbox.height / devicePixelRatio;
+  u.ctx.save();
+  u.ctx.font = LABEL_FONT;
+  const measure = (text: string) => Math.ceil(u.ctx.measureText(text).width) + 8;
+  const anchors = labelOrder(points, recommended)
+    .map((variant) => ({ x: u.valToPos(variant.latency_ms.p50, 'x'), y: u.valToPos(variant.accuracy.value, 'y'), text: variantLabel(variant), width: 0 }))
+    .filter((anchor) => anchor.x >= 0 && anchor.x <= width && anchor.y >= 0 && anchor.y <= height)
+    .map((anchor) => ({ ...anchor, width: measure(anchor.text) }));
+  const placed = placeLabels(mergeCoincident(anchors, 3, measure), width, height);
+  // Leader lines for labels pushed away from their point.
+  u.ctx.strokeStyle = COLORS.axis;
+  u.ctx.lineWidth = devicePixelRatio;
+  for (const label of placed.filter((candidate) => candidate.leader)) {
+    const toX = label.left < label.x ? label.left + label.width : label.left;
+    const toY = label.top + LABEL_HEIGHT / 2;
+    u.ctx.beginPath();
+    u.ctx.moveTo(u.bbox.left + label.x * devicePixelRatio, u.bbox.top + label.y * devicePixelRatio);
+    u.ctx.lineTo(u.bbox.left + toX * devicePixelRatio, u.bbox.top + toY * devicePixelRatio);
+    u.ctx.stroke();
+  }
+  u.ctx.restore();
+  layer.replaceChildren(
+    ...placed.map((label) => {
+      const element = document.createElement('span');
+      element.className = 'chart-point-label';
+      element.dataset.testid = 'point-label';
+      element.textContent = label.text;
+      element.style.left = `${label.left}px`;
+      element.style.top = `${label.top}px`;
+      element.style.width = `${label.width}px`;
+      return element;
+    }),
+  );
+}
+
+function drawToleranceLine(u: uPlot, threshold: number): void {
+  // The tolerance is a horizontal line across the whole plot, not a data series.
+  const { ctx, bbox } = u;
+  const y = Math.round(u.valToPos(threshold, 'y', true));
+  if (y < bbox.top || y > bbox.top + bbox.height) return;
+  ctx.save();
+  ctx.strokeStyle = COLORS.bad;
+  ctx.lineWidth = 1.5 * devicePixelRatio;
+  ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+  ctx.beginPath();
+  ctx.moveTo(bbox.left, y);
+  ctx.lineTo(bbox.left + bbox.width, y);
+  ctx.stroke();
+  ctx.restore();
 }
 
 function scatterPoint(size: number, fill: string): uPlot.Series.Points {
   return { show: true, size, fill, stroke: fill, width: 1 };
 }
 
-export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
-  const threshold = toleranceThreshold(device, tolerance);
-  const metric = verdictMetric(device, tolerance);
-  const lower = LOWER_IS_BETTER.includes(metric);
+interface ScatterModel {
+  points: Plotted[];
+  data: uPlot.AlignedData;
+  home: View;
+  legend: { key: string; label: string }[];
+  label: string;
+}
 
-  const chart = useMemo(() => {
-    const points = device.variants
-      .filter((variant): variant is ReportVariant & { latency_ms: { p50: number }; accuracy: { value: number } } =>
-        typeof variant.latency_ms?.p50 === 'number' && typeof variant.accuracy?.value === 'number',
-      )
-      .sort((a, b) => a.latency_ms.p50 - b.latency_ms.p50);
-    if (points.length === 0) return null;
-    const pick = (predicate: (variant: ReportVariant) => boolean) =>
-      points.map((variant) => (predicate(variant) ? variant.accuracy.value : null));
-    const isRecommended = (variant: ReportVariant) => variant.id === device.recommended;
-    const data: uPlot.AlignedData = [
-      points.map((variant) => variant.latency_ms.p50),
-      pick((variant) => !isRecommended(variant) && variant.accuracy?.within_tolerance !== false),
-      pick((variant) => !isRecommended(variant) && variant.accuracy?.within_tolerance === false),
-      pick(isRecommended),
-    ];
-    const values = points.map((variant) => variant.accuracy.value).concat(threshold === null ? [] : [threshold]);
-    const low = Math.min(...values);
-    const high = Math.max(...values);
-    const pad = (high - low || Math.abs(high) || 1) * 0.15;
-    const none = () => null;
-    const yValue = (_u: uPlot, value: number | null) => (value === null || value === undefined ? '' : formatNumber(value, 4));
-    const options: Omit<uPlot.Options, 'width'> = {
+/** Everything the scatter draws, from the report alone (no DOM): tested on a real agent's report. */
+export function scatterModel(device: ReportDevice, threshold: number | null, metric: string): ScatterModel | null {
+  const points = device.variants.filter(isPlotted).sort((a, b) => a.latency_ms.p50 - b.latency_ms.p50);
+  if (points.length === 0) return null;
+  const isRecommended = (variant: ReportVariant) => variant.id === device.recommended;
+  const within = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance !== false;
+  const outside = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance === false;
+  const pick = (predicate: (variant: ReportVariant) => boolean) => points.map((variant) => (predicate(variant) ? variant.accuracy.value : null));
+  const data: uPlot.AlignedData = [points.map((variant) => variant.latency_ms.p50), pick(within), pick(outside), pick(isRecommended)];
+  const latencies = points.map((variant) => variant.latency_ms.p50);
+  const values = points.map((variant) => variant.accuracy.value).concat(threshold === null ? [] : [threshold]);
+  const home = { x: paddedRange(Math.min(...latencies), Math.max(...latencies), 0.2, 0), y: paddedRange(Math.min(...values), Math.max(...values)) };
+  // Only what is on this chart: a legend entry with nothing behind it is noise.
+  const legend = [
+    { key: 'within', label: 'Within tolerance', shown: points.some(within) },
+    { key: 'outside', label: 'Outside tolerance', shown: points.some(outside) },
+    { key: 'recommended', label: 'Recommended', shown: points.some(isRecommended) },
+    { key: 'tolerance', label: 'Tolerance', shown: threshold !== null },
+  ].filter((entry) => entry.shown);
+  const recommended = points.find(isRecommended);
+  const label =
+    `Scatter of ${points.length} variants, latency p50 against ${metric}: ` +
+    points.map((variant) => `${variantLabel(variant)} ${formatNumber(variant.latency_ms.p50, 3)} ms, ${formatNumber(variant.accuracy.value, 4)}`).join('; ') +
+    '.' +
+    (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
+    (recommended ? ` Recommended: ${variantLabel(recommended)}.` : '');
+  return { points, data, home, legend, label };
+}
+
+function ScatterPlot({ model, threshold, metric, recommended }: { model: ScatterModel; threshold: number | null; metric: string; recommended: number | null | undefined }) {
+  const host = useRef<HTMLDivElement>(null);
+  const plotRef = useRef<uPlot | null>(null);
+  const zoom = useRef<View | null>(null);
+  const [view, setView] = useState<View>(model.home);
+
+  useEffect(() => {
+    const element = host.current;
+    if (!element) return undefined;
+    zoom.current = null;
+    const labels = document.createElement('div');
+    labels.className = 'chart-point-labels';
+    const sameView = (a: View, b: View) => a.x[0] === b.x[0] && a.x[1] === b.x[1] && a.y[0] === b.y[0] && a.y[1] === b.y[1];
+    const options: uPlot.Options = {
+      width: element.clientWidth || 560,
       height: 300,
-      // A live legend shows each series' value under the cursor, which is empty everywhere but on a point.
-      legend: { live: false },
-      cursor: { drag: { x: false, y: false }, points: { size: 12 } },
+      // The legend is ours (fixed, above the plot): uPlot's shows empty values until hover.
+      legend: { show: false },
+      cursor: {
+        // Drag a box to zoom; the selection is applied by the setSelect hook (never a zero-width box).
+        drag: { x: true, y: true, setScale: false },
+        points: { show: false },
+        bind: { dblclick: () => null },
+      },
       scales: {
-        x: { time: false, range: (_u, min, max) => [Math.max(0, min - (max - min || max) * 0.2), max + (max - min || max) * 0.2] },
-        y: { range: () => [low - pad, high + pad] },
+        x: { time: false, range: () => zoom.current?.x ?? model.home.x },
+        y: { range: () => zoom.current?.y ?? model.home.y },
       },
       axes: [
-        { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid } },
-        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64 },
+        { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid }, values: (_u, splits) => tickLabels(splits) },
+        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64, values: (_u, splits) => tickLabels(splits) },
       ],
       series: [
-        { label: 'Variant', value: (_u, value, _s, index) => (index === null || index === undefined ? '—' : `${variantLabel(points[index])} · ${formatNumber(value, 3)} ms`) },
-        { label: 'Within tolerance', stroke: COLORS.good, fill: COLORS.good, paths: none, value: yValue, points: scatterPoint(10, COLORS.good) },
-        { label: 'Outside tolerance', stroke: COLORS.outside, fill: COLORS.outside, paths: none, value: yValue, points: scatterPoint(10, COLORS.outside) },
-        { label: 'Recommended', stroke: COLORS.recommended, fill: COLORS.recommended, paths: none, value: yValue, points: scatterPoint(16, COLORS.recommended) },
+        {},
+        { label: 'Within tolerance', stroke: COLORS.good, paths: () => null, points: scatterPoint(10, COLORS.good) },
+        { label: 'Outside tolerance', stroke: COLORS.outside, paths: () => null, points: scatterPoint(10, COLORS.outside) },
+        { label: 'Recommended', stroke: COLORS.recommended, paths: () => null, points: scatterPoint(16, COLORS.recommended) },
       ],
       hooks: {
         draw: [
           (u) => {
-            if (threshold === null) return;
-            // The tolerance is a horizontal line across the whole plot, not a data series.
-            const { ctx, bbox } = u;
-            const y = Math.round(u.valToPos(threshold, 'y', true));
-            ctx.save();
-            ctx.strokeStyle = COLORS.bad;
-            ctx.lineWidth = 1.5 * devicePixelRatio;
-            ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
-            ctx.beginPath();
-            ctx.moveTo(bbox.left, y);
-            ctx.lineTo(bbox.left + bbox.width, y);
-            ctx.stroke();
-            ctx.fillStyle = COLORS.bad;
-            ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
-            ctx.textAlign = 'right';
-            ctx.fillText('tolerance', bbox.left + bbox.width - 4 * devicePixelRatio, y - 4 * devicePixelRatio);
-            ctx.restore();
+            if (threshold !== null) drawToleranceLine(u, threshold);
+            drawLabels(u, labels, model.points, recommended);
+            const now = { x: [u.scales.x.min ?? 0, u.scales.x.max ?? 1], y: [u.scales.y.min ?? 0, u.scales.y.max ?? 1] } as View;
+            setView((previous) => (sameView(previous, now) ? previous : now));
+          },
+        ],
+        setSelect: [
+          (u) => {
+            const { left, top, width, height } = u.select;
+            if (width < 4 && height < 4) return;
+            const current = { x: [u.scales.x.min ?? 0, u.scales.x.max ?? 1], y: [u.scales.y.min ?? 0, u.scales.y.max ?? 1] } as View;
+            const x = width >= 4 ? zoomWindow(u.posToVal(left, 'x'), u.posToVal(left + width, 'x'), current.x) : null;
+            const y = height >= 4 ? zoomWindow(u.posToVal(top + height, 'y'), u.posToVal(top, 'y'), current.y) : null;
+            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+            if (x || y) applyView(u, { x: x ?? current.x, y: y ?? current.y });
           },
         ],
       },
     };
-    const recommended = points.find(isRecommended);
-    const label =
-      `Scatter of ${points.length} variants, latency p50 against ${metric}.` +
-      (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
-      (recommended
-        ? ` Recommended: ${variantLabel(recommended)} at ${formatNumber(recommended.latency_ms.p50, 3)} ms, ${formatNumber(recommended.accuracy.value, 4)}.`
-        : '');
-    return { data, options, label };
-  }, [device, threshold, metric]);
+    const plot = new uPlot(options, model.data, element);
+    plot.over.appendChild(labels);
+    const reset = () => applyView(plot, null);
+    plot.over.addEventListener('dblclick', reset);
+    plotRef.current = plot;
+    const observer = typeof ResizeObserver === 'undefined' ? null : new ResizeObserver(() => plot.setSize({ width: element.clientWidth || 560, height: 300 }));
+    observer?.observe(element);
+    return () => {
+      observer?.disconnect();
+      plot.over.removeEventListener('dblclick', reset);
+      plot.destroy();
+      plotRef.current = null;
+    };
 
-  if (!chart) return <p className="muted">No variant has both a latency and an accuracy yet.</p>;
+    function applyView(u: uPlot, next: View | null) {
+      zoom.current = next;
+      const x = next?.x ?? model.home.x;
+      // Setting x re-ranges y through its range function, which reads zoom.current.
+      u.setScale('x', { min: x[0], max: x[1] });
+    }
+  }, [model, threshold, metric, recommended]);
+
+  const zoomBy = (factor: number | null) => {
+    const plot = plotRef.current;
+    if (!plot) return;
+    zoom.current = factor === null ? null : { x: scaleRange(view.x, factor), y: scaleRange(view.y, factor) };
+    const x = zoom.current?.x ?? model.home.x;
+    plot.setScale('x', { min: x[0], max: x[1] });
+  };
+  const zoomed = view.x[0] !== model.home.x[0] || view.x[1] !== model.home.x[1] || view.y[0] !== model.home.y[0] || view.y[1] !== model.home.y[1];
+
+  return (
+    <>
+      <ul className="chart-legend" data-testid="chart-legend" aria-label="Legend">
+        {model.legend.map((entry) => (
+          <li key={entry.key}>
+            <span className={`chart-swatch chart-swatch-${entry.key}`} aria-hidden="true" />
+            {entry.label}
+          </li>
+        ))}
+      </ul>
+      <div
+        ref={host}
+        className="uplot-host"
+        role="img"
+        aria-label={model.label}
+        data-testid="latency-accuracy-chart"
+        data-x-min={view.x[0]}
+        data-x-max={view.x[1]}
+        data-y-min={view.y[0]}
+        data-y-max={view.y[1]}
+      />
+      <div className="button-row chart-zoom" role="group" aria-label="Zoom">
+        <button type="button" className="button button-small" onClick={() => zoomBy(0.5)} data-testid="zoom-in">
+          Zoom in
+        </button>
+        <button type="button" className="button button-small" onClick={() => zoomBy(2)} data-testid="zoom-out">
+          Zoom out
+        </button>
+        <button type="button" className="button button-small" onClick={() => zoomBy(null)} disabled={!zoomed} data-testid="zoom-reset">
+          Reset zoom
+        </button>
+        <span className="muted small" data-testid="zoom-range">
+          {formatNumber(view.x[0], 4)}–{formatNumber(view.x[1], 4)} ms
+        </span>
+      </div>
+    </>
+  );
+}
+
+export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
+  const threshold = toleranceThreshold(device, tolerance);
+  const metric = verdictMetric(device, tolerance);
+  const lower = LOWER_IS_BETTER.includes(metric);
+  const model = useMemo(() => scatterModel(device, threshold, metric), [device, threshold, metric]);
+
+  if (!model) return <p className="muted">No variant has both a latency and an accuracy yet.</p>;
+  const unplotted = device.variants.length - model.points.length;
   return (
     <figure className="chart">
-      <figcaption>
+      <figcaption data-testid="scatter-caption">
         Faster is further left, more accurate is {lower ? 'lower' : 'higher'} ({metric}). Variants must stay {lower ? 'below' : 'above'} the
         dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 ${lower ? '+' : '−'} ${tolerance.max_drop ?? 0}`}).
+        Each point is named; drag a box across the plot to zoom in, double-click it or use Reset zoom to see everything.
+        {unplotted > 0 ? ` ${unplotted} variant${unplotted === 1 ? ' has' : 's have'} no latency or accuracy and ${unplotted === 1 ? 'is' : 'are'} not plotted.` : ''}
       </figcaption>
-      <UPlot options={chart.options} data={chart.data} label={chart.label} testId="latency-accuracy-chart" />
+      <ScatterPlot model={model} threshold={threshold} metric={metric} recommended={device.recommended} />
     </figure>
   );
 }
 
-export function OpTypeBreakdown({ device }: { device: ReportDevice }) {
+const LAYER_LIMIT = 15;
+
+/** Per layer: the slowest nodes of a variant beside how much INT8 hurts each (the search's sensitivity). */
+export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; sensitivity: SensitivityRow[] }) {
+  const rows = layerRows(variant, sensitivity, LAYER_LIMIT);
+  if (rows.length === 0) return null;
+  const matched = rows.filter((row) => row.sqnrDb !== null).length;
+  return (
+    <div className="table-wrap">
+      <table className="table table-compact" data-testid="layer-table">
+        <caption className="muted small">
+          {rows.length === LAYER_LIMIT ? `The ${LAYER_LIMIT} slowest layers` : 'The layers'} of {variantLabel(variant)}, slowest first, with their part of the p50 (share of the profiled time) and
+          {sensitivity.length > 0
+            ? ` their quantization sensitivity: the SQNR of the layer's output under INT8, lower hurts more (${matched} of these layers were ranked by the search).`
+            : ' no quantization sensitivity: the search ranks layers only for an auto deployment that tries INT8.'}
+        </caption>
+        <thead>
+          <tr>
+            <th scope="col">Layer</th>
+            <th scope="col">Op</th>
+            <th scope="col" className="numeric">Of the p50</th>
+            <th scope="col" className="numeric">Share</th>
+            <th scope="col" className="numeric">Profiled</th>
+            <th scope="col" className="numeric">INT8 SQNR (dB)</th>
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((row) => (
+            <tr key={row.name} data-testid="layer-row">
+              <td>
+                <code>{row.name}</code>
+              </td>
+              <td>{row.opType}</td>
+              <td className="numeric">{row.ofP50Ms === null ? '—' : `${formatNumber(row.ofP50Ms, 4)} ms`}</td>
+              <td className="numeric">{Math.round(row.share * 100)}%</td>
+              <td className="numeric">{formatNumber(row.profiledMs, 4)} ms</td>
+              <td className="numeric">{row.sqnrDb === null ? '—' : formatNumber(row.sqnrDb, 1)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** The variants of a device with a per-operator profile, and the one to show first (the recommended). */
+function profiledVariants(device: ReportDevice, selected: number | null): { profiled: ReportVariant[]; variant: ReportVariant | null } {
   const profiled = device.variants.filter((variant) => (variant.profile?.by_op_type?.length ?? 0) > 0);
-  const [selected, setSelected] = useState<number | null>(null);
-  const selectId = useId();
-  if (profiled.length === 0) return <p className="muted">No per-layer profile was recorded on this device.</p>;
   const variant =
-    profiled.find((candidate) => candidate.id === selected) ??
-    profiled.find((candidate) => candidate.id === device.recommended) ??
-    profiled[0];
-  const rows = [...(variant.profile?.by_op_type ?? [])].sort((a, b) => b.time_ms - a.time_ms).slice(0, 15);
+    profiled.find((candidate) => candidate.id === selected) ?? profiled.find((candidate) => candidate.id === device.recommended) ?? profiled[0] ?? null;
+  return { profiled, variant };
+}
+
+export function OpTypeBreakdown({ device, variant, profiled, onSelect }: { device: ReportDevice; variant: ReportVariant | null; profiled: ReportVariant[]; onSelect: (id: number) => void }) {
+  const selectId = useId();
+  if (!variant) return <p className="muted">No per-operator profile was recorded on this device (the runtime has no profiler, or profiling failed).</p>;
+  const bars = opTypeBars(variant).slice(0, 15);
 
   return (
     <figure className="chart">
       <div className="field field-inline">
         <label htmlFor={selectId}>Variant</label>
-        <select id={selectId} value={variant.id} onChange={(event) => setSelected(Number(event.target.value))} data-testid="profile-variant-select">
+        <select id={selectId} value={variant.id} onChange={(event) => onSelect(Number(event.target.value))} data-testid="profile-variant-select">
           {profiled.map((candidate) => (
             <option key={candidate.id} value={candidate.id}>
               {variantLabel(candidate)}
@@ -172,32 +369,43 @@ export function OpTypeBreakdown({ device }: { device: ReportDevice }) {
           ))}
         </select>
       </div>
-      <figcaption>Time per operator type for {variantLabel(variant)}, slowest first.</figcaption>
+      <figcaption data-testid="op-type-caption">{profileCaption(variant, variantLabel(variant))}</figcaption>
       <BarList
         testId="op-type-chart"
         ariaLabel={`Time by operator type for ${variantLabel(variant)}`}
-        data={rows.map((row) => ({
-          label: row.op_type,
-          value: row.time_ms,
-          display: `${formatNumber(row.time_ms, 3)} ms`,
-          title: `${row.count} node${row.count === 1 ? '' : 's'}, ${Math.round((row.share ?? 0) * 100)}% of the time`,
+        data={bars.map((bar) => ({
+          label: bar.opType,
+          value: bar.ofP50Ms ?? bar.profiledMs,
+          display: bar.ofP50Ms === null ? `${formatNumber(bar.profiledMs, 3)} ms` : `${formatNumber(bar.ofP50Ms, 4)} ms`,
+          title: `${bar.count} node${bar.count === 1 ? '' : 's'}, ${Math.round(bar.share * 100)}% of the profiled time; profiled ${formatNumber(bar.profiledMs, 4)} ms per run`,
         }))}
       />
     </figure>
   );
 }
 
-export default function ReportCharts({ device, tolerance }: { device: ReportDevice; tolerance: Tolerance }) {
+export default function ReportCharts({ device, tolerance, sensitivity = [] }: { device: ReportDevice; tolerance: Tolerance; sensitivity?: SensitivityRow[] }) {
+  const [selected, setSelected] = useState<number | null>(null);
+  const { profiled, variant } = profiledVariants(device, selected);
+  const name = device.agent?.name ?? 'device';
   return (
-    <div className="grid-2">
-      <section className="card" aria-label={`Latency and accuracy on ${device.agent?.name ?? 'device'}`}>
-        <h3>Latency vs accuracy</h3>
-        <LatencyAccuracyScatter device={device} tolerance={tolerance} />
-      </section>
-      <section className="card" aria-label={`Time by operator type on ${device.agent?.name ?? 'device'}`}>
-        <h3>Time by operator type</h3>
-        <OpTypeBreakdown device={device} />
-      </section>
-    </div>
+    <>
+      <div className="grid-2">
+        <section className="card" aria-label={`Latency and accuracy on ${name}`}>
+          <h3>Latency vs accuracy</h3>
+          <LatencyAccuracyScatter device={device} tolerance={tolerance} />
+        </section>
+        <section className="card" aria-label={`Time by operator type on ${name}`}>
+          <h3>Time by operator type</h3>
+          <OpTypeBreakdown device={device} variant={variant} profiled={profiled} onSelect={setSelected} />
+        </section>
+      </div>
+      {variant && layerRows(variant, sensitivity).length > 0 ? (
+        <section className="card" aria-label={`Per layer on ${name}`} data-testid="layer-view">
+          <h3>Per layer: time and quantization sensitivity</h3>
+          <LayerTable variant={variant} sensitivity={sensitivity} />
+        </section>
+      ) : null}
+    </>
   );
 }

@@ -3,7 +3,7 @@ import { lazy, Suspense } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { ApiError } from '../../api/client';
 import { isTerminal, useCanWrite, useJob, useReport, useRerunJob } from '../../api/hooks';
-import type { Report, ReportDevice, Tolerance } from '../../api/types';
+import type { Report, ReportDevice, SensitivityRow, Tolerance } from '../../api/types';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../../components/common';
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
@@ -264,14 +264,14 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
         <span key={row.backend}>
           {index > 0 ? '; ' : ''}
           {row.backend} {row.metric} {row.value === null ? '—' : row.value.toFixed(4)}
-          {row.drop !== null && row.drop !== undefined ? ` (drop ${row.drop.toExponential(1)})` : ''}
+          {row.drop === null || row.drop === undefined ? '' : row.drop === 0 ? ' (no drop)' : ` (drop ${Math.abs(row.drop) >= 1e-3 ? formatNumber(row.drop, 4) : row.drop.toExponential(1)})`}
         </span>
       ))}
     </p>
   );
 }
 
-function DeviceSection({ device, tolerance, onRemeasure }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void }) {
+function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[] }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
     <section className="device-report" aria-label={`Results on ${name}`} data-testid="device-report">
@@ -293,7 +293,7 @@ function DeviceSection({ device, tolerance, onRemeasure }: { device: ReportDevic
       </div>
       {device.variants.length > 0 ? (
         <Suspense fallback={<Loading label="Loading charts…" />}>
-          <ReportCharts device={device} tolerance={tolerance} />
+          <ReportCharts device={device} tolerance={tolerance} sensitivity={sensitivity} />
         </Suspense>
       ) : null}
       <LearningCurves variants={device.variants} />
@@ -355,7 +355,7 @@ export function ReportPage() {
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (
         report.data.devices.map((device, index) => (
-          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} />
+          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []} />
         ))
       )}
       <RerunSummary report={report.data} />

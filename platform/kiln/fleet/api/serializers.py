@@ -199,6 +199,7 @@ class ProfileSerializer(serializers.Serializer):
     by_op_type = serializers.ListField(child=OpTypeRowSerializer(), max_length=MAX_PROFILE_ROWS, required=False)
     by_node = serializers.ListField(child=NodeRowSerializer(), max_length=MAX_PROFILE_ROWS, required=False)
     runs = _count()
+    warmup_runs = _count()
     total_ms = _number()
     error = TruncatedCharField(max_chars=MAX_ERROR_CHARS, required=False, allow_blank=True, allow_null=True)
 
