@@ -74,10 +74,10 @@ def _labels_match(required: dict, labels: dict) -> bool:
     return all(labels.get(key) == value for key, value in (required or {}).items())
 
 
-def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
+def lease_candidates(*, agent: Agent, limit: int = 50, lock: bool = True) -> list[DeviceTask]:
     """Queued tasks this agent may run, oldest first, locked (SKIP LOCKED) where the database can.
 
-    Call inside a transaction.
+    With `lock`, call inside a transaction; without, it is a plain read (is there anything at all?).
     """
     queryset = DeviceTask.objects.filter(
         organization_id=agent.organization_id,
@@ -85,7 +85,7 @@ def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
     ).order_by("id")
-    if connection.features.has_select_for_update_skip_locked:
+    if lock and connection.features.has_select_for_update_skip_locked:
         queryset = queryset.select_for_update(skip_locked=True, of=("self",))
     return [
         task for task in queryset[:limit]
