@@ -59,14 +59,18 @@ def agent_current_task_id(agent: Agent) -> int | None:
 
 
 def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[int]:
-    """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds."""
+    """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds.
+
+    An idle agent (running nothing) has nothing to stop: no query, the common heartbeat of a fleet.
+    """
+    if not running_task:
+        return []
     canceled = DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now)
     cancel = set(canceled.values_list("id", flat=True))
-    if running_task:
-        # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
-        still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
-        if not still_held:
-            cancel.add(int(running_task))
+    # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
+    still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
+    if not still_held:
+        cancel.add(int(running_task))
     return sorted(cancel)
 
 
