@@ -138,7 +138,7 @@ def _bounded_body(request):
     return parse_bounded_json(raw) if raw else {}
 
 
-async def _agent_request(request, serializer_class):
+async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
     """What every async agent route checks, in DRF's order: POST, the agent token (401), the body (413, 400).
 
     Returns (agent, validated data, None), or (None, None, the error response).
@@ -146,7 +146,7 @@ async def _agent_request(request, serializer_class):
     if request.method != "POST":
         return None, None, JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
     try:
-        agent = await run_in_db_thread(_authenticated_agent, request=request)
+        agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
@@ -168,10 +168,10 @@ async def _agent_request(request, serializer_class):
 @csrf_exempt
 async def heartbeat_view(request):
     """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop."""
-    agent, values, refusal = await _agent_request(request, HeartbeatSerializer)
+    agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
     if refusal is not None:
         return refusal
-    cancel = await run_in_db_thread(services.agent_heartbeat, agent=agent, capabilities=values["capabilities"], running_task=values["running_task"])
+    cancel = await run_in_db_thread(services.agent_heartbeat, heartbeat=True, agent=agent, capabilities=values["capabilities"], running_task=values["running_task"])
     return JsonResponse({"cancel": cancel, **agent_intervals()})
 
 
