@@ -9,7 +9,9 @@ and a result. A user lists jobs twice a second. Everything goes to loopback and 
 
 Printed per server: requests/s, p50/p99 per call, errors (timeouts, connection errors, 5xx,
 unexpected 4xx), dispatch latency (task queued -> leased by an idle agent), the server's CPU
-(seconds of CPU per second) and peak RSS (all its processes), then the ratios ASGI/WSGI.
+(seconds of CPU per second) and peak RSS (all its processes), the load client's own CPU and the
+machine's load average (a shared machine: other work competes for the same cores), then the
+ratios ASGI/WSGI.
 
     python benchmarks/fleet_load.py [--agents 200] [--seconds 60] [--servers asgi,wsgi]
         [--database-url postgres://...] [--redis-url redis://...]
@@ -199,12 +201,12 @@ async def producer(fixture: dict, stats: Stats, stop: float) -> None:
 # -- the server and its fixture ---------------------------------------------------------------
 
 def queue_task(fixture: dict, index: int) -> int:
-    from kiln.core import notify
     from kiln.pipeline.models import DeviceTask
+    from kiln.pipeline.queue import wake_agents
 
     task = DeviceTask.objects.create(organization_id=fixture["organization"], job_id=fixture["job"], variant_id=fixture["variant"],
                                      backend="onnxruntime", target=f"bench-{index}")
-    notify.publish(notify.organization_channel(fixture["organization"]))
+    wake_agents(organization_id=fixture["organization"], tasks=[task])  # as a dispatch does
     return task.id
 
 
@@ -330,7 +332,9 @@ def run_one(kind: str, args, env: dict) -> dict:
         sampler.sample()
         cpu_before = sum(sampler.cpu.values())
         stats = Stats()
+        client_before = sum(psutil.Process().cpu_times()[:2])
         wall = asyncio.run(drive(fixture, args.agents, args.seconds, stats, sampler))
+        client_cpu = sum(psutil.Process().cpu_times()[:2]) - client_before
         sampler.sample()
         cpu = sum(sampler.cpu.values()) - cpu_before
     finally:
@@ -339,7 +343,8 @@ def run_one(kind: str, args, env: dict) -> dict:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, 9)
-    return {"kind": kind, "stats": stats, "wall": wall, "cpu_per_s": cpu / wall, "peak_rss_mib": sampler.peak_rss / 2**20}
+    return {"kind": kind, "stats": stats, "wall": wall, "cpu_per_s": cpu / wall, "peak_rss_mib": sampler.peak_rss / 2**20,
+            "client_cpu_per_s": client_cpu / wall, "load": os.getloadavg()[0]}
 
 
 def report(result: dict, agents: int) -> None:
@@ -347,6 +352,9 @@ def report(result: dict, agents: int) -> None:
     total = sum(len(v) for v in stats.latencies.values())
     print(f"\n== {result['kind']}: {agents} agents, {result['wall']:.0f} s, {total / result['wall']:.0f} requests/s, "
           f"server CPU {result['cpu_per_s']:.2f} s/s, peak RSS {result['peak_rss_mib']:.0f} MiB")
+    # The simulated fleet shares the machine with the server: its own CPU is capacity the server did not have.
+    print(f"   load client CPU {result['client_cpu_per_s']:.2f} s/s (this process: agents, user, producer); "
+          f"machine load average {result['load']:.1f} at the end")
     print(f"{'call':<16}{'count':>8}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
     for call in ("register", "heartbeat", "lease", "progress", "result", "user GET jobs"):
         values = stats.latencies.get(call, [])

@@ -1,8 +1,9 @@
 """The platform served from ASGI (gunicorn + uvicorn worker, as `make up` runs it): waiting is free.
 
 Agent lease long-polls wait on the event loop: N of them hold neither N threads nor a database
-loop, a user's request is answered while they wait, and a notification (here: a cancel) wakes
-each waiter exactly once for one database check.
+loop, a user's request is answered while they wait (the process re-checks once per probe interval,
+not once per waiter), and a notification without an offer (here: a cancel) wakes each waiter once
+for one database check.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import requests
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
+from kiln.core import notify
 from kiln.core.management.commands.up import web_server_command
 from kiln.fleet.services import agent_register, registration_token_create
 from tests.conftest import REPO, _database_url_for_children, make_tenant, upload, wait_until
@@ -144,18 +146,24 @@ def test_waiting_long_polls_hold_no_thread_and_no_database_loop_and_a_cancel_wak
             return checks == before
 
         wait_until(settled, timeout=30, interval=0, message="the subscription to connect")
-        time.sleep(3)
-        assert asgi_server.metric("kiln_agent_lease_checks_total") == checks, "waiting long-polls queried the database"
+        quiet_s = 6
+        time.sleep(quiet_s)
+        # Waiting costs no database work per waiter: the process re-checks for the longest waiter
+        # once per probe interval (a lost wake-up costs seconds), whatever the number of waiters.
+        probes = asgi_server.metric("kiln_agent_lease_checks_total") - checks
+        assert probes <= quiet_s / notify.PROBE_S + 1, "waiting long-polls queried the database"
 
         assert asgi_server.metric("kiln_agent_lease_waiting") == WAITERS
         # Waiters that arrived before the subscription was up were woken once when it came up.
         woken = asgi_server.metric("kiln_agent_lease_wakeups_total")
+        checks = asgi_server.metric("kiln_agent_lease_checks_total")
         canceled = tenant.client.post(f"/api/v1/jobs/{job['id']}/cancel/")
         assert canceled.status_code == 200
-        wait_until(lambda: asgi_server.metric("kiln_agent_lease_wakeups_total") == woken + WAITERS, timeout=20, message="every waiter woken by the cancel")
+        wait_until(lambda: asgi_server.metric("kiln_agent_lease_wakeups_total") >= woken + WAITERS, timeout=20, message="every waiter woken by the cancel")
         time.sleep(1)
-        assert asgi_server.metric("kiln_agent_lease_wakeups_total") == woken + WAITERS
-        assert asgi_server.metric("kiln_agent_lease_checks_total") == checks + WAITERS
+        # Each waiter woke once for one check; at most a probe or two of their own besides.
+        assert woken + WAITERS <= asgi_server.metric("kiln_agent_lease_wakeups_total") <= woken + WAITERS + 2
+        assert checks + WAITERS <= asgi_server.metric("kiln_agent_lease_checks_total") <= checks + WAITERS + 2
         assert asgi_server.metric("kiln_agent_lease_waiting") == WAITERS
         assert all(not answer.done() for answer in answers)
     assert [answer.result() for answer in answers] == [204] * WAITERS

@@ -2,7 +2,8 @@
 
 Django runs each ASGI request inside its own ThreadSensitiveContext, whose executor thread lives
 until the response ends, even while an async view only awaits a notification. For the routes
-that wait, this handler leaves that context out: their few sync steps (request signals, Django's
+served by async views (the long-polls that wait, and the heartbeat every agent sends all the
+time) this handler leaves that context out: their few sync steps (request signals, Django's
 own middleware) run on asgiref's shared sync thread, and database work goes through
 `kiln.core.db.run_in_db_thread`. Every other request keeps Django's per-request thread.
 
@@ -19,15 +20,15 @@ from django.core.handlers.asgi import ASGIHandler
 
 from .errors import json_error, upload_too_large
 
-WAITING_ROUTES = re.compile(r"^/api/agent/v1/tasks/lease/?$|^/api/v1/jobs/\d+/stream/?$")
+ASYNC_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat)/?$|^/api/v1/jobs/\d+/stream/?$")
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-def waits(scope: dict) -> bool:
-    return bool(WAITING_ROUTES.match(scope.get("path", "")))
+def served_async(scope: dict) -> bool:
+    return bool(ASYNC_ROUTES.match(scope.get("path", "")))
 
 
 def declared_length(scope: dict) -> int:
@@ -46,7 +47,7 @@ class KilnASGIHandler(ASGIHandler):
             await self._refuse_too_large(send)
             return
         try:
-            if scope["type"] == "http" and waits(scope):
+            if scope["type"] == "http" and served_async(scope):
                 await self.handle(scope, receive, send)
             else:
                 await super().__call__(scope, receive, send)

@@ -5,13 +5,22 @@ subscription that wakes its local waiters. Without Redis (the embedded default) 
 a file under $KILN_DATA_DIR/wake and each server process stats the files its waiters watch a few
 times a second: a stat per channel, not a database query per waiter.
 
-Wake-ups are hints. A waiter re-checks the database when woken, and while the Redis subscription
-is down it re-checks every FALLBACK_RECHECK_S seconds, so a lost wake-up costs latency, never work.
+A publish may carry an offer (`{"count": n, ...}`: n new things to take, and what a taker must
+fit). Then only the n longest-waiting waiters that accept it wake, not every waiter of the channel:
+a task queued in an organization of a thousand waiting agents costs one database check, not a
+thousand. Without an offer every waiter wakes (a cancel, a reconnect).
+
+Wake-ups are hints. A waiter re-checks the database when woken; one that took something passes
+the wake-up on to the next waiter (there may be more than the offer said, or an offer was lost);
+every PROBE_S seconds the longest waiter of each channel re-checks anyway; and while the Redis
+subscription is down every waiter re-checks every FALLBACK_RECHECK_S seconds. So a lost wake-up
+costs a few seconds of latency, never work.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -29,6 +38,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "kiln:wake:"
 FILE_POLL_S = 0.2
 FALLBACK_RECHECK_S = 1.0
+PROBE_S = 3.0
 RECONNECT_MAX_S = 5.0
 CLOSE_TIMEOUT_S = 1.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -44,30 +54,44 @@ def _wake_file(channel: str) -> Path:
     return Path(settings.DATA_DIR) / "wake" / _SAFE.sub("_", channel)
 
 
-def publish(channel: str) -> None:
-    """Wake every waiter of `channel` in every server process; never raises."""
+def publish(channel: str, offer: dict | None = None) -> None:
+    """Wake the waiters of `channel` in every server process (all, or as many as `offer` says); never raises."""
     global _sync_client
+    message = json.dumps(offer or {})
     try:
         if settings.REDIS_URL:
             if _sync_client is None:
                 _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-            _sync_client.publish(PREFIX + channel, "1")
+            _sync_client.publish(PREFIX + channel, message)
         else:
             path = _wake_file(channel)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
-            # touch() keeps mtime when two publishes fall in one clock tick; a fresh ns time does not.
+            # A whole new file (the listener reads the offer with the change): never a half-written one.
+            fresh = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}")
+            fresh.write_text(message)
+            os.replace(fresh, path)
+            # Two publishes in one clock tick would share an mtime; a fresh ns time does not.
             os.utime(path, ns=(os.stat(path).st_atime_ns, max(os.stat(path).st_mtime_ns + 1, time.time_ns())))
     except (redis.RedisError, OSError) as exc:
         logger.warning("could not publish a wake-up on %s: %s", channel, exc)
 
 
+def _offer(raw) -> dict:
+    try:
+        offer = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return offer if isinstance(offer, dict) else {}
+
+
 class Subscription:
     """One waiter's interest in some channels; use as a context manager around the wait loop."""
 
-    def __init__(self, hub: _Hub, channels: list[str]):
+    def __init__(self, hub: _Hub, channels: list[str], accepts=None):
         self.hub = hub
         self.channels = channels
+        # accepts(offer) -> bool: whether this waiter could take what an offer announces.
+        self.accepts = accepts or (lambda offer: True)
         self.event = asyncio.Event()
 
     def __enter__(self) -> Subscription:
@@ -91,28 +115,57 @@ class Subscription:
         finally:
             self.event.clear()
 
+    def pass_on(self) -> None:
+        """This waiter took something: wake the next one of its channels, there may be more."""
+        for channel in self.channels:
+            self.hub.wake(channel, {"count": 1}, skip=self)
+
 
 class _Hub:
     """The waiters of one event loop and the listener that wakes them."""
 
     def __init__(self):
-        self.waiters: dict[str, set[Subscription]] = defaultdict(set)
+        # Per channel, the waiters longest-waiting first (a dict keeps insertion order).
+        self.waiters: dict[str, dict[Subscription, None]] = defaultdict(dict)
         self.connected = False
-        self.task = asyncio.get_running_loop().create_task(self._listen())
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(self._listen())
+        self.prober = loop.create_task(self._probe())
 
     def add(self, channel: str, subscription: Subscription) -> None:
-        self.waiters[channel].add(subscription)
+        self.waiters[channel][subscription] = None
 
     def remove(self, channel: str, subscription: Subscription) -> None:
         waiting = self.waiters.get(channel)
         if waiting is not None:
-            waiting.discard(subscription)
+            waiting.pop(subscription, None)
             if not waiting:
                 del self.waiters[channel]
 
-    def wake(self, channel: str) -> None:
-        for subscription in list(self.waiters.get(channel, ())):
+    def wake(self, channel: str, offer: dict | None = None, skip: Subscription | None = None) -> None:
+        """Wake every waiter of `channel`, or the `count` longest-waiting ones that accept the offer."""
+        count = (offer or {}).get("count")
+        waiting = self.waiters.get(channel, {})
+        if not isinstance(count, int):
+            for subscription in list(waiting):
+                subscription.event.set()
+            return
+        for subscription in list(waiting):
+            if count <= 0:
+                break
+            if subscription is skip or subscription.event.is_set() or not subscription.accepts(offer):
+                continue
             subscription.event.set()
+            # Woken waiters go to the back: the next wake-up (or probe) reaches someone else.
+            waiting.pop(subscription, None)
+            waiting[subscription] = None
+            count -= 1
+
+    async def _probe(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for channel in list(self.waiters):
+                self.wake(channel, {"count": 1})
 
     async def _listen(self) -> None:
         if settings.REDIS_URL:
@@ -130,7 +183,10 @@ class _Hub:
                 except FileNotFoundError:
                     mtime = 0
                 if channel in seen and seen[channel] != mtime:
-                    self.wake(channel)
+                    try:
+                        self.wake(channel, _offer(_wake_file(channel).read_bytes()))
+                    except OSError:
+                        self.wake(channel)
                 seen[channel] = mtime
             for channel in [c for c in seen if c not in self.waiters]:
                 del seen[channel]
@@ -151,7 +207,7 @@ class _Hub:
                     if message.get("type") == "pmessage":
                         channel = message["channel"]
                         channel = channel.decode() if isinstance(channel, bytes) else channel
-                        self.wake(channel[len(PREFIX):])
+                        self.wake(channel[len(PREFIX):], _offer(message.get("data")))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -172,10 +228,13 @@ class _Hub:
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub] = weakref.WeakKeyDictionary()
 
 
-def subscribe(channels: list[str]) -> Subscription:
-    """A subscription on the running event loop's hub (one hub, one listener per loop)."""
+def subscribe(channels: list[str], accepts=None) -> Subscription:
+    """A subscription on the running event loop's hub (one hub, one listener per loop).
+
+    `accepts(offer)` says whether this waiter could take what a publish offers (default: anything).
+    """
     loop = asyncio.get_running_loop()
     hub = _hubs.get(loop)
     if hub is None or hub.task.done():
         hub = _hubs[loop] = _Hub()
-    return Subscription(hub, channels)
+    return Subscription(hub, channels, accepts)

@@ -59,14 +59,18 @@ def agent_current_task_id(agent: Agent) -> int | None:
 
 
 def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[int]:
-    """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds."""
+    """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds.
+
+    An idle agent (running nothing) has nothing to stop: no query, the common heartbeat of a fleet.
+    """
+    if not running_task:
+        return []
     canceled = DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now)
     cancel = set(canceled.values_list("id", flat=True))
-    if running_task:
-        # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
-        still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
-        if not still_held:
-            cancel.add(int(running_task))
+    # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
+    still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
+    if not still_held:
+        cancel.add(int(running_task))
     return sorted(cancel)
 
 
@@ -74,10 +78,10 @@ def _labels_match(required: dict, labels: dict) -> bool:
     return all(labels.get(key) == value for key, value in (required or {}).items())
 
 
-def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
+def lease_candidates(*, agent: Agent, limit: int = 50, lock: bool = True) -> list[DeviceTask]:
     """Queued tasks this agent may run, oldest first, locked (SKIP LOCKED) where the database can.
 
-    Call inside a transaction.
+    With `lock`, call inside a transaction; without, it is a plain read (is there anything at all?).
     """
     queryset = DeviceTask.objects.filter(
         organization_id=agent.organization_id,
@@ -85,7 +89,7 @@ def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
     ).order_by("id")
-    if connection.features.has_select_for_update_skip_locked:
+    if lock and connection.features.has_select_for_update_skip_locked:
         queryset = queryset.select_for_update(skip_locked=True, of=("self",))
     return [
         task for task in queryset[:limit]

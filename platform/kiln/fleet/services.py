@@ -27,6 +27,7 @@ from kiln.pipeline.device_tasks import (
 )
 from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskStatus
 from kiln.pipeline.queue import enqueue_redispatch
+from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
 
 from .models import Agent, RegistrationToken
@@ -71,8 +72,10 @@ def agent_register(*, registration_secret: str, name: str, labels: dict, capabil
             registration_token=registration,
             last_heartbeat_at=timezone.now(),
         )
-        # Jobs of the organization that wait for a device may now have one.
-        enqueue_redispatch(organization_id=agent.organization_id)
+        # Jobs of the organization that wait for a device may now have one. Only then a message to
+        # the workers: a fleet coming up is hundreds of registrations that wake nothing.
+        if jobs_wait_for_devices(organization_id=agent.organization_id):
+            enqueue_redispatch(organization_id=agent.organization_id)
     return agent, issued.secret
 
 
@@ -91,11 +94,10 @@ def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: in
     updates = {"last_heartbeat_at": now, "offline_since": None}
     if capabilities:
         updates["capabilities"] = capabilities
-    with transaction.atomic():
-        Agent.objects.filter(pk=agent.pk).update(**updates)
-        if agent.offline_since is not None or not agent.online:
-            # Back after an absence: jobs waiting for this device may go on.
-            enqueue_redispatch(organization_id=agent.organization_id)
+    Agent.objects.filter(pk=agent.pk).update(**updates)
+    if (agent.offline_since is not None or not agent.online) and jobs_wait_for_devices(organization_id=agent.organization_id):
+        # Back after an absence: jobs waiting for this device may go on.
+        enqueue_redispatch(organization_id=agent.organization_id)
     return agent_cancel_list(agent=agent, running_task=running_task, now=now)
 
 
@@ -113,13 +115,24 @@ def agents_mark_offline() -> int:
 # -- leasing --------------------------------------------------------------------------------
 
 def device_task_lease_begin(*, agent: Agent) -> None:
-    """An agent asking for work holds nothing: hand back what it held before (it restarted)."""
+    """An agent asking for work holds nothing: hand back what it held before (it restarted).
+
+    Reads first and writes only when there is something to change: on SQLite every write waits
+    for the one write lock, and a fleet asks for work all the time.
+    """
     device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
-    Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=timezone.now())
+    now = timezone.now()
+    if agent.last_heartbeat_at is None or now - agent.last_heartbeat_at > timedelta(seconds=settings.AGENT_HEARTBEAT_SECONDS):
+        Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=now)
 
 
 def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
-    """Lease one task this agent can run, or None; never waits."""
+    """Lease one task this agent can run, or None; never waits.
+
+    Looks without a transaction first: nothing to lease (the usual answer) takes no lock.
+    """
+    if not lease_candidates(agent=agent, lock=False):
+        return None
     now = timezone.now()
     with transaction.atomic():
         for task in lease_candidates(agent=agent):
@@ -129,26 +142,52 @@ def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     return None
 
 
+def lease_offer_fits(*, agent: Agent, offer: dict) -> bool:
+    """Whether an agent could run what a wake-up offers (kiln.pipeline.queue.lease_offers)."""
+    if offer.get("backend") is not None and offer["backend"] not in agent.backends:
+        return False
+    if offer.get("agent") not in (None, agent.id):
+        return False
+    labels = offer.get("labels") or {}
+    return all(agent.labels.get(key) == value for key, value in labels.items())
+
+
 async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None:
     """Long-poll for a task this agent can run; None after `wait_s` seconds without one.
 
-    Between tries it sleeps on a wake-up (a task became leasable in its organization), not on a
-    timer, so a waiting agent costs no database work.
+    Between tries it sleeps on a wake-up (a task it can run became leasable in its organization),
+    not on a timer, so a waiting agent costs no database work; one that leases passes the
+    wake-up on, in case more tasks wait than wake-ups said.
     """
     deadline = time.monotonic() + max(0.0, min(wait_s, settings.AGENT_LONG_POLL_SECONDS))
-    await run_in_db_thread(device_task_lease_begin, agent=agent)
     if deadline <= time.monotonic():
         metrics.LEASE_CHECKS.inc()
-        return await run_in_db_thread(device_task_lease_once, agent=agent)
-    with notify.subscribe([notify.organization_channel(agent.organization_id)]) as wakeups, metrics.LEASE_WAITING.track_inprogress():
+        return await run_in_db_thread(_lease_begin_and_try, agent=agent)
+
+    def fits(offer: dict) -> bool:
+        return lease_offer_fits(agent=agent, offer=offer)
+
+    # Subscribed before the first look: a task queued between the look and the wait still wakes us.
+    with notify.subscribe([notify.organization_channel(agent.organization_id)], fits) as wakeups, metrics.LEASE_WAITING.track_inprogress():
+        metrics.LEASE_CHECKS.inc()
+        task = await run_in_db_thread(_lease_begin_and_try, agent=agent)
         while True:
-            metrics.LEASE_CHECKS.inc()
-            task = await run_in_db_thread(device_task_lease_once, agent=agent)
-            remaining = deadline - time.monotonic()
-            if task is not None or remaining <= 0:
+            if task is not None:
+                wakeups.pass_on()
                 return task
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
             if await wakeups.wait(remaining):
                 metrics.LEASE_WAKEUPS.inc()
+            metrics.LEASE_CHECKS.inc()
+            task = await run_in_db_thread(device_task_lease_once, agent=agent)
+
+
+def _lease_begin_and_try(*, agent: Agent) -> DeviceTask | None:
+    """The first look of a long-poll in one trip to the database thread (one pooled connection)."""
+    device_task_lease_begin(agent=agent)
+    return device_task_lease_once(agent=agent)
 
 
 # -- progress and results -------------------------------------------------------------------

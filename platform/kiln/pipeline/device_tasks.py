@@ -39,15 +39,17 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
     for name in missing:
         job_event_add(job=job, stage="dispatch", level="warning", message=f"Target {name} matches no agent; skipped.")
     variants = list(job.variants.filter(status=VariantStatus.READY))
-    created = 0
+    created, new_tasks = 0, []
     with transaction.atomic():
         for target in targets:
             for variant in variants:
                 for backend in sorted(set(variant.backends) & target.backends):
-                    _, was_created = DeviceTask.objects.get_or_create(
+                    task, was_created = DeviceTask.objects.get_or_create(
                         job=job, variant=variant, backend=backend, target=target.key,
                         defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},
                     )
+                    if was_created:
+                        new_tasks.append(task)
                     created += was_created
         if not job.device_tasks.exists():
             offered = sorted(set().union(*(t.backends for t in targets)))
@@ -59,7 +61,7 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
         job_stage_finish(job=job, stage="dispatch", message=f"{created} device task(s) for {len(targets)} target(s)")
         job_stage_start(job=job, stage="devices")
         job_event_add(job=job, stage="dispatch", message=f"Dispatched {created} device task(s) to {', '.join(t.key for t in targets)}.")
-        wake_agents(organization_id=job.organization_id)
+        wake_agents(organization_id=job.organization_id, tasks=new_tasks)
     device_task_after_terminal(job_id=job.id)
 
 
@@ -122,7 +124,7 @@ def device_task_requeue(*, task: DeviceTask, reason: str, event: str = "") -> bo
         if changed:
             if event:
                 job_event_add(job=task.job, stage="devices", level="warning", message=event, task_id=task.id)
-            wake_agents(organization_id=task.organization_id)
+            wake_agents(organization_id=task.organization_id, tasks=[task])
     return bool(changed)
 
 
@@ -157,7 +159,7 @@ def device_tasks_requeue_expired() -> int:
                 )
                 if changed:
                     job_event_add(job=task.job, stage="devices", level="warning", message=f"Device task {task.id} ({task.backend}) lost its agent; requeued.", task_id=task.id)
-                    wake_agents(organization_id=task.organization_id)
+                    wake_agents(organization_id=task.organization_id, tasks=[task])
         count += changed
     return count
 

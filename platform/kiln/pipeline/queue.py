@@ -1,6 +1,9 @@
 """Sending pipeline work to the Celery workers, by task name, once the transaction commits."""
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 from django.db import transaction
 
 from kiln.core import notify
@@ -47,6 +50,23 @@ def enqueue_redispatch(*, organization_id: int) -> None:
     _send_on_commit(REDISPATCH_TASK_NAME, organization_id)
 
 
-def wake_agents(*, organization_id: int) -> None:
-    """Wake the organization's agents that wait in a lease long-poll, once the transaction commits."""
-    transaction.on_commit(lambda: notify.publish(notify.organization_channel(organization_id)))
+def lease_offers(tasks) -> list[dict]:
+    """What newly leasable tasks offer to waiting agents: how many, for which backend, pinned agent and labels."""
+    groups: Counter = Counter(
+        (task.backend, task.pinned_agent_id, json.dumps(task.required_labels or {}, sort_keys=True)) for task in tasks
+    )
+    return [{"count": count, "backend": backend, "agent": agent_id, "labels": json.loads(labels)}
+            for (backend, agent_id, labels), count in groups.items()]
+
+
+def wake_agents(*, organization_id: int, tasks=None) -> None:
+    """Wake waiting agents of the organization once the transaction commits: as many as `tasks` are
+    newly leasable, and only agents that can run them; every waiting agent when `tasks` is None."""
+    channel = notify.organization_channel(organization_id)
+    offers = lease_offers(tasks) if tasks is not None else [None]
+
+    def publish():
+        for offer in offers:
+            notify.publish(channel, offer)
+
+    transaction.on_commit(publish)

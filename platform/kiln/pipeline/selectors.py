@@ -8,7 +8,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.shortcuts import get_object_or_404
 
 from . import specs
-from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
+from .models import Artifact, DeploymentJob, DeviceTask, JobEvent, JobStatus
 
 
 def job_list(*, organization, model_id: str | None = None):
@@ -33,6 +33,11 @@ def search_budget(job: DeploymentJob) -> dict:
     if started is not None and not job.is_terminal:
         left = max(0.0, minutes * 60 - (time.time() - started))
     return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
+
+
+def jobs_wait_for_devices(*, organization_id: int) -> bool:
+    """Whether any job of the organization waits for a device to come online."""
+    return DeploymentJob.objects.filter(organization_id=organization_id, status=JobStatus.WAITING_FOR_DEVICES).exists()
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:

@@ -11,7 +11,7 @@ from kiln.reports.selectors import job_report
 from tests.platform.security.conftest import CAPABILITIES, assert_json_error, register_agent
 
 pytestmark = pytest.mark.django_db
-# Tests that lease run transactional: the lease long-poll reads the database from its own thread.
+# Tests that lease or heartbeat run transactional: those async views read the database from their own thread.
 LEASES = pytest.mark.django_db(transaction=True)
 
 GOOD_METRICS = {"latency_ms": {"p50": 1.0, "p90": 1.2, "p99": 1.5, "mean": 1.1, "std": 0.1}, "throughput_per_s": 900.0}
@@ -46,6 +46,7 @@ def test_mistyped_capabilities_are_refused_at_registration_and_heartbeat(tenant,
     assert agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json").status_code in (200, 204)
 
 
+@LEASES
 def test_unknown_capability_keys_are_dropped_so_rows_stay_small(tenant, settings):
     agent = register_agent(tenant)
     bloated = {**CAPABILITIES, **{f"junk{i}": "x" * 1000 for i in range(500)}}
@@ -56,6 +57,7 @@ def test_unknown_capability_keys_are_dropped_so_rows_stay_small(tenant, settings
     assert len(json.dumps(tenant.client.get("/api/v1/agents/").json())) < 10_000
 
 
+@LEASES
 def test_nine_megabyte_capabilities_are_refused(tenant):
     agent = register_agent(tenant)
     payload = {"capabilities": {**CAPABILITIES, "cpu_model": "x" * (9 * 1024**2)}}

@@ -8,7 +8,7 @@ from kiln.pipeline.models import DeploymentJob, DeviceTask
 from tests.platform.security.conftest import assert_json_error
 
 pytestmark = pytest.mark.django_db
-# Tests that lease run transactional: the lease long-poll reads the database from its own thread.
+# Tests that lease or heartbeat run transactional: those async views read the database from their own thread.
 LEASES = pytest.mark.django_db(transaction=True)
 
 
@@ -34,6 +34,7 @@ def test_nested_tolerance_inside_a_valid_job_is_a_400(tenant, model_version):
     assert DeploymentJob.objects.count() == 0
 
 
+@LEASES
 def test_nested_heartbeat_is_a_400_and_keeps_capabilities(agent):
     before = Agent.objects.get(pk=agent.agent_id).capabilities
     payload = '{"capabilities": {"runtimes": %s}}' % nested(50_000)
@@ -69,6 +70,7 @@ def test_agent_results_have_their_own_larger_limit(agent, leased_task, settings)
     assert_json_error(agent.post(f"/api/agent/v1/tasks/{leased_task['id']}/result", too_big, format="json"), 413, "request_too_large")
 
 
+@LEASES
 def test_heartbeat_body_over_the_limit_is_a_413(agent, settings):
     settings.MAX_JSON_BYTES = 4096
     payload = {"capabilities": {"cpu_model": "x" * 10_000}}

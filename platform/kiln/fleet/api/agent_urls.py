@@ -4,7 +4,7 @@ from . import agent_views as views
 
 urlpatterns = [
     path("register", views.RegisterView.as_view(), name="agent-register"),
-    path("heartbeat", views.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("heartbeat", views.heartbeat_view, name="agent-heartbeat"),
     path("tasks/lease", views.lease_view, name="agent-lease"),
     path("tasks/<id:task_id>/progress", views.ProgressView.as_view(), name="agent-task-progress"),
     path("tasks/<id:task_id>/artifact", views.ArtifactView.as_view(), name="agent-task-artifact"),

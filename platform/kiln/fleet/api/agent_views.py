@@ -101,12 +101,11 @@ class RegisterView(CredentialsThrottled, APIView):
 
 
 class HeartbeatView(AgentView):
+    """The heartbeat's place in the OpenAPI schema; requests are served by `heartbeat_view` (async)."""
+
     @extend_schema(request=HeartbeatSerializer, responses={200: dict})
-    def post(self, request):
-        data = HeartbeatSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        cancel = services.agent_heartbeat(agent=self.agent, capabilities=data.validated_data["capabilities"], running_task=data.validated_data["running_task"])
-        return Response({"cancel": cancel, **agent_intervals()})
+    def post(self, request):  # pragma: no cover - routed to heartbeat_view
+        raise NotImplementedError
 
 
 class LeaseView(AgentView):
@@ -139,31 +138,58 @@ def _bounded_body(request):
     return parse_bounded_json(raw) if raw else {}
 
 
-@csrf_exempt
-async def lease_view(request):
-    """`POST tasks/lease`: wait up to `wait_s` for a task without holding a thread or a database loop."""
+async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
+    """What every async agent route checks, in DRF's order: POST, the agent token (401), the body (413, 400).
+
+    Returns (agent, validated data, None), or (None, None, the error response).
+    """
     if request.method != "POST":
-        return JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
+        return None, None, JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
     try:
-        agent = await run_in_db_thread(_authenticated_agent, request=request)
+        agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
-        return response
+        return None, None, response
     try:
         body = _bounded_body(request)
     except (exceptions.ParseError, RequestTooLarge) as exc:
-        return _json_error(exc)
-    data = LeaseSerializer(data=body if isinstance(body, dict) else {})
+        return None, None, _json_error(exc)
+    data = serializer_class(data=body if isinstance(body, dict) else {})
     if not data.is_valid():
-        return JsonResponse(error_body("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items()), "invalid", data.errors), status=400)
-    task = await services.device_task_lease(agent=agent, wait_s=data.validated_data["wait_s"])
+        message = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items())
+        return None, None, JsonResponse(error_body(message, "invalid", data.errors), status=400)
+    return agent, data.validated_data, None
+
+
+# The two calls every agent makes all the time are async views without DRF's request cycle: no
+# thread per request (kiln.core.asgi), one trip to the database thread for the work itself.
+
+@csrf_exempt
+async def heartbeat_view(request):
+    """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop."""
+    agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
+    if refusal is not None:
+        return refusal
+    cancel = await run_in_db_thread(services.agent_heartbeat, heartbeat=True, agent=agent, capabilities=values["capabilities"], running_task=values["running_task"])
+    return JsonResponse({"cancel": cancel, **agent_intervals()})
+
+
+@csrf_exempt
+async def lease_view(request):
+    """`POST tasks/lease`: wait up to `wait_s` for a task without holding a thread or a database loop."""
+    agent, values, refusal = await _agent_request(request, LeaseSerializer)
+    if refusal is not None:
+        return refusal
+    task = await services.device_task_lease(agent=agent, wait_s=values["wait_s"])
     if task is None:
         return HttpResponse(status=status.HTTP_204_NO_CONTENT)
     return JsonResponse(task_payload(task), encoder=DjangoJSONEncoder)
 
 
-# drf-spectacular finds endpoints through `.cls`; the schema comes from LeaseView.
+# drf-spectacular finds endpoints through `.cls`; the schemas come from HeartbeatView and LeaseView.
+heartbeat_view.cls = HeartbeatView
+heartbeat_view.initkwargs = {}
 lease_view.cls = LeaseView
 lease_view.initkwargs = {}
 
