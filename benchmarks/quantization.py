@@ -31,9 +31,10 @@ CNN of tests/fixtures/rounding.py (made so that calibrated INT8 misses 1%) and, 
 models, each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
 rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), and AMD Quark's
-ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaround`) with its presets' defaults, when
-`amd-quark` is importable (see the README for installing it beside the pinned PyTorch); then each
-row scored from its file and timed interleaved as above.
+ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
+layer) and NVIDIA ModelOpt's ONNX INT8 PTQ (`modelopt-int8`), when `amd-quark` / `nvidia-modelopt`
+are importable (see the README for installing them beside the pinned PyTorch); then each row
+scored from its file and timed interleaved as above.
 
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
 only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60]` the learned table).
@@ -42,6 +43,7 @@ only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60]
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import multiprocessing
 import os
@@ -337,7 +339,7 @@ CALIBRATED = {"calibration_method": "mse", "per_channel": True}
 ORT_DEFAULT = {"calibration_method": "minmax", "per_channel": False}
 
 
-def learned_recipes(model: dict, seconds: float) -> list[tuple[str, str, str, dict]]:
+def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[tuple[str, str, str, dict]]:
     """(key, tool, precision, options): FP32, the calibrated families, each learned recipe on the model's base family, Quark's."""
     base_key, base = model["base"]
     rows = [("fp32", "kiln", "fp32", {}), ("int8-minmax", "kiln", "int8", ORT_DEFAULT)]
@@ -345,21 +347,38 @@ def learned_recipes(model: dict, seconds: float) -> list[tuple[str, str, str, di
         rows.append((base_key, "kiln", "int8", base))
     rows += [(f"{base_key}-adaround", "kiln", "int8", {**base, "learn": "adaround", "learn_seconds": seconds}),
              (f"{base_key}-qat", "kiln", "int8", {**base, "learn": "qat", "learn_seconds": seconds}),
+             ("modelopt-int8", "modelopt", "int8", {}),
              ("quark-a8w8", "quark", "int8", {"adaround": False}),
-             ("quark-a8w8-adaround", "quark", "int8", {"adaround": True})]
+             (f"quark-a8w8-adaround{quark_iterations}", "quark", "int8", {"adaround": True, "iterations": quark_iterations})]
     return rows
 
 
 def quark_build(model_path: str, out_path: str, calibration: str, options: dict) -> dict:
-    """AMD Quark's ONNX PTQ with its own presets (A8W8: INT8 symmetric, per tensor, percentile), AdaRound with its defaults."""
+    """AMD Quark's ONNX PTQ with its own presets (A8W8: INT8 symmetric, per tensor, percentile); AdaRound with the preset's
+    settings but `iterations` per layer (the preset's 1000 take Quark 10 minutes per convolution layer on this loaded CPU)."""
     import onnxruntime as ort
     from quark.onnx import A8W8_ADAROUND_QCONFIG, A8W8_QCONFIG, ModelQuantizer
 
     names = [value.name for value in ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).get_inputs()]
-    config = A8W8_ADAROUND_QCONFIG if options.get("adaround") else A8W8_QCONFIG
+    config = copy.deepcopy(A8W8_ADAROUND_QCONFIG) if options.get("adaround") else A8W8_QCONFIG
+    if options.get("adaround"):
+        config.algo_config[0].num_iterations = int(options["iterations"])
     started = time.perf_counter()
     ModelQuantizer(config).quantize_model(model_path, out_path, NpzCalibrationReader(calibration, input_names=names, batch_size=1))
     return {"learn_s": time.perf_counter() - started if options.get("adaround") else None}
+
+
+def modelopt_build(model_path: str, out_path: str, calibration: str, options: dict) -> dict:
+    """NVIDIA ModelOpt's ONNX INT8 PTQ (its default calibration) on the CPU, unquantized ops left in FP32 (its default, FP16, is for GPUs)."""
+    import onnxruntime as ort
+    from modelopt.onnx.quantization import quantize
+
+    names = [value.name for value in ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).get_inputs()]
+    with np.load(calibration) as archive:
+        data = {name: archive[name] for name in names}
+    quantize(model_path, quantize_mode="int8", calibration_data=data, calibration_eps=["cpu"], high_precision_dtype="fp32",
+             output_path=out_path, log_level="WARNING")
+    return {"learn_s": None}
 
 
 def _learned_build_child(tool: str, model_path: str, precision: str, out_path: str, calibration: str, options: dict, queue) -> None:
@@ -368,8 +387,8 @@ def _learned_build_child(tool: str, model_path: str, precision: str, out_path: s
     torch.set_num_threads(1)
     started = time.perf_counter()
     try:
-        if tool == "quark":
-            result = quark_build(model_path, out_path, calibration, options)
+        if tool in EXTERNAL_BUILDERS:
+            result = EXTERNAL_BUILDERS[tool](model_path, out_path, calibration, options)
         else:
             built = build_variant(model_path=model_path, precision=precision, out_path=out_path, calibration_path=calibration, options=options)
             learned = built["recipe"].get("learned") or {}
@@ -377,6 +396,9 @@ def _learned_build_child(tool: str, model_path: str, precision: str, out_path: s
     except Exception as exc:  # a recipe that cannot take a model is a result too
         result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     queue.put({**result, "wall_s": time.perf_counter() - started, "peak_rss_mb": _own_peak_rss_mb()})
+
+
+EXTERNAL_BUILDERS = {"quark": quark_build, "modelopt": modelopt_build}
 
 
 def learned_build(model: dict, key: str, tool: str, precision: str, options: dict, work: Path) -> dict:
@@ -424,11 +446,11 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
 LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer")
 
 
-def learned_comparison(work: Path, *, seconds: float, rounds: int, zoo: bool, only: str | None) -> None:
+def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None) -> None:
     for model in learned_models(work, zoo=zoo):
         if only and only.lower() not in model["name"].lower():
             continue
-        built = [learned_build(model, key, tool, precision, options, work) for key, tool, precision, options in learned_recipes(model, seconds)]
+        built = [learned_build(model, key, tool, precision, options, work) for key, tool, precision, options in learned_recipes(model, seconds, quark_iterations)]
         rows, failed = [row for row in built if "error" not in row], [row for row in built if "error" in row]
         evaluate(rows, model, work)
         interleaved_p50(rows, rounds)
@@ -469,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learned", action="store_true",
                         help="only the learned-INT8 table: calibrated vs Kiln's AdaRound and QAT vs AMD Quark (with --zoo: also real models)")
     parser.add_argument("--seconds", type=float, default=60.0, help="learning budget per learned variant (--learned)")
+    parser.add_argument("--quark-iterations", type=int, default=200, help="AMD Quark AdaRound iterations per layer (its preset: 1000)")
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
@@ -483,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
         # onnxruntime.quantization writes scratch models into the working directory.
         os.chdir(work)
         if arguments.learned:
-            learned_comparison(work, seconds=arguments.seconds, rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
+            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
             print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
             return
         summary, backend_lines, costs = [], [], []
