@@ -446,11 +446,25 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
 LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer")
 
 
-def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None) -> None:
+def loadable(row: dict) -> dict:
+    """The row, or the row with the error ONNX Runtime gives when its file does not load (a tool's graph can be invalid)."""
+    import onnxruntime as ort
+
+    if "error" not in row:
+        try:
+            ort.InferenceSession(str(row["path"]), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            row["error"] = f"built, but ONNX Runtime cannot load it: {str(exc)[:240]}"
+    return row
+
+
+def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None,
+                       tools: tuple[str, ...]) -> None:
     for model in learned_models(work, zoo=zoo):
         if only and only.lower() not in model["name"].lower():
             continue
-        built = [learned_build(model, key, tool, precision, options, work) for key, tool, precision, options in learned_recipes(model, seconds, quark_iterations)]
+        recipes = [recipe for recipe in learned_recipes(model, seconds, quark_iterations) if recipe[1] in tools]
+        built = [loadable(learned_build(model, key, tool, precision, options, work)) for key, tool, precision, options in recipes]
         rows, failed = [row for row in built if "error" not in row], [row for row in built if "error" in row]
         evaluate(rows, model, work)
         interleaved_p50(rows, rounds)
@@ -492,6 +506,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="only the learned-INT8 table: calibrated vs Kiln's AdaRound and QAT vs AMD Quark (with --zoo: also real models)")
     parser.add_argument("--seconds", type=float, default=60.0, help="learning budget per learned variant (--learned)")
     parser.add_argument("--quark-iterations", type=int, default=200, help="AMD Quark AdaRound iterations per layer (its preset: 1000)")
+    parser.add_argument("--tools", default="kiln,modelopt,quark", help="which tools' rows the learned table builds (comma-separated)")
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
@@ -506,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
         # onnxruntime.quantization writes scratch models into the working directory.
         os.chdir(work)
         if arguments.learned:
-            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
+            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
             print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
             return
         summary, backend_lines, costs = [], [], []
