@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .layers import Layer, QuantParams
+from .torch_graph import convolution_pads
 
 ZETA, GAMMA = 1.1, -0.1
 REGULARISATION = 0.01
@@ -83,9 +84,7 @@ def _linear_part(layer: Layer, x, weight, bias):
         out = attributes.get("alpha", 1.0) * torch.matmul(a, b)
         return out + attributes.get("beta", 1.0) * bias if bias is not None else out
     spatial = weight.dim() - 2
-    pads = list(attributes.get("pads") or [0] * (2 * spatial))
-    if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise ValueError("auto_pad convolutions are not learned")
+    pads = convolution_pads(x, list(weight.shape[2:]), attributes)
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
         # F.pad takes the last dimension first.

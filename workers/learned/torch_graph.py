@@ -28,7 +28,7 @@ def _attributes(node: onnx.NodeProto) -> dict:
     return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
 
 
-def _pads(x, kernel: list[int], a) -> list[int]:
+def convolution_pads(x, kernel: list[int], a) -> list[int]:
     """ONNX pads [begin..., end...], with auto_pad SAME_UPPER/SAME_LOWER resolved for this input's size."""
     spatial = len(kernel)
     auto_pad = a.get("auto_pad", b"NOTSET")
@@ -49,7 +49,7 @@ def _conv(inputs, a):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     spatial = w.dim() - 2
-    pads = _pads(x, list(w.shape[2:]), a)
+    pads = convolution_pads(x, list(w.shape[2:]), a)
     if pads[:spatial] != pads[spatial:]:
         x = functional.pad(x, [p for pair in zip(reversed(pads[:spatial]), reversed(pads[spatial:]), strict=True) for p in pair])
         padding = 0
@@ -72,7 +72,7 @@ def _pool(kind):
         x = inputs[0]
         spatial = x.dim() - 2
         kernel = tuple(a["kernel_shape"])
-        pads = _pads(x, list(kernel), a)
+        pads = convolution_pads(x, list(kernel), a)
         if pads[:spatial] != pads[spatial:]:
             if kind != "MaxPool":
                 raise UnsupportedGraph(f"{kind} with asymmetric pads")
