@@ -26,14 +26,26 @@ plain round-to-nearest INT4 weights with Kiln's INT4/INT8 mix on the digits CNN 
 Per model it prints the search's wall time, the peak RSS of every build (each runs in its own
 process under the build memory budget) and of this process, and why families were pruned.
 
+`--learned` prints the learned-INT8 table instead (issue 12): for the rounding-sensitive MLP and
+CNN of tests/fixtures/rounding.py (made so that calibrated INT8 misses 1%) and, with `--zoo`, real
+models, each recipe built in its own spawned process (its wall time, learning time and peak RSS
+are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
+rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), and AMD Quark's
+ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
+layer) and NVIDIA ModelOpt's ONNX INT8 PTQ (`modelopt-int8`), when `amd-quark` / `nvidia-modelopt`
+are importable (see the README for installing them beside the pinned PyTorch); then each row
+scored from its file and timed interleaved as above.
+
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
-only the real models, `--only NAME` one model).
+only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60]` the learned table).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
+import multiprocessing
 import os
 import resource
 import statistics
@@ -57,7 +69,8 @@ from devices.metrics import evaluate as evaluate_outputs
 from devices.metrics import sqnr_db
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
-from tests.fixtures.zoo import available_zoo
+from tests.fixtures.rounding import build_rounding_sensitive_cnn, build_rounding_sensitive_mlp, rounding_images, rounding_inputs
+from tests.fixtures.zoo import available_zoo, zoo_model
 from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
@@ -318,17 +331,183 @@ def int4_comparison(work: Path) -> list[dict]:
     return results
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Learned INT8: calibrated vs learned (Kiln's AdaRound and QAT, AMD Quark's AdaRound)
+
+CALIBRATED = {"calibration_method": "mse", "per_channel": True}
+ORT_DEFAULT = {"calibration_method": "minmax", "per_channel": False}
+
+
+def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[tuple[str, str, str, dict]]:
+    """(key, tool, precision, options): FP32, the calibrated families, each learned recipe on the model's base family, Quark's."""
+    base_key, base = model["base"]
+    rows = [("fp32", "kiln", "fp32", {}), ("int8-minmax", "kiln", "int8", ORT_DEFAULT)]
+    if base_key != "int8-minmax":
+        rows.append((base_key, "kiln", "int8", base))
+    rows += [(f"{base_key}-adaround", "kiln", "int8", {**base, "learn": "adaround", "learn_seconds": seconds}),
+             (f"{base_key}-qat", "kiln", "int8", {**base, "learn": "qat", "learn_seconds": seconds}),
+             ("modelopt-int8", "modelopt", "int8", {}),
+             ("quark-a8w8", "quark", "int8", {"adaround": False}),
+             (f"quark-a8w8-adaround{quark_iterations}", "quark", "int8", {"adaround": True, "iterations": quark_iterations})]
+    return rows
+
+
+def quark_build(model_path: str, out_path: str, calibration: str, options: dict) -> dict:
+    """AMD Quark's ONNX PTQ with its own presets (A8W8: INT8 symmetric, per tensor, percentile); AdaRound with the preset's
+    settings but `iterations` per layer (the preset's 1000 take Quark 10 minutes per convolution layer on this loaded CPU)."""
+    import onnxruntime as ort
+    from quark.onnx import A8W8_ADAROUND_QCONFIG, A8W8_QCONFIG, ModelQuantizer
+
+    names = [value.name for value in ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).get_inputs()]
+    config = copy.deepcopy(A8W8_ADAROUND_QCONFIG) if options.get("adaround") else A8W8_QCONFIG
+    if options.get("adaround"):
+        config.algo_config[0].num_iterations = int(options["iterations"])
+    started = time.perf_counter()
+    ModelQuantizer(config).quantize_model(model_path, out_path, NpzCalibrationReader(calibration, input_names=names, batch_size=1))
+    return {"learn_s": time.perf_counter() - started if options.get("adaround") else None}
+
+
+def modelopt_build(model_path: str, out_path: str, calibration: str, options: dict) -> dict:
+    """NVIDIA ModelOpt's ONNX INT8 PTQ (its default calibration) on the CPU, unquantized ops left in FP32 (its default, FP16, is for GPUs)."""
+    import onnxruntime as ort
+    from modelopt.onnx.quantization import quantize
+
+    names = [value.name for value in ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).get_inputs()]
+    with np.load(calibration) as archive:
+        data = {name: archive[name] for name in names}
+    quantize(model_path, quantize_mode="int8", calibration_data=data, calibration_eps=["cpu"], high_precision_dtype="fp32",
+             output_path=out_path, log_level="WARNING")
+    return {"learn_s": None}
+
+
+def _learned_build_child(tool: str, model_path: str, precision: str, out_path: str, calibration: str, options: dict, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    try:
+        if tool in EXTERNAL_BUILDERS:
+            result = EXTERNAL_BUILDERS[tool](model_path, out_path, calibration, options)
+        else:
+            built = build_variant(model_path=model_path, precision=precision, out_path=out_path, calibration_path=calibration, options=options)
+            learned = built["recipe"].get("learned") or {}
+            result = {"learn_s": learned.get("seconds"), "samples": learned.get("samples"), "curve": learned.get("curve", [])}
+    except Exception as exc:  # a recipe that cannot take a model is a result too
+        result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    queue.put({**result, "wall_s": time.perf_counter() - started, "peak_rss_mb": _own_peak_rss_mb()})
+
+
+EXTERNAL_BUILDERS = {"quark": quark_build, "modelopt": modelopt_build}
+
+
+def learned_build(model: dict, key: str, tool: str, precision: str, options: dict, work: Path) -> dict:
+    """One recipe, built in a fresh spawned process: its wall time and peak RSS are its own."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    out = work / f"{model['name']}-{key}.onnx"
+    process = context.Process(target=_learned_build_child, args=(tool, str(model["path"]), precision, str(out), str(model["calibration"]),
+                                                                 options, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    return {"key": key, "tool": key, "backend": "onnxruntime", "path": out, **result}
+
+
+def learned_models(work: Path, *, zoo: bool) -> list[dict]:
+    """The rounding-sensitive MLP and CNN (tests/fixtures/rounding.py); with `zoo`, the real models where learning is tried."""
+    mlp, cnn = work / "rounding-mlp.onnx", work / "rounding-cnn.onnx"
+    onnx.save(build_rounding_sensitive_mlp(), mlp)
+    onnx.save(build_rounding_sensitive_cnn(), cnn)
+    models = [
+        {"name": "rounding-mlp", "path": mlp, "input": "input", "tolerance": {"metric": "cosine", "max_drop": 0.01},
+         "calibration": write_npz(work / "rounding-mlp-cal.npz", input=rounding_inputs(samples=128, seed=1)),
+         "validation": write_npz(work / "rounding-mlp-val.npz", input=rounding_inputs(samples=256, seed=2)),
+         "label": "rounding-sensitive MLP (cosine)", "base": ("int8-mse", CALIBRATED)},
+        {"name": "rounding-cnn", "path": cnn, "input": "input", "tolerance": {"metric": "cosine", "max_drop": 0.01},
+         "calibration": write_npz(work / "rounding-cnn-cal.npz", input=rounding_images(samples=64, seed=1)),
+         "validation": write_npz(work / "rounding-cnn-val.npz", input=rounding_images(samples=32, seed=2)),
+         "label": "rounding-sensitive CNN, 64 channels at 32x32 (cosine)", "base": ("int8-minmax", ORT_DEFAULT)},
+    ]
+    if zoo:
+        for name in LEARNED_ZOO:
+            model = zoo_model(name)
+            if model.path is None:
+                print(f"  {name}: its package is not installed (it is in the dev extra)")
+                continue
+            # Per-channel MSE calibration does not build on every real model (ddddocr's); ORT's defaults do, and the search learns on those.
+            models.append({"name": name, "path": model.path, "input": model.input_name, "tolerance": {"metric": "auto", "max_drop": 0.01},
+                           "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(32, seed=1)),
+                           "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(16, seed=2)),
+                           "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT)})
+    return models
+
+
+LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer")
+
+
+def loadable(row: dict) -> dict:
+    """The row, or the row with the error ONNX Runtime gives when its file does not load (a tool's graph can be invalid)."""
+    import onnxruntime as ort
+
+    if "error" not in row:
+        try:
+            ort.InferenceSession(str(row["path"]), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            row["error"] = f"built, but ONNX Runtime cannot load it: {str(exc)[:240]}"
+    return row
+
+
+def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None,
+                       tools: tuple[str, ...]) -> None:
+    for model in learned_models(work, zoo=zoo):
+        if only and only.lower() not in model["name"].lower():
+            continue
+        recipes = [recipe for recipe in learned_recipes(model, seconds, quark_iterations) if recipe[1] in tools]
+        built = [loadable(learned_build(model, key, tool, precision, options, work)) for key, tool, precision, options in recipes]
+        rows, failed = [row for row in built if "error" not in row], [row for row in built if "error" in row]
+        evaluate(rows, model, work)
+        interleaved_p50(rows, rounds)
+        print_learned(model, rows, failed)
+        for row in rows:
+            row["compiled"].close()
+
+
+def print_learned(model: dict, rows: list[dict], failed: list[dict]) -> None:
+    fp32 = next(row for row in rows if row["key"] == "fp32")
+    calibrated = next(row for row in rows if row["key"] == model["base"][0])
+    print(f"\n## {model['label']}  (tolerance: {model['tolerance']['metric']} drop <= {model['tolerance']['max_drop']})\n")
+    print(f"| recipe | build wall s | learning s | peak RSS MB | accuracy | p50 ms | speed vs FP32 | speed vs {calibrated['key']} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in failed:
+        print(f"| {row['key']} | {row['wall_s']:.1f} | - | {row['peak_rss_mb']:.0f} | not built: {row['error']} | | | |")
+    for row in rows:
+        accuracy = row["accuracy"]
+        mark = "✓" if accuracy.get("within_tolerance") else "✗"
+        learn = f"{row['learn_s']:.1f}" if row.get("learn_s") is not None else "-"
+        print(f"| {row['key']} | {row['wall_s']:.1f} | {learn} | {row['peak_rss_mb']:.0f} | {accuracy.get('metric')} {accuracy.get('value'):.4f} {mark} "
+              f"| {row['p50']:.3f} | {fp32['p50'] / row['p50']:.2f}x | {calibrated['p50'] / row['p50']:.2f}x |")
+    for learned in (row for row in rows if row.get("curve")):
+        curve = learned["curve"]
+        print(f"\n{learned['key']}: learned on {learned['samples']} samples; loss {curve[0]:.4g} -> {curve[-1]:.4g} "
+              f"(min {min(curve):.4g}) over {len(curve)} curve points")
+
 # ---------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement windows per variant")
     parser.add_argument("--budget", type=float, default=150.0, help="Kiln search time budget per model, seconds")
     parser.add_argument("--only", help="run only models whose name contains this")
     parser.add_argument("--build-workers", type=int, default=None, help="parallel variant builds (default: the CPU count)")
     parser.add_argument("--zoo", action="store_true", help="only the real pretrained models (tests/fixtures/zoo.py), no INT4 table")
-    arguments = parser.parse_args()
+    parser.add_argument("--learned", action="store_true",
+                        help="only the learned-INT8 table: calibrated vs Kiln's AdaRound and QAT vs AMD Quark (with --zoo: also real models)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="learning budget per learned variant (--learned)")
+    parser.add_argument("--quark-iterations", type=int, default=200, help="AMD Quark AdaRound iterations per layer (its preset: 1000)")
+    parser.add_argument("--tools", default="kiln,modelopt,quark", help="which tools' rows the learned table builds (comma-separated)")
+    arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
 
@@ -341,6 +520,10 @@ def main() -> None:
         work = Path(scratch)
         # onnxruntime.quantization writes scratch models into the working directory.
         os.chdir(work)
+        if arguments.learned:
+            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
+            print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
+            return
         summary, backend_lines, costs = [], [], []
         for model in prepare_models(work, zoo_only=arguments.zoo):
             if arguments.only and arguments.only.lower() not in model["name"].lower():
@@ -480,4 +663,5 @@ def print_int4(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    np.seterr(all="ignore")
     main()

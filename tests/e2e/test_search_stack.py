@@ -1,4 +1,5 @@
-"""`precisions: auto` end to end: the search finds the sensitive layer, keeps it in float, and its pick holds up."""
+"""`precisions: auto` end to end: the search finds the sensitive layer, keeps it in float, and its pick holds up; where
+calibrated INT8 pays but misses the tolerance through weight rounding, the search learns a variant that meets it."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +10,11 @@ import pytest
 from devices.metrics import cosine_similarity
 from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures.models import write_npz
+from tests.fixtures.rounding import build_rounding_sensitive_cnn, rounding_images
 from tests.fixtures.sensitive import SENSITIVE_NODE, build_sensitive_mlp, sensitive_inputs
+from workers.quantize.search import COMPILE_SEPARATOR
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 TOLERANCE = {"metric": "cosine", "max_drop": 0.001}
 
@@ -66,3 +69,62 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
     cosine = cosine_similarity(outputs, reference)
     assert 1.0 - cosine <= TOLERANCE["max_drop"], cosine
     assert np.isfinite(outputs).all()
+
+
+LEARNED_TOLERANCE = {"metric": "cosine", "max_drop": 0.01}
+
+
+def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration_misses(kiln_stack, tmp_path):
+    """The rounding-sensitive CNN: INT8 is ~3x faster than FP32 here but calibrated keeps ~0.98 cosine. The search
+    proposes learned rounding and QAT on that family in round 2; the worker trains them, the agent measures them, and
+    a learned one meets 1% at INT8 speed, in the report and again from its downloaded artifact."""
+    tenant = kiln_stack.create_user("lena", "a-long-password-1", "Learned Labs")
+    api = Api(kiln_stack.url, tenant.token)
+    model_path = tmp_path / "rounding-cnn.onnx"
+    onnx.save(build_rounding_sensitive_cnn(), model_path)
+    calibration = write_npz(tmp_path / "calibration.npz", input=rounding_images(samples=64, seed=1))
+    validation_inputs = rounding_images(samples=32, seed=2)
+    validation = write_npz(tmp_path / "validation.npz", input=validation_inputs)
+    version = api.upload("/api/v1/models/", model_path, name="rounding-cnn")["versions"][0]["id"]
+    calibration_id = api.upload("/api/v1/datasets/", calibration, kind="calibration")["id"]
+    validation_id = api.upload("/api/v1/datasets/", validation, kind="validation")["id"]
+    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+
+    job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
+                                          "validation_dataset": validation_id, "tolerance": LEARNED_TOLERANCE})
+    job = api.wait_for_job(job["id"], kiln_stack, timeout=1080)
+    assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
+
+    report = api.get(f"/api/v1/jobs/{job['id']}/report/").json()
+    device = report["devices"][0]
+    variants = {v["key"]: v for v in device["variants"]}
+    summary = {key: (v["accuracy"].get("value"), (v["latency_ms"] or {}).get("p50")) for key, v in variants.items()}
+    calibrated = variants["int8-minmax"]
+    assert calibrated["accuracy"]["within_tolerance"] is False, summary
+    # The learned recipes themselves; compile options tried on them later (`+threads2`, `+static`) share their artifacts.
+    learned = {key: v for key, v in variants.items() if (v["recipe"] or {}).get("learned") and COMPILE_SEPARATOR not in key}
+    assert set(learned) == {"int8-minmax-adaround", "int8-minmax-qat"}, summary
+    for variant in learned.values():
+        recipe = variant["recipe"]["learned"]
+        assert variant["status"] == "succeeded" and recipe["curve"] and recipe["seconds"] > 0, variant
+    passing = [v for v in learned.values() if v["accuracy"]["within_tolerance"]]
+    assert passing, summary
+    winner = max(passing, key=lambda v: v["accuracy"]["value"])
+    # At INT8 speed: learning changes integers, not operators, so it is as fast as the calibrated variant, well ahead of FP32.
+    assert winner["latency_ms"]["p50"] < variants["fp32"]["latency_ms"]["p50"], summary
+    # On a loaded machine the recommendation may call INT8 and FP32 a tie within noise and keep the more accurate FP32,
+    # so only its accuracy is pinned here; the learned variant's speed is pinned above.
+    recommended = next(v for v in device["variants"] if v["id"] == device["recommended"])
+    assert recommended["accuracy"]["within_tolerance"], (device["reason"], summary)
+
+    # Re-measured independently: the downloaded learned artifact and the calibrated one against FP32.
+    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
+
+    def cosine_of(variant: dict) -> float:
+        artifact = api.get(variant["variant_artifact"]["download_url"]).content
+        outputs = ort.InferenceSession(artifact, providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
+        assert np.isfinite(outputs).all()
+        return cosine_similarity(outputs, reference)
+
+    assert 1.0 - cosine_of(calibrated) > LEARNED_TOLERANCE["max_drop"]
+    assert 1.0 - cosine_of(winner) <= LEARNED_TOLERANCE["max_drop"], (winner["key"], summary)

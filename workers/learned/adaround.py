@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .layers import Layer, QuantParams
+from .torch_graph import convolution_pads
 
 ZETA, GAMMA = 1.1, -0.1
 REGULARISATION = 0.01
@@ -21,6 +22,8 @@ WARMUP = 0.2
 BETA_START, BETA_END = 20.0, 2.0
 LEARNING_RATE = 1e-1
 BATCH_ROWS = 256
+# Output positions per step: a convolution's sample is H x W of them, so a step takes few images, many steps fit the budget.
+BATCH_POSITIONS = 4096
 CURVE_POINTS = 60
 CURVE_EVERY = 10
 
@@ -81,9 +84,7 @@ def _linear_part(layer: Layer, x, weight, bias):
         out = attributes.get("alpha", 1.0) * torch.matmul(a, b)
         return out + attributes.get("beta", 1.0) * bias if bias is not None else out
     spatial = weight.dim() - 2
-    pads = list(attributes.get("pads") or [0] * (2 * spatial))
-    if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise ValueError("auto_pad convolutions are not learned")
+    pads = convolution_pads(x, list(weight.shape[2:]), attributes)
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
         # F.pad takes the last dimension first.
@@ -146,8 +147,9 @@ def learn_layer(layer: Layer, *, weight: np.ndarray, bias: np.ndarray | None, in
     losses = []
     started = time.perf_counter()
     step = 0
+    batch = batch_rows(y)
     while step < max_steps and time.perf_counter() - started < seconds:
-        rows = torch.randint(0, len(x), (min(BATCH_ROWS, len(x)),), generator=generator)
+        rows = torch.randint(0, len(x), (batch,), generator=generator)
         h = _rectified_sigmoid(variable)
         reconstruction = torch.mean((layer_forward(layer, x[rows], weights_for(h), b) - y[rows]) ** 2)
         progress = max(step / max(1, max_steps), (time.perf_counter() - started) / max(seconds, 1e-6))
@@ -174,6 +176,12 @@ def learn_layer(layer: Layer, *, weight: np.ndarray, bias: np.ndarray | None, in
     result.steps, result.seconds = step, time.perf_counter() - started
     result.curve = downsample(losses)
     return result
+
+
+def batch_rows(targets) -> int:
+    """Samples per step: BATCH_ROWS for a dense layer, fewer for a convolution with many output positions per sample."""
+    positions = max(1, int(np.prod(targets.shape[2:]))) if targets.dim() > 2 else 1
+    return max(1, min(len(targets), BATCH_ROWS, BATCH_POSITIONS // positions))
 
 
 def downsample(values: list[float], points: int = CURVE_POINTS) -> list[float]:

