@@ -9,7 +9,7 @@ from devices.contract import quality, score_accuracy
 
 from .noise import LatencyRatio, latency_ratio, timing_of
 
-__all__ = ["fp32_noise", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
+__all__ = ["fp32_noise", "near_ties", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
 
 
 def pareto_ids(entries: list[dict]) -> set:
@@ -169,6 +169,16 @@ def unstable_notes(entries: list[dict]) -> list[dict]:
     return notes
 
 
+def near_ties(entries: list[dict]) -> list[dict]:
+    """The variants within tolerance that the measurements cannot tell apart: the fastest first, then each it
+    does not beat beyond the noise (fastest first); [] when none is within tolerance."""
+    within = sorted((e for e in _measured(entries) if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
+    if not within:
+        return []
+    fastest = within[0]
+    return [fastest, *(e for e in within[1:] if not _ratio(fastest, e).beyond_noise)]
+
+
 @dataclass
 class Recommendation:
     variant: object
@@ -193,8 +203,7 @@ def recommendation(entries: list[dict], tolerance: dict) -> Recommendation:
                               alternatives=why_not_the_others(entries, None, tolerance))
     within = [e for e in measured if e["accuracy"]["within_tolerance"]]
     if within:
-        fastest = min(within, key=lambda e: e["latency_ms"]["p50"])
-        tied = [e for e in within if e is fastest or not _ratio(fastest, e).beyond_noise]
+        tied = near_ties(entries)
         chosen = min(tied, key=_preference)
         ties = [(e, _ratio(e, chosen)) for e in sorted(tied, key=lambda e: e["latency_ms"]["p50"])
                 if e is not chosen and e["latency_ms"]["p50"] < chosen["latency_ms"]["p50"]]
