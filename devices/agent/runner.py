@@ -452,13 +452,19 @@ class TaskRunner:
                     raise TaskFailed(f"variant {row['task']}: invalid compile options: {exc}") from None
                 compiled.append(get_backend(row["backend"]).compile(path, task_dir / f"compiled-{int(row['task'])}",
                                                                     threads=self.threads, options=options))
-            self._enter(task, cancel, "benchmark", f"{int(plan.get('rounds') or 9)} interleaved rounds of {len(variants)} variants")
+            rounds = int(plan.get("rounds") or 9)
+            self._enter(task, cancel, "benchmark", f"{rounds} interleaved rounds of {len(variants)} variants")
             runs = [model.bind(make_feeds(model.input_specs, benchmark_batch_sizes(model.input_specs, [1])[0], validation))
                     for model in compiled]
             stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
+
+            def progress(done: int) -> None:
+                # The rounds together outlast a lease: each round's progress report extends it.
+                self._enter(task, cancel, "benchmark", f"interleaved round {done} of {rounds}")
+
             try:
-                medians = bench.interleaved_window_medians(runs, bench.BenchmarkSettings.from_dict(plan.get("window")),
-                                                           int(plan.get("rounds") or 9), should_stop=stop_or_cancel)
+                medians = bench.interleaved_window_medians(runs, bench.BenchmarkSettings.from_dict(plan.get("window")), rounds,
+                                                           should_stop=stop_or_cancel, after_round=progress)
             except bench.BenchmarkInterrupted:
                 self._check(task["id"], cancel)
                 raise
