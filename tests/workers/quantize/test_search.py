@@ -320,3 +320,26 @@ def test_no_outlier_spec_when_no_node_stands_out():
     specs = plan_round(round_number=2, model_facts={"op_histogram": {"MatMul": 4}}, device_isa=["avx2"], backends=["onnxruntime"],
                        has_calibration=True, tolerance={"metric": "cosine", "max_drop": 0.01}, sensitivity=ranking, measured=measured)
     assert not [s for s in specs if s["key"] == "int8-mse-keep1"]
+
+
+def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_static(mlp_path, mlp_calibration, tmp_path):
+    import os
+
+    from onnxruntime.quantization import quantize_static
+
+    from workers.quantize import build_variant
+    from workers.quantize.cache import file_sha256
+    from workers.quantize.calibration import NpzCalibrationReader
+
+    kiln = tmp_path / "kiln.onnx"
+    recipe = build_variant(model_path=mlp_path, precision="int8", out_path=kiln, calibration_path=mlp_calibration,
+                           options={"tool": "onnxruntime-defaults"})
+    user = tmp_path / "user.onnx"
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        quantize_static(str(mlp_path), str(user), NpzCalibrationReader(mlp_calibration, input_names=["input"], batch_size=1))
+    finally:
+        os.chdir(here)
+    assert file_sha256(kiln) == file_sha256(user)
+    assert "quantize_static" in str(recipe)
