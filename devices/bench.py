@@ -162,6 +162,29 @@ def measure(
     }
 
 
+def interleaved_window_medians(
+    runs: list[Callable[[], Any]],
+    settings: BenchmarkSettings,
+    rounds: int,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+    after_round: Callable[[int], None] | None = None,
+) -> list[list[float]]:
+    """Time several bound inferences side by side: `rounds` round-robin windows (A, B, C, then again), the median of each.
+
+    Window i of every run falls in the same stretch of time, so load that drifts over the rounds
+    hits every run alike and cancels in the per-window ratios (the report pairs them).
+    `after_round(done)` is called after each round (the agent reports progress, which keeps its lease).
+    """
+    medians: list[list[float]] = [[] for _ in runs]
+    for done in range(1, rounds + 1):
+        for index, run in enumerate(runs):
+            medians[index].append(float(measure(run, settings, should_stop=should_stop)["latency_ms"]["p50"]))
+        if after_round is not None:
+            after_round(done)
+    return medians
+
+
 # ---------------------------------------------------------------------------------------------
 # Memory
 

@@ -329,6 +329,8 @@ class TaskRunner:
         task_id = task["id"]
         task_dir.mkdir(parents=True, exist_ok=True)
         files = task.get("files") or {}
+        if task.get("retime"):
+            return self._retime(task, cancel, task_dir)
         if not files.get("model"):
             raise TaskFailed("the task has no model file")
 
@@ -419,6 +421,60 @@ class TaskRunner:
         logger.info("artifact uploaded, sha256 %s", answer.get("sha256"))
         return {"attempt": task["attempt"], "status": "succeeded", "error": None,
                 "metrics": speed, "accuracy": accuracy, "profile": profile}
+
+    def _retime(self, task: dict, cancel: threading.Event, task_dir: Path) -> dict:
+        """A RETIME task: compile the near-tie variants again and time them side by side in interleaved windows.
+
+        Sends `metrics.retime`: per variant (its measure task), the median of each window in
+        round order; the server puts them in each variant's metrics for the report to pair.
+        """
+        plan = task["retime"]
+        variants = plan.get("variants") or []
+        if len(variants) < 2:
+            raise TaskFailed("a re-timing task needs at least two variants")
+        files = task.get("files") or {}
+        self._enter(task, cancel, "download", f"downloading {len(variants)} variants to re-time side by side")
+        validation = None
+        if files.get("validation"):
+            validation = load_npz(self.download_verified("validation", files["validation"], task_dir / FILE_NAMES["validation"]))
+            validation.pop("labels", None)
+        paths = []
+        for row in variants:
+            self._check(task["id"], cancel)
+            paths.append(self.download_verified(f"variant {row['task']}", row["model"], task_dir / f"retime-{int(row['task'])}.onnx"))
+        self._enter(task, cancel, "compile", f"compiling {len(variants)} variants")
+        compiled: list[CompiledModel] = []
+        try:
+            for row, path in zip(variants, paths):
+                try:
+                    options = parse_compile_options(row.get("compile"))
+                except InvalidCompileOptions as exc:
+                    raise TaskFailed(f"variant {row['task']}: invalid compile options: {exc}") from None
+                compiled.append(get_backend(row["backend"]).compile(path, task_dir / f"compiled-{int(row['task'])}",
+                                                                    threads=self.threads, options=options))
+            rounds = int(plan.get("rounds") or 9)
+            self._enter(task, cancel, "benchmark", f"{rounds} interleaved rounds of {len(variants)} variants")
+            runs = [model.bind(make_feeds(model.input_specs, benchmark_batch_sizes(model.input_specs, [1])[0], validation))
+                    for model in compiled]
+            stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
+
+            def progress(done: int) -> None:
+                # The rounds together outlast a lease: each round's progress report extends it.
+                self._enter(task, cancel, "benchmark", f"interleaved round {done} of {rounds}")
+
+            try:
+                medians = bench.interleaved_window_medians(runs, bench.BenchmarkSettings.from_dict(plan.get("window")), rounds,
+                                                           should_stop=stop_or_cancel, after_round=progress)
+            except bench.BenchmarkInterrupted:
+                self._check(task["id"], cancel)
+                raise
+        finally:
+            for model in compiled:
+                model.close()
+        logger.info("re-timed %s: %s", [row["key"] for row in variants], [round(float(np.median(m)), 4) for m in medians])
+        return {"attempt": task["attempt"], "status": "succeeded", "error": None, "accuracy": None, "profile": None,
+                "metrics": {"retime": [{"task": int(row["task"]), "interleaved_medians_ms": values}
+                                       for row, values in zip(variants, medians)]}}
 
     def download_verified(self, key: str, spec: dict, destination: Path) -> Path:
         """Download a task file and check its sha256, trying DOWNLOAD_ATTEMPTS times in all."""

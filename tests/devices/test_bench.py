@@ -114,3 +114,18 @@ def test_run_benchmark_reports_the_protocol_fields(tiny_model_path, tmp_path):
     assert result["peak_memory_mb"] > 0
     assert result["threads"] == 1
     assert isinstance(result["unstable"], bool)
+
+
+def test_interleaved_windows_alternate_the_runs_round_by_round_and_report_each_window():
+    from devices.bench import interleaved_window_medians
+
+    order: list[str] = []
+    runs = [lambda name=name: order.append(name) for name in "ABC"]
+    rounds_done: list[int] = []
+    settings = BenchmarkSettings(warmup_runs=1, warmup_seconds=0.0, min_runs=2, min_seconds=0.0)
+    medians = interleaved_window_medians(runs, settings, 3, after_round=rounds_done.append)
+    assert [len(values) for values in medians] == [3, 3, 3]
+    assert rounds_done == [1, 2, 3]
+    # Each window warms up and times one run before the next run's window starts: A, B, C, then again.
+    windows = [order[i] for i in range(0, len(order), 3)]
+    assert windows == list("ABCABCABC"), order

@@ -52,7 +52,8 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
     else:
         # Speed first: INT8 that cannot beat FP32 on this CPU is not calibrated or refined at all.
         assert "does not pay on this device" in int8_note
-        assert not [key for key in variants if key.startswith("int8-") and key not in ("int8-minmax", "int8-dynamic")
+        # (the vendor defaults, ORT's and NNCF's, are round 1's whatever the probe says).
+        assert not [key for key in variants if key.startswith("int8-") and key not in ("int8-minmax", "int8-dynamic", "int8-ort-default", "int8-nncf")
                     and "+" not in key], sorted(variants)
         assert report["search"]["sensitivity"] == []
 
@@ -60,7 +61,22 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
     recommended = next(v for v in device["variants"] if v["id"] == device["recommended"])
     assert recommended["accuracy"]["within_tolerance"], device["reason"]
     passing = [v for v in device["variants"] if v["accuracy"]["within_tolerance"] and v["latency_ms"]]
-    assert recommended["latency_ms"]["p50"] == min(v["latency_ms"]["p50"] for v in passing)
+    # The fastest within tolerance, or one the fastest does not beat beyond the noise (then the more accurate, smaller, simpler).
+    assert recommended["latency_ms"]["p50"] == min(v["latency_ms"]["p50"] for v in passing) or device["verdict"]["tie"], device["reason"]
+
+    # The near-ties were re-timed by the agent itself, side by side in interleaved windows, and the
+    # report's noise verdict reads those paired windows (kiln.pipeline.retime, reports/noise.py).
+    assert any("re-timed side by side in interleaved windows" in message for message in events), events
+    retimed = {v["id"]: v for v in device["variants"] if v["timing"].get("interleaved_medians_ms")}
+    assert len(retimed) >= 2, {v["key"]: v["timing"] for v in device["variants"]}
+    assert len({len(v["timing"]["interleaved_medians_ms"]) for v in retimed.values()}) == 1
+    assert any(v["key"] == "fp32" for v in retimed.values()), sorted(v["key"] for v in retimed.values())  # the vendor default joins
+    if recommended["id"] in retimed:
+        compared = [*device["verdict"]["tied_with"], *([device["verdict"]["speedup"]] if device["verdict"]["speedup"] else [])]
+        for row in compared:
+            other = row.get("variant", row.get("baseline"))
+            if other in retimed:
+                assert row["source"] == "interleaved re-timing", row
 
     # Re-measured independently: the downloaded artifact against FP32 on the validation inputs.
     artifact = api.get(recommended["variant_artifact"]["download_url"]).content

@@ -176,8 +176,8 @@ def _build_int8_static(
     if calibration_path is None:
         raise QuantizationError("int8 needs a calibration dataset")
     tool = options.get("tool", "onnxruntime")
-    if tool not in ("onnxruntime", "nncf"):
-        raise ValueError(f"unknown tool {tool!r}; choose onnxruntime or nncf")
+    if tool not in ("onnxruntime", "onnxruntime-defaults", "nncf"):
+        raise ValueError(f"unknown tool {tool!r}; choose onnxruntime, onnxruntime-defaults or nncf")
     limit = options.get("max_calibration_samples")
     try:
         available = dataset_samples(calibration_path)
@@ -209,6 +209,8 @@ def _build_int8_static(
             return build_int8(model_path, out_path, calibration_path=calibration_path, options={**options, "max_calibration_samples": usable})
         except Exception as error:
             raise QuantizationError(f"NNCF int8 quantization failed: {error}") from error
+    if tool == "onnxruntime-defaults":
+        return _build_int8_ort_defaults(model_path, out_path, calibration_path=calibration_path, samples=usable)
     kiln_calibrator = options.get("calibrator", "onnxruntime") == "kiln" or method_key in _KILN_ONLY_METHODS
     activation_name = str(options.get("activation_type", "uint8"))
     weight_name = str(options.get("weight_type", "int8"))
@@ -277,6 +279,32 @@ def _build_int8_static(
         recipe["calibrator"] = "kiln (streaming histograms)"
         recipe["range_rules"] = kiln_summary["rules"]
     return recipe
+
+
+def _build_int8_ort_defaults(model_path: Path, out_path: Path, *, calibration_path: str | Path, samples: int) -> dict[str, Any]:
+    """onnxruntime's quantize_static exactly as a user calls it: every default, one sample per calibration batch.
+
+    The vendor baseline Kiln's pick is compared with (benchmarks/quantization.py builds it the same
+    way), so the search measures the very configuration a user gets without Kiln.
+    """
+    from onnxruntime.quantization import quantize_static
+
+    from workers.quantize.calibration import NpzCalibrationReader
+
+    model = load_graph_only(model_path)
+    reader = NpzCalibrationReader(calibration_path, input_names=_feed_names(model), batch_size=1, limit=samples)
+    try:
+        # Scratch files (augmented models) go to a directory of this build's own, never a shared one.
+        with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".int8-") as scratch, working_directory(scratch):
+            quantize_static(str(model_path), str(out_path.resolve()), reader,
+                            use_external_data_format=model_size_bytes(model_path) > LARGE_MODEL_BYTES)
+    except InvalidDataset as error:
+        raise QuantizationError(f"calibration dataset unusable: {error}") from error
+    except Exception as error:
+        raise QuantizationError(f"static int8 quantization (onnxruntime defaults) failed: {error}") from error
+    return {"tool": "onnxruntime.quantization.quantize_static", "defaults": True, "quant_format": "QDQ",
+            "calibration_method": "MinMax", "per_channel": False, "weight_type": "int8", "activation_type": "int8",
+            "samples": reader.samples_read}
 
 
 def _kiln_ranges(

@@ -15,8 +15,9 @@ from django.utils import timezone
 
 from kiln.fleet.selectors import targets_resolve
 
-from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus, VariantStatus
+from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
 from .queue import enqueue_stage, wake_agents
+from .retime import retime_results_store
 from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
             for variant in variants:
                 for backend in sorted(set(variant.backends) & target.backends):
                     task, was_created = DeviceTask.objects.get_or_create(
-                        job=job, variant=variant, backend=backend, target=target.key,
+                        job=job, variant=variant, backend=backend, target=target.key, purpose=DeviceTaskPurpose.MEASURE,
                         defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},
                     )
                     if was_created:
@@ -108,6 +109,12 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
         )
         if not changed:
             return False
+        if task.purpose == DeviceTaskPurpose.RETIME and status == DeviceTaskStatus.SUCCEEDED:
+            stored = retime_results_store(task=task, metrics=metrics)
+            job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} near-tie variant(s) re-timed side by side "
+                          "in interleaved windows", task_id=task.id)
+            device_task_after_terminal(job_id=task.job_id)
+            return True
         level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"
         detail = "" if status == DeviceTaskStatus.SUCCEEDED else f": {error}"
         job_event_add(job=task.job, stage="devices", level=level, message=f"{agent.name}: {task.variant.key} on {task.backend} {status}{detail}", task_id=task.id)

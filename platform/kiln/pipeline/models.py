@@ -148,6 +148,11 @@ class DeviceTaskStatus(models.TextChoices):
     CANCELED = "canceled"
 
 
+class DeviceTaskPurpose(models.TextChoices):
+    MEASURE = "measure"
+    RETIME = "retime"
+
+
 TERMINAL_TASK_STATUSES = {DeviceTaskStatus.SUCCEEDED, DeviceTaskStatus.FAILED, DeviceTaskStatus.CANCELED}
 
 
@@ -172,6 +177,11 @@ class DeviceTask(models.Model):
     log = models.TextField(blank=True, default="")
     error = models.TextField(blank=True, default="")
     compiled_artifact = models.ForeignKey(Artifact, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # MEASURE: one variant compiled, benchmarked and evaluated. RETIME: the near-tie variants of one
+    # device (`retime["tasks"]`, measure tasks of this job and target) timed again side by side in
+    # interleaved windows on the agent that measured them (kiln.pipeline.retime).
+    purpose = models.CharField(max_length=8, choices=DeviceTaskPurpose.choices, default=DeviceTaskPurpose.MEASURE)
+    retime = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -179,5 +189,5 @@ class DeviceTask(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "variant", "backend", "target"], name="one_task_per_cell"),
+            models.UniqueConstraint(fields=["job", "variant", "backend", "target", "purpose"], name="one_task_per_cell"),
         ]

@@ -9,7 +9,7 @@ from devices.contract import quality, score_accuracy
 
 from .noise import LatencyRatio, latency_ratio, timing_of
 
-__all__ = ["fp32_noise", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
+__all__ = ["fp32_noise", "near_ties", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
 
 
 def pareto_ids(entries: list[dict]) -> set:
@@ -42,8 +42,9 @@ def _measured(entries: list[dict]) -> list[dict]:
 
 
 def _preference(entry: dict) -> tuple:
-    """Among variants whose speeds are a tie: the more accurate first, then the smaller, then the faster."""
-    return (-quality(entry["accuracy"]), entry.get("size_bytes") or 0, entry["latency_ms"]["p50"])
+    """Among variants whose speeds are a tie: the more accurate first, then the smaller, then the simpler (fewer
+    compile options: a tuned build that is not faster beyond noise loses to the runtime's defaults), then the faster."""
+    return (-quality(entry["accuracy"]), entry.get("size_bytes") or 0, len(entry.get("compile") or {}), entry["latency_ms"]["p50"])
 
 
 def _ratio(fast: dict, slow: dict) -> LatencyRatio:
@@ -83,7 +84,7 @@ def _verdict(chosen: dict, measured: list[dict], ties: list[tuple[dict, LatencyR
         other, ratio = ties[0]
         more = f" and {len(ties) - 1} more" if len(ties) > 1 else ""
         speed += (f"; {_describe(other)}{more} measured {_times(ratio)} faster, a tie within noise, "
-                  f"so the {'more accurate' if _loses_on(other, chosen) == 'less accurate' else 'smaller'} one is recommended")
+                  f"so the {_WINS_ON[_loses_on(other, chosen)]} one is recommended")
     elif speedup is None or not speedup.beyond_noise:
         speed += "; nothing within the tolerance is faster beyond the measured noise"
     text = f"Use {_describe(chosen)}: {speed}; {_cost(accuracy)}."
@@ -119,12 +120,18 @@ def _why_not(entry: dict, chosen: dict | None, tolerance: dict) -> str:
     return f"{_times(ratio)} faster: a tie within noise, and {_loses_on(entry, chosen)}"
 
 
+_WINS_ON = {"less accurate": "more accurate", "larger": "smaller", "more tuned": "simpler (runtime defaults)",
+            "no better": "preferred"}
+
+
 def _loses_on(entry: dict, chosen: dict) -> str:
     """What a variant that ties on speed loses on against the chosen one (see `_preference`)."""
     if quality(entry["accuracy"]) < quality(chosen["accuracy"]):
         return "less accurate"
     if (entry.get("size_bytes") or 0) > (chosen.get("size_bytes") or 0):
         return "larger"
+    if len(entry.get("compile") or {}) > len(chosen.get("compile") or {}):
+        return "more tuned"
     return "no better"
 
 
@@ -162,6 +169,16 @@ def unstable_notes(entries: list[dict]) -> list[dict]:
     return notes
 
 
+def near_ties(entries: list[dict]) -> list[dict]:
+    """The variants within tolerance that the measurements cannot tell apart: the fastest first, then each it
+    does not beat beyond the noise (fastest first); [] when none is within tolerance."""
+    within = sorted((e for e in _measured(entries) if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
+    if not within:
+        return []
+    fastest = within[0]
+    return [fastest, *(e for e in within[1:] if not _ratio(fastest, e).beyond_noise)]
+
+
 @dataclass
 class Recommendation:
     variant: object
@@ -186,8 +203,7 @@ def recommendation(entries: list[dict], tolerance: dict) -> Recommendation:
                               alternatives=why_not_the_others(entries, None, tolerance))
     within = [e for e in measured if e["accuracy"]["within_tolerance"]]
     if within:
-        fastest = min(within, key=lambda e: e["latency_ms"]["p50"])
-        tied = [e for e in within if e is fastest or not _ratio(fastest, e).beyond_noise]
+        tied = near_ties(entries)
         chosen = min(tied, key=_preference)
         ties = [(e, _ratio(e, chosen)) for e in sorted(tied, key=lambda e: e["latency_ms"]["p50"])
                 if e is not chosen and e["latency_ms"]["p50"] < chosen["latency_ms"]["p50"]]

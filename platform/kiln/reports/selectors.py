@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
-from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskStatus
+from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 
 from .models import Measurement, Report
 from .packaging import package_name
@@ -122,7 +122,7 @@ def _group_agent(tasks: list[DeviceTask]):
 
 
 def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
-    tasks = DeviceTask.objects.filter(job=job).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
+    tasks = DeviceTask.objects.filter(job=job, purpose=DeviceTaskPurpose.MEASURE).select_related("variant__artifact__blob", "compiled_artifact__blob", "leased_by", "pinned_agent")
     groups: dict[str, list[DeviceTask]] = defaultdict(list)
     for task in tasks:
         groups[task.target].append(task)

@@ -297,3 +297,79 @@ def test_finished_job_offers_a_package_of_the_recommended_variant(tenant, waitin
     run = subprocess.run([sys.executable, "run.py", str(tmp_path / "inputs.npz"), "--runs", "3"], cwd=tmp_path / "package", capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("verified: ") and "\np50 " in run.stdout
+
+
+def test_near_ties_are_re_timed_by_the_agent_that_measured_them_and_the_report_pairs_the_windows(
+        tenant, waiting_job, django_capture_on_commit_callbacks):
+    from kiln.pipeline.models import DeviceTaskPurpose
+    from kiln.pipeline.retime import job_retime_near_ties
+
+    agent = register(tenant, "box", ORT_ONLY)
+    # int8-dynamic measured 3% faster than FP32 with a 10% spread: a near-tie the first pass cannot settle.
+    latencies = {"fp32": 2.0, "int8-dynamic": 1.94}
+    measured = {}
+    while (response := lease(agent)).status_code == 200:
+        task = response.json()
+        p50 = latencies[task["variant"]["key"]]
+        measured[task["variant"]["key"]] = task["id"]
+        result = {"attempt": task["attempt"], "status": "succeeded", "accuracy": {"cosine": 1.0, "top1_agreement": 1.0},
+                  "metrics": {"latency_ms": {"p50": p50, "cv": 0.1, "count": 50}}}
+        assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    # An auto search reaches this point from job_collect once nothing is left to plan; this job named its
+    # precisions, so it finished: put it back where collect would be, with its devices still to answer.
+    DeploymentJob.objects.filter(pk=waiting_job).update(status=JobStatus.RUNNING, stage="devices")
+    job = DeploymentJob.objects.get(pk=waiting_job)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert job_retime_near_ties(job=job) == 1
+        assert job_retime_near_ties(job=job) == 0  # once per device
+    retime = DeviceTask.objects.get(job=job, purpose=DeviceTaskPurpose.RETIME)
+    assert retime.pinned_agent_id == agent.agent_id
+
+    task = lease(agent).json()
+    assert task["id"] == retime.id and task["retime"]["rounds"] >= 3
+    rows = {row["task"]: row for row in task["retime"]["variants"]}
+    assert set(rows) == set(measured.values())
+    import hashlib
+
+    for row in rows.values():
+        body = agent.get(row["model"]["url"])
+        assert body.status_code == 200 and hashlib.sha256(b"".join(body.streaming_content)).hexdigest() == row["model"]["sha256"]
+    # Only the variants this task re-times can be fetched through it.
+    assert agent.get(f"/api/agent/v1/tasks/{task['id']}/files/retime-999999").status_code == 404
+
+    drift = [1.0, 1.5, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7, 1.2]
+    windows = {measured["fp32"]: [2.0 * d for d in drift], measured["int8-dynamic"]: [1.8 * d for d in drift]}
+    result = {"attempt": task["attempt"], "status": "succeeded",
+              "metrics": {"retime": [{"task": task_id, "interleaved_medians_ms": values} for task_id, values in windows.items()]}}
+    assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    for task_id, values in windows.items():
+        assert DeviceTask.objects.get(pk=task_id).metrics["interleaved_medians_ms"] == pytest.approx(values)
+
+    report = tenant.client.get(f"/api/v1/jobs/{waiting_job}/report/").json()
+    device = report["devices"][0]
+    assert len(device["variants"]) == 2  # the re-timing task is not a variant of its own
+    # Paired windows: 1.11x in every round, beyond noise although the rounds swing 2x.
+    chosen = next(v for v in device["variants"] if v["id"] == device["recommended"])
+    assert chosen["key"] == "int8-dynamic" and not device["verdict"]["tie"]
+    assert device["verdict"]["speedup"]["source"] == "interleaved re-timing" and device["verdict"]["speedup"]["low"] > 1.0
+
+
+def test_a_re_timing_result_that_is_unpaired_or_names_other_tasks_changes_nothing(tenant, waiting_job):
+    from kiln.pipeline.models import DeviceTaskPurpose
+    from kiln.pipeline.retime import retime_results_store
+
+    agent = register(tenant, "box", ORT_ONLY)
+    ids = []
+    while (response := lease(agent)).status_code == 200:
+        task = response.json()
+        ids.append(task["id"])
+        agent.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "succeeded",
+                                                                 "metrics": {"latency_ms": {"p50": 1.0}}}, format="json")
+    first = DeviceTask.objects.get(pk=ids[0])
+    retime = DeviceTask.objects.create(organization=first.organization, job=first.job, variant=first.variant, backend=first.backend,
+                                       target=first.target, purpose=DeviceTaskPurpose.RETIME, retime={"tasks": ids})
+    unpaired = {"retime": [{"task": ids[0], "interleaved_medians_ms": [1.0, 1.1, 1.2]}, {"task": ids[1], "interleaved_medians_ms": [1.0, 1.1]}]}
+    foreign = {"retime": [{"task": ids[0], "interleaved_medians_ms": [1.0, 1.1]}, {"task": 10**9, "interleaved_medians_ms": [1.0, 1.1]}]}
+    assert retime_results_store(task=retime, metrics=unpaired) == 0
+    assert retime_results_store(task=retime, metrics=foreign) == 0
+    assert not any("interleaved_medians_ms" in DeviceTask.objects.get(pk=task_id).metrics for task_id in ids)

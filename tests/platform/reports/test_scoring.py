@@ -117,3 +117,39 @@ def test_fp32_noise_lists_what_fp32_scores_per_backend():
     noise = fp32_noise(entries)
     assert [row["backend"] for row in noise] == ["onnxruntime", "openvino"]
     assert abs(noise[0]["drop"] - 0.0005) < 1e-12 and noise[1]["drop"] == 0.0
+
+
+def interleaved(id, key, backend, rounds, compile=None, size=4000):
+    """An entry re-timed in paired interleaved rounds (the search's final confirmation, or an agent's re-timing)."""
+    rounds = list(rounds)
+    return {"id": id, "key": key, "precision": "fp32", "backend": backend, "compile": compile or {}, "size_bytes": size,
+            "latency_ms": {"p50": sorted(rounds)[len(rounds) // 2], "cv": 0.2, "count": 50},
+            "accuracy": score_accuracy(TOLERANCE, measured(1.0)), "timing": {"interleaved_medians_ms": rounds}}
+
+
+# Per-round load on a shared machine: the same drift hits every contender of a round.
+DRIFT = [1.0, 1.6, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7, 1.2]
+
+
+def test_a_tuned_build_that_is_not_faster_beyond_noise_loses_to_the_runtime_defaults():
+    # fp32 with static shapes measured 2% faster at the median, but its paired ratios straddle 1.0:
+    # picking it would put Kiln's pick at or below the vendor default (FP32, runtime defaults) it ties with.
+    noise = [1.03, 0.97, 1.05, 0.99, 1.04, 0.96, 1.02, 1.00, 0.98]
+    defaults = interleaved("fp32@onnxruntime", "fp32", "onnxruntime", [16.0 * d for d in DRIFT])
+    tuned = interleaved("fp32+static@onnxruntime", "fp32+static", "onnxruntime",
+                        [16.0 * 0.98 * d * n for d, n in zip(DRIFT, noise)], compile={"static_shapes": {"x": [1, 3, 48, 320]}})
+    assert tuned["latency_ms"]["p50"] < defaults["latency_ms"]["p50"]
+    chosen = recommendation([tuned, defaults], TOLERANCE)
+    assert chosen.variant == "fp32@onnxruntime"
+    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["source"] == "interleaved re-timing"
+    assert "so the simpler (runtime defaults) one is recommended" in chosen.reason
+
+
+def test_a_tuned_build_faster_beyond_the_paired_noise_wins_even_when_the_unpaired_spread_is_wide():
+    # 12% faster in every round; the rounds themselves swing 2x, so unpaired medians would call it a tie.
+    defaults = interleaved("fp32@openvino", "fp32", "openvino", [50.0 * d for d in DRIFT])
+    tuned = interleaved("fp32+static@openvino", "fp32+static", "openvino", [44.0 * d for d in DRIFT],
+                        compile={"static_shapes": {"x": [1, 3, 320, 320]}})
+    chosen = recommendation([defaults, tuned], TOLERANCE)
+    assert chosen.variant == "fp32+static@openvino"
+    assert not chosen.verdict["tie"]

@@ -19,7 +19,8 @@ from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
-from kiln.pipeline.models import DeviceTaskStatus
+from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
+from kiln.pipeline.retime import RETIME_ROUNDS, RETIME_WINDOW, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
 from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
@@ -79,6 +80,21 @@ def task_payload(task) -> dict:
         },
         "tolerance": job.tolerance,
         "evaluation": job.evaluation or None,
+        "retime": _retime_payload(task),
+    }
+
+
+def _retime_payload(task) -> dict | None:
+    """For a RETIME task: the variants to time side by side, each with its model file, and the server's window settings."""
+    if task.purpose != DeviceTaskPurpose.RETIME:
+        return None
+    return {
+        "rounds": int((task.retime or {}).get("rounds") or RETIME_ROUNDS),
+        "window": RETIME_WINDOW,
+        "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
+                      "compile": other.variant.options.get("compile") or {},
+                      "model": _file_entry(task, f"{RETIME_FILE_PREFIX}{other.id}", other.variant.artifact.blob if other.variant.artifact else None)}
+                     for other in retimed_tasks(task)],
     }
 
 
@@ -184,7 +200,8 @@ async def lease_view(request):
     task = await services.device_task_lease(agent=agent, wait_s=values["wait_s"])
     if task is None:
         return HttpResponse(status=status.HTTP_204_NO_CONTENT)
-    return JsonResponse(task_payload(task), encoder=DjangoJSONEncoder)
+    # task_payload reads more rows for a RETIME task: off the event loop, like every query here.
+    return JsonResponse(await run_in_db_thread(task_payload, task=task), encoder=DjangoJSONEncoder)
 
 
 # drf-spectacular finds endpoints through `.cls`; the schemas come from HeartbeatView and LeaseView.
@@ -282,16 +299,31 @@ class ResultView(AgentView):
         return Response({"ok": True})
 
 
+RETIME_FILE_PREFIX = "retime-"
+
+
+def _retimed_blob(task, name: str):
+    """The model of one variant a RETIME task re-times (`retime-<task id>`); None for anything else."""
+    wanted = name.removeprefix(RETIME_FILE_PREFIX)
+    other = next((t for t in retimed_tasks(task) if str(t.id) == wanted), None) if wanted.isdigit() else None
+    return other.variant.artifact.blob if other is not None and other.variant.artifact else None
+
+
 class TaskFileView(AgentView):
     FILES = {"model", "validation", "reference"}
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, task_id: int, name: str):
-        if name not in self.FILES:
+        if name not in self.FILES and not name.startswith(RETIME_FILE_PREFIX):
             raise KilnError("Not found.", code="not_found", status_code=404)
         task = services.device_task_for_agent(agent=self.agent, task_id=task_id, attempt=None)
         if task.status != DeviceTaskStatus.LEASED:
             raise KilnError("The task is no longer leased.", code="not_leased", status_code=409)
+        if name.startswith(RETIME_FILE_PREFIX):
+            blob = _retimed_blob(task, name) if task.purpose == DeviceTaskPurpose.RETIME else None
+            if blob is None:
+                raise KilnError("Not found.", code="not_found", status_code=404)
+            return download_response(blob, f"task{task.id}-{name}.onnx")
         blob = {"model": task.variant.artifact.blob if task.variant.artifact else None, "validation": task.job.validation_blob, "reference": task.job.reference_blob}[name]
         if blob is None:
             raise KilnError("Not found.", code="not_found", status_code=404)

@@ -162,8 +162,17 @@ class BatchRowSerializer(serializers.Serializer):
     window_medians_ms = serializers.ListField(child=serializers.FloatField(min_value=0, max_value=MAX_MS), max_length=64, required=False)
 
 
+class RetimeRowSerializer(serializers.Serializer):
+    """One variant of a RETIME task: its measure task and its per-window medians, in round order."""
+
+    task = serializers.IntegerField(min_value=1)
+    interleaved_medians_ms = serializers.ListField(child=serializers.FloatField(min_value=0, max_value=MAX_MS), min_length=1, max_length=64)
+
+
 class MetricsSerializer(serializers.Serializer):
-    """Speed of one task (devices/bench.py `run_benchmark`); unknown keys are dropped."""
+    """Speed of one task (devices/bench.py `run_benchmark`), or a RETIME task's rows; unknown keys are dropped."""
+
+    retime = serializers.ListField(child=RetimeRowSerializer(), max_length=16, required=False)
 
     latency_ms = LatencySerializer(required=False)
     throughput_per_s = _number(max_value=1e12)
