@@ -51,7 +51,10 @@ def test_auto_pick_on_a_real_text_detector_holds_up_when_measured_again(kiln_sta
     recommended = next(v for v in device["variants"] if v["id"] == device["recommended"])
     assert recommended["accuracy"]["metric"] == "mask_iou" and recommended["accuracy"]["within_tolerance"], device["reason"]
     passing = [v for v in device["variants"] if v["accuracy"]["within_tolerance"] and v["latency_ms"]]
-    assert recommended["latency_ms"]["p50"] == min(v["latency_ms"]["p50"] for v in passing)
+    # The fastest within tolerance, or a variant the fastest does not beat beyond the measured noise.
+    fastest = min(passing, key=lambda v: v["latency_ms"]["p50"])
+    tied = {row["variant"] for row in device["verdict"]["tied_with"]}
+    assert recommended["latency_ms"]["p50"] == fastest["latency_ms"]["p50"] or fastest["id"] in tied, (fastest["key"], device["verdict"])
 
     # Measured again, independently: the downloaded variant on its backend against FP32 on ONNX Runtime.
     artifact = tmp_path / "pick.onnx"
