@@ -67,7 +67,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 from devices import contract
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
-from devices.bench import BenchmarkSettings, measure
+from devices.bench import BenchmarkSettings, interleaved_window_medians
 from devices.metrics import evaluate as evaluate_outputs
 from devices.metrics import sqnr_db
 from tests.fixtures.mlp import train_digits_mlp
@@ -275,11 +275,8 @@ def evaluate(rows: list[dict], model: dict, work: Path) -> None:
 
 
 def interleaved_p50(rows: list[dict], rounds: int) -> None:
-    """Round-robin windows over all rows (A, B, C, … then again) so drift on a shared machine hits every row alike."""
-    windows: list[list[float]] = [[] for _ in rows]
-    for _ in range(rounds):
-        for index, row in enumerate(rows):
-            windows[index].append(measure(row["bound"], WINDOW)["latency_ms"]["p50"])
+    """Round-robin windows over all rows, the agent's own re-timing (each round rotated), so drift hits every row alike."""
+    windows = interleaved_window_medians([row["bound"] for row in rows], WINDOW, rounds)
     for row, values in zip(rows, windows):
         row["p50"] = statistics.median(values)
         row["windows"] = values

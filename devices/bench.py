@@ -162,6 +162,12 @@ def measure(
     }
 
 
+def rotated_order(count: int, shift: int) -> list[int]:
+    """0..count-1 started at `shift` (mod count): the order of one interleaved round."""
+    start = shift % count if count else 0
+    return [*range(start, count), *range(start)]
+
+
 def interleaved_window_medians(
     runs: list[Callable[[], Any]],
     settings: BenchmarkSettings,
@@ -170,16 +176,18 @@ def interleaved_window_medians(
     should_stop: Callable[[], bool] | None = None,
     after_round: Callable[[int], None] | None = None,
 ) -> list[list[float]]:
-    """Time several bound inferences side by side: `rounds` round-robin windows (A, B, C, then again), the median of each.
+    """Time several bound inferences side by side: `rounds` round-robin windows, the median of each.
 
     Window i of every run falls in the same stretch of time, so load that drifts over the rounds
-    hits every run alike and cancels in the per-window ratios (the report pairs them).
+    hits every run alike and cancels in the per-window ratios (the report pairs them). Each round
+    starts one run later (A B C, B C A, C A B, …) so no run always comes first or last in a round
+    (a fixed place biased two copies of one build by 16% on a loaded machine).
     `after_round(done)` is called after each round (the agent reports progress, which keeps its lease).
     """
     medians: list[list[float]] = [[] for _ in runs]
     for done in range(1, rounds + 1):
-        for index, run in enumerate(runs):
-            medians[index].append(float(measure(run, settings, should_stop=should_stop)["latency_ms"]["p50"]))
+        for index in rotated_order(len(runs), done - 1):
+            medians[index].append(float(measure(runs[index], settings, should_stop=should_stop)["latency_ms"]["p50"]))
         if after_round is not None:
             after_round(done)
     return medians

@@ -792,7 +792,7 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     the drift the contenders saw (`drift_adjusted`).
     """
     from devices.backends.registry import get_backend
-    from devices.bench import BenchmarkSettings, measure, summarize_latencies
+    from devices.bench import BenchmarkSettings, measure, rotated_order, summarize_latencies
 
     contenders = confirmation_contenders(entries)
     if windows < 1 or len(contenders) < 2:
@@ -804,8 +804,8 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
         bound = [model.bind(validation.benchmark_feeds) for model in compiled]
         samples: list[list[np.ndarray]] = [[] for _ in contenders]
         for done in range(1, max_windows + 1):
-            for index, run in enumerate(bound):
-                samples[index].append(measure(run, settings)["samples_ms"])
+            for index in rotated_order(len(bound), done - 1):
+                samples[index].append(measure(bound[index], settings)["samples_ms"])
             if done >= windows and _leader_is_clear(samples):
                 break
         drifts = []
