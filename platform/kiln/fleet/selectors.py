@@ -106,6 +106,13 @@ class Target:
     labels: dict = field(default_factory=dict)
     backends: set = field(default_factory=set)
 
+    @property
+    def name(self) -> str:
+        """What a user calls this target: the device's name, or the labels that pick the devices."""
+        if self.pinned_agent is not None:
+            return self.pinned_agent.name
+        return "devices labelled " + ", ".join(f"{key}={value}" for key, value in sorted(self.labels.items()))
+
 
 def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
     """Turn a job's targets into concrete device groups; also say which targets found no agent."""

@@ -61,7 +61,7 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
         job.save(update_fields=["status", "updated_at"])
         job_stage_finish(job=job, stage="dispatch", message=f"{created} device task(s) for {len(targets)} target(s)")
         job_stage_start(job=job, stage="devices")
-        job_event_add(job=job, stage="dispatch", message=f"Dispatched {created} device task(s) to {', '.join(t.key for t in targets)}.")
+        job_event_add(job=job, stage="dispatch", message=f"Dispatched {created} device task(s) to {', '.join(t.name for t in targets)}.")
         wake_agents(organization_id=job.organization_id, tasks=new_tasks)
     device_task_after_terminal(job_id=job.id)
 

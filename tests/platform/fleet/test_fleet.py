@@ -8,7 +8,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from kiln.fleet.models import Agent
-from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
+from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
 from tests.conftest import make_tenant, upload
 from workers.tasks import requeue_expired_leases
 
@@ -114,6 +114,15 @@ def test_waiting_job_runs_once_an_agent_connects(tenant, waiting_job):
     # Registration sends the organization's waiting jobs to dispatch; no lease request is needed.
     assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.RUNNING
     assert lease(agent).status_code == 200
+    # The job's log names the device the user registered, not an internal key such as "agent:7".
+    dispatched = JobEvent.objects.filter(job_id=waiting_job, message__startswith="Dispatched").values_list("message", flat=True)
+    assert [message.endswith("to late.") for message in dispatched] == [True], list(dispatched)
+
+
+def test_a_label_pool_is_named_by_its_labels_in_the_job_log(tenant, pool_job):
+    register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
+    dispatched = JobEvent.objects.filter(job_id=pool_job, message__startswith="Dispatched").values_list("message", flat=True)
+    assert list(dispatched) == ["Dispatched 1 device task(s) to devices labelled pool=a."]
 
 
 def test_an_agent_back_from_offline_restarts_waiting_jobs(tenant, model_files):
