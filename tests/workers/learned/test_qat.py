@@ -66,7 +66,7 @@ def test_qat_on_a_real_transformer_beats_its_calibrated_int8(tmp_path):
     calibrated, tuned = tmp_path / "calibrated.onnx", tmp_path / "qat.onnx"
     build_variant(model_path=MINILM_L3.path, precision="int8", out_path=calibrated, calibration_path=calibration, options=options)
     built = build_variant(model_path=MINILM_L3.path, precision="int8", out_path=tuned, calibration_path=calibration,
-                          options={**options, "learn": "qat", "learn_seconds": 40})
+                          options={**options, "learn": "qat", "learn_seconds": 90})
 
     def outputs(path):
         run = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run
@@ -78,7 +78,8 @@ def test_qat_on_a_real_transformer_beats_its_calibrated_int8(tmp_path):
         return float(np.percentile(metrics.vector_cosines(outputs(path), reference), 5))
 
     assert built["recipe"]["learned"]["loss_end"] < built["recipe"]["learned"]["loss_start"]
-    assert cosine_p5(tuned) > cosine_p5(calibrated) + 0.005, (cosine_p5(tuned), cosine_p5(calibrated))
+    # 120 s gave 0.9447 -> 0.9623 in benchmarks/RESULTS.md, 90 s 0.9602 by hand; 40 s was too few steps under load (+0.003).
+    assert cosine_p5(tuned) > cosine_p5(calibrated) + 0.008, (cosine_p5(tuned), cosine_p5(calibrated))
 
 
 def test_qat_student_gets_closer_to_the_teacher_than_calibration_alone(tmp_path):
