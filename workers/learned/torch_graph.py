@@ -2,7 +2,7 @@
 
 A small interpreter rather than onnx2torch: onnx2torch needs torchvision, which pip can only bring
 in with a CUDA build of PyTorch that replaces the CPU one pinned here. It covers the operators of
-common CNN and MLP graphs; a graph with anything else raises UnsupportedGraph with the operators'
+common CNN, MLP and transformer-encoder graphs; a graph with anything else raises UnsupportedGraph with the operators'
 names, and the learned variant is skipped with that reason. Only the weights of Conv, Gemm and
 MatMul are parameters; every other initializer is a constant.
 """
@@ -168,6 +168,23 @@ def _resize(inputs, a):
     return functional.interpolate(x, scale_factor=scales[2:], mode=mode, align_corners=align_corners)
 
 
+def _layer_norm(inputs, a):
+    x = inputs[0]
+    axis = int(a.get("axis", -1)) % x.dim()
+    shape = tuple(x.shape[axis:])
+    return functional.layer_norm(x, shape, inputs[1] if len(inputs) > 1 else None, inputs[2] if len(inputs) > 2 else None,
+                                 eps=a.get("epsilon", 1e-5))
+
+
+def _gather(inputs, a):
+    """Gather along an axis; negative indices count from the end, as in ONNX."""
+    data, indices = inputs[0], inputs[1].long()
+    axis = int(a.get("axis", 0)) % data.dim()
+    indices = torch.where(indices < 0, indices + data.shape[axis], indices)
+    out = torch.index_select(data, axis, indices.reshape(-1))
+    return out.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1:])
+
+
 OPS: dict[str, Callable] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": lambda i, a: i[0] @ i[1],
     "Add": lambda i, a: i[0] + i[1], "Sub": lambda i, a: i[0] - i[1], "Mul": lambda i, a: i[0] * i[1], "Div": lambda i, a: i[0] / i[1],
@@ -181,7 +198,8 @@ OPS: dict[str, Callable] = {
     "Concat": lambda i, a: torch.cat(i, dim=a["axis"]), "Softmax": lambda i, a: torch.softmax(i[0], dim=a.get("axis", -1)),
     "BatchNormalization": _batch_norm, "Identity": lambda i, a: i[0], "Dropout": lambda i, a: i[0],
     "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Erf": lambda i, a: torch.erf(i[0]), "ReduceMean": _reduce_mean, "ConvTranspose": _conv_transpose, "Resize": _resize,
+    "Erf": lambda i, a: torch.erf(i[0]), "Pow": lambda i, a: torch.pow(i[0], i[1]), "Sqrt": lambda i, a: torch.sqrt(i[0]),
+    "LayerNormalization": _layer_norm, "Gather": _gather, "ReduceMean": _reduce_mean, "ConvTranspose": _conv_transpose, "Resize": _resize,
 }
 
 
