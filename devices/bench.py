@@ -49,6 +49,12 @@ class BenchmarkSettings:
         )
 
 
+# The windows of interleaved re-timing, where contenders are timed side by side in round-robin
+# windows: the host search's final confirmation and the server's RETIME task (sent to the agent as
+# its `window`) both use these. Short windows: many rounds of all contenders beat a few long runs of each.
+INTERLEAVED_WINDOW = {"warmup_runs": 3, "warmup_seconds": 0.05, "min_runs": 10, "min_seconds": 0.25}
+
+
 # ---------------------------------------------------------------------------------------------
 # Statistics
 

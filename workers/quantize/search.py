@@ -792,12 +792,12 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     the drift the contenders saw (`drift_adjusted`).
     """
     from devices.backends.registry import get_backend
-    from devices.bench import BenchmarkSettings, measure, rotated_order, summarize_latencies
+    from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
 
     contenders = confirmation_contenders(entries)
     if windows < 1 or len(contenders) < 2:
         return
-    settings = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
+    settings = BenchmarkSettings.from_dict(INTERLEAVED_WINDOW)
     compiled = [get_backend(e["backend"]).compile(e["path"], work / "confirm" / e["id"], threads=threads, options=e.get("compile"))
                 for e in contenders]
     try:

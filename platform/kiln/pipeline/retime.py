@@ -20,8 +20,6 @@ from .models import DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 
 MAX_RETIMED = 6
 RETIME_ROUNDS = 9
-# Short windows: many rounds of all contenders beat a few long runs of each.
-RETIME_WINDOW = {"warmup_runs": 3, "warmup_seconds": 0.05, "min_runs": 10, "min_seconds": 0.25}
 
 
 def retime_contenders(entries: list[dict]) -> list[dict]:

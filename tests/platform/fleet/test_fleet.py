@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from devices.bench import INTERLEAVED_WINDOW
 from kiln.fleet.models import Agent
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
 from tests.conftest import make_tenant, upload
@@ -336,6 +337,8 @@ def test_near_ties_are_re_timed_by_the_agent_that_measured_them_and_the_report_p
 
     task = lease(agent).json()
     assert task["id"] == retime.id and task["retime"]["rounds"] >= 3
+    # The agent times its windows as the host search's confirmation does: one definition of both.
+    assert task["retime"]["window"] == INTERLEAVED_WINDOW
     rows = {row["task"]: row for row in task["retime"]["variants"]}
     assert set(rows) == set(measured.values())
     import hashlib

@@ -292,6 +292,28 @@ def test_the_final_re_timing_always_includes_every_passing_vendor_default():
                    "fp32@onnxruntime", "fp32@openvino", "int8-ort-default@onnxruntime", "int8-nncf@openvino"}
 
 
+def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses(mlp, mlp_path, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import devices.bench
+    from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
+    from workers.quantize.search import _confirm_fastest
+
+    used = []
+
+    def fake_measure(run, settings):
+        used.append(settings)
+        return {"samples_ms": np.full(10, 1.0 + len(used) % 2)}
+
+    monkeypatch.setattr(devices.bench, "measure", fake_measure)
+    entries = [{**_passing(key, "onnxruntime", p50), "path": str(mlp_path)} for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
+    _confirm_fastest(entries, SimpleNamespace(benchmark_feeds={"input": mlp.x_val[:1]}), threads=1, work=tmp_path, windows=3)
+    assert used and all(settings == BenchmarkSettings.from_dict(INTERLEAVED_WINDOW) for settings in used)
+    assert all(entry["confirmed"] >= 3 for entry in entries)
+
+
 def test_once_int8_pays_a_clear_outlier_is_kept_in_float_with_only_compute_ops_quantized():
     from workers.quantize.search import plan_round, sensitivity_outliers
 

@@ -15,12 +15,13 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from devices.bench import INTERLEAVED_WINDOW
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
-from kiln.pipeline.retime import RETIME_ROUNDS, RETIME_WINDOW, retimed_tasks
+from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
 from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
@@ -90,7 +91,7 @@ def _retime_payload(task) -> dict | None:
         return None
     return {
         "rounds": int((task.retime or {}).get("rounds") or RETIME_ROUNDS),
-        "window": RETIME_WINDOW,
+        "window": INTERLEAVED_WINDOW,
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
                       "compile": other.variant.options.get("compile") or {},
                       "model": _file_entry(task, f"{RETIME_FILE_PREFIX}{other.id}", other.variant.artifact.blob if other.variant.artifact else None)}
