@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import select
 
+from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg_pool import ConnectionPool
 
@@ -25,9 +27,22 @@ def connection_check(connection) -> None:
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self):
-        pool = super().pool
-        # Django gives the pool either ConnectionPool.check_connection (CONN_HEALTH_CHECKS) or no
-        # check, and refuses a `check` among the pool options; psycopg_pool reads `_check` on each checkout.
-        if pool is not None and pool._check is not connection_check:
-            pool._check = connection_check
-        return pool
+        # Django builds the pool with ConnectionPool.check_connection (CONN_HEALTH_CHECKS) or no check,
+        # and a `check` among OPTIONS["pool"] collides with its own argument; so this backend creates
+        # the pool itself, with psycopg_pool's public `check=`, and Django's property then returns it.
+        options = self.settings_dict["OPTIONS"].get("pool")
+        if options and self.alias != NO_DB_ALIAS and self.alias not in self._connection_pools:
+            self._connection_pools.setdefault(self.alias, self._checked_pool({} if options is True else options))
+        return super().pool
+
+    def _checked_pool(self, options: dict) -> ConnectionPool:
+        """Django's pool (same connection arguments, configure hook, closed until first use) with `connection_check`."""
+        if self.settings_dict.get("CONN_MAX_AGE", 0) != 0:
+            raise ImproperlyConfigured("Pooling doesn't support persistent connections.")
+        return ConnectionPool(
+            kwargs={**self.get_connection_params(), "autocommit": True},  # Django sets autocommit itself later on
+            open=False,
+            configure=self._configure_connection,
+            check=connection_check,
+            **options,
+        )
