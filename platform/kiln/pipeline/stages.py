@@ -209,15 +209,23 @@ def job_dispatch(*, job_id: int) -> None:
 
 # -- report ---------------------------------------------------------------------------------
 
-def _store_package(job: DeploymentJob, report: DeviceReport) -> None:
-    """The recommended variant of one device, bundled for download with its report and a run script."""
+def _package_name(job: DeploymentJob, report: DeviceReport) -> str | None:
+    """The file name of the device's package (model, version, variant, device); None when nothing was recommended."""
+    chosen = next((v for v in report.variants if v["id"] == report.recommended), None)
+    if chosen is None:
+        return None
+    return package_name(job=job, target=report.target, agent_name=report.agent.name if report.agent else None, chosen=chosen)
+
+
+def _store_package(job: DeploymentJob, report: DeviceReport, name: str) -> None:
+    """The recommended variant of one device, bundled for download with its report and a run script, as `name`."""
     device = device_json(agent=report.agent, target=report.target, variants=report.variants, recommended=report.recommended, reason=report.reason,
                          final=True, details=report.details)
     with tempfile.TemporaryDirectory(prefix="kiln-package-") as scratch:
-        path = Path(scratch) / package_name(report.target)
+        path = Path(scratch) / name
         if build_device_package(job=job, device=device, out_path=path):
             chosen = next(v for v in report.variants if v["id"] == report.recommended)
-            artifact_store(job=job, kind=ArtifactKind.PACKAGE, name=path.name, path=path, precision=chosen["precision"], backend=chosen["backend"])
+            artifact_store(job=job, kind=ArtifactKind.PACKAGE, name=name, path=path, precision=chosen["precision"], backend=chosen["backend"])
 
 
 @transaction.atomic
@@ -229,12 +237,16 @@ def _report(job: DeploymentJob) -> str:
         job_event_add(job=job, stage="report", level="warning", message=message)
     Report.objects.filter(job=job).delete()
     for report in reports:
+        # The report keeps its package's name: the name says the model, which a later rename must not unlink.
+        name = _package_name(job, report)
         Report.objects.create(
             organization=job.organization, job=job, target=report.target, agent=report.agent,
             recommended_task_id=report.recommended, reason=report.reason,
-            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report), "recommendation": report.details},
+            data={"variants": report.variants, "estimate": device_estimate(job=job, report=report), "recommendation": report.details,
+                  "package": name},
         )
-        _store_package(job, report)
+        if name:
+            _store_package(job, report, name)
     if not succeeded:
         raise StageFailed("No device task succeeded; the report lists each error.")
     return " | ".join(f"{r.agent.name if r.agent else r.target}: {r.reason}" for r in reports)

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import re
+import unicodedata
 import zipfile
 from pathlib import Path
 
@@ -36,7 +37,29 @@ def dataset_recipe(job) -> dict:
     return {}
 
 
-def package_name(target: str) -> str:
+NAME_PART_CHARS = 48
+
+
+def _slug(text: str) -> str:
+    """`text` in lowercase ASCII letters, digits and single hyphens (accents folded, the rest dropped), at most NAME_PART_CHARS."""
+    ascii_text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:NAME_PART_CHARS].strip("-")
+
+
+def package_name(*, job, target: str, agent_name: str | None, chosen: dict) -> str:
+    """The package's file name: model, version, variant, backend and device, e.g. `digits-v1-int8-minmax-onnxruntime-pi-5-agent-3.zip`.
+
+    Only `[a-z0-9-]`, so it is safe as a path and in a Content-Disposition header. The target (`agent:3`,
+    `rack=a`) ends it because device names need not be unique: one job's packages never share a name.
+    """
+    version = job.model_version
+    parts = [_slug(version.model.name) or "model", f"v{version.number}", _slug(chosen.get("key") or chosen["precision"]),
+             _slug(chosen["backend"]), _slug(agent_name or ""), _slug(target)]
+    return "-".join(part for part in parts if part) + ".zip"
+
+
+def legacy_package_name(target: str) -> str:
+    """The name a package had in reports stored before `package_name` said the model and variant."""
     return "kiln-package-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target).strip("-") + ".zip"
 
 

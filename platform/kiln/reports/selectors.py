@@ -11,7 +11,7 @@ from django.urls import reverse
 from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 
 from .models import Measurement, Report
-from .packaging import package_name
+from .packaging import legacy_package_name
 from .scoring import fp32_noise, pareto_ids, recommendation, score_accuracy
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def job_report(*, job) -> dict:
         packages = {a.name: a for a in job.artifacts.filter(kind=ArtifactKind.PACKAGE).select_related("blob")}
         devices = [
             device_json(agent=r.agent, target=r.target, variants=r.data.get("variants", []), recommended=r.recommended_task_id, reason=r.reason,
-                        final=True, package=packages.get(package_name(r.target)), estimate=r.data.get("estimate"),
+                        final=True, package=packages.get(r.data.get("package") or legacy_package_name(r.target)), estimate=r.data.get("estimate"),
                         details=r.data.get("recommendation"))
             for r in stored
         ]

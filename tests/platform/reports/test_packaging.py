@@ -120,3 +120,26 @@ def test_an_encrypted_package_runs_with_the_key_and_not_without(tenant, other_te
     wrong = run_package(root, model_files["validation"], "--backend", backend, env={"KILN_PACKAGE_KEY": foreign})
     assert wrong.returncode != 0 and "does not open with this key" in wrong.stderr
     assert not list(root.rglob("*.onnx")), "the decrypted model must never be written to disk"
+
+
+def test_the_package_file_is_named_for_the_model_version_variant_and_device(tenant, model_files, django_capture_on_commit_callbacks):
+    job_id = deploy(tenant, model_files, django_capture_on_commit_callbacks)
+    device = tenant.client.get(f"/api/v1/jobs/{job_id}/report/").json()["devices"][0]
+    target_slug = device["target"].replace(":", "-")
+    assert device["package"]["name"] == f"digits-v1-fp32-onnxruntime-pkg-box-{target_slug}.zip"
+    response = tenant.client.get(device["package"]["download_url"])
+    assert response["Content-Disposition"] == f'attachment; filename="{device["package"]["name"]}"'
+
+
+def test_a_package_name_keeps_only_safe_characters_whatever_the_model_and_device_are_called():
+    from types import SimpleNamespace
+
+    from kiln.reports.packaging import package_name
+
+    job = SimpleNamespace(model_version=SimpleNamespace(model=SimpleNamespace(name='../Résumé "ranker"; v2\r\n'), number=3))
+    chosen = {"key": "int8-mse-keep4+static", "precision": "int8", "backend": "openvino"}
+    name = package_name(job=job, target="rack=a/b", agent_name="Ünïx box\\..", chosen=chosen)
+    assert name == "resume-ranker-v2-v3-int8-mse-keep4-static-openvino-unix-box-rack-a-b.zip"
+    nameless = package_name(job=SimpleNamespace(model_version=SimpleNamespace(model=SimpleNamespace(name="模型"), number=1)),
+                            target="agent:7", agent_name=None, chosen={"key": "fp32", "precision": "fp32", "backend": "onnxruntime"})
+    assert nameless == "model-v1-fp32-onnxruntime-agent-7.zip"
