@@ -314,6 +314,8 @@ export interface JobOutcome {
   speedup: number | null;
   beyond_noise: boolean | null;
   tie: boolean;
+  /** The gap the verdict could not settle (speed-up over FP32, else the tie) had too wide an interval to call a tie. */
+  too_noisy?: boolean;
   accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
   verdict: string | null;
 }
@@ -489,6 +491,8 @@ export interface LatencyRatio {
   high: number;
   source: string;
   beyond_noise: boolean;
+  /** The interval is too wide to call the gap a tie (absent in reports stored before it existed). */
+  too_noisy?: boolean;
 }
 
 export interface Verdict {

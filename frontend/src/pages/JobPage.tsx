@@ -3,7 +3,7 @@ import { Link, useNavigate, useParams } from 'react-router';
 import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useReport, useRerunJob } from '../api/hooks';
 import type { Artifact, DeviceTask, Job, JobStage, JobVariant, Report } from '../api/types';
 import { variantLabel } from './report/ReportTable';
-import { costPhrase, headline, speedupPhrase } from './report/verdict';
+import { costPhrase, headline, speedupPhrase, tieBadge } from './report/verdict';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { formatBytes, formatDate, humanize, percent } from '../format';
@@ -285,7 +285,7 @@ export function ResultSummary({ report, jobId }: { report: Report; jobId: number
                 <ul className="verdict-facts">
                   <li data-testid="result-speedup">{speedupPhrase(device.verdict)}</li>
                   <li>{costPhrase(device.verdict)}</li>
-                  {device.verdict.tie ? <li><span className="badge badge-tie">Tie within noise</span></li> : null}
+                  {tieBadge(device.verdict) ? <li><span className="badge badge-tie">{tieBadge(device.verdict)}</span></li> : null}
                 </ul>
               ) : null}
               <p className="small result-verdict">{headline(device)}</p>

@@ -1,10 +1,15 @@
 /** A finished deployment's outcome in a few words: what each device should run and how much faster. */
 import type { JobOutcome } from '../api/types';
 
-/** "2.41x" for a speed-up beyond the noise; "tie" inside it; "—" when FP32 itself won or nothing was measured. */
+/**
+ * "2.41x" for a speed-up beyond the noise; "(within noise)" or "tie" inside it, "too noisy to tell" when its
+ * interval was too wide to call it that; "—" when FP32 itself won or nothing was measured.
+ */
 export function speedupCell(outcome: JobOutcome): string {
-  if (outcome.speedup === null || outcome.speedup === undefined) return outcome.tie ? 'tie within noise' : '—';
-  return outcome.beyond_noise ? `${outcome.speedup.toFixed(2)}x` : `${outcome.speedup.toFixed(2)}x (within noise)`;
+  const unsettled = outcome.too_noisy ? 'too noisy to tell' : null;
+  if (outcome.speedup === null || outcome.speedup === undefined) return outcome.tie ? (unsettled ?? 'tie within noise') : '—';
+  if (outcome.beyond_noise) return `${outcome.speedup.toFixed(2)}x`;
+  return `${outcome.speedup.toFixed(2)}x (${unsettled ?? 'within noise'})`;
 }
 
 export function OutcomeCells({ outcome }: { outcome: JobOutcome[] | undefined }) {

@@ -18,6 +18,8 @@ INTERLEAVED = "interleaved re-timing"
 WINDOWS = "benchmark windows"
 RUN_SPREAD = "per-run spread"
 UNKNOWN = "p50 only"
+# An interval wider than this (high / low) settles nothing: such a gap is "too noisy to tell", not a tie.
+MAX_DECIDABLE_SPREAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,14 @@ class LatencyRatio:
         """`fast` is faster even at the low end of the interval."""
         return self.low > 1.0
 
+    @property
+    def too_noisy(self) -> bool:
+        """The interval is too wide (high / low above MAX_DECIDABLE_SPREAD) to call what it holds a tie."""
+        return self.low <= 0 or self.high / self.low > MAX_DECIDABLE_SPREAD
+
     def as_dict(self) -> dict:
-        return {"ratio": self.ratio, "low": self.low, "high": self.high, "source": self.source, "beyond_noise": self.beyond_noise}
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "source": self.source, "beyond_noise": self.beyond_noise,
+                "too_noisy": self.too_noisy}
 
 
 def timing_of(entry: dict) -> Timing | None:

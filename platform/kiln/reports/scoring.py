@@ -60,6 +60,11 @@ def _times(ratio: LatencyRatio) -> str:
     return f"{ratio.ratio:.2f}x ({ratio.low:.2f}x to {ratio.high:.2f}x)"
 
 
+def _too_noisy(ratio: LatencyRatio) -> str:
+    """A gap whose interval is too wide to call a tie (`LatencyRatio.too_noisy`), and what to do about it."""
+    return f"too noisy to tell: {ratio.low:.2f}x to {ratio.high:.2f}x; re-run on a quieter device"
+
+
 def _cost(accuracy: dict) -> str:
     drop = accuracy.get("drop")
     if drop is None:
@@ -78,13 +83,18 @@ def _verdict(chosen: dict, measured: list[dict], ties: list[tuple[dict, LatencyR
         speed = "the FP32 reference itself" if chosen["precision"] == "fp32" else "no FP32 measured to compare with"
     elif speedup.beyond_noise:
         speed = f"{speedup.ratio:.2f}x faster than FP32 ({chosen['latency_ms']['p50']:.3g} vs {baseline['latency_ms']['p50']:.3g} ms)"
+    elif speedup.too_noisy:
+        speed = f"{speedup.ratio:.2f}x the speed of FP32, {_too_noisy(speedup)}"
     else:
         speed = f"{_times(speedup)} the speed of FP32, a tie within noise"
     if ties:
         other, ratio = ties[0]
         more = f" and {len(ties) - 1} more" if len(ties) > 1 else ""
-        speed += (f"; {_describe(other)}{more} measured {_times(ratio)} faster, a tie within noise, "
-                  f"so the {_WINS_ON[_loses_on(other, chosen)]} one is recommended")
+        recommended = f"so the {_WINS_ON[_loses_on(other, chosen)]} one is recommended"
+        if ratio.too_noisy:
+            speed += f"; {_describe(other)}{more} measured {ratio.ratio:.2f}x faster, {recommended}, but {_too_noisy(ratio)}"
+        else:
+            speed += f"; {_describe(other)}{more} measured {_times(ratio)} faster, a tie within noise, {recommended}"
     elif speedup is None or not speedup.beyond_noise:
         speed += "; nothing within the tolerance is faster beyond the measured noise"
     text = f"Use {_describe(chosen)}: {speed}; {_cost(accuracy)}."
@@ -113,10 +123,14 @@ def _why_not(entry: dict, chosen: dict | None, tolerance: dict) -> str:
         ratio = _ratio(chosen, entry)
         if ratio.beyond_noise:
             return f"slower: {1 / ratio.ratio:.2f}x the recommended's speed"
+        if ratio.too_noisy:
+            return f"{_loses_on(entry, chosen)}, and {ratio.ratio:.2f}x slower is {_too_noisy(ratio)}"
         return f"a tie within noise ({_times(ratio)} slower), and {_loses_on(entry, chosen)}"
     ratio = _ratio(entry, chosen)
     if ratio.beyond_noise:
         return f"{_times(ratio)} faster, but {_loses_on(entry, chosen)} than a variant that ties with it"
+    if ratio.too_noisy:
+        return f"{_loses_on(entry, chosen)}, and {ratio.ratio:.2f}x faster is {_too_noisy(ratio)}"
     return f"{_times(ratio)} faster: a tie within noise, and {_loses_on(entry, chosen)}"
 
 

@@ -180,10 +180,13 @@ def job_outcome(*, job) -> list[dict]:
     for report in job.reports.all():
         verdict = (report.data or {}).get("recommendation", {}).get("verdict") or {}
         speedup = verdict.get("speedup") or {}
+        # The gap the verdict could not settle: the speed-up over FP32, else the tie with a faster variant.
+        unsettled = speedup or next(iter(verdict.get("tied_with") or []), {})
         outcome.append({
             "device": report.agent.name if report.agent else report.target, "agent": report.agent_id,
             "recommended": verdict.get("label"), "speedup": speedup.get("ratio"), "beyond_noise": speedup.get("beyond_noise"),
-            "tie": verdict.get("tie", False), "accuracy": verdict.get("accuracy"), "verdict": verdict.get("text") or report.reason,
+            "tie": verdict.get("tie", False), "too_noisy": bool(unsettled.get("too_noisy")), "accuracy": verdict.get("accuracy"),
+            "verdict": verdict.get("text") or report.reason,
         })
     return sorted(outcome, key=lambda row: row["device"] or "")
 

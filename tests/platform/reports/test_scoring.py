@@ -56,21 +56,45 @@ def test_the_verdict_is_one_line_naming_the_variant_the_speed_up_and_the_cost():
 
 
 def test_a_speed_up_inside_the_noise_is_a_tie_and_the_more_accurate_wins():
-    # The small CNN: INT4 weight-only "1.10x FP32" while its own row was unstable.
+    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
+               entry(2, "int4-weight", 0.021, 0.999, windows=(0.020, 0.021, 0.0225), unstable=True, size=800)]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 1
+    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["variant"] == 2 and not chosen.verdict["tied_with"][0]["too_noisy"]
+    assert "faster, a tie within noise" in chosen.reason and "more accurate one is recommended" in chosen.reason
+    assert chosen.alternatives[0]["why"].endswith("a tie within noise, and less accurate")
+    note = chosen.unstable[0]
+    assert note["variant"] == 2 and "0.02, 0.021, 0.0225 ms" in note["text"] and "Re-measure" in note["text"]
+    assert note["spread"] == pytest.approx((0.0225 - 0.020) / 0.021)
+
+
+def test_a_gap_with_a_very_wide_interval_is_too_noisy_to_tell_not_a_tie_and_the_more_accurate_still_wins():
+    # The small CNN: INT4 weight-only "1.10x FP32" while its own row was unstable: 0.82x to 1.46x settles nothing.
     entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
                entry(2, "int4-weight", 0.021, 0.999, windows=(0.019, 0.021, 0.025), unstable=True, size=800)]
     chosen = recommendation(entries, TOLERANCE)
     assert chosen.variant == 1
-    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["variant"] == 2
-    assert "a tie within noise" in chosen.reason and "more accurate one is recommended" in chosen.reason
-    assert chosen.alternatives[0]["why"].endswith("a tie within noise, and less accurate")
-    note = chosen.unstable[0]
-    assert note["variant"] == 2 and "0.019, 0.021, 0.025 ms" in note["text"] and "Re-measure" in note["text"]
-    assert note["spread"] == pytest.approx((0.025 - 0.019) / 0.021)
+    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["too_noisy"]
+    assert chosen.reason == ("Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x faster, "
+                             "so the more accurate one is recommended, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device; "
+                             "no accuracy cost (top1_agreement 1).")
+    assert chosen.alternatives[0]["why"] == "less accurate, and 1.10x faster is too noisy to tell: 0.82x to 1.46x; re-run on a quieter device"
+
+
+def test_a_speed_up_over_fp32_with_a_very_wide_interval_is_too_noisy_to_tell():
+    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
+               entry(2, "int8", 0.021, 1.0, windows=(0.019, 0.021, 0.025), size=1000)]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == 2 and chosen.verdict["speedup"]["too_noisy"] and not chosen.verdict["speedup"]["beyond_noise"]
+    assert chosen.reason.startswith("Use int8 on onnxruntime: 1.10x the speed of FP32, too noisy to tell: 0.82x to 1.46x; "
+                                    "re-run on a quieter device; nothing within the tolerance is faster")
+    assert "tie" not in chosen.reason
+    assert {row["family"]: row["why"] for row in chosen.alternatives}["fp32"] == (
+        "larger, and 1.10x slower is too noisy to tell: 0.82x to 1.46x; re-run on a quieter device")
 
 
 def test_of_a_tie_in_speed_and_accuracy_the_smaller_wins():
-    entries = [entry(1, "int8", 1.00, 1.0, windows=(0.9, 1.0, 1.1), size=4000), entry(2, "int4-weight", 0.98, 1.0, windows=(0.9, 0.98, 1.1), size=1000),
+    entries = [entry(1, "int8", 1.00, 1.0, windows=(0.95, 1.0, 1.05), size=4000), entry(2, "int4-weight", 0.98, 1.0, windows=(0.93, 0.98, 1.03), size=1000),
                entry(3, "fp32", 3.0, 1.0, windows=(3.0, 3.0, 3.0), size=16000)]
     chosen = recommendation(entries, TOLERANCE)
     assert chosen.variant == 2

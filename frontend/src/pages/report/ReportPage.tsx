@@ -8,7 +8,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../.
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
-import { costPhrase, headline, speedupPhrase, tiePhrase } from './verdict';
+import { costPhrase, headline, speedupPhrase, tieBadge, tiePhrase } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
 import { CalibrationSubset } from './CalibrationSubset';
 import { LearningCurves } from './LearningCurves';
@@ -29,6 +29,7 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
   const provisional = device.final === false;
   const verdict = device.verdict;
   const tie = verdict ? tiePhrase(verdict) : null;
+  const badge = verdict ? tieBadge(verdict) : null;
   return (
     <div className="recommendation" data-testid="recommendation">
       <div>
@@ -39,7 +40,7 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
         <ul className="verdict-facts" aria-label="Verdict">
           <li data-testid="verdict-speedup">{speedupPhrase(verdict)}</li>
           <li data-testid="verdict-cost">{costPhrase(verdict)}</li>
-          {verdict.tie ? <li><span className="badge badge-tie">Tie within noise</span></li> : null}
+          {badge ? <li><span className="badge badge-tie">{badge}</span></li> : null}
         </ul>
       ) : null}
       <p className="recommendation-reason" data-testid="verdict">{headline(device)}</p>

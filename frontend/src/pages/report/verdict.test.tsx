@@ -2,7 +2,7 @@ import { fireEvent, render, screen, within } from '@testing-library/react';
 import { describe, expect, it, vi } from 'vitest';
 import type { ReportDevice, ReportVariant, Verdict } from '../../api/types';
 import { Recommendation } from './ReportPage';
-import { costPhrase, speedupPhrase, tiePhrase } from './verdict';
+import { costPhrase, speedupPhrase, tieBadge, tiePhrase } from './verdict';
 
 function variant(id: number, precision: string, p50: number): ReportVariant {
   return {
@@ -20,8 +20,8 @@ const steady: Verdict = {
 
 const tie: Verdict = {
   variant: 1, label: 'fp32 on onnxruntime', tie: true, speedup: null,
-  text: 'Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x (0.82x to 1.46x) faster, a tie within noise, so the more accurate one is recommended; no accuracy cost (top1_agreement 1).',
-  tied_with: [{ variant: 2, label: 'int4-weight on onnxruntime', ratio: 1.0952, low: 0.823, high: 1.458, source: 'benchmark windows', beyond_noise: false }],
+  text: 'Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x (0.97x to 1.24x) faster, a tie within noise, so the more accurate one is recommended; no accuracy cost (top1_agreement 1).',
+  tied_with: [{ variant: 2, label: 'int4-weight on onnxruntime', ratio: 1.0952, low: 0.971, high: 1.235, source: 'benchmark windows', beyond_noise: false, too_noisy: false }],
   accuracy: { metric: 'top1_agreement', value: 1, drop: 0 },
 };
 
@@ -43,10 +43,31 @@ describe('recommendation wording', () => {
     const inside: Verdict = { ...steady, speedup: { baseline: 1, ratio: 1.1, low: 0.95, high: 1.27, source: 'benchmark windows', beyond_noise: false } };
     expect(speedupPhrase(inside)).toBe("1.10x (0.95x–1.27x) FP32's speed: a tie within noise");
     expect(tiePhrase(tie)).toBe(
-      'A tie within noise: int4-weight on onnxruntime measured 1.10x (0.82x–1.46x) faster, which the measured noise does not rule out being no faster at all.',
+      'A tie within noise: int4-weight on onnxruntime measured 1.10x (0.97x–1.24x) faster, which the measured noise does not rule out being no faster at all.',
     );
     expect(speedupPhrase(tie)).toBe('FP32 itself');
     expect(costPhrase(tie)).toBe('no accuracy cost');
+  });
+
+  it('calls a gap with a very wide interval too noisy to tell, in the words of the server, not a tie', () => {
+    const noisy: Verdict = {
+      ...tie,
+      text: 'Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x faster, so the more accurate one is recommended, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device; no accuracy cost (top1_agreement 1).',
+      tied_with: [{ ...tie.tied_with[0], low: 0.823, high: 1.458, too_noisy: true }],
+    };
+    const phrase = tiePhrase(noisy);
+    expect(phrase).toBe('int4-weight on onnxruntime measured 1.10x faster, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device.');
+    expect(phrase).not.toContain('tie');
+    // The same clause as the server's verdict line (kiln/reports/scoring.py).
+    expect(noisy.text).toContain('too noisy to tell: 0.82x to 1.46x; re-run on a quieter device');
+    expect(tieBadge(noisy)).toBe('Too noisy to tell');
+    expect(tieBadge(tie)).toBe('Tie within noise');
+    expect(tieBadge(steady)).toBeNull();
+    const wide: Verdict = { ...steady, speedup: { baseline: 1, ratio: 1.0952, low: 0.823, high: 1.458, source: 'benchmark windows', beyond_noise: false, too_noisy: true } };
+    expect(speedupPhrase(wide)).toBe("1.10x FP32's speed: too noisy to tell: 0.82x to 1.46x; re-run on a quieter device");
+    render(<Recommendation device={device(noisy)} />);
+    expect(screen.getByText('Too noisy to tell')).toBeInTheDocument();
+    expect(screen.queryByText('Tie within noise')).not.toBeInTheDocument();
   });
 
   it('renders one verdict line, a badge for the tie, and the why-not table by family', () => {
