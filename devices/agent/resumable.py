@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from devices.agent.client import ApiError, HttpClient, ServerUnavailable
+from devices.agent.http import ApiError, HttpClient, ServerUnavailable
 
 logger = logging.getLogger(__name__)
 

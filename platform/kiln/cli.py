@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import click
@@ -17,6 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskProgressColum
 from rich.table import Table
 
 from kiln.client import ApiError, Client, ClientConfig, ServerUnavailable
+from kiln.reports.package_run import VerificationFailed, verify
 
 EXIT_OK, EXIT_ERROR, EXIT_TOLERANCE_MISSED = 0, 1, 3
 
@@ -426,8 +429,6 @@ def packages_key(ctx) -> None:
 
 
 def _safe_extract(archive_path: Path, target: Path) -> None:
-    import zipfile
-
     with zipfile.ZipFile(archive_path) as archive:
         for member in archive.infolist():
             name = Path(member.filename)
@@ -443,10 +444,6 @@ def _safe_extract(archive_path: Path, target: Path) -> None:
 @click.pass_context
 def packages_verify(ctx, package: Path, public_key: Path | None) -> None:
     """Check a package (.zip or folder) against the server's signature without running anything in it."""
-    import tempfile
-
-    from kiln.reports.package_run import VerificationFailed, verify
-
     pem = public_key.read_bytes() if public_key else _client(ctx).package_signing_key().encode()
     with tempfile.TemporaryDirectory(prefix="kiln-verify-") as scratch:
         root = package

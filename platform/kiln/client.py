@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
-from devices.agent.client import ApiError, HttpClient, RetryPolicy, ServerUnavailable
+from devices.agent.http import ApiError, HttpClient, RetryPolicy, ServerUnavailable
 from devices.agent.resumable import DEFAULT_CHUNK_BYTES, upload_file
 
 __all__ = ["ApiError", "Client", "ClientConfig", "ServerUnavailable", "TERMINAL_STATUSES"]

@@ -3,15 +3,8 @@ import socket
 
 import pytest
 
-from devices.agent.client import (
-    AgentClient,
-    AgentUnauthorized,
-    ApiError,
-    RetryPolicy,
-    ServerUnavailable,
-    StaleAttempt,
-    parse_retry_after,
-)
+from devices.agent.client import AgentClient, AgentUnauthorized, StaleAttempt
+from devices.agent.http import ApiError, RetryPolicy, ServerUnavailable, parse_retry_after
 
 from .conftest import Answer, FakeAgentServer
 

@@ -65,7 +65,7 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
     assert recommended["latency_ms"]["p50"] == min(v["latency_ms"]["p50"] for v in passing) or device["verdict"]["tie"], device["reason"]
 
     # The near-ties were re-timed by the agent itself, side by side in interleaved windows, and the
-    # report's noise verdict reads those paired windows (kiln.pipeline.retime, reports/noise.py).
+    # report's noise verdict reads those paired windows (kiln.pipeline.retime, workers/noise.py).
     assert any("re-timed side by side in interleaved windows" in message for message in events), events
     retimed = {v["id"]: v for v in device["variants"] if v["timing"].get("interleaved_medians_ms")}
     assert len(retimed) >= 2, {v["key"]: v["timing"] for v in device["variants"]}

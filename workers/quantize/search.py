@@ -24,26 +24,38 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
-import sys
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
+import psutil
 
 from devices import contract
 from devices.backends.options import describe as describe_compile_options
 from devices.backends.options import has_bf16
+from devices.backends.registry import get_backend
+from devices.batching import sample_rows
+from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
+from devices.metrics import evaluate
+from workers.datasets import LABELS, iter_batches
+from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.learned.search import learned_proposals
+from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
     is_transformer,
     ort_int8_scheme,
 )
+from workers.scoring import pareto_ids, recommend
 
 logger = logging.getLogger(__name__)
 
@@ -509,16 +521,6 @@ def host_isa() -> list[str]:
     return []
 
 
-def _scoring():
-    try:
-        from kiln.reports import scoring
-    except ImportError:
-        # kiln lives under platform/, which is not a package (it would shadow stdlib `platform`).
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "platform"))
-        from kiln.reports import scoring
-    return scoring
-
-
 def search_locally(
     *,
     model_path: str | Path,
@@ -551,16 +553,9 @@ def search_locally(
     "notes", "failures", "builds"}` with variants shaped like the report's (`id`, `key`, `backend`,
     `precision`, `recipe`, `compile`, `latency_ms`, `accuracy`, `size_bytes`, `path`).
     """
-    import os
-    import tempfile
-
-    from devices.bench import BenchmarkSettings
-    from workers.inspect import inspect_onnx
-
     started = time.monotonic()
     deadline = started + time_budget_s
     tolerance = parse_tolerance(tolerance)
-    scoring = _scoring()
     settings = BenchmarkSettings.from_dict(benchmark or {"warmup_runs": 5, "warmup_seconds": 0.2,
                                                          "min_runs": 20, "min_seconds": 0.6})
     scratch = tempfile.TemporaryDirectory(prefix="kiln-search-") if work_dir is None else None
@@ -621,8 +616,8 @@ def search_locally(
     # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
     notes = [verdict["reason"] for verdict in family_verdicts(entries).values()] + compile_winners(entries)
     _confirm_fastest(entries, validation, threads, work, confirm_windows)
-    recommended, reason = scoring.recommend(entries, tolerance)
-    pareto = scoring.pareto_ids(entries)
+    recommended, reason = recommend(entries, tolerance)
+    pareto = pareto_ids(entries)
     for entry in entries:
         entry["pareto"] = entry["id"] in pareto
     if scratch is not None:
@@ -649,10 +644,6 @@ def search_locally(
 
 def host_thread_choices() -> list[int]:
     """This host's physical and logical core counts (one entry when they are equal)."""
-    import os
-
-    import psutil
-
     return sorted({count for count in (psutil.cpu_count(logical=False), psutil.cpu_count(logical=True) or os.cpu_count())
                    if count})
 
@@ -664,8 +655,6 @@ def _int8_pays(entries: list[dict[str, Any]]) -> bool:
 
 def _rank_nodes_safely(model_path, calibration_path, samples: int, budget: int | None, failures: list) -> list[dict[str, Any]]:
     """Sensitivity ranking in a child process under the memory budget; a failure leaves the search without refinements."""
-    from workers.quantize.isolated import rank_nodes_isolated
-
     try:
         return rank_nodes_isolated(model_path=model_path, calibration_path=calibration_path, max_samples=samples,
                                    memory_budget=budget)
@@ -680,10 +669,6 @@ def _build_round(specs, model_path, calibration_path, work: Path, cache: Path, w
 
     Returns `{recipe key: (artifact path, build result)}`; specs that differ only in compile options share one build.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from workers.quantize.isolated import build_isolated
-
     recipes: dict[str, dict[str, Any]] = {}
     for spec in sorted(specs, key=lambda spec: spec["key"] not in VENDOR_DEFAULTS):
         recipes.setdefault(_recipe_key(spec), spec)
@@ -715,11 +700,6 @@ class _Validation:
     """Validation inputs (bounded), labels, and the FP32 reference outputs on them."""
 
     def __init__(self, model_path: str | Path, validation_path: str | Path, limit: int, declared: list[dict[str, Any]]):
-        import onnxruntime as ort
-
-        from workers.datasets import LABELS, iter_batches
-        from workers.inspect import infer_output_kinds
-
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.input_names = [value.name for value in session.get_inputs()]
         self.output_names = [value.name for value in session.get_outputs()]
@@ -745,8 +725,6 @@ class _Validation:
 
     def run(self, infer, *, rows_per_call: int | None = None) -> dict[str, np.ndarray]:
         """Every validation sample through `infer`, `rows_per_call` rows at a time (a static-shape build) or whole batches."""
-        from devices.batching import sample_rows
-
         parts: dict[str, list[np.ndarray]] = {}
         for batch in self.batches:
             total = len(next(iter(batch.values())))
@@ -788,12 +766,9 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     while the leader's 90% interval (bootstrap over the window medians) overlaps a rival's. Each
     contender's p50 becomes the median of its window medians, with the interval as `p50_ci`, and
     its window medians go to `timing.interleaved_medians_ms` (paired across contenders: the
-    recommendation judges ties by the per-window ratios, reports/noise.py). The others are scaled by
+    recommendation judges ties by the per-window ratios, workers/noise.py). The others are scaled by
     the drift the contenders saw (`drift_adjusted`).
     """
-    from devices.backends.registry import get_backend
-    from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
-
     contenders = confirmation_contenders(entries)
     if windows < 1 or len(contenders) < 2:
         return
@@ -850,10 +825,6 @@ def _leader_is_clear(samples: list[list[np.ndarray]]) -> bool:
 
 def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[str, Any], validation: _Validation,
              settings, threads: int | None, work: Path, tolerance: dict[str, Any]) -> dict[str, Any]:
-    from devices.backends.registry import get_backend
-    from devices.bench import measure
-    from devices.metrics import evaluate
-
     compile_options = dict(spec.get("compile") or {})
     entry: dict[str, Any] = {
         "id": f"{spec['key']}@{backend_name}", "key": spec["key"], "backend": backend_name,

@@ -476,7 +476,7 @@ export interface ReportDevice {
   estimate?: DeviceEstimate | null;
   /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
   fp32_noise?: Fp32Noise[];
-  /** The one-line verdict on the recommended variant (reports/scoring.py). */
+  /** The one-line verdict on the recommended variant (workers/scoring.py). */
   verdict?: Verdict | null;
   /** Why not the others: one row per precision family. */
   alternatives?: WhyNotRow[];

@@ -6,15 +6,15 @@ Once the search has nothing left to plan, each device whose recommendation rests
 gets one RETIME task (pinned to the agent that measured them): the agent compiles the contenders
 again and times them side by side in round-robin windows, and their per-window medians land in each
 contender's own metrics as `interleaved_medians_ms`, which the report's noise verdict pairs window by
-window (reports/noise.py), so the drift both saw cancels.
+window (workers/noise.py), so the drift both saw cancels.
 """
 from __future__ import annotations
 
 from django.db import transaction
 
-from kiln.reports.scoring import near_ties
 from kiln.reports.selectors import device_reports
 from workers.quantize.search import is_vendor_default
+from workers.scoring import near_ties
 
 from .models import DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 

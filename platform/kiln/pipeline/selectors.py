@@ -4,8 +4,10 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.shortcuts import get_object_or_404
+
+from kiln.core.errors import KilnError
 
 from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent, JobStatus
@@ -16,8 +18,6 @@ def job_list(*, organization, model_id: str | None = None):
     jobs = DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").prefetch_related("reports__agent")
     if model_id not in (None, ""):
         if not str(model_id).isdigit():
-            from kiln.core.errors import KilnError
-
             raise KilnError("model must be an id.", code="invalid_filter")
         jobs = jobs.filter(model_version__model_id=int(model_id))
     return jobs
@@ -57,8 +57,6 @@ def artifact_get(*, organization, artifact_id: int) -> Artifact:
 
 def job_change_fingerprint(*, job_id: int) -> tuple:
     """Changes whenever anything the job page shows changes: the job row, its events, its tasks' progress."""
-    from django.db.models import Count, Max, Sum
-
     job = DeploymentJob.objects.filter(pk=job_id).values_list("updated_at", "status").first()
     tasks = DeviceTask.objects.filter(job_id=job_id).aggregate(count=Count("id"), progress=Sum("progress"), attempts=Sum("attempt"),
                                                                  started=Max("started_at"), finished=Max("finished_at"))

@@ -13,6 +13,7 @@ import numpy as np
 from django.conf import settings
 from django.db import transaction
 
+from devices.contract import evaluation_plan
 from kiln.registry.models import CONVERTED_FORMATS, SourceFormat
 from kiln.registry.selectors import blob_file
 from kiln.registry.services import blob_create
@@ -21,7 +22,7 @@ from kiln.reports.packaging import build_device_package, package_name
 from kiln.reports.selectors import DeviceReport, device_json, device_reports
 from kiln.reports.services import device_estimate, measurements_record
 from workers.convert import convert_model
-from workers.inspect import validate_onnx
+from workers.inspect import infer_output_kinds, validate_onnx
 from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
 from workers.reference import compute_reference_outputs
 
@@ -175,9 +176,6 @@ def _reference(job) -> str:
 
 def _evaluation_plan(job, reference_path: Path) -> dict:
     """Kinds per output (the user's overrides, else inferred from the graph and FP32's values) and what each device measures."""
-    from devices.contract import evaluation_plan
-    from workers.inspect import infer_output_kinds
-
     with np.load(reference_path, allow_pickle=False) as archive:
         reference = {name: archive[name] for name in archive.files}
     kinds = infer_output_kinds(source_model_path(job), reference)

@@ -6,13 +6,19 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from django.core.cache import cache
 from django.urls import reverse
 
+from kiln.core.errors import KilnError
 from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
+from kiln.registry.selectors import model_version_onnx_path
+from workers.cost import op_work
+from workers.quantize.search import compile_winners, family_verdicts
+from workers.scoring import fp32_noise, pareto_ids, recommendation, score_accuracy
 
+from .estimate import estimate_ms, fit_rates
 from .models import Measurement, Report
 from .packaging import legacy_package_name
-from .scoring import fp32_noise, pareto_ids, recommendation, score_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +56,7 @@ def _scored(tolerance: dict, accuracy: dict) -> dict:
 
 
 def _timing(metrics: dict) -> dict:
-    """The samples the noise of a latency is judged by (reports/noise.py): the headline batch's
+    """The samples the noise of a latency is judged by (workers/noise.py): the headline batch's
     window medians, and per-round medians of interleaved re-timing when the device did that."""
     rows = metrics.get("by_batch") or []
     windows = rows[0].get("window_medians_ms") if rows and isinstance(rows[0], dict) else None
@@ -225,8 +231,6 @@ def job_report(*, job) -> dict:
 
 def _search_summary(job, devices: list[dict]) -> dict:
     """Rounds, sensitivity, the time budget and, per device, why families were searched or dropped and which compile options won."""
-    from workers.quantize.search import compile_winners, family_verdicts
-
     notes = {}
     for device in devices:
         measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}"} for variant in device.get("variants", [])]
@@ -286,8 +290,6 @@ PERFORMANCE_ORDERING = {"measured_at", "-measured_at", "p50_ms", "-p50_ms", "slo
 
 def performance_list(*, organization, filters: dict):
     """Measurements of one organization, filtered by the query parameters documented in docs/api.md."""
-    from kiln.core.errors import KilnError
-
     queryset = Measurement.objects.filter(organization=organization).select_related("baseline")
     for name, field in PERFORMANCE_FILTERS.items():
         value = filters.get(name)
@@ -321,8 +323,6 @@ def _fp32_rows(*, organization, device_key: str | None = None, backend: str | No
 def estimate_for_device(*, organization, device_key: str, backend: str, work: dict, counts: dict,
                         exclude_model_sha256: str | None = None) -> dict | None:
     """The estimated FP32 p50 of a model with this work on one device and backend; None when nothing was measured there."""
-    from .estimate import estimate_ms, fit_rates
-
     rows = list(_fp32_rows(organization=organization, device_key=device_key, backend=backend, exclude_model_sha256=exclude_model_sha256)
                 .values("p50_ms", "op_work", "op_histogram", "profile_by_op_type", "model_sha256"))
     if not rows:
@@ -336,11 +336,6 @@ def estimate_for_device(*, organization, device_key: str, backend: str, work: di
 
 def model_version_estimates(*, version) -> dict:
     """Estimated FP32 latency of a model version on every device and backend with measurements of other models."""
-    from django.core.cache import cache
-
-    from kiln.registry.selectors import model_version_onnx_path
-    from workers.cost import op_work
-
     # Shape inference of a large model takes seconds; the same bytes always have the same work.
     work = cache.get_or_set(f"kiln:op-work:{version.blob.sha256}", lambda: op_work(model_version_onnx_path(version)), 24 * 3600)
     pairs = (_fp32_rows(organization=version.organization, exclude_model_sha256=version.blob.sha256)

@@ -6,9 +6,13 @@ app's own and outlive the job.
 from __future__ import annotations
 
 from kiln.pipeline.models import DeviceTask, DeviceTaskStatus
+from kiln.registry.selectors import model_version_onnx_path
+from workers.cost import op_work
 
+from .estimate import relative_error
 from .models import Measurement
-from .selectors import DeviceReport
+from .regressions import compare
+from .selectors import DeviceReport, estimate_for_device
 
 
 def device_key(agent) -> str:
@@ -17,9 +21,6 @@ def device_key(agent) -> str:
 
 
 def _job_op_work(job) -> dict:
-    from kiln.registry.selectors import model_version_onnx_path
-    from workers.cost import op_work
-
     try:
         return op_work(model_version_onnx_path(job.model_version))
     except Exception:  # an estimate is a bonus: a model the cost walk cannot read still gets measured rows
@@ -50,8 +51,6 @@ def _measurement_values(job, task: DeviceTask, entry: dict, work: dict) -> dict:
 
 def _flag_regression(measurement: Measurement) -> str | None:
     """Compare with the latest earlier measurement of the same series; a message when it regressed."""
-    from .regressions import compare
-
     baseline = (
         Measurement.objects.filter(organization=measurement.organization, model_sha256=measurement.model_sha256, variant_key=measurement.variant_key,
                                    backend=measurement.backend, device_key=measurement.device_key, measured_at__lt=measurement.measured_at)
@@ -100,8 +99,6 @@ def measurements_record(*, job, reports: list[DeviceReport]) -> list[str]:
 
 def device_estimate(*, job, report: DeviceReport) -> dict | None:
     """What the performance database predicted for this device's FP32 latency, against what was measured."""
-    from .selectors import estimate_for_device
-
     fp32 = next((e for e in report.variants if e["precision"] == "fp32" and e.get("latency_ms") and e.get("measurement")), None)
     if fp32 is None:
         return None
@@ -111,7 +108,5 @@ def device_estimate(*, job, report: DeviceReport) -> dict | None:
     if predicted is None:
         return {"backend": measurement.backend, "estimated_p50_ms": None, "measured_p50_ms": measurement.p50_ms, "error": None, "coverage": 0.0,
                 "models": 0, "note": "No other model was measured on this device yet."}
-    from .estimate import relative_error
-
     return {"backend": measurement.backend, "estimated_p50_ms": predicted["p50_ms"], "measured_p50_ms": measurement.p50_ms,
             "error": relative_error(predicted["p50_ms"], measurement.p50_ms), "coverage": predicted["coverage"], "models": predicted["models"]}

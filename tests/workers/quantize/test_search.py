@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.reports.noise import latency_ratio, timing_of
+from workers.noise import latency_ratio, timing_of
 from workers.quantize import PRECISIONS
 from workers.quantize.search import (
     InvalidTolerance,
@@ -251,7 +251,7 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_path, mlp_cali
     assert {"fp32@onnxruntime", "int8-minmax@onnxruntime"} <= set(by_id)
     best = by_id[result["recommended"]]
     assert best["accuracy"]["within_tolerance"]
-    # The fastest within tolerance, or one it does not beat beyond the measured noise (reports/noise.py).
+    # The fastest within tolerance, or one it does not beat beyond the measured noise (workers/noise.py).
     fastest = min((e for e in by_id.values() if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
     assert best is fastest or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
     assert result["reason"].startswith(f"Use {best['key']} on onnxruntime")
@@ -268,7 +268,7 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_path, mlp_cali
     assert static and static[0]["compile"] == {"static_shapes": {"input": [1, 64]}}
     assert static[0]["accuracy"]["within_tolerance"]
     # The final re-timing ran the contenders side by side, vendor defaults among them, in paired rounds
-    # whose medians the recommendation judges ties by (reports/noise.py reads them as interleaved re-timing).
+    # whose medians the recommendation judges ties by (workers/noise.py reads them as interleaved re-timing).
     confirmed = [entry for entry in by_id.values() if entry.get("confirmed")]
     assert {"fp32@onnxruntime", "int8-ort-default@onnxruntime"} & {entry["id"] for entry in confirmed}
     assert len({len(entry["timing"]["interleaved_medians_ms"]) for entry in confirmed}) == 1
@@ -297,9 +297,8 @@ def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses
 
     import numpy as np
 
-    import devices.bench
     from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
-    from workers.quantize.search import _confirm_fastest
+    from workers.quantize import search
 
     used = []
 
@@ -307,9 +306,9 @@ def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses
         used.append(settings)
         return {"samples_ms": np.full(10, 1.0 + len(used) % 2)}
 
-    monkeypatch.setattr(devices.bench, "measure", fake_measure)
+    monkeypatch.setattr(search, "measure", fake_measure)
     entries = [{**_passing(key, "onnxruntime", p50), "path": str(mlp_path)} for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
-    _confirm_fastest(entries, SimpleNamespace(benchmark_feeds={"input": mlp.x_val[:1]}), threads=1, work=tmp_path, windows=3)
+    search._confirm_fastest(entries, SimpleNamespace(benchmark_feeds={"input": mlp.x_val[:1]}), threads=1, work=tmp_path, windows=3)
     assert used and all(settings == BenchmarkSettings.from_dict(INTERLEAVED_WINDOW) for settings in used)
     assert all(entry["confirmed"] >= 3 for entry in entries)
 

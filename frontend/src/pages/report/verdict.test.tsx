@@ -58,7 +58,7 @@ describe('recommendation wording', () => {
     const phrase = tiePhrase(noisy);
     expect(phrase).toBe('int4-weight on onnxruntime measured 1.10x faster, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device.');
     expect(phrase).not.toContain('tie');
-    // The same clause as the server's verdict line (kiln/reports/scoring.py).
+    // The same clause as the server's verdict line (workers/scoring.py).
     expect(noisy.text).toContain('too noisy to tell: 0.82x to 1.46x; re-run on a quieter device');
     expect(tieBadge(noisy)).toBe('Too noisy to tell');
     expect(tieBadge(tie)).toBe('Tie within noise');

@@ -8,7 +8,7 @@ export function ratioText(ratio: LatencyRatio): string {
 
 /**
  * A gap whose interval is too wide to call a tie (the server's `too_noisy`: high / low above 1.5),
- * worded as the server's verdict words it (kiln/reports/scoring.py `_too_noisy`).
+ * worded as the server's verdict words it (workers/scoring.py `_too_noisy`).
  */
 export function tooNoisyText(ratio: LatencyRatio): string {
   return `too noisy to tell: ${ratio.low.toFixed(2)}x to ${ratio.high.toFixed(2)}x; re-run on a quieter device`;

@@ -1,13 +1,13 @@
 """Pure scoring of measured variants: the Pareto set, the noise-aware recommendation with its verdict, FP32's noise figure.
 
-The verdict on one variant (`score_accuracy`) is the contract's, shared with the search."""
+The verdict on one variant (`score_accuracy`) is the contract's. The report (kiln.reports) and the host search
+(workers.quantize.search) both recommend with it, so it lives in `workers`, below the one and beside the other."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from devices.contract import quality, score_accuracy
-
-from .noise import LatencyRatio, latency_ratio, timing_of
+from workers.noise import LatencyRatio, latency_ratio, timing_of
 
 __all__ = ["fp32_noise", "near_ties", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.reports.scoring import fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
+from workers.scoring import fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 

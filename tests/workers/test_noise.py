@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.reports.noise import INTERLEAVED, RUN_SPREAD, UNKNOWN, WINDOWS, Timing, latency_ratio, timing_of
+from workers.noise import INTERLEAVED, RUN_SPREAD, UNKNOWN, WINDOWS, Timing, latency_ratio, timing_of
 
 
 def test_steady_windows_make_a_ten_percent_speed_up_real():
