@@ -3,7 +3,8 @@ calibration set the data. The student is the same graph in PyTorch (torch_graph.
 quantization where the runtime will quantize: per-channel symmetric weights (scales follow the
 weights as they move) and each learnable layer's input at the scale calibration chose. The loss is
 the student's outputs against the teacher's, relative to the teacher's energy; the loss of every
-step is kept. Runs on CUDA when PyTorch sees a GPU, else on the CPU.
+step is kept, and the weights returned are those of the pass over the data with the lowest mean loss
+(the untrained start counts as pass 0), so a start that is already close never ends worse. Runs on CUDA when PyTorch sees a GPU, else on the CPU.
 """
 from __future__ import annotations
 
