@@ -40,6 +40,8 @@ _OPTIONS = {
         "calibrator", "percentile", "activation_type", "weight_type", "reduce_range",
         # NNCF's ONNX backend (workers.quantize.nncf_onnx), with tool="nncf".
         "tool", "preset", "model_type", "fast_bias_correction", "smooth_quant_alpha", "ignored_types",
+        # Equalization before calibration (workers.quantize.smoothing) and which ops' outputs stay float.
+        "smooth_quant", "float_outputs",
         # Learned rounding on top of the calibration (workers.learned).
         "learn", "learn_seconds", "learn_samples", "learn_memory_mb",
     },
@@ -89,6 +91,9 @@ def build_variant(
     builder = builders[precision]
     if options.get("learn"):
         builder = _learned_builder(builder)
+    if options.get("smooth_quant"):
+        # Outermost: calibration, learning and the FP32 teacher all see the smoothed graph, which computes the same function.
+        builder = _smoothed_builder(builder)
     try:
         recipe = builder(model_path, out_path, calibration_path=calibration_path, options=options)
         backends = runnable_backends(out_path)
@@ -110,6 +115,32 @@ def _learned_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..
             return build_learned_int8(model_path, out_path, base_builder=base_builder, **kwargs)
         except LearningNotApplicable as exc:
             raise NotApplicable(str(exc)) from exc
+
+    return build
+
+
+def _smoothed_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    from workers.quantize.smoothing import DEFAULT_ALPHAS, smooth_model
+
+    def build(model_path: Path, out_path: Path, *, calibration_path: str | Path | None, options: dict[str, Any]) -> dict[str, Any]:
+        if calibration_path is None:
+            raise QuantizationError("smooth_quant needs a calibration dataset")
+        if options.get("tool", "onnxruntime") != "onnxruntime":
+            raise ValueError("smooth_quant is Kiln's rewrite for the onnxruntime tool; NNCF has its own smooth_quant_alpha")
+        setting = options["smooth_quant"]
+        alphas = DEFAULT_ALPHAS if setting in (True, "auto") else (float(setting),)
+        if model_size_bytes(model_path) > LARGE_MODEL_BYTES:
+            raise NotApplicable("smooth_quant rewrites the graph in memory; models over 2 GB are not smoothed")
+        try:
+            smoothed = smooth_model(model_path, calibration_path, alphas=alphas)
+        except Exception as error:
+            raise QuantizationError(f"smoothing failed: {error}") from error
+        with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".smooth-") as scratch:
+            smoothed_path = Path(scratch) / "smoothed.onnx"
+            save_model(smoothed.model, smoothed_path)
+            rest = {key: value for key, value in options.items() if key != "smooth_quant"}
+            recipe = base_builder(smoothed_path, out_path, calibration_path=calibration_path, options=rest)
+        return {**recipe, "smooth_quant": smoothed.summary()}
 
     return build
 
@@ -219,6 +250,7 @@ def _build_int8_static(
     reduce_range = bool(options.get("reduce_range", False))
     per_channel = bool(options.get("per_channel", True))
     nodes_to_exclude = list(options.get("nodes_to_exclude") or [])
+    float_outputs = list(options.get("float_outputs") or [])
     large = model_size_bytes(model_path) > LARGE_MODEL_BYTES
     model = load_graph_only(model_path)
     input_names = _feed_names(model)
@@ -252,7 +284,8 @@ def _build_int8_static(
                 nodes_to_exclude=nodes_to_exclude,
                 use_external_data_format=large,
                 calibrate_method=CalibrationMethod.MinMax if kiln_calibrator else getattr(CalibrationMethod, _CALIBRATION_METHODS[method_key]),
-                extra_options={"WeightSymmetric": True, "ActivationSymmetric": activation_name == "int8"},
+                extra_options={"WeightSymmetric": True, "ActivationSymmetric": activation_name == "int8",
+                               "OpTypesToExcludeOutputQuantization": float_outputs},
                 calibration_cache_path=cache_path,
             )
         except InvalidDataset as error:
@@ -273,6 +306,8 @@ def _build_int8_static(
         "nodes_excluded": nodes_to_exclude,
         "op_types": options.get("op_types_to_quantize") or "all supported",
     }
+    if float_outputs:
+        recipe["float_outputs"] = float_outputs
     if reduce_range:
         recipe["reduce_range"] = True
     if kiln_summary:

@@ -44,3 +44,12 @@ def test_a_learned_variant_is_proposed_once_and_never_refined():
     specs = round_two(measured("fp32", 10.0, True), measured("int8-mse", 4.0, False), measured("int8-mse-adaround", 4.0, False),
                       measured("int8-mse-qat", 4.2, False))
     assert not any(key.startswith(("int8-mse-adaround", "int8-mse-qat")) for key in specs)
+
+
+def test_a_smoothed_transformer_family_that_misses_can_be_learned_on():
+    facts = {"signature": {}, "op_histogram": {"MatMul": 8, "Add": 10, "LayerNormalization": 2, "Softmax": 1}}
+    entries = [measured("fp32", 10.0, True), measured("int8-mse-transformer-smooth", 4.0, False), measured("int8-minmax", 4.5, False)]
+    specs = plan_round(round_number=3, model_facts=facts, device_isa=VNNI, backends=["onnxruntime"], has_calibration=True,
+                       tolerance=TOLERANCE, sensitivity=[], measured=entries)
+    qat = {spec["key"]: spec for spec in specs}["int8-mse-transformer-smooth-qat"]["options"]
+    assert qat["learn"] == "qat" and qat["smooth_quant"] == "auto" and qat["float_outputs"] == ["Gemm", "MatMul"]

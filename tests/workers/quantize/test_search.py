@@ -113,6 +113,26 @@ def test_a_transformer_whose_int8_pays_gets_the_float_layernorm_recipe_and_nncf_
     assert "gemm_to_matmul" not in {s["key"]: s for s in _plan(facts=TRANSFORMER_FACTS)}["int4-rtn"]["options"]
 
 
+def test_a_transformer_whose_calibrated_int8_misses_gets_the_smoothed_family_with_float_gemm_outputs():
+    fp32, probe = _measured("fp32", "fp32", 10.0, True), _measured("int8-minmax", "int8", 4.0, False)
+    before = {s["key"] for s in _plan(2, facts=TRANSFORMER_FACTS, measured=[fp32, probe])}
+    assert "int8-mse-transformer-smooth" not in before  # not before the calibrated transformer family was measured
+    missed = [fp32, probe, _measured("int8-mse-transformer", "int8", 5.0, False)]
+    specs = {s["key"]: s for s in _plan(3, facts=TRANSFORMER_FACTS, measured=missed)}
+    options = specs["int8-mse-transformer-smooth"]["options"]
+    assert options["smooth_quant"] == "auto" and options["float_outputs"] == ["Gemm", "MatMul"]
+    assert options["op_types_to_quantize"] == ["MatMul", "Gemm", "Conv"] and options["calibration_method"] == "mse"
+
+
+def test_the_smoothed_family_is_not_proposed_when_calibrated_int8_passes_or_cannot_beat_the_best_passing_variant():
+    fp32, probe = _measured("fp32", "fp32", 10.0, True), _measured("int8-minmax", "int8", 4.0, False)
+    passed = [fp32, probe, _measured("int8-mse-transformer", "int8", 5.0, True)]
+    slower = [fp32, probe, _measured("int8-mse-transformer", "int8", 11.0, False)]
+    for measured in (passed, slower):
+        assert "int8-mse-transformer-smooth" not in {s["key"] for s in _plan(3, facts=TRANSFORMER_FACTS, measured=measured)}
+    assert "int8-mse-transformer-smooth" not in {s["key"] for s in _plan(3, measured=[fp32, probe, _measured("int8-mse", "int8", 5.0, False)])}
+
+
 def test_round_one_without_calibration_has_no_static_int8():
     keys = [s["key"] for s in _plan(calibration=False)]
     assert keys == ["fp32", "int8-dynamic", "int4-rtn"]
