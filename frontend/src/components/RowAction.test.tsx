@@ -1,7 +1,7 @@
 import { render, screen } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { describe, expect, it, vi } from 'vitest';
-import { RowAction } from './RowAction';
+import { RevokeAction, RowAction } from './RowAction';
 
 describe('RowAction', () => {
   it('is named for its row and acts only once the user confirms the question', async () => {
@@ -45,5 +45,21 @@ describe('RowAction', () => {
     expect(button).toBeDisabled();
     await userEvent.click(button);
     expect(onConfirm).toHaveBeenCalledTimes(1);
+  });
+
+  it('offers Revoke, confirmed, until the row is revoked, then nothing', async () => {
+    const onConfirm = vi.fn();
+    vi.spyOn(window, 'confirm').mockReturnValue(true);
+    const { rerender } = render(
+      <RevokeAction revoked={false} label="Revoke agent box" question="Revoke box?" onConfirm={onConfirm} />,
+    );
+    const button = screen.getByRole('button', { name: 'Revoke agent box' });
+    expect(button).toHaveTextContent('Revoke');
+    await userEvent.click(button);
+    expect(window.confirm).toHaveBeenCalledWith('Revoke box?');
+    expect(onConfirm).toHaveBeenCalledTimes(1);
+
+    rerender(<RevokeAction revoked label="Revoke agent box" question="Revoke box?" onConfirm={onConfirm} />);
+    expect(screen.queryByRole('button')).toBeNull();
   });
 });

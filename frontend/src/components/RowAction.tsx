@@ -30,3 +30,12 @@ export function RowAction({
     </button>
   );
 }
+
+/** "Revoke" for something revoked once and for good (a token, an agent): gone once it is revoked. */
+export function RevokeAction({
+  revoked,
+  ...action
+}: { revoked: boolean | undefined } & Pick<Parameters<typeof RowAction>[0], 'label' | 'question' | 'onConfirm'>) {
+  if (revoked) return null;
+  return <RowAction {...action}>Revoke</RowAction>;
+}

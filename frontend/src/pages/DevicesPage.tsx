@@ -14,7 +14,7 @@ import { CopyButton, EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusB
 import { DataTable } from '../components/DataTable';
 import { InlineForm, TextField } from '../components/FormFields';
 import { ListStates } from '../components/ListStates';
-import { RowAction } from '../components/RowAction';
+import { RevokeAction } from '../components/RowAction';
 import { formatDate, formatRelative } from '../format';
 
 const ISA_SHOWN = 12;
@@ -116,15 +116,12 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
             <td>{agent.current_task ? `Task #${agent.current_task}` : <span className="muted">Idle</span>}</td>
             <td title={agent.last_heartbeat_at ?? undefined}>{formatRelative(agent.last_heartbeat_at)}</td>
             <td>
-              {!agent.revoked ? (
-                <RowAction
-                  label={`Revoke agent ${agent.name}`}
-                  question={`Revoke ${agent.name}? It stops receiving work and must register again.`}
-                  onConfirm={() => revoke.mutate(agent.id)}
-                >
-                  Revoke
-                </RowAction>
-              ) : null}
+              <RevokeAction
+                revoked={agent.revoked}
+                label={`Revoke agent ${agent.name}`}
+                question={`Revoke ${agent.name}? It stops receiving work and must register again.`}
+                onConfirm={() => revoke.mutate(agent.id)}
+              />
             </td>
           </tr>
         ))}
@@ -276,11 +273,11 @@ function RegistrationTokens() {
               <td>{formatDate(token.created_at)}</td>
               <td>{token.revoked ? <StatusBadge status="revoked" /> : <StatusBadge status="succeeded" label="Active" />}</td>
               <td>
-                {!token.revoked ? (
-                  <RowAction label={`Revoke registration token ${token.name}`} onConfirm={() => revoke.mutate(token.id)}>
-                    Revoke
-                  </RowAction>
-                ) : null}
+                <RevokeAction
+                  revoked={token.revoked}
+                  label={`Revoke registration token ${token.name}`}
+                  onConfirm={() => revoke.mutate(token.id)}
+                />
               </td>
             </tr>
           ))}

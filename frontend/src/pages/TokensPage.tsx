@@ -6,7 +6,7 @@ import { EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from 
 import { DataTable } from '../components/DataTable';
 import { InlineForm, SelectField, TextField } from '../components/FormFields';
 import { ListStates } from '../components/ListStates';
-import { RowAction } from '../components/RowAction';
+import { RevokeAction } from '../components/RowAction';
 import { formatDate, formatRelative } from '../format';
 
 const EXPIRY_CHOICES = [
@@ -102,15 +102,12 @@ export function TokensPage() {
                     <StatusBadge status={state.status} label={state.label} />
                   </td>
                   <td>
-                    {!token.revoked ? (
-                      <RowAction
-                        label={`Revoke token ${token.name}`}
-                        question={`Revoke ${token.name}? Scripts using it stop working at once.`}
-                        onConfirm={() => revoke.mutate(token.id)}
-                      >
-                        Revoke
-                      </RowAction>
-                    ) : null}
+                    <RevokeAction
+                      revoked={token.revoked}
+                      label={`Revoke token ${token.name}`}
+                      question={`Revoke ${token.name}? Scripts using it stop working at once.`}
+                      onConfirm={() => revoke.mutate(token.id)}
+                    />
                   </td>
                 </tr>
               );
