@@ -65,7 +65,7 @@ describe('form fields', () => {
   it('lists one option per name, valued and shown by the name', () => {
     render(
       <select aria-label="Output">
-        <NameOptions names={['logits', 'state']} />
+        <NameOptions items={[{ name: 'logits' }, { name: 'state' }]} />
       </select>,
     );
     const options = screen.getAllByRole('option');

@@ -35,11 +35,11 @@ export function SelectField({
   );
 }
 
-/** One `<option>` per name, each showing its name. */
-export function NameOptions({ names }: { names: string[] }) {
+/** One `<option>` per named thing (a model's inputs or outputs), valued and shown by its name. */
+export function NameOptions({ items }: { items: { name: string }[] }) {
   return (
     <>
-      {names.map((name) => (
+      {items.map(({ name }) => (
         <option key={name} value={name}>
           {name}
         </option>

@@ -15,6 +15,7 @@ import {
 } from '../api/types';
 import { declaredOptions, KIND_LABELS, kindLabel } from '../components/outputKinds';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
+import { NameOptions, SelectField } from '../components/FormFields';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
 import {
@@ -114,6 +115,47 @@ function CompatibilityNote({ split, version, testId }: { split: DatasetSplit; ve
   );
 }
 
+/** The calibration or validation dataset, fitting ones first, with how many fit and why the choice is refused. */
+function DatasetField({
+  kind,
+  field,
+  split,
+  version,
+  value,
+  onChange,
+  error,
+  ...invalidProps
+}: {
+  kind: 'calibration' | 'validation';
+  field: 'calibrationDataset' | 'validationDataset';
+  split: DatasetSplit;
+  version: ModelVersion | null;
+  value: number | null;
+  onChange: (dataset: number | null) => void;
+  error?: string;
+  'aria-invalid'?: boolean;
+  'aria-describedby'?: string;
+}) {
+  return (
+    <SelectField
+      label={kind === 'calibration' ? 'Calibration dataset' : 'Validation dataset'}
+      value={value ?? ''}
+      data-testid={`${kind}-select`}
+      onChange={(event) => onChange(event.target.value ? Number(event.target.value) : null)}
+      {...invalidProps}
+      after={
+        <>
+          <CompatibilityNote split={split} version={version} testId={`${kind}-compatibility`} />
+          <FieldError id={`${field}-error`} message={error} />
+        </>
+      }
+    >
+      <option value="">None</option>
+      <DatasetOptions split={split} version={version} />
+    </SelectField>
+  );
+}
+
 /** Metrics declared per output: which outputs the tolerance reads, with what threshold. */
 function DeclaredMetrics({
   version,
@@ -150,11 +192,7 @@ function DeclaredMetrics({
           <div className="field">
             <label htmlFor={`metric-output-${index}`}>Output</label>
             <select id={`metric-output-${index}`} value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
-              {outputs.map((output) => (
-                <option key={output.name} value={output.name}>
-                  {output.name}
-                </option>
-              ))}
+              <NameOptions items={outputs} />
             </select>
           </div>
           <div className="field">
@@ -260,8 +298,6 @@ export function NewDeploymentPage() {
   const ids = {
     model: useId(),
     version: useId(),
-    calibration: useId(),
-    validation: useId(),
     metric: useId(),
     maxDrop: useId(),
     errors: useId(),
@@ -427,36 +463,26 @@ export function NewDeploymentPage() {
             </p>
           ) : null}
           <div className="form-row">
-            <div className="field">
-              <label htmlFor={ids.calibration}>Calibration dataset</label>
-              <select
-                id={ids.calibration}
-                value={form.calibrationDataset ?? ''}
-                data-testid="calibration-select"
-                onChange={(event) => set('calibrationDataset', event.target.value ? Number(event.target.value) : null)}
-                {...invalid('calibrationDataset')}
-              >
-                <option value="">None</option>
-                <DatasetOptions split={calibrationSets} version={version} />
-              </select>
-              <CompatibilityNote split={calibrationSets} version={version} testId="calibration-compatibility" />
-              <FieldError id="calibrationDataset-error" message={errors.calibrationDataset} />
-            </div>
-            <div className="field">
-              <label htmlFor={ids.validation}>Validation dataset</label>
-              <select
-                id={ids.validation}
-                value={form.validationDataset ?? ''}
-                data-testid="validation-select"
-                onChange={(event) => set('validationDataset', event.target.value ? Number(event.target.value) : null)}
-                {...invalid('validationDataset')}
-              >
-                <option value="">None</option>
-                <DatasetOptions split={validationSets} version={version} />
-              </select>
-              <CompatibilityNote split={validationSets} version={version} testId="validation-compatibility" />
-              <FieldError id="validationDataset-error" message={errors.validationDataset} />
-            </div>
+            <DatasetField
+              kind="calibration"
+              field="calibrationDataset"
+              split={calibrationSets}
+              version={version}
+              value={form.calibrationDataset}
+              onChange={(dataset) => set('calibrationDataset', dataset)}
+              error={errors.calibrationDataset}
+              {...invalid('calibrationDataset')}
+            />
+            <DatasetField
+              kind="validation"
+              field="validationDataset"
+              split={validationSets}
+              version={version}
+              value={form.validationDataset}
+              onChange={(dataset) => set('validationDataset', dataset)}
+              error={errors.validationDataset}
+              {...invalid('validationDataset')}
+            />
           </div>
           <DatasetFeedsFields version={version} value={feeds} onChange={setFeeds} hasCalibration={form.calibrationDataset !== null} />
         </section>
