@@ -15,7 +15,7 @@ import {
 } from '../api/types';
 import { declaredOptions, KIND_LABELS, kindLabel } from '../components/outputKinds';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
-import { NameOptions, SelectField } from '../components/FormFields';
+import { NameOptions, SelectField, TextField } from '../components/FormFields';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
 import {
@@ -189,61 +189,42 @@ function DeclaredMetrics({
       ) : null}
       {metrics.map((metric, index) => (
         <div className="form-row" key={index} data-testid="declared-metric">
-          <div className="field">
-            <label htmlFor={`metric-output-${index}`}>Output</label>
-            <select id={`metric-output-${index}`} value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
-              <NameOptions items={outputs} />
-            </select>
-          </div>
-          <div className="field">
-            <label htmlFor={`metric-kind-${index}`}>Metric kind</label>
-            <select
-              id={`metric-kind-${index}`}
-              value={metric.kind}
-              onChange={(event) => update(index, { kind: event.target.value as DeclaredMetricKind })}
-            >
-              {DECLARED_METRIC_KINDS.map((kind) => (
-                <option key={kind} value={kind}>
-                  {kind} — {DECLARED_HELP[kind]}
-                </option>
-              ))}
-            </select>
-          </div>
+          <SelectField label="Output" value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
+            <NameOptions items={outputs} />
+          </SelectField>
+          <SelectField
+            label="Metric kind"
+            value={metric.kind}
+            onChange={(event) => update(index, { kind: event.target.value as DeclaredMetricKind })}
+          >
+            {DECLARED_METRIC_KINDS.map((kind) => (
+              <option key={kind} value={kind}>
+                {kind} — {DECLARED_HELP[kind]}
+              </option>
+            ))}
+          </SelectField>
           {declaredOptions(metric.kind).includes('threshold') ? (
-            <div className="field">
-              <label htmlFor={`metric-threshold-${index}`}>Threshold</label>
-              <input
-                id={`metric-threshold-${index}`}
-                type="number"
-                step="any"
-                placeholder={metric.kind === 'detection' ? '0.25' : '0.5'}
-                value={metric.threshold}
-                onChange={(event) => update(index, { threshold: event.target.value })}
-              />
-            </div>
+            <TextField
+              label="Threshold"
+              type="number"
+              step="any"
+              placeholder={metric.kind === 'detection' ? '0.25' : '0.5'}
+              value={metric.threshold}
+              onChange={(event) => update(index, { threshold: event.target.value })}
+            />
           ) : null}
           {declaredOptions(metric.kind).includes('blank') ? (
-            <div className="field">
-              <label htmlFor={`metric-blank-${index}`}>Blank index</label>
-              <input
-                id={`metric-blank-${index}`}
-                type="number"
-                min={0}
-                step={1}
-                value={metric.blank}
-                onChange={(event) => update(index, { blank: event.target.value })}
-              />
-            </div>
+            <TextField
+              label="Blank index"
+              type="number"
+              min={0}
+              step={1}
+              value={metric.blank}
+              onChange={(event) => update(index, { blank: event.target.value })}
+            />
           ) : null}
           {declaredOptions(metric.kind).includes('plugin') ? (
-            <div className="field">
-              <label htmlFor={`metric-plugin-${index}`}>Entry point</label>
-              <input
-                id={`metric-plugin-${index}`}
-                value={metric.plugin}
-                onChange={(event) => update(index, { plugin: event.target.value })}
-              />
-            </div>
+            <TextField label="Entry point" value={metric.plugin} onChange={(event) => update(index, { plugin: event.target.value })} />
           ) : null}
           <label className="choice">
             <input type="checkbox" checked={metric.primary} onChange={(event) => update(index, { primary: event.target.checked })} />
