@@ -116,9 +116,15 @@ function CompatibilityNote({ split, version, testId }: { split: DatasetSplit; ve
 }
 
 /** The calibration or validation dataset, fitting ones first, with how many fit and why the choice is refused. */
+const DATASET_KINDS = ['calibration', 'validation'] as const;
+type DatasetRole = (typeof DATASET_KINDS)[number];
+
+function datasetField(kind: DatasetRole): 'calibrationDataset' | 'validationDataset' {
+  return `${kind}Dataset`;
+}
+
 function DatasetField({
   kind,
-  field,
   split,
   version,
   value,
@@ -126,8 +132,7 @@ function DatasetField({
   error,
   ...invalidProps
 }: {
-  kind: 'calibration' | 'validation';
-  field: 'calibrationDataset' | 'validationDataset';
+  kind: DatasetRole;
   split: DatasetSplit;
   version: ModelVersion | null;
   value: number | null;
@@ -146,7 +151,7 @@ function DatasetField({
       after={
         <>
           <CompatibilityNote split={split} version={version} testId={`${kind}-compatibility`} />
-          <FieldError id={`${field}-error`} message={error} />
+          <FieldError id={`${datasetField(kind)}-error`} message={error} />
         </>
       }
     >
@@ -444,26 +449,18 @@ export function NewDeploymentPage() {
             </p>
           ) : null}
           <div className="form-row">
-            <DatasetField
-              kind="calibration"
-              field="calibrationDataset"
-              split={calibrationSets}
-              version={version}
-              value={form.calibrationDataset}
-              onChange={(dataset) => set('calibrationDataset', dataset)}
-              error={errors.calibrationDataset}
-              {...invalid('calibrationDataset')}
-            />
-            <DatasetField
-              kind="validation"
-              field="validationDataset"
-              split={validationSets}
-              version={version}
-              value={form.validationDataset}
-              onChange={(dataset) => set('validationDataset', dataset)}
-              error={errors.validationDataset}
-              {...invalid('validationDataset')}
-            />
+            {DATASET_KINDS.map((kind) => (
+              <DatasetField
+                key={kind}
+                kind={kind}
+                split={kind === 'calibration' ? calibrationSets : validationSets}
+                version={version}
+                value={form[datasetField(kind)]}
+                onChange={(dataset) => set(datasetField(kind), dataset)}
+                error={errors[datasetField(kind)]}
+                {...invalid(datasetField(kind))}
+              />
+            ))}
           </div>
           <DatasetFeedsFields version={version} value={feeds} onChange={setFeeds} hasCalibration={form.calibrationDataset !== null} />
         </section>
