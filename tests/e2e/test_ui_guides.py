@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.e2e import test_ui as ui
-from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, expect_named_points, new_user, screenshot, sign_in
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, User, api, expect_named_points, new_user, screenshot, sign_in
 
 # The same fixtures as test_ui.py; the browser stays module-scoped (see there why).
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
@@ -66,6 +66,13 @@ def upload_model(stack, user, digits_files, name: str = "digits") -> dict:
         return api(stack, user, "POST", "models/", data={"name": name}, files={"file": ("digits.onnx", handle)}).json()
 
 
+def scripted_setup(stack, digits_files, prefix: str, organization: str, agent_name: str,
+                   model_name: str = "digits") -> tuple[User, requests.Session, dict]:
+    """A new user with a scripted agent and the digits model uploaded: what every scripted-job test starts from."""
+    user = new_user(stack, prefix, organization)
+    return user, scripted_agent(stack, user, agent_name), upload_model(stack, user, digits_files, name=model_name)
+
+
 def scripted_job(stack, user, agent: requests.Session, model: dict, timings: dict) -> dict:
     """Deploy the model's first version in the precisions `timings` names, answered by the scripted agent; return the job."""
     job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": list(timings)}).json()
@@ -77,9 +84,7 @@ def scripted_job(stack, user, agent: requests.Session, model: dict, timings: dic
 def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "verdict", "Verdicts")
-    agent = scripted_agent(stack, user, "noisy-box")
-    model = upload_model(stack, user, digits_files)
+    user, agent, model = scripted_setup(stack, digits_files, "verdict", "Verdicts", "noisy-box")
     # The issue's small CNN: the cheaper variant 1.10x "faster", its own windows 27% apart.
     job = scripted_job(stack, user, agent, model, {
         "fp32": (0.023, [0.023, 0.0231, 0.0229], False, 1.0),
@@ -121,9 +126,7 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_a_tie(stack, new
 def test_finished_job_leads_with_the_result_and_lists_show_outcomes(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "result", "Results")
-    agent = scripted_agent(stack, user, "edge-box-7")
-    model = upload_model(stack, user, digits_files, name="digits-result")
+    user, agent, model = scripted_setup(stack, digits_files, "result", "Results", "edge-box-7", model_name="digits-result")
     job = scripted_job(stack, user, agent, model, {
         "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
         "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
@@ -317,9 +320,7 @@ OVERFLOWING = """() => [...document.querySelectorAll('body *')].filter((element)
 def test_at_800_px_the_navigation_is_a_menu_and_only_tables_scroll(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "narrow", "Narrow")
-    agent = scripted_agent(stack, user, "narrow-box-with-a-rather-long-device-name")
-    model = upload_model(stack, user, digits_files, name="digits-narrow")
+    user, agent, model = scripted_setup(stack, digits_files, "narrow", "Narrow", "narrow-box-with-a-rather-long-device-name", model_name="digits-narrow")
     job = scripted_job(stack, user, agent, model, {
         "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
         "fp16": (1.9, [1.7, 1.9, 2.2], True, 0.9999),
@@ -388,9 +389,7 @@ def test_compare_two_deployments_of_one_model_and_export_csv(stack, new_page, di
 
     from playwright.sync_api import expect
 
-    user = new_user(stack, "compare", "Comparisons")
-    agent = scripted_agent(stack, user, "cmp-box")
-    model = upload_model(stack, user, digits_files, name="digits-compare")
+    user, agent, model = scripted_setup(stack, digits_files, "compare", "Comparisons", "cmp-box", model_name="digits-compare")
     first = scripted_job(stack, user, agent, model, {"fp32": (2.0, [2.0, 2.0, 2.0], False, 1.0), "int8-dynamic": (1.0, [1.0, 1.0, 1.0], False, 0.998)})
     second = scripted_job(stack, user, agent, model, {"fp32": (2.2, [2.2, 2.2, 2.2], False, 1.0), "int8-dynamic": (1.5, [1.5, 1.5, 1.5], False, 0.998)})
 
