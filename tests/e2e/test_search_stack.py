@@ -2,6 +2,9 @@
 calibrated INT8 pays but misses the tolerance through weight rounding, the search learns a variant that meets it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,25 +22,52 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 TOLERANCE = {"metric": "cosine", "max_drop": 0.001}
 
 
-def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(kiln_stack, tmp_path):
-    tenant = kiln_stack.create_user("quinn", "a-long-password-1", "Quinn Labs")
+@dataclass(frozen=True)
+class SearchRun:
+    """A finished `precisions: auto` job, with what re-measuring its artifacts needs."""
+
+    api: Api
+    model_path: Path
+    job: dict
+    report: dict
+
+
+def run_auto_search(kiln_stack, tmp_path: Path, *, user: str, organization: str, name: str, model: onnx.ModelProto,
+                    calibration_inputs: np.ndarray, validation_inputs: np.ndarray, tolerance: dict, timeout: int) -> SearchRun:
+    """Upload `model` and its data as a new tenant and run `precisions: auto` on one CPU agent to success."""
+    tenant = kiln_stack.create_user(user, "a-long-password-1", organization)
     api = Api(kiln_stack.url, tenant.token)
-    model_path = tmp_path / "sensitive.onnx"
-    onnx.save(build_sensitive_mlp(), model_path)
-    calibration = write_npz(tmp_path / "calibration.npz", input=sensitive_inputs(samples=64, seed=1))
-    validation_inputs = sensitive_inputs(samples=128, seed=2)
+    model_path = tmp_path / f"{name}.onnx"
+    onnx.save(model, model_path)
+    calibration = write_npz(tmp_path / "calibration.npz", input=calibration_inputs)
     validation = write_npz(tmp_path / "validation.npz", input=validation_inputs)
-    version = api.upload("/api/v1/models/", model_path, name="sensitive")["versions"][0]["id"]
+    version = api.upload("/api/v1/models/", model_path, name=name)["versions"][0]["id"]
     calibration_id = api.upload("/api/v1/datasets/", calibration, kind="calibration")["id"]
     validation_id = api.upload("/api/v1/datasets/", validation, kind="validation")["id"]
     kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
 
     job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
-                                          "validation_dataset": validation_id, "tolerance": TOLERANCE})
-    job = api.wait_for_job(job["id"], kiln_stack, timeout=480)
+                                          "validation_dataset": validation_id, "tolerance": tolerance})
+    job = api.wait_for_job(job["id"], kiln_stack, timeout=timeout)
     assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
+    return SearchRun(api=api, model_path=model_path, job=job, report=api.get(f"/api/v1/jobs/{job['id']}/report/").json())
 
-    report = api.get(f"/api/v1/jobs/{job['id']}/report/").json()
+
+def artifact_cosine(run: SearchRun, variant: dict, inputs: np.ndarray) -> float:
+    """Re-measured here: the cosine of a variant's downloaded artifact against FP32 on `inputs` (all outputs finite)."""
+    reference = ort.InferenceSession(str(run.model_path), providers=["CPUExecutionProvider"]).run(None, {"input": inputs})[0]
+    artifact = run.api.get(variant["variant_artifact"]["download_url"]).content
+    outputs = ort.InferenceSession(artifact, providers=["CPUExecutionProvider"]).run(None, {"input": inputs})[0]
+    assert np.isfinite(outputs).all()
+    return cosine_similarity(outputs, reference)
+
+
+def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(kiln_stack, tmp_path):
+    validation_inputs = sensitive_inputs(samples=128, seed=2)
+    run = run_auto_search(kiln_stack, tmp_path, user="quinn", organization="Quinn Labs", name="sensitive", model=build_sensitive_mlp(),
+                          calibration_inputs=sensitive_inputs(samples=64, seed=1), validation_inputs=validation_inputs,
+                          tolerance=TOLERANCE, timeout=480)
+    job, report = run.job, run.report
     variants = {v["key"]: v for v in report["devices"][0]["variants"]}
     notes = next(iter(report["search"]["notes"].values()))
     int8_note = next(note for note in notes if note.startswith("INT8 "))
@@ -79,12 +109,8 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
                 assert row["source"] == "interleaved re-timing", row
 
     # Re-measured independently: the downloaded artifact against FP32 on the validation inputs.
-    artifact = api.get(recommended["variant_artifact"]["download_url"]).content
-    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
-    outputs = ort.InferenceSession(artifact, providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
-    cosine = cosine_similarity(outputs, reference)
+    cosine = artifact_cosine(run, recommended, validation_inputs)
     assert 1.0 - cosine <= TOLERANCE["max_drop"], cosine
-    assert np.isfinite(outputs).all()
 
 
 LEARNED_TOLERANCE = {"metric": "cosine", "max_drop": 0.01}
@@ -94,25 +120,11 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     """The rounding-sensitive CNN: INT8 is ~3x faster than FP32 here but calibrated keeps ~0.98 cosine. The search
     proposes learned rounding and QAT on that family in round 2; the worker trains them, the agent measures them, and
     a learned one meets 1% at INT8 speed, in the report and again from its downloaded artifact."""
-    tenant = kiln_stack.create_user("lena", "a-long-password-1", "Learned Labs")
-    api = Api(kiln_stack.url, tenant.token)
-    model_path = tmp_path / "rounding-cnn.onnx"
-    onnx.save(build_rounding_sensitive_cnn(), model_path)
-    calibration = write_npz(tmp_path / "calibration.npz", input=rounding_images(samples=64, seed=1))
     validation_inputs = rounding_images(samples=32, seed=2)
-    validation = write_npz(tmp_path / "validation.npz", input=validation_inputs)
-    version = api.upload("/api/v1/models/", model_path, name="rounding-cnn")["versions"][0]["id"]
-    calibration_id = api.upload("/api/v1/datasets/", calibration, kind="calibration")["id"]
-    validation_id = api.upload("/api/v1/datasets/", validation, kind="validation")["id"]
-    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
-
-    job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
-                                          "validation_dataset": validation_id, "tolerance": LEARNED_TOLERANCE})
-    job = api.wait_for_job(job["id"], kiln_stack, timeout=1080)
-    assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
-
-    report = api.get(f"/api/v1/jobs/{job['id']}/report/").json()
-    device = report["devices"][0]
+    run = run_auto_search(kiln_stack, tmp_path, user="lena", organization="Learned Labs", name="rounding-cnn",
+                          model=build_rounding_sensitive_cnn(), calibration_inputs=rounding_images(samples=64, seed=1),
+                          validation_inputs=validation_inputs, tolerance=LEARNED_TOLERANCE, timeout=1080)
+    device = run.report["devices"][0]
     variants = {v["key"]: v for v in device["variants"]}
     summary = {key: (v["accuracy"].get("value"), (v["latency_ms"] or {}).get("p50")) for key, v in variants.items()}
     calibrated = variants["int8-minmax"]
@@ -134,13 +146,5 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     assert recommended["accuracy"]["within_tolerance"], (device["reason"], summary)
 
     # Re-measured independently: the downloaded learned artifact and the calibrated one against FP32.
-    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
-
-    def cosine_of(variant: dict) -> float:
-        artifact = api.get(variant["variant_artifact"]["download_url"]).content
-        outputs = ort.InferenceSession(artifact, providers=["CPUExecutionProvider"]).run(None, {"input": validation_inputs})[0]
-        assert np.isfinite(outputs).all()
-        return cosine_similarity(outputs, reference)
-
-    assert 1.0 - cosine_of(calibrated) > LEARNED_TOLERANCE["max_drop"]
-    assert 1.0 - cosine_of(winner) <= LEARNED_TOLERANCE["max_drop"], (winner["key"], summary)
+    assert 1.0 - artifact_cosine(run, calibrated, validation_inputs) > LEARNED_TOLERANCE["max_drop"]
+    assert 1.0 - artifact_cosine(run, winner, validation_inputs) <= LEARNED_TOLERANCE["max_drop"], (winner["key"], summary)

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.e2e import test_ui as ui
-from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, expect_named_points, new_user, screenshot, sign_in
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, User, api, expect_named_points, new_user, screenshot, sign_in
 
 # The same fixtures as test_ui.py; the browser stays module-scoped (see there why).
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
@@ -66,21 +66,31 @@ def upload_model(stack, user, digits_files, name: str = "digits") -> dict:
         return api(stack, user, "POST", "models/", data={"name": name}, files={"file": ("digits.onnx", handle)}).json()
 
 
+def scripted_setup(stack, digits_files, prefix: str, organization: str, agent_name: str,
+                   model_name: str = "digits") -> tuple[User, requests.Session, dict]:
+    """A new user with a scripted agent and the digits model uploaded: what every scripted-job test starts from."""
+    user = new_user(stack, prefix, organization)
+    return user, scripted_agent(stack, user, agent_name), upload_model(stack, user, digits_files, name=model_name)
+
+
+def scripted_job(stack, user, agent: requests.Session, model: dict, timings: dict) -> dict:
+    """Deploy the model's first version in the precisions `timings` names, answered by the scripted agent; return the job."""
+    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": list(timings)}).json()
+    return answer_tasks(stack, agent, job["id"], user, timings)
+
+
 # -- item 1 and 2: the verdict and the noise tie ---------------------------------------------------
 
 def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_too_noisy_to_tell(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "verdict", "Verdicts")
-    agent = scripted_agent(stack, user, "noisy-box")
-    model = upload_model(stack, user, digits_files)
-    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32", "fp16"]}).json()
+    user, agent, model = scripted_setup(stack, digits_files, "verdict", "Verdicts", "noisy-box")
     # The issue's small CNN: the cheaper variant 1.10x "faster", its own windows 27% apart.
-    finished = answer_tasks(stack, agent, job["id"], user, {
+    job = scripted_job(stack, user, agent, model, {
         "fp32": (0.023, [0.023, 0.0231, 0.0229], False, 1.0),
         "fp16": (0.021, [0.019, 0.021, 0.025], True, 0.999),
     })
-    assert finished["status"] == "succeeded", finished
+    assert job["status"] == "succeeded", job
 
     page = new_page()
     sign_in(page, user)
@@ -118,15 +128,12 @@ def test_report_leads_with_a_verdict_and_calls_an_unstable_lead_too_noisy_to_tel
 def test_finished_job_leads_with_the_result_and_lists_show_outcomes(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "result", "Results")
-    agent = scripted_agent(stack, user, "edge-box-7")
-    model = upload_model(stack, user, digits_files, name="digits-result")
-    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32", "int8-dynamic"]}).json()
-    finished = answer_tasks(stack, agent, job["id"], user, {
+    user, agent, model = scripted_setup(stack, digits_files, "result", "Results", "edge-box-7", model_name="digits-result")
+    job = scripted_job(stack, user, agent, model, {
         "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
         "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
     })
-    assert finished["status"] == "succeeded", finished
+    assert job["status"] == "succeeded", job
 
     page = new_page()
     sign_in(page, user)
@@ -315,11 +322,8 @@ OVERFLOWING = """() => [...document.querySelectorAll('body *')].filter((element)
 def test_at_800_px_the_navigation_is_a_menu_and_only_tables_scroll(stack, new_page, digits_files):
     from playwright.sync_api import expect
 
-    user = new_user(stack, "narrow", "Narrow")
-    agent = scripted_agent(stack, user, "narrow-box-with-a-rather-long-device-name")
-    model = upload_model(stack, user, digits_files, name="digits-narrow")
-    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": ["fp32", "fp16", "int8-dynamic"]}).json()
-    answer_tasks(stack, agent, job["id"], user, {
+    user, agent, model = scripted_setup(stack, digits_files, "narrow", "Narrow", "narrow-box-with-a-rather-long-device-name", model_name="digits-narrow")
+    job = scripted_job(stack, user, agent, model, {
         "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
         "fp16": (1.9, [1.7, 1.9, 2.2], True, 0.9999),
         "int8-dynamic": (1.0, [1.0, 1.01, 0.99], False, 0.998),
@@ -387,14 +391,9 @@ def test_compare_two_deployments_of_one_model_and_export_csv(stack, new_page, di
 
     from playwright.sync_api import expect
 
-    user = new_user(stack, "compare", "Comparisons")
-    agent = scripted_agent(stack, user, "cmp-box")
-    model = upload_model(stack, user, digits_files, name="digits-compare")
-    version = model["versions"][0]["id"]
-    first = api(stack, user, "POST", "jobs/", json={"model_version": version, "precisions": ["fp32", "int8-dynamic"]}).json()
-    answer_tasks(stack, agent, first["id"], user, {"fp32": (2.0, [2.0, 2.0, 2.0], False, 1.0), "int8-dynamic": (1.0, [1.0, 1.0, 1.0], False, 0.998)})
-    second = api(stack, user, "POST", "jobs/", json={"model_version": version, "precisions": ["fp32", "int8-dynamic"]}).json()
-    answer_tasks(stack, agent, second["id"], user, {"fp32": (2.2, [2.2, 2.2, 2.2], False, 1.0), "int8-dynamic": (1.5, [1.5, 1.5, 1.5], False, 0.998)})
+    user, agent, model = scripted_setup(stack, digits_files, "compare", "Comparisons", "cmp-box", model_name="digits-compare")
+    first = scripted_job(stack, user, agent, model, {"fp32": (2.0, [2.0, 2.0, 2.0], False, 1.0), "int8-dynamic": (1.0, [1.0, 1.0, 1.0], False, 0.998)})
+    second = scripted_job(stack, user, agent, model, {"fp32": (2.2, [2.2, 2.2, 2.2], False, 1.0), "int8-dynamic": (1.5, [1.5, 1.5, 1.5], False, 0.998)})
 
     page = new_page()
     sign_in(page, user)

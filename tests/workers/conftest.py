@@ -10,8 +10,10 @@ import pytest
 
 from tests.fixtures.models import (
     DigitsModel,
+    ModelFiles,
     build_transformer_like,
     train_digits_cnn,
+    write_model_files,
     write_npz,
 )
 
@@ -22,20 +24,23 @@ def digits() -> DigitsModel:
 
 
 @pytest.fixture(scope="session")
-def digits_path(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("digits") / "digits.onnx"
-    onnx.save(digits.model, str(path))
-    return path
+def digits_files(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    return write_model_files(digits, tmp_path_factory.mktemp("digits"), "digits")
 
 
 @pytest.fixture(scope="session")
-def digits_calibration(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_npz(tmp_path_factory.mktemp("calib") / "calibration.npz", input=digits.x_calib)
+def digits_path(digits_files: ModelFiles) -> Path:
+    return digits_files.model
 
 
 @pytest.fixture(scope="session")
-def digits_validation(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_npz(tmp_path_factory.mktemp("val") / "validation.npz", input=digits.x_val, labels=digits.y_val)
+def digits_calibration(digits_files: ModelFiles) -> Path:
+    return digits_files.calibration
+
+
+@pytest.fixture(scope="session")
+def digits_validation(digits_files: ModelFiles) -> Path:
+    return digits_files.validation
 
 
 @pytest.fixture(scope="session")

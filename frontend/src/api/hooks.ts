@@ -28,6 +28,11 @@ export function rows<T>(data: Paginated<T> | T[] | undefined | null): T[] {
   return Array.isArray(data) ? data : data.results ?? [];
 }
 
+/** How many rows the whole list has: the server's count when paginated, else the rows at hand. */
+export function totalCount<T>(data: Paginated<T> | T[] | undefined | null): number {
+  return data && !Array.isArray(data) ? data.count : rows(data).length;
+}
+
 export const JOB_POLL_MS = 1500;
 export const PAGE_SIZE = 50;
 

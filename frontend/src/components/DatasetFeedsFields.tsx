@@ -2,6 +2,7 @@
  * sequence (output → input, with a first value) and which calibration samples to use. */
 import { useId } from 'react';
 import type { JobCreate, ModelVersion } from '../api/types';
+import { NameOptions } from './FormFields';
 
 export interface StateRow {
   output: string;
@@ -78,22 +79,14 @@ export function DatasetFeedsFields({
               <span>Output</span>
               <select value={row.output} onChange={(event) => setRow(index, { output: event.target.value })} data-testid="state-output">
                 <option value="">Choose…</option>
-                {outputs.map((output) => (
-                  <option key={output.name} value={output.name}>
-                    {output.name}
-                  </option>
-                ))}
+                <NameOptions items={outputs} />
               </select>
             </label>
             <label className="field">
               <span>feeds input</span>
               <select value={row.input} onChange={(event) => setRow(index, { input: event.target.value })} data-testid="state-input">
                 <option value="">Choose…</option>
-                {inputs.map((input) => (
-                  <option key={input.name} value={input.name}>
-                    {input.name}
-                  </option>
-                ))}
+                <NameOptions items={inputs} />
               </select>
             </label>
             <label className="field">

@@ -2,9 +2,13 @@
  * audio and text through a declared recipe; upload and list with their arrays, recipe and first samples. */
 import { useId, useState } from 'react';
 import { useQueryClient } from '@tanstack/react-query';
-import { keys, PAGE_SIZE, rows, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
+import { keys, PAGE_SIZE, rows, totalCount, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
 import type { Dataset, DatasetKind } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, StatusBadge } from '../components/common';
+import { EmptyState, PageHeader, Pager, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { SelectField, TextField } from '../components/FormFields';
+import { ListStates } from '../components/ListStates';
+import { RowAction } from '../components/RowAction';
 import { DatasetSamples } from '../components/DatasetSamples';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatShape } from '../format';
@@ -45,8 +49,6 @@ export function DatasetsPage() {
   const canWrite = useCanWrite();
   const [name, setName] = useState('');
   const [kind, setKind] = useState<DatasetKind>('calibration');
-  const nameId = useId();
-  const kindId = useId();
   const recipeId = useId();
   const tokenizerId = useId();
   const [recipe, setRecipe] = useState('');
@@ -70,28 +72,22 @@ export function DatasetsPage() {
           WAV files, a <code>.txt</code> of lines) needs a recipe.
         </p>
         <div className="form-row">
-          <div className="field">
-            <label htmlFor={nameId}>Name</label>
-            <input
-              id={nameId}
-              value={name}
-              placeholder="Defaults to the file name"
-              onChange={(event) => setName(event.target.value)}
-              data-testid="dataset-name-input"
-            />
-          </div>
-          <div className="field">
-            <label htmlFor={kindId}>Kind</label>
-            <select
-              id={kindId}
-              value={kind}
-              onChange={(event) => setKind(event.target.value as DatasetKind)}
-              data-testid="dataset-kind-select"
-            >
-              <option value="calibration">Calibration</option>
-              <option value="validation">Validation</option>
-            </select>
-          </div>
+          <TextField
+            label="Name"
+            value={name}
+            placeholder="Defaults to the file name"
+            onChange={(event) => setName(event.target.value)}
+            data-testid="dataset-name-input"
+          />
+          <SelectField
+            label="Kind"
+            value={kind}
+            onChange={(event) => setKind(event.target.value as DatasetKind)}
+            data-testid="dataset-kind-select"
+          >
+            <option value="calibration">Calibration</option>
+            <option value="validation">Validation</option>
+          </SelectField>
         </div>
         <div className="field">
           <label htmlFor={recipeId}>Recipe for raw data (JSON, optional)</label>
@@ -151,68 +147,52 @@ export function DatasetsPage() {
 
       <section className="card" aria-labelledby="dataset-list-heading">
         <h2 id="dataset-list-heading">All datasets</h2>
-        <ErrorMessage error={datasets.error ?? deleteDataset.error} />
-        {datasets.isPending ? (
-          <Loading />
-        ) : list.length === 0 ? (
-          <EmptyState title="No datasets yet.">
-            Upload a calibration set (a few hundred representative inputs) to enable int8, and a validation set to
-            measure accuracy.
-          </EmptyState>
-        ) : (
-          <div className="table-wrap">
-            <table className="table" data-testid="datasets-table">
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">Kind</th>
-                  <th scope="col">Samples</th>
-                  <th scope="col">Arrays</th>
-                  <th scope="col">Made from</th>
-                  <th scope="col">Labels</th>
-                  <th scope="col">Size</th>
-                  <th scope="col">Uploaded</th>
-                  <th scope="col">
-                    <span className="visually-hidden">Actions</span>
-                  </th>
-                </tr>
-              </thead>
-              <tbody>
-                {list.map((dataset) => (
-                  <tr key={dataset.id} data-testid="dataset-row">
-                    <td>{dataset.name}</td>
-                    <td>
-                      <StatusBadge status={dataset.kind === 'calibration' ? 'queued' : 'running'} label={dataset.kind} />
-                    </td>
-                    <td data-testid="dataset-samples">{dataset.samples}</td>
-                    <td>
-                      <DatasetArrays dataset={dataset} />
-                    </td>
-                    <td>
-                      <DatasetSamples dataset={dataset} />
-                    </td>
-                    <td>{dataset.has_labels ? 'Yes' : 'No'}</td>
-                    <td>{formatBytes(dataset.size_bytes)}</td>
-                    <td>{formatDate(dataset.created_at)}</td>
-                    <td>
-                      <button
-                        type="button"
-                        className="button button-small button-ghost"
-                        aria-label={`Delete dataset ${dataset.name}`}
-                        onClick={() => {
-                          if (window.confirm(`Delete dataset ${dataset.name}?`)) deleteDataset.mutate(dataset.id);
-                        }}
-                      >
-                        Delete
-                      </button>
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-            <Pager page={page} count={datasets.data && !Array.isArray(datasets.data) ? datasets.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Datasets" />
-          </div>
-        )}
+        <ListStates
+          error={datasets.error ?? deleteDataset.error}
+          pending={datasets.isPending}
+          empty={list.length === 0}
+          whenEmpty={
+            <EmptyState title="No datasets yet.">
+              Upload a calibration set (a few hundred representative inputs) to enable int8, and a validation set to
+              measure accuracy.
+            </EmptyState>
+          }
+        >
+          <DataTable
+            columns={['Name', 'Kind', 'Samples', 'Arrays', 'Made from', 'Labels', 'Size', 'Uploaded']}
+            actions
+            testId="datasets-table"
+            footer={<Pager page={page} count={totalCount(datasets.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Datasets" />}
+          >
+            {list.map((dataset) => (
+              <tr key={dataset.id} data-testid="dataset-row">
+                <td>{dataset.name}</td>
+                <td>
+                  <StatusBadge status={dataset.kind === 'calibration' ? 'queued' : 'running'} label={dataset.kind} />
+                </td>
+                <td data-testid="dataset-samples">{dataset.samples}</td>
+                <td>
+                  <DatasetArrays dataset={dataset} />
+                </td>
+                <td>
+                  <DatasetSamples dataset={dataset} />
+                </td>
+                <td>{dataset.has_labels ? 'Yes' : 'No'}</td>
+                <td>{formatBytes(dataset.size_bytes)}</td>
+                <td>{formatDate(dataset.created_at)}</td>
+                <td>
+                  <RowAction
+                    label={`Delete dataset ${dataset.name}`}
+                    question={`Delete dataset ${dataset.name}?`}
+                    onConfirm={() => deleteDataset.mutate(dataset.id)}
+                  >
+                    Delete
+                  </RowAction>
+                </td>
+              </tr>
+            ))}
+          </DataTable>
+        </ListStates>
       </section>
     </>
   );

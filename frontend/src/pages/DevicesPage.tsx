@@ -1,5 +1,5 @@
 /** Device agents (live) and the registration tokens that let new agents join. */
-import { useId, useState, type FormEvent } from 'react';
+import { useState } from 'react';
 import { Link } from 'react-router';
 import {
   rows,
@@ -10,7 +10,11 @@ import {
   useRevokeRegistrationToken,
 } from '../api/hooks';
 import type { Agent, RegistrationToken } from '../api/types';
-import { CopyButton, EmptyState, ErrorMessage, Loading, PageHeader, SecretReveal, StatusBadge } from '../components/common';
+import { CopyButton, EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { InlineForm, TextField } from '../components/FormFields';
+import { ListStates } from '../components/ListStates';
+import { RevokeAction } from '../components/RowAction';
 import { formatDate, formatRelative } from '../format';
 
 const ISA_SHOWN = 12;
@@ -79,72 +83,49 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
   return (
     <>
       <ErrorMessage error={revoke.error} />
-      <div className="table-wrap">
-        <table className="table" data-testid="agents-table">
-          <thead>
-            <tr>
-              <th scope="col">Device</th>
-              <th scope="col">Status</th>
-              <th scope="col">Capabilities</th>
-              <th scope="col">Labels</th>
-              <th scope="col">Current task</th>
-              <th scope="col">Last heartbeat</th>
-              <th scope="col">
-                <span className="visually-hidden">Actions</span>
-              </th>
-            </tr>
-          </thead>
-          <tbody>
-            {agents.map((agent) => (
-              <tr key={agent.id} data-testid="agent-row">
-                <td>
-                  <strong className="agent-name" title={agent.name}>{agent.name}</strong>
-                  <div className="muted small">#{agent.id}{agent.capabilities?.agent_version ? ` · agent ${agent.capabilities.agent_version}` : ''}</div>
-                </td>
-                <td>
-                  {agent.revoked ? (
-                    <StatusBadge status="revoked" />
-                  ) : (
-                    <StatusBadge status={agent.online ? 'online' : 'offline'} />
-                  )}
-                </td>
-                <td>
-                  <Capabilities agent={agent} />
-                </td>
-                <td>
-                  {Object.keys(agent.labels ?? {}).length === 0 ? (
-                    <span className="muted">None</span>
-                  ) : (
-                    <div className="chips">
-                      {Object.entries(agent.labels).map(([key, value]) => (
-                        <span key={key} className="chip" title={`${key}=${value}`}>
-                          {capabilityText(`${key}=${value}`, 60)}
-                        </span>
-                      ))}
-                    </div>
-                  )}
-                </td>
-                <td>{agent.current_task ? `Task #${agent.current_task}` : <span className="muted">Idle</span>}</td>
-                <td title={agent.last_heartbeat_at ?? undefined}>{formatRelative(agent.last_heartbeat_at)}</td>
-                <td>
-                  {!agent.revoked ? (
-                    <button
-                      type="button"
-                      className="button button-small button-ghost"
-                      aria-label={`Revoke agent ${agent.name}`}
-                      onClick={() => {
-                        if (window.confirm(`Revoke ${agent.name}? It stops receiving work and must register again.`)) revoke.mutate(agent.id);
-                      }}
-                    >
-                      Revoke
-                    </button>
-                  ) : null}
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </div>
+      <DataTable columns={['Device', 'Status', 'Capabilities', 'Labels', 'Current task', 'Last heartbeat']} actions testId="agents-table">
+        {agents.map((agent) => (
+          <tr key={agent.id} data-testid="agent-row">
+            <td>
+              <strong className="agent-name" title={agent.name}>{agent.name}</strong>
+              <div className="muted small">#{agent.id}{agent.capabilities?.agent_version ? ` · agent ${agent.capabilities.agent_version}` : ''}</div>
+            </td>
+            <td>
+              {agent.revoked ? (
+                <StatusBadge status="revoked" />
+              ) : (
+                <StatusBadge status={agent.online ? 'online' : 'offline'} />
+              )}
+            </td>
+            <td>
+              <Capabilities agent={agent} />
+            </td>
+            <td>
+              {Object.keys(agent.labels ?? {}).length === 0 ? (
+                <span className="muted">None</span>
+              ) : (
+                <div className="chips">
+                  {Object.entries(agent.labels).map(([key, value]) => (
+                    <span key={key} className="chip" title={`${key}=${value}`}>
+                      {capabilityText(`${key}=${value}`, 60)}
+                    </span>
+                  ))}
+                </div>
+              )}
+            </td>
+            <td>{agent.current_task ? `Task #${agent.current_task}` : <span className="muted">Idle</span>}</td>
+            <td title={agent.last_heartbeat_at ?? undefined}>{formatRelative(agent.last_heartbeat_at)}</td>
+            <td>
+              <RevokeAction
+                revoked={agent.revoked}
+                label={`Revoke agent ${agent.name}`}
+                question={`Revoke ${agent.name}? It stops receiving work and must register again.`}
+                onConfirm={() => revoke.mutate(agent.id)}
+              />
+            </td>
+          </tr>
+        ))}
+      </DataTable>
     </>
   );
 }
@@ -237,11 +218,9 @@ function RegistrationTokens() {
   const [created, setCreated] = useState<RegistrationToken | null>(null);
   const [knownIds, setKnownIds] = useState<Set<number>>(new Set());
   const agents = useAgents();
-  const nameId = useId();
   const list = rows(tokens.data);
 
-  const submit = (event: FormEvent) => {
-    event.preventDefault();
+  const submit = () => {
     create.mutate(name.trim(), {
       onSuccess: (token) => {
         setKnownIds(new Set(rows(agents.data).map((agent) => agent.id)));
@@ -258,72 +237,52 @@ function RegistrationTokens() {
         On the device: install the agent, then one command registers it with a token made here and runs it; a service keeps it
         running. Create a token to see the commands; this page then waits for the device's first heartbeat.
       </p>
-      <form className="form-row" onSubmit={submit} aria-label="Create registration token">
-        <div className="field">
-          <label htmlFor={nameId}>Token name</label>
-          <input
-            id={nameId}
-            required
-            value={name}
-            placeholder="e.g. lab-x86-boxes"
-            onChange={(event) => setName(event.target.value)}
-            data-testid="registration-token-name"
-          />
-        </div>
-        <div className="field field-end">
-          <button type="submit" className="button button-primary" disabled={create.isPending || !name.trim()}>
-            Create registration token
-          </button>
-        </div>
-      </form>
+      <InlineForm
+        label="Create registration token"
+        submitLabel="Create registration token"
+        disabled={create.isPending || !name.trim()}
+        onSubmit={submit}
+      >
+        <TextField
+          label="Token name"
+          required
+          value={name}
+          placeholder="e.g. lab-x86-boxes"
+          onChange={(event) => setName(event.target.value)}
+          data-testid="registration-token-name"
+        />
+      </InlineForm>
       <ErrorMessage error={create.error ?? revoke.error} />
       {created?.token ? (
         <SecretReveal label="Registration token" value={created.token} testId="registration-token-secret">
           {created.register_command ? <SetupSteps command={created.register_command} knownIds={knownIds} /> : null}
         </SecretReveal>
       ) : null}
-      {tokens.isPending ? (
-        <Loading />
-      ) : list.length === 0 ? null : (
-        <div className="table-wrap">
-          <table className="table table-compact" data-testid="registration-tokens-table">
-            <caption>Registration tokens</caption>
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Prefix</th>
-                <th scope="col">Created</th>
-                <th scope="col">Status</th>
-                <th scope="col">
-                  <span className="visually-hidden">Actions</span>
-                </th>
-              </tr>
-            </thead>
-            <tbody>
-              {list.map((token) => (
-                <tr key={token.id}>
-                  <td>{token.name}</td>
-                  <td>{token.prefix ? <code>{token.prefix}…</code> : '—'}</td>
-                  <td>{formatDate(token.created_at)}</td>
-                  <td>{token.revoked ? <StatusBadge status="revoked" /> : <StatusBadge status="succeeded" label="Active" />}</td>
-                  <td>
-                    {!token.revoked ? (
-                      <button
-                        type="button"
-                        className="button button-small button-ghost"
-                        aria-label={`Revoke registration token ${token.name}`}
-                        onClick={() => revoke.mutate(token.id)}
-                      >
-                        Revoke
-                      </button>
-                    ) : null}
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      )}
+      <ListStates pending={tokens.isPending} empty={list.length === 0}>
+        <DataTable
+          columns={['Name', 'Prefix', 'Created', 'Status']}
+          actions
+          className="table table-compact"
+          caption="Registration tokens"
+          testId="registration-tokens-table"
+        >
+          {list.map((token) => (
+            <tr key={token.id}>
+              <td>{token.name}</td>
+              <td>{token.prefix ? <code>{token.prefix}…</code> : '—'}</td>
+              <td>{formatDate(token.created_at)}</td>
+              <td>{token.revoked ? <StatusBadge status="revoked" /> : <StatusBadge status="succeeded" label="Active" />}</td>
+              <td>
+                <RevokeAction
+                  revoked={token.revoked}
+                  label={`Revoke registration token ${token.name}`}
+                  onConfirm={() => revoke.mutate(token.id)}
+                />
+              </td>
+            </tr>
+          ))}
+        </DataTable>
+      </ListStates>
     </section>
   );
 }
@@ -346,17 +305,19 @@ export function DevicesPage() {
       />
       <section className="card" aria-labelledby="agents-heading">
         <h2 id="agents-heading">Agents</h2>
-        <ErrorMessage error={agents.error} />
-        {agents.isPending ? (
-          <Loading />
-        ) : list.length === 0 ? (
-          <EmptyState title="No devices yet.">
-            Create a registration token below and run its command on a machine you want to benchmark on. It appears here
-            within seconds; then <Link to="/deployments/new">start a deployment</Link>.
-          </EmptyState>
-        ) : (
+        <ListStates
+          error={agents.error}
+          pending={agents.isPending}
+          empty={list.length === 0}
+          whenEmpty={
+            <EmptyState title="No devices yet.">
+              Create a registration token below and run its command on a machine you want to benchmark on. It appears here
+              within seconds; then <Link to="/deployments/new">start a deployment</Link>.
+            </EmptyState>
+          }
+        >
           <AgentsTable agents={list} />
-        )}
+        </ListStates>
       </section>
       <RegistrationTokens />
     </>

@@ -6,6 +6,7 @@ import { variantLabel } from './report/ReportTable';
 import { costPhrase, headline, speedupPhrase, tieBadge } from './report/verdict';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
 import { formatBytes, formatDate, humanize, percent } from '../format';
 
 /** The stage names in pipeline order, for jobs whose detail carries no stages list. */
@@ -84,48 +85,35 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
   };
   const searched = (job.variants ?? []).some((variant) => (variant.round ?? 1) > 1);
   return (
-    <div className="table-wrap">
-      <table className="table" data-testid="device-tasks">
-        <thead>
-          <tr>
-            <th scope="col">Device</th>
-            <th scope="col">Variant</th>
-            {searched ? <th scope="col">Round</th> : null}
-            <th scope="col">Backend</th>
-            <th scope="col">Status</th>
-            <th scope="col">Stage</th>
-            <th scope="col">Progress</th>
-            <th scope="col">Attempt</th>
-          </tr>
-        </thead>
-        <tbody>
-          {tasks.map((task) => (
-            <tr key={task.id} data-testid="device-task-row">
-              <td>{task.agent?.name ?? task.target ?? 'Unassigned'}</td>
-              <td>{variantName(task.variant)}</td>
-              {searched ? <td>{variantOf(task.variant)?.round ?? 1}</td> : null}
-              <td>{task.backend}</td>
-              <td>
-                <StatusBadge status={task.status} />
-                {task.error ? <div className="field-error small">{task.error}</div> : null}
-              </td>
-              <td>
-                {humanize(task.stage)}
-                {task.message ? <div className="muted small">{task.message}</div> : null}
-              </td>
-              <td className="cell-progress">
-                <ProgressBar
-                  value={task.status === 'succeeded' ? 1 : task.progress}
-                  label={`Progress of task ${task.id}`}
-                  small
-                />
-              </td>
-              <td>{task.attempt}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+    <DataTable
+      columns={['Device', 'Variant', ...(searched ? ['Round'] : []), 'Backend', 'Status', 'Stage', 'Progress', 'Attempt']}
+      testId="device-tasks"
+    >
+      {tasks.map((task) => (
+        <tr key={task.id} data-testid="device-task-row">
+          <td>{task.agent?.name ?? task.target ?? 'Unassigned'}</td>
+          <td>{variantName(task.variant)}</td>
+          {searched ? <td>{variantOf(task.variant)?.round ?? 1}</td> : null}
+          <td>{task.backend}</td>
+          <td>
+            <StatusBadge status={task.status} />
+            {task.error ? <div className="field-error small">{task.error}</div> : null}
+          </td>
+          <td>
+            {humanize(task.stage)}
+            {task.message ? <div className="muted small">{task.message}</div> : null}
+          </td>
+          <td className="cell-progress">
+            <ProgressBar
+              value={task.status === 'succeeded' ? 1 : task.progress}
+              label={`Progress of task ${task.id}`}
+              small
+            />
+          </td>
+          <td>{task.attempt}</td>
+        </tr>
+      ))}
+    </DataTable>
   );
 }
 
@@ -133,33 +121,20 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
 export function VariantList({ variants }: { variants: JobVariant[] }) {
   if (variants.length === 0) return <p className="muted">Variants are planned after the FP32 reference outputs.</p>;
   return (
-    <div className="table-wrap">
-      <table className="table" data-testid="variants">
-        <thead>
-          <tr>
-            <th scope="col">Variant</th>
-            <th scope="col">Precision</th>
-            <th scope="col">Round</th>
-            <th scope="col">Status</th>
-            <th scope="col">Runs on</th>
-          </tr>
-        </thead>
-        <tbody>
-          {variants.map((variant) => (
-            <tr key={variant.id} data-testid="variant-row">
-              <td><code>{variant.key ?? variant.precision}</code></td>
-              <td>{variant.precision}</td>
-              <td>{variant.round ?? 1}</td>
-              <td>
-                <StatusBadge status={variant.status} />
-                {variant.error ? <div className="muted small">{variant.error}</div> : null}
-              </td>
-              <td>{variant.backends.join(', ') || '—'}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+    <DataTable columns={['Variant', 'Precision', 'Round', 'Status', 'Runs on']} testId="variants">
+      {variants.map((variant) => (
+        <tr key={variant.id} data-testid="variant-row">
+          <td><code>{variant.key ?? variant.precision}</code></td>
+          <td>{variant.precision}</td>
+          <td>{variant.round ?? 1}</td>
+          <td>
+            <StatusBadge status={variant.status} />
+            {variant.error ? <div className="muted small">{variant.error}</div> : null}
+          </td>
+          <td>{variant.backends.join(', ') || '—'}</td>
+        </tr>
+      ))}
+    </DataTable>
   );
 }
 

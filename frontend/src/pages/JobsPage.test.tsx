@@ -1,11 +1,8 @@
-import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { render, screen } from '@testing-library/react';
+import { screen } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
-import { createMemoryRouter, RouterProvider } from 'react-router';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { json, renderRoutes } from '../test/render';
 import { JobsPage } from './JobsPage';
-
-const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
 
 function job(id: number) {
   return { id, status: 'succeeded', stage: 'done', progress: 1, error: null, model_version: 1, model: { id: 1, name: `model-${id}` },
@@ -29,13 +26,7 @@ describe('JobsPage pagination', () => {
   afterEach(() => vi.unstubAllGlobals());
 
   it('pages through the list with previous and next', { timeout: 30_000 }, async () => {
-    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
-    const router = createMemoryRouter([{ path: '/deployments', element: <JobsPage /> }], { initialEntries: ['/deployments'] });
-    render(
-      <QueryClientProvider client={client}>
-        <RouterProvider router={router} />
-      </QueryClientProvider>,
-    );
+    renderRoutes([{ path: '/deployments', element: <JobsPage /> }], '/deployments');
     expect(await screen.findByText('1–50 of 120 · page 1 of 3', {}, { timeout: 10_000 })).toBeInTheDocument();
     expect(screen.getByText('re-run of #7')).toBeInTheDocument();
     expect(screen.getByRole('button', { name: 'Previous' })).toBeDisabled();

@@ -1,10 +1,12 @@
 /** Every deployment of the organization, newest first. */
 import { useState } from 'react';
 import { Link } from 'react-router';
-import { PAGE_SIZE, rows, useJobs } from '../api/hooks';
-import { EmptyState, ErrorMessage, Loading, PageHeader, Pager, ProgressBar, StatusBadge } from '../components/common';
+import { PAGE_SIZE, rows, totalCount, useJobs } from '../api/hooks';
+import { EmptyState, PageHeader, Pager, ProgressBar, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { ListStates } from '../components/ListStates';
 import { formatDate, humanize } from '../format';
-import { OutcomeCells } from './outcome';
+import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
 
 export function JobsPage() {
   const [page, setPage] = useState(1);
@@ -20,66 +22,56 @@ export function JobsPage() {
           </Link>
         }
       />
-      <ErrorMessage error={jobs.error} />
-      {jobs.isPending ? (
-        <Loading />
-      ) : list.length === 0 ? (
-        <EmptyState
-          title="No deployments yet."
-          action={
-            <Link to="/deployments/new" className="button button-primary">
-              Start your first deployment
-            </Link>
-          }
+      <ListStates
+        error={jobs.error}
+        pending={jobs.isPending}
+        empty={list.length === 0}
+        whenEmpty={
+          <EmptyState
+            title="No deployments yet."
+            action={
+              <Link to="/deployments/new" className="button button-primary">
+                Start your first deployment
+              </Link>
+            }
+          >
+            A deployment quantizes a model version, benchmarks every variant on your devices and recommends one.
+          </EmptyState>
+        }
+      >
+        <DataTable
+          columns={['Job', 'Model', 'Status', 'Stage', 'Progress', ...OUTCOME_COLUMNS, 'Started']}
+          wrapClassName="card table-wrap"
+          testId="jobs-table"
+          footer={<Pager page={page} count={totalCount(jobs.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Deployments" />}
         >
-          A deployment quantizes a model version, benchmarks every variant on your devices and recommends one.
-        </EmptyState>
-      ) : (
-        <div className="card table-wrap">
-          <table className="table" data-testid="jobs-table">
-            <thead>
-              <tr>
-                <th scope="col">Job</th>
-                <th scope="col">Model</th>
-                <th scope="col">Status</th>
-                <th scope="col">Stage</th>
-                <th scope="col">Progress</th>
-                <th scope="col">Outcome</th>
-                <th scope="col" className="numeric">Speed-up vs FP32</th>
-                <th scope="col">Started</th>
-              </tr>
-            </thead>
-            <tbody>
-              {list.map((job) => (
-                <tr key={job.id} data-testid="job-row">
-                  <td>
-                    <Link to={`/jobs/${job.id}`}>#{job.id}</Link>
-                    {job.rerun_of ? <div className="muted small">re-run of #{job.rerun_of}</div> : null}
-                  </td>
-                  <td>{job.model ? <Link to={`/models/${job.model.id}`}>{job.model.name}</Link> : `version ${job.model_version}`}</td>
-                  <td>
-                    <StatusBadge status={job.status} />
-                  </td>
-                  <td>{humanize(job.stage)}</td>
-                  <td className="cell-progress">
-                    <ProgressBar value={job.progress} label={`Progress of job ${job.id}`} small />
-                  </td>
-                  <OutcomeCells outcome={job.outcome} />
-                  <td>
-                    {formatDate(job.created_at)}
-                    {job.status === 'succeeded' ? (
-                      <div className="small">
-                        <Link to={`/jobs/${job.id}/report`}>Report</Link>
-                      </div>
-                    ) : null}
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-          <Pager page={page} count={jobs.data && !Array.isArray(jobs.data) ? jobs.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Deployments" />
-        </div>
-      )}
+          {list.map((job) => (
+            <tr key={job.id} data-testid="job-row">
+              <td>
+                <Link to={`/jobs/${job.id}`}>#{job.id}</Link>
+                {job.rerun_of ? <div className="muted small">re-run of #{job.rerun_of}</div> : null}
+              </td>
+              <td>{job.model ? <Link to={`/models/${job.model.id}`}>{job.model.name}</Link> : `version ${job.model_version}`}</td>
+              <td>
+                <StatusBadge status={job.status} />
+              </td>
+              <td>{humanize(job.stage)}</td>
+              <td className="cell-progress">
+                <ProgressBar value={job.progress} label={`Progress of job ${job.id}`} small />
+              </td>
+              <OutcomeCells outcome={job.outcome} />
+              <td>
+                {formatDate(job.created_at)}
+                {job.status === 'succeeded' ? (
+                  <div className="small">
+                    <Link to={`/jobs/${job.id}/report`}>Report</Link>
+                  </div>
+                ) : null}
+              </td>
+            </tr>
+          ))}
+        </DataTable>
+      </ListStates>
     </>
   );
 }

@@ -1,17 +1,14 @@
-import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { render, screen, waitFor, within } from '@testing-library/react';
+import { screen, waitFor, within } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
-import { createMemoryRouter, RouterProvider } from 'react-router';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { Member, Role } from '../api/types';
+import { json, meResponse, renderRoutes } from '../test/render';
 import { MembersPage } from './MembersPage';
 
 const members: Member[] = [
   { id: 1, user: 1, username: 'ada', role: 'owner', created_at: '2026-01-01T00:00:00Z' },
   { id: 2, user: 2, username: 'grace', role: 'member', created_at: '2026-02-01T00:00:00Z' },
 ];
-
-const json = (body: unknown, status = 200) => new Response(body === null ? null : JSON.stringify(body), { status });
 
 describe('MembersPage', () => {
   const fetchMock = vi.fn<typeof fetch>();
@@ -25,10 +22,7 @@ describe('MembersPage', () => {
     fetchMock.mockImplementation(async (input, init) => {
       const url = String(input);
       const method = init?.method ?? 'GET';
-      if (url === '/api/v1/auth/me/') {
-        const organization = { id: 1, name: 'Acme', slug: 'acme', role };
-        return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });
-      }
+      if (url === '/api/v1/auth/me/') return meResponse(role);
       if (url === '/api/v1/members/' && method === 'GET') return json(members);
       if (url === '/api/v1/members/' && method === 'POST') {
         return json({ error: 'No user has that name; they sign up first, then you add them.', code: 'unknown_user' }, 400);
@@ -43,13 +37,7 @@ describe('MembersPage', () => {
   afterEach(() => vi.unstubAllGlobals());
 
   function renderPage() {
-    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
-    const router = createMemoryRouter([{ path: '/members', element: <MembersPage /> }], { initialEntries: ['/members'] });
-    render(
-      <QueryClientProvider client={client}>
-        <RouterProvider router={router} />
-      </QueryClientProvider>,
-    );
+    renderRoutes([{ path: '/members', element: <MembersPage /> }], '/members');
   }
 
   const calls = (method: string) => fetchMock.mock.calls.filter(([, init]) => (init?.method ?? 'GET') === method);

@@ -1,9 +1,13 @@
 /** The current organization's members: everyone may look; owners add people, change roles and remove them. */
-import { useId, useState, type FormEvent } from 'react';
+import { useId, useState } from 'react';
 import { useQueryClient } from '@tanstack/react-query';
 import { rows, useAddMember, useChangeMemberRole, useMe, useMembers, useRemoveMember } from '../api/hooks';
 import { ROLES, type Member, type Role } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader } from '../components/common';
+import { EmptyState, ErrorMessage, PageHeader } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { InlineForm, SelectField, TextField } from '../components/FormFields';
+import { ListStates } from '../components/ListStates';
+import { RowAction } from '../components/RowAction';
 import { formatDate, humanize } from '../format';
 
 function RoleOptions() {
@@ -23,11 +27,8 @@ function AddMemberForm() {
   const [username, setUsername] = useState('');
   const [role, setRole] = useState<Role>('member');
   const [added, setAdded] = useState<Member | null>(null);
-  const usernameId = useId();
-  const roleId = useId();
 
-  const submit = (event: FormEvent) => {
-    event.preventDefault();
+  const submit = () => {
     setAdded(null);
     add.mutate(
       { username: username.trim(), role },
@@ -47,32 +48,21 @@ function AddMemberForm() {
         The person signs up first; then add them here by their username. Owners manage members and everything else;
         members upload models and data and start deployments; viewers can look at everything but not change it.
       </p>
-      <form className="form-row" onSubmit={submit} aria-label="Add member">
-        <div className="field">
-          <label htmlFor={usernameId}>Username</label>
-          <input
-            id={usernameId}
-            required
-            autoComplete="off"
-            spellCheck={false}
-            value={username}
-            placeholder="e.g. grace"
-            onChange={(event) => setUsername(event.target.value)}
-            data-testid="member-username"
-          />
-        </div>
-        <div className="field">
-          <label htmlFor={roleId}>Role</label>
-          <select id={roleId} value={role} onChange={(event) => setRole(event.target.value as Role)} data-testid="member-role">
-            <RoleOptions />
-          </select>
-        </div>
-        <div className="field field-end">
-          <button type="submit" className="button button-primary" disabled={add.isPending || !username.trim()}>
-            Add member
-          </button>
-        </div>
-      </form>
+      <InlineForm label="Add member" submitLabel="Add member" disabled={add.isPending || !username.trim()} onSubmit={submit}>
+        <TextField
+          label="Username"
+          required
+          autoComplete="off"
+          spellCheck={false}
+          value={username}
+          placeholder="e.g. grace"
+          onChange={(event) => setUsername(event.target.value)}
+          data-testid="member-username"
+        />
+        <SelectField label="Role" value={role} onChange={(event) => setRole(event.target.value as Role)} data-testid="member-role">
+          <RoleOptions />
+        </SelectField>
+      </InlineForm>
       <ErrorMessage error={add.error} />
       <p className="small" role="status" data-testid="member-added">
         {added && !add.error ? `Added ${added.username} as ${added.role}.` : ''}
@@ -107,11 +97,11 @@ function MemberRow({ member, isOwner, isSelf, organizationName }: { member: Memb
     );
   };
 
-  const confirmRemove = () => {
-    const question = isSelf
-      ? `Leave ${organizationName}? You lose access to it at once.`
-      : `Remove ${member.username} from ${organizationName}? Their API tokens for it are revoked.`;
-    if (!window.confirm(question)) return;
+  const removeQuestion = isSelf
+    ? `Leave ${organizationName}? You lose access to it at once.`
+    : `Remove ${member.username} from ${organizationName}? Their API tokens for it are revoked.`;
+
+  const removeMember = () => {
     setError(null);
     remove.mutate(member.id, {
       onSuccess: () => {
@@ -180,15 +170,14 @@ function MemberRow({ member, isOwner, isSelf, organizationName }: { member: Memb
         <td>{formatDate(member.created_at)}</td>
         {isOwner ? (
           <td>
-            <button
-              type="button"
-              className="button button-small button-ghost"
-              onClick={confirmRemove}
+            <RowAction
+              label={isSelf ? `Leave ${organizationName}` : `Remove ${member.username}`}
+              question={removeQuestion}
+              onConfirm={removeMember}
               disabled={busy}
-              aria-label={isSelf ? `Leave ${organizationName}` : `Remove ${member.username}`}
             >
               {isSelf ? 'Leave' : 'Remove'}
-            </button>
+            </RowAction>
           </td>
         ) : null}
       </tr>
@@ -226,40 +215,29 @@ export function MembersPage() {
       )}
       <section className="card" aria-labelledby="members-heading">
         <h2 id="members-heading">Members</h2>
-        <ErrorMessage error={members.error} />
-        {members.isPending ? (
-          <Loading />
-        ) : members.isError ? null : list.length === 0 ? (
-          <EmptyState title="No members to show." />
-        ) : (
-          <div className="table-wrap">
-            <table className={`table${isOwner ? ' table-controls' : ''}`} data-testid="members-table">
-              <thead>
-                <tr>
-                  <th scope="col">Username</th>
-                  <th scope="col">Role</th>
-                  <th scope="col">Joined</th>
-                  {isOwner ? (
-                    <th scope="col">
-                      <span className="visually-hidden">Actions</span>
-                    </th>
-                  ) : null}
-                </tr>
-              </thead>
-              <tbody>
-                {list.map((member) => (
-                  <MemberRow
-                    key={member.id}
-                    member={member}
-                    isOwner={isOwner}
-                    isSelf={member.user === me?.user.id}
-                    organizationName={organization?.name ?? 'this organization'}
-                  />
-                ))}
-              </tbody>
-            </table>
-          </div>
-        )}
+        <ListStates
+          error={members.error}
+          pending={members.isPending}
+          empty={members.isError || list.length === 0}
+          whenEmpty={members.isError ? null : <EmptyState title="No members to show." />}
+        >
+          <DataTable
+            columns={['Username', 'Role', 'Joined']}
+            actions={isOwner}
+            className={`table${isOwner ? ' table-controls' : ''}`}
+            testId="members-table"
+          >
+            {list.map((member) => (
+              <MemberRow
+                key={member.id}
+                member={member}
+                isOwner={isOwner}
+                isSelf={member.user === me?.user.id}
+                organizationName={organization?.name ?? 'this organization'}
+              />
+            ))}
+          </DataTable>
+        </ListStates>
       </section>
     </>
   );

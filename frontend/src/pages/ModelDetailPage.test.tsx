@@ -1,8 +1,8 @@
-import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { render, screen, waitFor } from '@testing-library/react';
+import { screen, waitFor } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { ModelVersion } from '../api/types';
+import { json, meResponse, renderWithClient } from '../test/render';
 import { OutputKinds } from './ModelDetailPage';
 
 const version: ModelVersion = {
@@ -27,8 +27,6 @@ const version: ModelVersion = {
   download_url: '/api/v1/models/1/versions/2/download/',
 };
 
-const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
-
 describe('OutputKinds', () => {
   const fetchMock = vi.fn<typeof fetch>();
   beforeEach(() => {
@@ -37,10 +35,7 @@ describe('OutputKinds', () => {
     fetchMock.mockReset();
     fetchMock.mockImplementation(async (input, init) => {
       const url = String(input);
-      if (url === '/api/v1/auth/me/') {
-        const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'owner' };
-        return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });
-      }
+      if (url === '/api/v1/auth/me/') return meResponse();
       if (url === '/api/v1/models/1/versions/2/' && init?.method === 'PATCH') return json(version);
       return json({ error: 'not found' }, 404);
     });
@@ -48,12 +43,7 @@ describe('OutputKinds', () => {
   afterEach(() => vi.unstubAllGlobals());
 
   function renderKinds(shown: ModelVersion) {
-    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
-    render(
-      <QueryClientProvider client={client}>
-        <OutputKinds modelId={1} version={shown} />
-      </QueryClientProvider>,
-    );
+    renderWithClient(<OutputKinds modelId={1} version={shown} />);
   }
 
   it('shows the inferred kind with its reason and metric, and overrides it', async () => {

@@ -4,10 +4,12 @@ import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
 import { IdenticalNotice } from './ModelsPage';
-import { OutcomeCells } from './outcome';
+import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
 import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { ListStates } from '../components/ListStates';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatNumber, formatShape } from '../format';
 import { KIND_LABELS, kindLabel } from '../components/outputKinds';
@@ -233,28 +235,23 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
         <p className="muted">No device has measured another model yet; the estimate appears once one has.</p>
       ) : null}
       {estimate.data && estimate.data.devices.length > 0 ? (
-        <div className="table-wrap">
-        <table className="table">
-          <thead>
-            <tr>
-              <th scope="col">Device</th>
-              <th scope="col">Backend</th>
-              <th scope="col" className="numeric">FP32 p50</th>
-              <th scope="col" title="The share of this model's work whose operator types were timed on the device">Own timings</th>
+        <DataTable
+          columns={[
+            'Device',
+            'Backend',
+            { label: 'FP32 p50', className: 'numeric' },
+            { label: 'Own timings', title: "The share of this model's work whose operator types were timed on the device" },
+          ]}
+        >
+          {estimate.data.devices.map((row) => (
+            <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
+              <td>{row.agent.name}</td>
+              <td>{row.backend}</td>
+              <td className="numeric">{formatNumber(row.p50_ms, 3)} ms</td>
+              <td>{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
             </tr>
-          </thead>
-          <tbody>
-            {estimate.data.devices.map((row) => (
-              <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
-                <td>{row.agent.name}</td>
-                <td>{row.backend}</td>
-                <td className="numeric">{formatNumber(row.p50_ms, 3)} ms</td>
-                <td>{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-        </div>
+          ))}
+        </DataTable>
       ) : null}
       <p className="muted small">Predicted for FP32 before any job runs, from per-operator timings of other models on each device.</p>
       {estimate.data && estimate.data.measured.length > 0 ? (
@@ -274,38 +271,24 @@ export function ModelDeployments({ modelId }: { modelId: number }) {
         <h2 id="deployments-heading">Deployments</h2>
         <Link to="/deployments/new" className="button button-small">New deployment</Link>
       </div>
-      <ErrorMessage error={jobs.error} />
-      {jobs.isPending ? (
-        <Loading />
-      ) : list.length === 0 ? (
-        <p className="muted">No deployment of this model yet.</p>
-      ) : (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Job</th>
-                <th scope="col">Version</th>
-                <th scope="col">Status</th>
-                <th scope="col">Outcome</th>
-                <th scope="col" className="numeric">Speed-up vs FP32</th>
-                <th scope="col">Started</th>
-              </tr>
-            </thead>
-            <tbody>
-              {list.map((job) => (
-                <tr key={job.id} data-testid="model-deployment-row">
-                  <td><Link to={`/jobs/${job.id}`}>#{job.id}</Link></td>
-                  <td>v{job.model?.version ?? "?"}</td>
-                  <td><StatusBadge status={job.status} /></td>
-                  <OutcomeCells outcome={job.outcome} />
-                  <td>{formatDate(job.created_at)}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      )}
+      <ListStates
+        error={jobs.error}
+        pending={jobs.isPending}
+        empty={list.length === 0}
+        whenEmpty={<p className="muted">No deployment of this model yet.</p>}
+      >
+        <DataTable columns={['Job', 'Version', 'Status', ...OUTCOME_COLUMNS, 'Started']}>
+          {list.map((job) => (
+            <tr key={job.id} data-testid="model-deployment-row">
+              <td><Link to={`/jobs/${job.id}`}>#{job.id}</Link></td>
+              <td>v{job.model?.version ?? "?"}</td>
+              <td><StatusBadge status={job.status} /></td>
+              <OutcomeCells outcome={job.outcome} />
+              <td>{formatDate(job.created_at)}</td>
+            </tr>
+          ))}
+        </DataTable>
+      </ListStates>
     </section>
   );
 }

@@ -1,10 +1,13 @@
 /** The organization's models: search, upload, and a table linking to each model. */
-import { useDeferredValue, useId, useState } from 'react';
+import { useDeferredValue, useState } from 'react';
 import { Link } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
-import { PAGE_SIZE, rows, useModels, useCanWrite } from '../api/hooks';
+import { PAGE_SIZE, rows, totalCount, useModels, useCanWrite } from '../api/hooks';
 import type { IdenticalVersion, Model } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader, Pager } from '../components/common';
+import { EmptyState, PageHeader, Pager } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { TextField } from '../components/FormFields';
+import { ListStates } from '../components/ListStates';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate } from '../format';
 
@@ -35,8 +38,6 @@ export function ModelsPage() {
   const client = useQueryClient();
   const canWrite = useCanWrite();
   const [name, setName] = useState('');
-  const nameId = useId();
-  const searchId = useId();
   const list = rows(models.data);
 
   return (
@@ -45,16 +46,14 @@ export function ModelsPage() {
 
       <section className="card" aria-labelledby="upload-model-heading">
         <h2 id="upload-model-heading">Upload a model</h2>
-        <div className="field field-inline">
-          <label htmlFor={nameId}>Name</label>
-          <input
-            id={nameId}
-            value={name}
-            placeholder="Defaults to the file name"
-            onChange={(event) => setName(event.target.value)}
-            data-testid="model-name-input"
-          />
-        </div>
+        <TextField
+          label="Name"
+          className="field field-inline"
+          value={name}
+          placeholder="Defaults to the file name"
+          onChange={(event) => setName(event.target.value)}
+          data-testid="model-name-input"
+        />
         <UploadZone<Model>
           disabled={!canWrite}
           label="ONNX model (.onnx, or .zip with external data) or PyTorch (.pt2 torch.export, traced .pt)"
@@ -85,67 +84,56 @@ export function ModelsPage() {
       <section className="card" aria-labelledby="model-list-heading">
         <div className="section-header">
           <h2 id="model-list-heading">All models</h2>
-          <div className="field field-inline search">
-            <label htmlFor={searchId}>Search</label>
-            <input
-              id={searchId}
-              type="search"
-              value={search}
-              placeholder="Model name"
-              onChange={(event) => {
+          <TextField
+            label="Search"
+            className="field field-inline search"
+            type="search"
+            value={search}
+            placeholder="Model name"
+            onChange={(event) => {
               setSearch(event.target.value);
               setPage(1);
             }}
-              data-testid="model-search"
-            />
-          </div>
+            data-testid="model-search"
+          />
         </div>
-        <ErrorMessage error={models.error} />
-        {models.isPending ? (
-          <Loading />
-        ) : list.length === 0 ? (
-          search ? (
-            <EmptyState title={`No model matches “${search}”.`}>Try a shorter search, or clear it.</EmptyState>
-          ) : (
-            <EmptyState title="No models yet.">
-              Drop an <code>.onnx</code> file above to upload your first model. Kiln reads its signature and
-              checks it before you deploy.
-            </EmptyState>
-          )
-        ) : (
-          <div className="table-wrap">
-            <table className="table" data-testid="models-table">
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">Latest version</th>
-                  <th scope="col">Inputs</th>
-                  <th scope="col">Size</th>
-                  <th scope="col">Opset</th>
-                  <th scope="col">Uploaded</th>
+        <ListStates
+          error={models.error}
+          pending={models.isPending}
+          empty={list.length === 0}
+          whenEmpty={
+            search ? (
+              <EmptyState title={`No model matches “${search}”.`}>Try a shorter search, or clear it.</EmptyState>
+            ) : (
+              <EmptyState title="No models yet.">
+                Drop an <code>.onnx</code> file above to upload your first model. Kiln reads its signature and
+                checks it before you deploy.
+              </EmptyState>
+            )
+          }
+        >
+          <DataTable
+            columns={['Name', 'Latest version', 'Inputs', 'Size', 'Opset', 'Uploaded']}
+            testId="models-table"
+            footer={<Pager page={page} count={totalCount(models.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Models" />}
+          >
+            {list.map((model) => {
+              const version = model.latest_version ?? model.versions?.[model.versions.length - 1] ?? null;
+              return (
+                <tr key={model.id} data-testid="model-row">
+                  <td>
+                    <Link to={`/models/${model.id}`}>{model.name}</Link>
+                  </td>
+                  <td>{version ? `v${version.number}` : '—'}</td>
+                  <td>{version?.signature?.inputs?.map((input) => input.name).join(', ') || '—'}</td>
+                  <td>{formatBytes(version?.size_bytes)}</td>
+                  <td>{version?.opset ?? '—'}</td>
+                  <td>{formatDate(model.created_at)}</td>
                 </tr>
-              </thead>
-              <tbody>
-                {list.map((model) => {
-                  const version = model.latest_version ?? model.versions?.[model.versions.length - 1] ?? null;
-                  return (
-                    <tr key={model.id} data-testid="model-row">
-                      <td>
-                        <Link to={`/models/${model.id}`}>{model.name}</Link>
-                      </td>
-                      <td>{version ? `v${version.number}` : '—'}</td>
-                      <td>{version?.signature?.inputs?.map((input) => input.name).join(', ') || '—'}</td>
-                      <td>{formatBytes(version?.size_bytes)}</td>
-                      <td>{version?.opset ?? '—'}</td>
-                      <td>{formatDate(model.created_at)}</td>
-                    </tr>
-                  );
-                })}
-              </tbody>
-            </table>
-            <Pager page={page} count={models.data && !Array.isArray(models.data) ? models.data.count : list.length} pageSize={PAGE_SIZE} onPage={setPage} label="Models" />
-          </div>
-        )}
+              );
+            })}
+          </DataTable>
+        </ListStates>
       </section>
     </>
   );

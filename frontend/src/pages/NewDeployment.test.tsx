@@ -1,7 +1,5 @@
-import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { render, screen, waitFor } from '@testing-library/react';
+import { screen, waitFor } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
-import { createMemoryRouter, RouterProvider } from 'react-router';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { Agent, Dataset, Model, ModelVersion } from '../api/types';
 import {
@@ -11,6 +9,7 @@ import {
   type DeploymentForm,
   type MetricDraft,
 } from './deploymentValidation';
+import { json, meResponse, renderRoutes } from '../test/render';
 import { NewDeploymentPage } from './NewDeploymentPage';
 
 const version: ModelVersion = {
@@ -178,14 +177,10 @@ describe('NewDeploymentPage', () => {
     fetchMock.mockReset();
     fetchMock.mockImplementation(async (input, init) => {
       const url = String(input);
-      const json = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status });
       if (url.startsWith('/api/v1/models/?') || url === '/api/v1/models/') return json({ count: 1, next: null, previous: null, results: [model] });
       if (url === '/api/v1/models/1/') return json(model);
       if (url === '/api/v1/datasets/' || url.startsWith('/api/v1/datasets/?')) return json([calibration, validation]);
-      if (url === '/api/v1/auth/me/') {
-        const organization = { id: 1, name: 'Acme', slug: 'acme', role: 'owner' };
-        return json({ user: { id: 1, username: 'ada' }, organization, organizations: [organization] });
-      }
+      if (url === '/api/v1/auth/me/') return meResponse();
       if (url === '/api/v1/agents/') return json([agent]);
       if (url === '/api/v1/jobs/' && init?.method === 'POST') return json({ id: 42, status: 'queued' }, 201);
       return json({ error: 'not found' }, 404);
@@ -194,18 +189,12 @@ describe('NewDeploymentPage', () => {
   afterEach(() => vi.unstubAllGlobals());
 
   function renderPage() {
-    const client = new QueryClient({ defaultOptions: { queries: { retry: false } } });
-    const router = createMemoryRouter(
+    renderRoutes(
       [
         { path: '/deployments/new', element: <NewDeploymentPage /> },
         { path: '/jobs/:jobId', element: <p>job page</p> },
       ],
-      { initialEntries: ['/deployments/new?model=1&version=11'] },
-    );
-    render(
-      <QueryClientProvider client={client}>
-        <RouterProvider router={router} />
-      </QueryClientProvider>,
+      '/deployments/new?model=1&version=11',
     );
   }
 

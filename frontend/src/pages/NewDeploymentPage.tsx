@@ -15,6 +15,7 @@ import {
 } from '../api/types';
 import { declaredOptions, KIND_LABELS, kindLabel } from '../components/outputKinds';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
+import { NameOptions, SelectField, TextField } from '../components/FormFields';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
 import {
@@ -114,6 +115,52 @@ function CompatibilityNote({ split, version, testId }: { split: DatasetSplit; ve
   );
 }
 
+/** The calibration or validation dataset, fitting ones first, with how many fit and why the choice is refused. */
+const DATASET_KINDS = ['calibration', 'validation'] as const;
+type DatasetRole = (typeof DATASET_KINDS)[number];
+
+function datasetField(kind: DatasetRole): 'calibrationDataset' | 'validationDataset' {
+  return `${kind}Dataset`;
+}
+
+function DatasetField({
+  kind,
+  split,
+  version,
+  value,
+  onChange,
+  error,
+  ...invalidProps
+}: {
+  kind: DatasetRole;
+  split: DatasetSplit;
+  version: ModelVersion | null;
+  value: number | null;
+  onChange: (dataset: number | null) => void;
+  error?: string;
+  'aria-invalid'?: boolean;
+  'aria-describedby'?: string;
+}) {
+  return (
+    <SelectField
+      label={kind === 'calibration' ? 'Calibration dataset' : 'Validation dataset'}
+      value={value ?? ''}
+      data-testid={`${kind}-select`}
+      onChange={(event) => onChange(event.target.value ? Number(event.target.value) : null)}
+      {...invalidProps}
+      after={
+        <>
+          <CompatibilityNote split={split} version={version} testId={`${kind}-compatibility`} />
+          <FieldError id={`${datasetField(kind)}-error`} message={error} />
+        </>
+      }
+    >
+      <option value="">None</option>
+      <DatasetOptions split={split} version={version} />
+    </SelectField>
+  );
+}
+
 /** Metrics declared per output: which outputs the tolerance reads, with what threshold. */
 function DeclaredMetrics({
   version,
@@ -147,65 +194,42 @@ function DeclaredMetrics({
       ) : null}
       {metrics.map((metric, index) => (
         <div className="form-row" key={index} data-testid="declared-metric">
-          <div className="field">
-            <label htmlFor={`metric-output-${index}`}>Output</label>
-            <select id={`metric-output-${index}`} value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
-              {outputs.map((output) => (
-                <option key={output.name} value={output.name}>
-                  {output.name}
-                </option>
-              ))}
-            </select>
-          </div>
-          <div className="field">
-            <label htmlFor={`metric-kind-${index}`}>Metric kind</label>
-            <select
-              id={`metric-kind-${index}`}
-              value={metric.kind}
-              onChange={(event) => update(index, { kind: event.target.value as DeclaredMetricKind })}
-            >
-              {DECLARED_METRIC_KINDS.map((kind) => (
-                <option key={kind} value={kind}>
-                  {kind} — {DECLARED_HELP[kind]}
-                </option>
-              ))}
-            </select>
-          </div>
+          <SelectField label="Output" value={metric.output} onChange={(event) => update(index, { output: event.target.value })}>
+            <NameOptions items={outputs} />
+          </SelectField>
+          <SelectField
+            label="Metric kind"
+            value={metric.kind}
+            onChange={(event) => update(index, { kind: event.target.value as DeclaredMetricKind })}
+          >
+            {DECLARED_METRIC_KINDS.map((kind) => (
+              <option key={kind} value={kind}>
+                {kind} — {DECLARED_HELP[kind]}
+              </option>
+            ))}
+          </SelectField>
           {declaredOptions(metric.kind).includes('threshold') ? (
-            <div className="field">
-              <label htmlFor={`metric-threshold-${index}`}>Threshold</label>
-              <input
-                id={`metric-threshold-${index}`}
-                type="number"
-                step="any"
-                placeholder={metric.kind === 'detection' ? '0.25' : '0.5'}
-                value={metric.threshold}
-                onChange={(event) => update(index, { threshold: event.target.value })}
-              />
-            </div>
+            <TextField
+              label="Threshold"
+              type="number"
+              step="any"
+              placeholder={metric.kind === 'detection' ? '0.25' : '0.5'}
+              value={metric.threshold}
+              onChange={(event) => update(index, { threshold: event.target.value })}
+            />
           ) : null}
           {declaredOptions(metric.kind).includes('blank') ? (
-            <div className="field">
-              <label htmlFor={`metric-blank-${index}`}>Blank index</label>
-              <input
-                id={`metric-blank-${index}`}
-                type="number"
-                min={0}
-                step={1}
-                value={metric.blank}
-                onChange={(event) => update(index, { blank: event.target.value })}
-              />
-            </div>
+            <TextField
+              label="Blank index"
+              type="number"
+              min={0}
+              step={1}
+              value={metric.blank}
+              onChange={(event) => update(index, { blank: event.target.value })}
+            />
           ) : null}
           {declaredOptions(metric.kind).includes('plugin') ? (
-            <div className="field">
-              <label htmlFor={`metric-plugin-${index}`}>Entry point</label>
-              <input
-                id={`metric-plugin-${index}`}
-                value={metric.plugin}
-                onChange={(event) => update(index, { plugin: event.target.value })}
-              />
-            </div>
+            <TextField label="Entry point" value={metric.plugin} onChange={(event) => update(index, { plugin: event.target.value })} />
           ) : null}
           <label className="choice">
             <input type="checkbox" checked={metric.primary} onChange={(event) => update(index, { primary: event.target.checked })} />
@@ -260,8 +284,6 @@ export function NewDeploymentPage() {
   const ids = {
     model: useId(),
     version: useId(),
-    calibration: useId(),
-    validation: useId(),
     metric: useId(),
     maxDrop: useId(),
     errors: useId(),
@@ -427,36 +449,18 @@ export function NewDeploymentPage() {
             </p>
           ) : null}
           <div className="form-row">
-            <div className="field">
-              <label htmlFor={ids.calibration}>Calibration dataset</label>
-              <select
-                id={ids.calibration}
-                value={form.calibrationDataset ?? ''}
-                data-testid="calibration-select"
-                onChange={(event) => set('calibrationDataset', event.target.value ? Number(event.target.value) : null)}
-                {...invalid('calibrationDataset')}
-              >
-                <option value="">None</option>
-                <DatasetOptions split={calibrationSets} version={version} />
-              </select>
-              <CompatibilityNote split={calibrationSets} version={version} testId="calibration-compatibility" />
-              <FieldError id="calibrationDataset-error" message={errors.calibrationDataset} />
-            </div>
-            <div className="field">
-              <label htmlFor={ids.validation}>Validation dataset</label>
-              <select
-                id={ids.validation}
-                value={form.validationDataset ?? ''}
-                data-testid="validation-select"
-                onChange={(event) => set('validationDataset', event.target.value ? Number(event.target.value) : null)}
-                {...invalid('validationDataset')}
-              >
-                <option value="">None</option>
-                <DatasetOptions split={validationSets} version={version} />
-              </select>
-              <CompatibilityNote split={validationSets} version={version} testId="validation-compatibility" />
-              <FieldError id="validationDataset-error" message={errors.validationDataset} />
-            </div>
+            {DATASET_KINDS.map((kind) => (
+              <DatasetField
+                key={kind}
+                kind={kind}
+                split={kind === 'calibration' ? calibrationSets : validationSets}
+                version={version}
+                value={form[datasetField(kind)]}
+                onChange={(dataset) => set(datasetField(kind), dataset)}
+                error={errors[datasetField(kind)]}
+                {...invalid(datasetField(kind))}
+              />
+            ))}
           </div>
           <DatasetFeedsFields version={version} value={feeds} onChange={setFeeds} hasCalibration={form.calibrationDataset !== null} />
         </section>

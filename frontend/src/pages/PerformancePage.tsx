@@ -3,7 +3,9 @@ import { useId, useMemo, useState } from 'react';
 import { Link } from 'react-router';
 import { PAGE_SIZE, rows, useAgents, useModels, usePerformance, type PerformanceFilters } from '../api/hooks';
 import { BarList } from '../components/BarList';
-import { EmptyState, ErrorMessage, Loading, PageHeader, Pager } from '../components/common';
+import { EmptyState, ErrorMessage, PageHeader, Pager } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { ListStates } from '../components/ListStates';
 import { formatDate, formatNumber } from '../format';
 import { compareJobs, fastestPerDevice, jobsIn, p50ByToolchain } from './performance';
 
@@ -168,56 +170,52 @@ export function PerformancePage() {
       </section>
       <section className="card" aria-labelledby="rows-heading">
         <h2 id="rows-heading">Measurements</h2>
-        {table.isPending ? (
-          <Loading />
-        ) : list.length === 0 ? (
-          <EmptyState title="No measurements match.">Each device task that succeeds adds one, and it stays when its job is gone.</EmptyState>
-        ) : (
-          <div className="table-wrap">
-            <table className="table" data-testid="performance-table">
-              <thead>
-                <tr>
-                  <th scope="col">Job</th>
-                  <th scope="col">Model</th>
-                  <th scope="col">Variant</th>
-                  <th scope="col">Device</th>
-                  <th scope="col">Runtime</th>
-                  <th scope="col" className="numeric">p50</th>
-                  <th scope="col" className="numeric">std</th>
-                  <th scope="col">Accuracy</th>
-                  <th scope="col">Measured</th>
-                </tr>
-              </thead>
-              <tbody>
-                {list.map((row) => (
-                  <tr key={row.id} data-testid="performance-row">
-                    <td>{row.job ? <Link to={`/jobs/${row.job}/report`}>#{row.job}</Link> : '—'}</td>
-                    <td>{row.model.name}</td>
-                    <td>
-                      <code>{row.variant_key}</code>
-                    </td>
-                    <td>{row.agent.name}</td>
-                    <td>
-                      {row.backend} {row.backend_version}
-                    </td>
-                    <td className="numeric">
-                      {formatNumber(row.p50_ms, 3)} ms
-                      {row.regression?.flagged ? (
-                        <div className="regression small" data-testid="regression-flag">
-                          {formatNumber(row.regression.slowdown, 2)}x slower than #{row.regression.baseline_job}
-                        </div>
-                      ) : null}
-                    </td>
-                    <td className="numeric">{formatNumber(row.std_ms, 3)}</td>
-                    <td>{'metric' in row.accuracy && row.accuracy.value !== null && row.accuracy.value !== undefined ? `${row.accuracy.metric} ${formatNumber(row.accuracy.value as number, 4)}` : '—'}</td>
-                    <td>{formatDate(row.measured_at)}</td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-            <Pager page={page} count={table.data?.count ?? 0} pageSize={PAGE_SIZE} onPage={setPage} label="Measurements" />
-          </div>
-        )}
+        <ListStates
+          pending={table.isPending}
+          empty={list.length === 0}
+          whenEmpty={<EmptyState title="No measurements match.">Each device task that succeeds adds one, and it stays when its job is gone.</EmptyState>}
+        >
+          <DataTable
+            columns={[
+              'Job',
+              'Model',
+              'Variant',
+              'Device',
+              'Runtime',
+              { label: 'p50', className: 'numeric' },
+              { label: 'std', className: 'numeric' },
+              'Accuracy',
+              'Measured',
+            ]}
+            testId="performance-table"
+            footer={<Pager page={page} count={table.data?.count ?? 0} pageSize={PAGE_SIZE} onPage={setPage} label="Measurements" />}
+          >
+            {list.map((row) => (
+              <tr key={row.id} data-testid="performance-row">
+                <td>{row.job ? <Link to={`/jobs/${row.job}/report`}>#{row.job}</Link> : '—'}</td>
+                <td>{row.model.name}</td>
+                <td>
+                  <code>{row.variant_key}</code>
+                </td>
+                <td>{row.agent.name}</td>
+                <td>
+                  {row.backend} {row.backend_version}
+                </td>
+                <td className="numeric">
+                  {formatNumber(row.p50_ms, 3)} ms
+                  {row.regression?.flagged ? (
+                    <div className="regression small" data-testid="regression-flag">
+                      {formatNumber(row.regression.slowdown, 2)}x slower than #{row.regression.baseline_job}
+                    </div>
+                  ) : null}
+                </td>
+                <td className="numeric">{formatNumber(row.std_ms, 3)}</td>
+                <td>{'metric' in row.accuracy && row.accuracy.value !== null && row.accuracy.value !== undefined ? `${row.accuracy.metric} ${formatNumber(row.accuracy.value as number, 4)}` : '—'}</td>
+                <td>{formatDate(row.measured_at)}</td>
+              </tr>
+            ))}
+          </DataTable>
+        </ListStates>
       </section>
     </>
   );

@@ -1,8 +1,12 @@
 /** Personal API tokens for scripts: create (shown once), list, revoke. */
-import { useId, useState, type FormEvent } from 'react';
+import { useState } from 'react';
 import { rows, useCreateToken, useRevokeToken, useTokens } from '../api/hooks';
 import type { ApiToken } from '../api/types';
-import { EmptyState, ErrorMessage, Loading, PageHeader, SecretReveal, StatusBadge } from '../components/common';
+import { EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
+import { DataTable } from '../components/DataTable';
+import { InlineForm, SelectField, TextField } from '../components/FormFields';
+import { ListStates } from '../components/ListStates';
+import { RevokeAction } from '../components/RowAction';
 import { formatDate, formatRelative } from '../format';
 
 const EXPIRY_CHOICES = [
@@ -26,12 +30,9 @@ export function TokensPage() {
   const [name, setName] = useState('');
   const [expiry, setExpiry] = useState('30');
   const [created, setCreated] = useState<ApiToken | null>(null);
-  const nameId = useId();
-  const expiryId = useId();
   const list = rows(tokens.data);
 
-  const submit = (event: FormEvent) => {
-    event.preventDefault();
+  const submit = () => {
     create.mutate(
       { name: name.trim(), expires_in_days: expiry === 'never' ? null : Number(expiry) },
       {
@@ -56,97 +57,63 @@ export function TokensPage() {
       />
       <section className="card" aria-labelledby="new-token-heading">
         <h2 id="new-token-heading">Create a token</h2>
-        <form className="form-row" onSubmit={submit} aria-label="Create API token">
-          <div className="field">
-            <label htmlFor={nameId}>Name</label>
-            <input
-              id={nameId}
-              required
-              value={name}
-              placeholder="e.g. ci-pipeline"
-              onChange={(event) => setName(event.target.value)}
-              data-testid="token-name"
-            />
-          </div>
-          <div className="field">
-            <label htmlFor={expiryId}>Expires after</label>
-            <select id={expiryId} value={expiry} onChange={(event) => setExpiry(event.target.value)} data-testid="token-expiry">
-              {EXPIRY_CHOICES.map((choice) => (
-                <option key={choice.value} value={choice.value}>
-                  {choice.label}
-                </option>
-              ))}
-            </select>
-          </div>
-          <div className="field field-end">
-            <button type="submit" className="button button-primary" disabled={create.isPending || !name.trim()}>
-              Create token
-            </button>
-          </div>
-        </form>
+        <InlineForm label="Create API token" submitLabel="Create token" disabled={create.isPending || !name.trim()} onSubmit={submit}>
+          <TextField
+            label="Name"
+            required
+            value={name}
+            placeholder="e.g. ci-pipeline"
+            onChange={(event) => setName(event.target.value)}
+            data-testid="token-name"
+          />
+          <SelectField label="Expires after" value={expiry} onChange={(event) => setExpiry(event.target.value)} data-testid="token-expiry">
+            {EXPIRY_CHOICES.map((choice) => (
+              <option key={choice.value} value={choice.value}>
+                {choice.label}
+              </option>
+            ))}
+          </SelectField>
+        </InlineForm>
         <ErrorMessage error={create.error} />
         {created?.token ? <SecretReveal label={`API token “${created.name}”`} value={created.token} testId="token-secret" /> : null}
       </section>
 
       <section className="card" aria-labelledby="tokens-heading">
         <h2 id="tokens-heading">Your tokens</h2>
-        <ErrorMessage error={tokens.error ?? revoke.error} />
-        {tokens.isPending ? (
-          <Loading />
-        ) : list.length === 0 ? (
-          <EmptyState title="No tokens yet.">Create one above to call the API from scripts.</EmptyState>
-        ) : (
-          <div className="table-wrap">
-            <table className="table" data-testid="tokens-table">
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">Prefix</th>
-                  <th scope="col">Created</th>
-                  <th scope="col">Expires</th>
-                  <th scope="col">Last used</th>
-                  <th scope="col">Status</th>
-                  <th scope="col">
-                    <span className="visually-hidden">Actions</span>
-                  </th>
+        <ListStates
+          error={tokens.error ?? revoke.error}
+          pending={tokens.isPending}
+          empty={list.length === 0}
+          whenEmpty={<EmptyState title="No tokens yet.">Create one above to call the API from scripts.</EmptyState>}
+        >
+          <DataTable columns={['Name', 'Prefix', 'Created', 'Expires', 'Last used', 'Status']} actions testId="tokens-table">
+            {list.map((token) => {
+              const state = tokenState(token);
+              return (
+                <tr key={token.id} data-testid="token-row">
+                  <td>{token.name}</td>
+                  <td>
+                    <code>{token.prefix}…</code>
+                  </td>
+                  <td>{formatDate(token.created_at)}</td>
+                  <td>{token.expires_at ? formatDate(token.expires_at) : 'Never'}</td>
+                  <td>{token.last_used_at ? formatRelative(token.last_used_at) : 'Never'}</td>
+                  <td>
+                    <StatusBadge status={state.status} label={state.label} />
+                  </td>
+                  <td>
+                    <RevokeAction
+                      revoked={token.revoked}
+                      label={`Revoke token ${token.name}`}
+                      question={`Revoke ${token.name}? Scripts using it stop working at once.`}
+                      onConfirm={() => revoke.mutate(token.id)}
+                    />
+                  </td>
                 </tr>
-              </thead>
-              <tbody>
-                {list.map((token) => {
-                  const state = tokenState(token);
-                  return (
-                    <tr key={token.id} data-testid="token-row">
-                      <td>{token.name}</td>
-                      <td>
-                        <code>{token.prefix}…</code>
-                      </td>
-                      <td>{formatDate(token.created_at)}</td>
-                      <td>{token.expires_at ? formatDate(token.expires_at) : 'Never'}</td>
-                      <td>{token.last_used_at ? formatRelative(token.last_used_at) : 'Never'}</td>
-                      <td>
-                        <StatusBadge status={state.status} label={state.label} />
-                      </td>
-                      <td>
-                        {!token.revoked ? (
-                          <button
-                            type="button"
-                            className="button button-small button-ghost"
-                            aria-label={`Revoke token ${token.name}`}
-                            onClick={() => {
-                              if (window.confirm(`Revoke ${token.name}? Scripts using it stop working at once.`)) revoke.mutate(token.id);
-                            }}
-                          >
-                            Revoke
-                          </button>
-                        ) : null}
-                      </td>
-                    </tr>
-                  );
-                })}
-              </tbody>
-            </table>
-          </div>
-        )}
+              );
+            })}
+          </DataTable>
+        </ListStates>
       </section>
     </>
   );

@@ -1,5 +1,9 @@
 /** A finished deployment's outcome in a few words: what each device should run and how much faster. */
 import type { JobOutcome } from '../api/types';
+import type { Column } from '../components/DataTable';
+
+/** The headers of the two cells `OutcomeCells` fills. */
+export const OUTCOME_COLUMNS: Column[] = ['Outcome', { label: 'Speed-up vs FP32', className: 'numeric' }];
 
 /**
  * "2.41x" for a speed-up beyond the noise; "(within noise)" or "tie" inside it, "too noisy to tell" when its

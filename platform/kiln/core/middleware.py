@@ -16,6 +16,14 @@ from kiln.core import metrics
 from kiln.core.errors import json_error, upload_too_large
 
 
+def follow_mode(middleware, get_response) -> bool:
+    """Whether what comes after `middleware` is async; if so, mark it a coroutine function so Django awaits it."""
+    is_async = iscoroutinefunction(get_response)
+    if is_async:
+        markcoroutinefunction(middleware)
+    return is_async
+
+
 class DualModeMiddleware:
     """Base of a middleware with one sync and one async path, chosen by what comes after it."""
 
@@ -24,9 +32,7 @@ class DualModeMiddleware:
 
     def __init__(self, get_response):
         self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        self.is_async = follow_mode(self, get_response)
 
     def __call__(self, request):
         if self.is_async:
@@ -97,9 +103,7 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
 
     def __init__(self, get_response=None, settings=settings):
         super().__init__(get_response, settings=settings)
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        self.is_async = follow_mode(self, get_response)
 
     def __call__(self, request):
         if self.is_async:
@@ -116,20 +120,13 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
         return await self.get_response(request)
 
 
-
-class RequestMetricsMiddleware:
+class RequestMetricsMiddleware(DualModeMiddleware):
     """Request latency per route into /metrics; absent unless KILN_METRICS is on."""
-
-    sync_capable = True
-    async_capable = True
 
     def __init__(self, get_response):
         if not settings.METRICS:
             raise MiddlewareNotUsed
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        super().__init__(get_response)
 
     def __call__(self, request):
         if self.is_async:

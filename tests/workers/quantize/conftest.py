@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import onnx
 import pytest
 
 from tests.fixtures.mlp import DigitsMlp, train_digits_mlp
-from tests.fixtures.models import write_npz
+from tests.fixtures.models import ModelFiles, write_model_files
 
 
 @pytest.fixture(scope="session")
@@ -17,17 +14,5 @@ def mlp() -> DigitsMlp:
 
 
 @pytest.fixture(scope="session")
-def mlp_path(mlp: DigitsMlp, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
-    onnx.save(mlp.model, str(path))
-    return path
-
-
-@pytest.fixture(scope="session")
-def mlp_calibration(mlp: DigitsMlp, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_npz(tmp_path_factory.mktemp("mlp-calib") / "calibration.npz", input=mlp.x_calib)
-
-
-@pytest.fixture(scope="session")
-def mlp_validation(mlp: DigitsMlp, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_npz(tmp_path_factory.mktemp("mlp-val") / "validation.npz", input=mlp.x_val, labels=mlp.y_val)
+def mlp_files(mlp: DigitsMlp, tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    return write_model_files(mlp, tmp_path_factory.mktemp("mlp"), "mlp")

@@ -10,23 +10,23 @@ from workers.quantize.isolated import BuildMemoryExceeded, build_isolated, memor
 from workers.quantize.variants import build_variant
 
 
-def test_an_isolated_build_matches_the_in_process_one_and_reports_its_peak_memory(mlp_path, mlp_calibration, tmp_path):
+def test_an_isolated_build_matches_the_in_process_one_and_reports_its_peak_memory(mlp_files, tmp_path):
     options = {"calibration_method": "minmax", "per_channel": False}
-    isolated = build_isolated(model_path=mlp_path, precision="int8", out_path=tmp_path / "a.onnx",
-                              calibration_path=mlp_calibration, options=options)
-    direct = build_variant(model_path=mlp_path, precision="int8", out_path=tmp_path / "b.onnx",
-                           calibration_path=mlp_calibration, options=options)
+    isolated = build_isolated(model_path=mlp_files.model, precision="int8", out_path=tmp_path / "a.onnx",
+                              calibration_path=mlp_files.calibration, options=options)
+    direct = build_variant(model_path=mlp_files.model, precision="int8", out_path=tmp_path / "b.onnx",
+                           calibration_path=mlp_files.calibration, options=options)
     assert isolated["recipe"] == direct["recipe"] and isolated["backends"] == direct["backends"]
     onnx.checker.check_model(str(tmp_path / "a.onnx"))
     assert 50 < isolated["peak_rss_mb"] < memory_budget_mb()
     assert isolated["build_s"] > 0
 
 
-def test_a_build_over_the_memory_budget_fails_naming_the_budget_and_leaves_no_artifact(mlp_path, mlp_calibration, tmp_path):
+def test_a_build_over_the_memory_budget_fails_naming_the_budget_and_leaves_no_artifact(mlp_files, tmp_path):
     # Importing the quantization toolchain alone takes a few hundred MB: 300 MB cannot hold a build.
     with pytest.raises(BuildMemoryExceeded, match=r"build memory budget of 300 MB \(KILN_BUILD_MEMORY_MB\)"):
-        build_isolated(model_path=mlp_path, precision="int8", out_path=tmp_path / "big.onnx",
-                       calibration_path=mlp_calibration, memory_budget=300)
+        build_isolated(model_path=mlp_files.model, precision="int8", out_path=tmp_path / "big.onnx",
+                       calibration_path=mlp_files.calibration, memory_budget=300)
     assert not (tmp_path / "big.onnx").exists()
 
 

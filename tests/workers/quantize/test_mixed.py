@@ -22,14 +22,14 @@ def _accuracy(path, data):
     return float((logits.argmax(1) == data.y_val).mean()), logits
 
 
-def test_int4_int8_mix_on_the_digits_mlp_loses_less_than_plain_int4(mlp, mlp_path, mlp_calibration, tmp_path):
-    most_sensitive = rank_int4_weights(rank_nodes(model_path=mlp_path, calibration_path=mlp_calibration))[0]
-    plain = build_variant(model_path=mlp_path, precision="int4-weight", out_path=tmp_path / "int4.onnx")
-    mixed = build_variant(model_path=mlp_path, precision="int4-weight", out_path=tmp_path / "mix.onnx",
+def test_int4_int8_mix_on_the_digits_mlp_loses_less_than_plain_int4(mlp, mlp_files, tmp_path):
+    most_sensitive = rank_int4_weights(rank_nodes(model_path=mlp_files.model, calibration_path=mlp_files.calibration))[0]
+    plain = build_variant(model_path=mlp_files.model, precision="int4-weight", out_path=tmp_path / "int4.onnx")
+    mixed = build_variant(model_path=mlp_files.model, precision="int4-weight", out_path=tmp_path / "mix.onnx",
                           options={"int8_nodes": [most_sensitive]})
     assert plain["recipe"]["quantized_nodes"] == mixed["recipe"]["quantized_nodes"] == 3
     assert mixed["recipe"]["int8_nodes"] == [most_sensitive] and mixed["recipe"]["int8_quantized_nodes"] == 1
-    (reference,) = run_model(mlp_path, {"input": mlp.x_val})
+    (reference,) = run_model(mlp_files.model, {"input": mlp.x_val})
     plain_accuracy, plain_logits = _accuracy(tmp_path / "int4.onnx", mlp)
     mixed_accuracy, mixed_logits = _accuracy(tmp_path / "mix.onnx", mlp)
     assert _sqnr(mixed_logits, reference) > _sqnr(plain_logits, reference) + 1.0
@@ -65,9 +65,9 @@ def test_nncf_int8_on_onnx_gives_a_qdq_model_with_ignored_scope(digits, digits_p
     assert accuracy >= digits.fp32_accuracy - 0.02
 
 
-def test_nncf_int4_with_a_ratio_keeps_part_of_the_weights_in_int8(mlp_path, mlp_calibration, tmp_path):
-    result = build_variant(model_path=mlp_path, precision="int4-weight", out_path=tmp_path / "nncf4.onnx",
-                           calibration_path=mlp_calibration, options={"tool": "nncf", "ratio": 0.5})
+def test_nncf_int4_with_a_ratio_keeps_part_of_the_weights_in_int8(mlp_files, tmp_path):
+    result = build_variant(model_path=mlp_files.model, precision="int4-weight", out_path=tmp_path / "nncf4.onnx",
+                           calibration_path=mlp_files.calibration, options={"tool": "nncf", "ratio": 0.5})
     assert result["recipe"]["ratio"] == 0.5
     ops = [node.op_type for node in onnx.load(str(tmp_path / "nncf4.onnx")).graph.node]
     assert "MatMulNBits" in ops and "DequantizeLinear" in ops

@@ -263,8 +263,8 @@ def test_unparseable_tolerances_get_a_clear_message(bad, message):
                    has_calibration=True, tolerance=bad, sensitivity=None, measured=[])
 
 
-def test_search_locally_recommends_a_variant_within_tolerance(mlp_path, mlp_calibration, mlp_validation, tmp_path):
-    result = search_locally(model_path=mlp_path, calibration_path=mlp_calibration, validation_path=mlp_validation,
+def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_path):
+    result = search_locally(model_path=mlp_files.model, calibration_path=mlp_files.calibration, validation_path=mlp_files.validation,
                             tolerance="accuracy:1%", backends=("onnxruntime",), work_dir=tmp_path, max_rounds=2,
                             benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
     by_id = {entry["id"]: entry for entry in result["variants"]}
@@ -363,7 +363,7 @@ def test_no_outlier_spec_when_no_node_stands_out():
     assert not [s for s in specs if s["key"] == "int8-mse-keep1"]
 
 
-def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_static(mlp_path, mlp_calibration, tmp_path):
+def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_static(mlp_files, tmp_path):
     import os
 
     from onnxruntime.quantization import quantize_static
@@ -373,13 +373,13 @@ def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_
     from workers.quantize.calibration import NpzCalibrationReader
 
     kiln = tmp_path / "kiln.onnx"
-    recipe = build_variant(model_path=mlp_path, precision="int8", out_path=kiln, calibration_path=mlp_calibration,
+    recipe = build_variant(model_path=mlp_files.model, precision="int8", out_path=kiln, calibration_path=mlp_files.calibration,
                            options={"tool": "onnxruntime-defaults"})
     user = tmp_path / "user.onnx"
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
-        quantize_static(str(mlp_path), str(user), NpzCalibrationReader(mlp_calibration, input_names=["input"], batch_size=1))
+        quantize_static(str(mlp_files.model), str(user), NpzCalibrationReader(mlp_files.calibration, input_names=["input"], batch_size=1))
     finally:
         os.chdir(here)
     assert file_sha256(kiln) == file_sha256(user)

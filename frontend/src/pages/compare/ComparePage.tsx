@@ -3,6 +3,7 @@ import { useId } from 'react';
 import { Link, useSearchParams } from 'react-router';
 import { rows, useJob, useJobs, useReport } from '../../api/hooks';
 import { ErrorMessage, Loading, PageHeader } from '../../components/common';
+import { DataTable } from '../../components/DataTable';
 import { CsvButton } from '../../components/csv';
 import { formatMs, formatNumber } from '../../format';
 import { compareReports, sharedGround } from './compare';
@@ -71,39 +72,31 @@ export function ComparePage() {
             <CsvButton filename={`kiln-compare-${a}-${b}.csv`} header={header} rows={csvRows} />
           </div>
           <p className="muted small" data-testid="compare-ground">{sharedGround(jobA.data, jobB.data, compared)}</p>
-          <div className="table-wrap">
-            <table className="table" data-testid="compare-table">
-              <thead>
-                <tr>
-                  <th scope="col">Variant</th>
-                  <th scope="col">Device</th>
-                  <th scope="col" className="numeric">p50 #{a}</th>
-                  <th scope="col" className="numeric">p50 #{b}</th>
-                  <th scope="col" className="numeric">#{b} / #{a}</th>
-                  <th scope="col" className="numeric">Accuracy #{a}</th>
-                  <th scope="col" className="numeric">Accuracy #{b}</th>
-                </tr>
-              </thead>
-              <tbody>
-                {compared.map((row) => (
-                  <tr key={row.key} data-testid="compare-row">
-                    <td>
-                      {row.variant} · {row.backend}
-                      {row.recommendedIn.map((side) => (
-                        <span key={side} className="badge badge-recommended">recommended in #{side === 'a' ? a : b}</span>
-                      ))}
-                    </td>
-                    <td>{row.device}</td>
-                    <td className="numeric">{formatMs(row.a?.latency_ms?.p50)}</td>
-                    <td className="numeric">{formatMs(row.b?.latency_ms?.p50)}</td>
-                    <td className="numeric">{row.ratio === null ? "—" : `${row.ratio.toFixed(2)}x`}</td>
-                    <td className="numeric">{formatNumber(row.a?.accuracy?.value ?? null, 4)}</td>
-                    <td className="numeric">{formatNumber(row.b?.accuracy?.value ?? null, 4)}</td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
+          <DataTable
+            columns={[
+              'Variant',
+              'Device',
+              ...[`p50 #${a}`, `p50 #${b}`, `#${b} / #${a}`, `Accuracy #${a}`, `Accuracy #${b}`].map((label) => ({ label, className: 'numeric' })),
+            ]}
+            testId="compare-table"
+          >
+            {compared.map((row) => (
+              <tr key={row.key} data-testid="compare-row">
+                <td>
+                  {row.variant} · {row.backend}
+                  {row.recommendedIn.map((side) => (
+                    <span key={side} className="badge badge-recommended">recommended in #{side === 'a' ? a : b}</span>
+                  ))}
+                </td>
+                <td>{row.device}</td>
+                <td className="numeric">{formatMs(row.a?.latency_ms?.p50)}</td>
+                <td className="numeric">{formatMs(row.b?.latency_ms?.p50)}</td>
+                <td className="numeric">{row.ratio === null ? "—" : `${row.ratio.toFixed(2)}x`}</td>
+                <td className="numeric">{formatNumber(row.a?.accuracy?.value ?? null, 4)}</td>
+                <td className="numeric">{formatNumber(row.b?.accuracy?.value ?? null, 4)}</td>
+              </tr>
+            ))}
+          </DataTable>
         </section>
       )}
     </>
