@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
+from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
 from workers.noise import latency_ratio, timing_of
-from workers.quantize import PRECISIONS
+from workers.quantize import PRECISIONS, search
 from workers.quantize.search import (
     InvalidTolerance,
     _leader_is_clear,
@@ -312,14 +316,7 @@ def test_the_final_re_timing_always_includes_every_passing_vendor_default():
                    "fp32@onnxruntime", "fp32@openvino", "int8-ort-default@onnxruntime", "int8-nncf@openvino"}
 
 
-def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses(mlp, mlp_path, tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
-    from workers.quantize import search
-
+def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses(mlp, mlp_files, tmp_path, monkeypatch):
     used = []
 
     def fake_measure(run, settings):
@@ -327,7 +324,7 @@ def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses
         return {"samples_ms": np.full(10, 1.0 + len(used) % 2)}
 
     monkeypatch.setattr(search, "measure", fake_measure)
-    entries = [{**_passing(key, "onnxruntime", p50), "path": str(mlp_path)} for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
+    entries = [{**_passing(key, "onnxruntime", p50), "path": str(mlp_files.model)} for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
     search._confirm_fastest(entries, SimpleNamespace(benchmark_feeds={"input": mlp.x_val[:1]}), threads=1, work=tmp_path, windows=3)
     assert used and all(settings == BenchmarkSettings.from_dict(INTERLEAVED_WINDOW) for settings in used)
     assert all(entry["confirmed"] >= 3 for entry in entries)
