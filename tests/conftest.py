@@ -52,7 +52,10 @@ def fresh_throttles():
     """Throttle counters live in the (per-process) cache: each test starts with none."""
     from django.core.cache import cache
 
+    from kiln.fleet import token_cache
+
     cache.clear()
+    token_cache.clear()
     yield
 
 

@@ -238,6 +238,9 @@ AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
 AGENT_LONG_POLL_SECONDS = _env_int("KILN_AGENT_LONG_POLL_SECONDS", 20)
 AGENT_LEASE_SECONDS = _env_int("KILN_AGENT_LEASE_SECONDS", 120)
 AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
+# How long a server process trusts an agent token it has checked (0: check every request). A
+# revocation reaches the other processes within this; the revoking process forgets at once.
+AGENT_AUTH_CACHE_SECONDS = _env_int("KILN_AGENT_AUTH_CACHE_SECONDS", 5, minimum=0)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
 # Celery beat: lease expiry, re-dispatch of waiting jobs, offline agents, the stuck-work reaper.
 HOUSEKEEPING_SECONDS = _env_int("KILN_HOUSEKEEPING_SECONDS", 5)

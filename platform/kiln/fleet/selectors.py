@@ -9,9 +9,10 @@ from django.db import connection
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from kiln.core.tokens import digest_matches, split_token
+from kiln.core.tokens import digest_matches, split_token, token_digest
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
 
+from . import token_cache
 from .models import Agent, RegistrationToken
 
 REGISTRATION_TOKEN_PREFIX = "kiln_reg_"
@@ -34,8 +35,25 @@ def registration_token_from_secret(*, secret: str) -> RegistrationToken | None:
 
 
 def agent_from_secret(*, secret: str) -> Agent | None:
+    """The live agent behind a token: from this process's token cache, else from the database."""
+    if split_token(secret, AGENT_TOKEN_PREFIX) is None:
+        return None
+    cached = agent_from_secret_cached(secret=secret)
+    if cached is not None:
+        return cached
+    looked_up_at = token_cache.lookup_started()
     agent = _match(Agent.objects.select_related("organization"), secret, AGENT_TOKEN_PREFIX)
-    return agent if agent is not None and agent.revoked_at is None else None
+    if agent is None or agent.revoked_at is not None:
+        return None
+    token_cache.agent_remember(token_digest(secret), agent, looked_up_at)
+    return agent
+
+
+def agent_from_secret_cached(*, secret: str) -> Agent | None:
+    """The agent behind a token if this process checked it within AGENT_AUTH_CACHE_SECONDS; no query."""
+    if split_token(secret, AGENT_TOKEN_PREFIX) is None:
+        return None
+    return token_cache.agent_cached(token_digest(secret))
 
 
 def agent_list(*, organization):

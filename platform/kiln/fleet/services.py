@@ -30,6 +30,7 @@ from kiln.pipeline.queue import enqueue_redispatch
 from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
 
+from . import token_cache
 from .models import Agent, RegistrationToken
 from .selectors import AGENT_TOKEN_PREFIX, REGISTRATION_TOKEN_PREFIX, agent_cancel_list, lease_candidates, registration_token_from_secret
 
@@ -85,6 +86,8 @@ def agent_revoke(*, agent: Agent) -> Agent:
         agent.revoked_at = timezone.now()
         agent.save(update_fields=["revoked_at"])
         device_tasks_requeue_held_by(agent=agent, reason="agent revoked")
+    # This process refuses the token from now on; the others within AGENT_AUTH_CACHE_SECONDS.
+    token_cache.agent_forget(agent.pk)
     return agent
 
 

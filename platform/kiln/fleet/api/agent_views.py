@@ -19,6 +19,7 @@ from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
+from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, RETIME_WINDOW, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
@@ -27,6 +28,7 @@ from kiln.registry.services import upload_consume
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
+from ..selectors import agent_from_secret_cached
 from .serializers import (
     ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
@@ -161,8 +163,12 @@ async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
     """
     if request.method != "POST":
         return None, None, JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
+    secret = bearer_secret(request)
+    # A token this process checked a moment ago needs no trip to a database thread.
+    agent = agent_from_secret_cached(secret=secret) if secret else None
     try:
-        agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
+        if agent is None:
+            agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
