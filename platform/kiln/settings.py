@@ -241,6 +241,8 @@ AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 # How long a server process trusts an agent token it has checked (0: check every request). A
 # revocation reaches the other processes within this; the revoking process forgets at once.
 AGENT_AUTH_CACHE_SECONDS = _env_int("KILN_AGENT_AUTH_CACHE_SECONDS", 5, minimum=0)
+# Heartbeats are noted in memory and written in one UPDATE per this many seconds (kiln.fleet.heartbeats).
+AGENT_HEARTBEAT_FLUSH_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_FLUSH_SECONDS", 1, minimum=1)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
 # Celery beat: lease expiry, re-dispatch of waiting jobs, offline agents, the stuck-work reaper.
 HOUSEKEEPING_SECONDS = _env_int("KILN_HOUSEKEEPING_SECONDS", 5)

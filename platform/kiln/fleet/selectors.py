@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
@@ -13,6 +14,7 @@ from kiln.core.tokens import digest_matches, split_token, token_digest
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
 
 from . import token_cache
+from .heartbeats import heartbeats_overlay, heartbeats_pending
 from .models import Agent, RegistrationToken
 
 REGISTRATION_TOKEN_PREFIX = "kiln_reg_"
@@ -80,14 +82,16 @@ def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[in
     """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds.
 
     An idle agent (running nothing) has nothing to stop: no query, the common heartbeat of a fleet.
+    A busy one costs one query.
     """
     if not running_task:
         return []
-    canceled = DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now)
-    cancel = set(canceled.values_list("id", flat=True))
+    rows = DeviceTask.objects.filter(leased_by=agent).filter(
+        Q(status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now) | Q(pk=running_task)
+    ).values_list("id", "status", "lease_expires_at")
+    cancel = {task_id for task_id, status, expires in rows if status == DeviceTaskStatus.CANCELED and expires and expires > now}
     # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
-    still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
-    if not still_held:
+    if not any(task_id == int(running_task) and status == DeviceTaskStatus.LEASED for task_id, status, _ in rows):
         cancel.add(int(running_task))
     return sorted(cancel)
 
@@ -134,13 +138,13 @@ class Target:
 
 def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
     """Turn a job's targets into concrete device groups; also say which targets found no agent."""
-    agents = Agent.objects.filter(organization=job.organization, revoked_at__isnull=True)
+    agents = heartbeats_overlay(list(Agent.objects.filter(organization=job.organization, revoked_at__isnull=True)))
     if not job.targets:
         return [Target(f"agent:{a.id}", a, {}, a.backends) for a in agents if a.online], []
     resolved, missing = [], []
     for target in job.targets:
         if isinstance(target, int):
-            agent = agents.filter(pk=target).first()
+            agent = next((a for a in agents if a.pk == target), None)
             if agent is None:
                 missing.append(f"agent {target}")
             else:
@@ -159,4 +163,5 @@ def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
 def agents_online_count() -> int:
     """Agents of every organization with a recent heartbeat (for /metrics)."""
     cutoff = timezone.now() - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
-    return Agent.objects.filter(revoked_at__isnull=True, last_heartbeat_at__gte=cutoff).count()
+    seen_here = [agent_id for agent_id, seen in heartbeats_pending().items() if seen >= cutoff]
+    return Agent.objects.filter(Q(last_heartbeat_at__gte=cutoff) | Q(pk__in=seen_here), revoked_at__isnull=True).count()

@@ -193,7 +193,9 @@ async def heartbeat_view(request):
     agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
     if refusal is not None:
         return refusal
-    cancel = await run_in_db_thread(services.agent_heartbeat, heartbeat=True, agent=agent, capabilities=values["capabilities"], running_task=values["running_task"])
+    change = {"agent": agent, "capabilities": values["capabilities"], "running_task": values["running_task"]}
+    # An idle agent's heartbeat is noted in memory (kiln.fleet.heartbeats): no database, no thread.
+    cancel = [] if services.agent_heartbeat_idle(**change) else await run_in_db_thread(services.agent_heartbeat, heartbeat=True, **change)
     return JsonResponse({"cancel": cancel, **agent_intervals()})
 
 
