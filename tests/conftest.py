@@ -52,10 +52,11 @@ def fresh_throttles():
     """Throttle counters live in the (per-process) cache: each test starts with none."""
     from django.core.cache import cache
 
-    from kiln.fleet import token_cache
+    from kiln.fleet import lease_precheck, token_cache
 
     cache.clear()
     token_cache.clear()
+    lease_precheck.clear()
     yield
 
 

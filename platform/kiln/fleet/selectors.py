@@ -96,6 +96,30 @@ def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[in
     return sorted(cancel)
 
 
+def organization_has_queued_tasks(*, organization_id: int) -> bool:
+    """Whether any task of the organization waits for an agent (of a running job): one small SQL query.
+
+    Raw SQL: this runs for nearly every long-poll, and Django's query compiler costs more CPU
+    than the indexed lookup itself.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_QUEUED_SQL, [organization_id, DeviceTaskStatus.QUEUED, JobStatus.RUNNING])
+        return cursor.fetchone() is not None
+
+
+def agent_holds_tasks(*, agent_id: int) -> bool:
+    """Whether an agent holds a leased task (raw SQL, for the same reason)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HELD_SQL, [agent_id, DeviceTaskStatus.LEASED])
+        return cursor.fetchone() is not None
+
+
+_TASKS, _JOBS = DeviceTask._meta.db_table, DeploymentJob._meta.db_table
+_QUEUED_SQL = (f"SELECT 1 FROM {_TASKS} t JOIN {_JOBS} j ON j.id = t.job_id "
+               "WHERE t.organization_id = %s AND t.status = %s AND j.status = %s LIMIT 1")
+_HELD_SQL = f"SELECT 1 FROM {_TASKS} WHERE leased_by_id = %s AND status = %s LIMIT 1"
+
+
 def _labels_match(required: dict, labels: dict) -> bool:
     return all(labels.get(key) == value for key, value in (required or {}).items())
 

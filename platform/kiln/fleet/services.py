@@ -30,10 +30,18 @@ from kiln.pipeline.queue import enqueue_redispatch
 from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
 
-from . import token_cache
+from . import lease_precheck, token_cache
 from .heartbeats import agent_seen_online, heartbeat_record, heartbeats_pending
 from .models import Agent, RegistrationToken
-from .selectors import AGENT_TOKEN_PREFIX, REGISTRATION_TOKEN_PREFIX, agent_cancel_list, lease_candidates, registration_token_from_secret
+from .selectors import (
+    AGENT_TOKEN_PREFIX,
+    REGISTRATION_TOKEN_PREFIX,
+    agent_cancel_list,
+    agent_holds_tasks,
+    lease_candidates,
+    organization_has_queued_tasks,
+    registration_token_from_secret,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,16 +151,26 @@ def device_task_lease_begin(*, agent: Agent) -> None:
     Reads first and writes only when there is something to change: on SQLite every write waits
     for the one write lock, and a fleet asks for work all the time.
     """
-    device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
+    if agent_holds_tasks(agent_id=agent.pk):
+        device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
     heartbeat_record(agent_id=agent.pk, at=timezone.now())
 
 
 def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     """Lease one task this agent can run, or None; never waits.
 
-    Looks without a transaction first: nothing to lease (the usual answer) takes no lock.
+    Looks without a transaction first: nothing to lease (the usual answer) takes no lock; and when
+    nothing was published on the organization's channel since the last look found nothing, it
+    does not look at all (kiln.fleet.lease_precheck).
     """
+    generation = notify.generation(notify.organization_channel(agent.organization_id))
+    if lease_precheck.nothing_new(agent=agent, generation=generation):
+        return None
+    if not organization_has_queued_tasks(organization_id=agent.organization_id):
+        lease_precheck.organization_found_empty(organization_id=agent.organization_id, generation=generation)
+        return None
     if not lease_candidates(agent=agent, lock=False):
+        lease_precheck.agent_found_nothing(agent=agent, generation=generation)
         return None
     now = timezone.now()
     with transaction.atomic():

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
-from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
+from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
 from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, RETIME_WINDOW, retimed_tasks
@@ -29,6 +29,7 @@ from kiln.registry.services import upload_consume
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
 from ..selectors import agent_from_secret_cached
+from .agent_bodies import body_validate, read_raw_body
 from .serializers import (
     ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
@@ -148,14 +149,6 @@ def _authenticated_agent(request):
     return result[1]
 
 
-def _bounded_body(request):
-    """The JSON body under the same limits as every DRF route (size, depth, finite numbers)."""
-    raw = request.read(settings.MAX_JSON_BYTES + 1)
-    if len(raw) > settings.MAX_JSON_BYTES:
-        raise RequestTooLarge(f"The JSON body is larger than this route's limit of {settings.MAX_JSON_BYTES // 1024} KiB (KILN_MAX_JSON_BYTES).")
-    return parse_bounded_json(raw) if raw else {}
-
-
 async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
     """What every async agent route checks, in DRF's order: POST, the agent token (401), the body (413, 400).
 
@@ -174,14 +167,13 @@ async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
         return None, None, response
     try:
-        body = _bounded_body(request)
+        values, errors = body_validate(serializer_class, read_raw_body(request))
     except (exceptions.ParseError, RequestTooLarge) as exc:
         return None, None, _json_error(exc)
-    data = serializer_class(data=body if isinstance(body, dict) else {})
-    if not data.is_valid():
-        message = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items())
-        return None, None, JsonResponse(error_body(message, "invalid", data.errors), status=400)
-    return agent, data.validated_data, None
+    if errors is not None:
+        message = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in errors.items())
+        return None, None, JsonResponse(error_body(message, "invalid", errors), status=400)
+    return agent, values, None
 
 
 # The two calls every agent makes all the time are async views without DRF's request cycle: no
