@@ -7,7 +7,7 @@ time) this handler leaves that context out: their few sync steps (request signal
 own middleware) run on asgiref's shared sync thread, and database work goes through
 `kiln.core.db.run_in_db_thread`. Every other request keeps Django's per-request thread.
 
-The agent's heartbeat and lease (a fleet's nearly every request) also skip the middleware they
+The agent's JSON routes (a fleet's nearly every request: AGENT_ROUTES) also skip the middleware they
 do not use (sessions, CSRF, user authentication, messages: they authenticate by bearer token and
 are CSRF-exempt) and run the rest on the event loop (AGENT_ROUTE_MIDDLEWARE), where Django would
 hop to a thread and back for each of them.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
 from django.core.exceptions import MiddlewareNotUsed
 from django.core.handlers.asgi import ASGIHandler
@@ -29,7 +30,9 @@ from django.utils.module_loading import import_string
 from .errors import json_error, upload_too_large
 
 ASYNC_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat)/?$|^/api/v1/jobs/\d+/stream/?$")
-AGENT_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat)$")
+# The agent calls a fleet makes all the time, JSON in and out (no files): heartbeat and lease
+# (async views), and register, progress and result (DRF views, each in its own thread as usual).
+AGENT_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat|register|tasks/\d+/(progress|result))$")
 # Settings' MIDDLEWARE in the same order, less what the agent routes do not use; none hops threads.
 AGENT_ROUTE_MIDDLEWARE = [
     "kiln.core.middleware.RequestMetricsMiddleware",
@@ -98,7 +101,11 @@ class KilnASGIHandler(_BoundedBodyHandler):
             return
         try:
             if scope["type"] == "http" and AGENT_ROUTES.match(scope.get("path", "")):
-                await self.agent_routes.handle(scope, receive, send)
+                if served_async(scope):
+                    await self.agent_routes.handle(scope, receive, send)
+                else:
+                    async with ThreadSensitiveContext():
+                        await self.agent_routes.handle(scope, receive, send)
             elif scope["type"] == "http" and served_async(scope):
                 await self.handle(scope, receive, send)
             else:
