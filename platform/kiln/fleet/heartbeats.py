@@ -20,7 +20,7 @@ import time
 from datetime import datetime
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import Error, connections
 from django.db.models import Case, DateTimeField, Value, When
 
 from .models import Agent
@@ -78,7 +78,7 @@ def heartbeats_flush() -> int:
             last_heartbeat_at=Case(*[When(pk=agent_id, then=Value(at)) for agent_id, at in batch.items()], output_field=DateTimeField()),
             offline_since=None,
         )
-    except DatabaseError:
+    except Error:
         # Back into the batch (newer notes win): the next flush tries again.
         with _lock:
             for agent_id, at in batch.items():
@@ -93,7 +93,7 @@ def _flush_forever() -> None:
         time.sleep(settings.AGENT_HEARTBEAT_FLUSH_SECONDS)
         try:
             heartbeats_flush()
-        except DatabaseError as exc:
+        except Error as exc:
             logger.warning("could not write %d agent heartbeat(s); retrying: %s", len(_pending), exc)
         finally:
             # This thread's connection goes back (to the pool); it sleeps most of the time.
