@@ -78,7 +78,7 @@ def heartbeats_flush() -> int:
             last_heartbeat_at=Case(*[When(pk=agent_id, then=Value(at)) for agent_id, at in batch.items()], output_field=DateTimeField()),
             offline_since=None,
         )
-    except Error:
+    except Exception:
         # Back into the batch (newer notes win): the next flush tries again.
         with _lock:
             for agent_id, at in batch.items():
@@ -95,6 +95,9 @@ def _flush_forever() -> None:
             heartbeats_flush()
         except Error as exc:
             logger.warning("could not write %d agent heartbeat(s); retrying: %s", len(_pending), exc)
+        except Exception:
+            # The thread must outlive any surprise, or heartbeats would pile up unwritten.
+            logger.exception("could not write %d agent heartbeat(s); retrying", len(_pending))
         finally:
             # This thread's connection goes back (to the pool); it sleeps most of the time.
             connections.close_all()
@@ -109,6 +112,12 @@ def _flusher_ensure() -> None:
         if _flusher is None or not _flusher.is_alive():
             _flusher = threading.Thread(target=_flush_forever, name="kiln-heartbeat-flush", daemon=True)
             _flusher.start()
+
+
+def clear() -> None:
+    """Forget unwritten heartbeats (tests: each starts with none)."""
+    with _lock:
+        _pending.clear()
 
 
 @atexit.register
