@@ -173,6 +173,9 @@ async def agent(index: int, registration: str, stats: Stats, stop: float) -> Non
     heartbeats = asyncio.create_task(heartbeat_loop())
     while time.monotonic() < stop - 1:
         wait_s = min(LEASE_WAIT_S, max(0, int(stop - time.monotonic()) - 1))
+        if wait_s <= 0:
+            # A long-poll of 0 s answers at once: agents would poll in a tight loop in the last second.
+            break
         status, payload = await timed(stats, "lease", connection, "POST", "/api/agent/v1/tasks/lease", {"wait_s": wait_s}, token)
         if status is None or (status not in (200, 204)):
             await asyncio.sleep(1)
