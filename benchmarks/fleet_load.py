@@ -117,6 +117,16 @@ class Stats:
     error_samples: list[str] = field(default_factory=list)
     dispatch: list[float] = field(default_factory=list)
     queued_at: dict[int, float] = field(default_factory=dict)
+    # When each sample began (monotonic), and when the last agent finished registering: the p99s
+    # "after enrolment" leave out the first seconds, when every agent registers at once.
+    began: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    dispatch_began: list[float] = field(default_factory=list)
+    enrolled_at: float = 0.0
+    run_started: float = 0.0
+
+    def after_enrolment(self, call: str) -> list[float]:
+        values, began = (self.dispatch, self.dispatch_began) if call == "dispatch" else (self.latencies.get(call, []), self.began.get(call, []))
+        return [value for value, start in zip(values, began, strict=True) if start >= self.enrolled_at]
 
     def error(self, call: str, what: str) -> None:
         self.errors[call] += 1
@@ -125,7 +135,7 @@ class Stats:
 
 
 async def timed(stats: Stats, call: str, connection: Connection, method: str, path: str, body=None, token=None, ok=(200, 201, 204)):
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.monotonic()
     try:
         status, payload = await asyncio.wait_for(connection.request(method, path, body, token), REQUEST_TIMEOUT_S + (LEASE_WAIT_S if call == "lease" else 0))
     except (TimeoutError, HttpError, OSError) as exc:
@@ -133,6 +143,9 @@ async def timed(stats: Stats, call: str, connection: Connection, method: str, pa
         stats.error(call, type(exc).__name__)
         return None, None
     stats.latencies[call].append(time.perf_counter() - started)
+    stats.began[call].append(began)
+    if call == "register":
+        stats.enrolled_at = max(stats.enrolled_at, time.monotonic())
     if status not in ok:
         stats.error(call, f"HTTP {status} {payload[:120]!r}")
         return status, None
@@ -160,6 +173,9 @@ async def agent(index: int, registration: str, stats: Stats, stop: float) -> Non
     heartbeats = asyncio.create_task(heartbeat_loop())
     while time.monotonic() < stop - 1:
         wait_s = min(LEASE_WAIT_S, max(0, int(stop - time.monotonic()) - 1))
+        if wait_s <= 0:
+            # A long-poll of 0 s answers at once: agents would poll in a tight loop in the last second.
+            break
         status, payload = await timed(stats, "lease", connection, "POST", "/api/agent/v1/tasks/lease", {"wait_s": wait_s}, token)
         if status is None or (status not in (200, 204)):
             await asyncio.sleep(1)
@@ -169,6 +185,7 @@ async def agent(index: int, registration: str, stats: Stats, stop: float) -> Non
             queued = stats.queued_at.pop(task["id"], None)
             if queued is not None:
                 stats.dispatch.append(time.monotonic() - queued)
+                stats.dispatch_began.append(queued)
             await timed(stats, "progress", connection, "POST", f"/api/agent/v1/tasks/{task['id']}/progress",
                         {"attempt": task["attempt"], "stage": "benchmark", "message": "simulated", "percent": 50}, token)
             await asyncio.sleep(0.2)
@@ -287,7 +304,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def drive(fixture: dict, agents: int, seconds: float, stats: Stats, sampler: ServerSampler) -> float:
-    started = time.monotonic()
+    started = stats.run_started = time.monotonic()
     stop = started + seconds
     await asyncio.gather(
         *(agent(i, fixture["registration"], stats, stop) for i in range(agents)),
@@ -355,12 +372,16 @@ def report(result: dict, agents: int) -> None:
     # The simulated fleet shares the machine with the server: its own CPU is capacity the server did not have.
     print(f"   load client CPU {result['client_cpu_per_s']:.2f} s/s (this process: agents, user, producer); "
           f"machine load average {result['load']:.1f} at the end")
-    print(f"{'call':<16}{'count':>8}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+    print(f"   after enrolment: samples begun once every agent had registered "
+          f"({stats.enrolled_at - stats.run_started:.0f} s into the run)")
+    print(f"{'call':<16}{'count':>8}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'after enrolment: count':>24}{'p99 ms':>10}")
     for call in ("register", "heartbeat", "lease", "progress", "result", "user GET jobs"):
-        values = stats.latencies.get(call, [])
-        print(f"{call:<16}{len(values):>8}{percentile(values, 0.5) * 1000:>10.1f}{percentile(values, 0.99) * 1000:>10.1f}{stats.errors.get(call, 0):>8}")
+        values, steady = stats.latencies.get(call, []), stats.after_enrolment(call)
+        print(f"{call:<16}{len(values):>8}{percentile(values, 0.5) * 1000:>10.1f}{percentile(values, 0.99) * 1000:>10.1f}{stats.errors.get(call, 0):>8}"
+              f"{len(steady):>24}{percentile(steady, 0.99) * 1000:>10.1f}")
+    steady = stats.after_enrolment("dispatch")
     print(f"{'dispatch':<16}{len(stats.dispatch):>8}{percentile(stats.dispatch, 0.5) * 1000:>10.1f}{percentile(stats.dispatch, 0.99) * 1000:>10.1f}"
-          f"{len(stats.queued_at):>8}  (task queued -> leased; errors = still queued at the end)")
+          f"{len(stats.queued_at):>8}{len(steady):>24}{percentile(steady, 0.99) * 1000:>10.1f}  (task queued -> leased; errors = still queued at the end)")
     for sample in stats.error_samples:
         print("  error:", sample)
 
@@ -416,7 +437,9 @@ def main_one() -> None:
     report(result, args.agents)
     summary = {"kind": args.one, "user_p99_ms": percentile(result["stats"].latencies.get("user GET jobs", []), 0.99) * 1000,
                "heartbeat_p99_ms": percentile(result["stats"].latencies.get("heartbeat", []), 0.99) * 1000,
-               "errors": sum(result["stats"].errors.values()), "dispatch_p99_ms": percentile(result["stats"].dispatch, 0.99) * 1000}
+               "errors": sum(result["stats"].errors.values()), "dispatch_p99_ms": percentile(result["stats"].dispatch, 0.99) * 1000,
+               **{f"{name}_p99_after_enrolment_ms": percentile(result["stats"].after_enrolment(call), 0.99) * 1000
+                  for name, call in (("user", "user GET jobs"), ("heartbeat", "heartbeat"), ("dispatch", "dispatch"))}}
     print("summary", json.dumps(summary))
 
 

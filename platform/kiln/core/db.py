@@ -4,15 +4,31 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections
+from django.db import connections
 
 
 def _close_after(function, kwargs):
-    close_old_connections()
+    _drop_connections(keep_sqlite=True, only_obsolete=True)
     try:
         return function(**kwargs)
     finally:
-        connections.close_all()
+        _drop_connections(keep_sqlite=True, only_obsolete=False)
+
+
+def _drop_connections(*, keep_sqlite: bool, only_obsolete: bool) -> None:
+    """Give this thread's connections back (to the pool, or closed), except an SQLite one.
+
+    An SQLite connection is a file handle, with no server and no pool behind it, and opening one
+    (pragmas, Django's SQL functions) costs more CPU than an agent's queries: the executor's few,
+    long-lived threads keep theirs.
+    """
+    for connection in connections.all(initialized_only=True):
+        if keep_sqlite and connection.vendor == "sqlite" and not connection.in_atomic_block:
+            continue
+        if only_obsolete:
+            connection.close_if_unusable_or_obsolete()
+        else:
+            connection.close()
 
 
 # Heartbeats get threads of their own: in a busy fleet they would otherwise queue behind the lease

@@ -10,6 +10,9 @@ import time
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import MiddlewareNotUsed
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.common import CommonMiddleware
+from django.middleware.security import SecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 from kiln.core import metrics
@@ -144,4 +147,35 @@ class RequestMetricsMiddleware(DualModeMiddleware):
         # The route pattern, never the path: ids in paths would make one series per object.
         route = match.route if match is not None else "unmatched"
         metrics.observe_request(route=route, method=request.method, status=response.status_code, started=started)
+        return response
+
+
+class InlineHeadersMiddleware:
+    """Django's SecurityMiddleware, CommonMiddleware and XFrameOptionsMiddleware, run on the event loop.
+
+    Django runs each of them through a thread hop under ASGI; they do no I/O, so for the agent's
+    hot routes (kiln.core.asgi.AGENT_ROUTE_MIDDLEWARE) they run inline, in the same order and
+    with the same redirects and headers.
+    """
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.inner = [SecurityMiddleware(get_response), CommonMiddleware(get_response), XFrameOptionsMiddleware(get_response)]
+        markcoroutinefunction(self)
+
+    async def __call__(self, request):
+        entered, response = [], None
+        for middleware in self.inner:
+            entered.append(middleware)
+            response = middleware.process_request(request) if hasattr(middleware, "process_request") else None
+            if response is not None:
+                break
+        if response is None:
+            response = await self.get_response(request)
+        for middleware in reversed(entered):
+            if hasattr(middleware, "process_response"):
+                response = middleware.process_response(request, response)
         return response

@@ -36,6 +36,7 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 PREFIX = "kiln:wake:"
+GENERATION_PREFIX = "kiln:wake-generation:"
 FILE_POLL_S = 0.2
 FALLBACK_RECHECK_S = 1.0
 PROBE_S = 3.0
@@ -54,15 +55,24 @@ def _wake_file(channel: str) -> Path:
     return Path(settings.DATA_DIR) / "wake" / _SAFE.sub("_", channel)
 
 
+def _redis() -> redis.Redis:
+    global _sync_client
+    if _sync_client is None:
+        _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return _sync_client
+
+
+def _fresh_generation() -> str:
+    return f"{os.getpid()}-{time.time_ns()}"
+
+
 def publish(channel: str, offer: dict | None = None) -> None:
     """Wake the waiters of `channel` in every server process (all, or as many as `offer` says); never raises."""
-    global _sync_client
     message = json.dumps(offer or {})
     try:
         if settings.REDIS_URL:
-            if _sync_client is None:
-                _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-            _sync_client.publish(PREFIX + channel, message)
+            # The generation first: a waiter woken by the message must read the new one.
+            _redis().pipeline(transaction=False).set(GENERATION_PREFIX + channel, _fresh_generation()).publish(PREFIX + channel, message).execute()
         else:
             path = _wake_file(channel)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +84,30 @@ def publish(channel: str, offer: dict | None = None) -> None:
             os.utime(path, ns=(os.stat(path).st_atime_ns, max(os.stat(path).st_mtime_ns + 1, time.time_ns())))
     except (redis.RedisError, OSError) as exc:
         logger.warning("could not publish a wake-up on %s: %s", channel, exc)
+
+
+def generation(channel: str) -> str | None:
+    """A token that changes with every publish on `channel` (a Redis key, or the wake file's change
+    time); None when it cannot be read. Equal tokens: nothing was published in between.
+
+    Unlike a wake-up, it cannot be missed: a reader that remembers it can tell later whether
+    anything happened since, even if it was not listening then.
+    """
+    try:
+        if settings.REDIS_URL:
+            value = _redis().get(GENERATION_PREFIX + channel)
+            if value is None:
+                # Never published, or Redis lost its data: a new token, never one seen before.
+                _redis().set(GENERATION_PREFIX + channel, _fresh_generation(), nx=True)
+                value = _redis().get(GENERATION_PREFIX + channel)
+            return value.decode() if value is not None else None
+        stat = _wake_file(channel).stat()
+        return f"{stat.st_ino}-{stat.st_mtime_ns}"
+    except FileNotFoundError:
+        return "none"
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("could not read the wake-up generation of %s: %s", channel, exc)
+        return None
 
 
 def _offer(raw) -> dict:

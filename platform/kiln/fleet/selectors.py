@@ -6,12 +6,15 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from kiln.core.tokens import digest_matches, split_token
+from kiln.core.tokens import digest_matches, split_token, token_digest
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus
 
+from . import token_cache
+from .heartbeats import heartbeats_overlay, heartbeats_pending
 from .models import Agent, RegistrationToken
 
 REGISTRATION_TOKEN_PREFIX = "kiln_reg_"
@@ -34,8 +37,25 @@ def registration_token_from_secret(*, secret: str) -> RegistrationToken | None:
 
 
 def agent_from_secret(*, secret: str) -> Agent | None:
+    """The live agent behind a token: from this process's token cache, else from the database."""
+    if split_token(secret, AGENT_TOKEN_PREFIX) is None:
+        return None
+    cached = agent_from_secret_cached(secret=secret)
+    if cached is not None:
+        return cached
+    looked_up_at = token_cache.lookup_started()
     agent = _match(Agent.objects.select_related("organization"), secret, AGENT_TOKEN_PREFIX)
-    return agent if agent is not None and agent.revoked_at is None else None
+    if agent is None or agent.revoked_at is not None:
+        return None
+    token_cache.agent_remember(token_digest(secret), agent, looked_up_at)
+    return agent
+
+
+def agent_from_secret_cached(*, secret: str) -> Agent | None:
+    """The agent behind a token if this process checked it within AGENT_AUTH_CACHE_SECONDS; no query."""
+    if split_token(secret, AGENT_TOKEN_PREFIX) is None:
+        return None
+    return token_cache.agent_cached(token_digest(secret))
 
 
 def agent_list(*, organization):
@@ -62,16 +82,42 @@ def agent_cancel_list(*, agent: Agent, running_task: int | None, now) -> list[in
     """Tasks the agent must stop: canceled ones it held, and one it runs but no longer holds.
 
     An idle agent (running nothing) has nothing to stop: no query, the common heartbeat of a fleet.
+    A busy one costs one query.
     """
     if not running_task:
         return []
-    canceled = DeviceTask.objects.filter(leased_by=agent, status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now)
-    cancel = set(canceled.values_list("id", flat=True))
+    rows = DeviceTask.objects.filter(leased_by=agent).filter(
+        Q(status=DeviceTaskStatus.CANCELED, lease_expires_at__gt=now) | Q(pk=running_task)
+    ).values_list("id", "status", "lease_expires_at")
+    cancel = {task_id for task_id, status, expires in rows if status == DeviceTaskStatus.CANCELED and expires and expires > now}
     # A task the agent still runs but no longer holds (lease lost, job failed) must stop too.
-    still_held = DeviceTask.objects.filter(pk=running_task, leased_by=agent, status=DeviceTaskStatus.LEASED).exists()
-    if not still_held:
+    if not any(task_id == int(running_task) and status == DeviceTaskStatus.LEASED for task_id, status, _ in rows):
         cancel.add(int(running_task))
     return sorted(cancel)
+
+
+def organization_has_queued_tasks(*, organization_id: int) -> bool:
+    """Whether any task of the organization waits for an agent (of a running job): one small SQL query.
+
+    Raw SQL: this runs for nearly every long-poll, and Django's query compiler costs more CPU
+    than the indexed lookup itself.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_QUEUED_SQL, [organization_id, DeviceTaskStatus.QUEUED, JobStatus.RUNNING])
+        return cursor.fetchone() is not None
+
+
+def agent_holds_tasks(*, agent_id: int) -> bool:
+    """Whether an agent holds a leased task (raw SQL, for the same reason)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HELD_SQL, [agent_id, DeviceTaskStatus.LEASED])
+        return cursor.fetchone() is not None
+
+
+_TASKS, _JOBS = DeviceTask._meta.db_table, DeploymentJob._meta.db_table
+_QUEUED_SQL = (f"SELECT 1 FROM {_TASKS} t JOIN {_JOBS} j ON j.id = t.job_id "
+               "WHERE t.organization_id = %s AND t.status = %s AND j.status = %s LIMIT 1")
+_HELD_SQL = f"SELECT 1 FROM {_TASKS} WHERE leased_by_id = %s AND status = %s LIMIT 1"
 
 
 def _labels_match(required: dict, labels: dict) -> bool:
@@ -116,13 +162,13 @@ class Target:
 
 def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
     """Turn a job's targets into concrete device groups; also say which targets found no agent."""
-    agents = Agent.objects.filter(organization=job.organization, revoked_at__isnull=True)
+    agents = heartbeats_overlay(list(Agent.objects.filter(organization=job.organization, revoked_at__isnull=True)))
     if not job.targets:
         return [Target(f"agent:{a.id}", a, {}, a.backends) for a in agents if a.online], []
     resolved, missing = [], []
     for target in job.targets:
         if isinstance(target, int):
-            agent = agents.filter(pk=target).first()
+            agent = next((a for a in agents if a.pk == target), None)
             if agent is None:
                 missing.append(f"agent {target}")
             else:
@@ -141,4 +187,5 @@ def targets_resolve(*, job: DeploymentJob) -> tuple[list[Target], list[str]]:
 def agents_online_count() -> int:
     """Agents of every organization with a recent heartbeat (for /metrics)."""
     cutoff = timezone.now() - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
-    return Agent.objects.filter(revoked_at__isnull=True, last_heartbeat_at__gte=cutoff).count()
+    seen_here = [agent_id for agent_id, seen in heartbeats_pending().items() if seen >= cutoff]
+    return Agent.objects.filter(Q(last_heartbeat_at__gte=cutoff) | Q(pk__in=seen_here), revoked_at__isnull=True).count()

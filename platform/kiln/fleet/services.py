@@ -30,8 +30,18 @@ from kiln.pipeline.queue import enqueue_redispatch
 from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
 
+from . import lease_precheck, token_cache
+from .heartbeats import agent_seen_online, heartbeat_record, heartbeats_pending
 from .models import Agent, RegistrationToken
-from .selectors import AGENT_TOKEN_PREFIX, REGISTRATION_TOKEN_PREFIX, agent_cancel_list, lease_candidates, registration_token_from_secret
+from .selectors import (
+    AGENT_TOKEN_PREFIX,
+    REGISTRATION_TOKEN_PREFIX,
+    agent_cancel_list,
+    agent_holds_tasks,
+    lease_candidates,
+    organization_has_queued_tasks,
+    registration_token_from_secret,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,17 +95,37 @@ def agent_revoke(*, agent: Agent) -> Agent:
         agent.revoked_at = timezone.now()
         agent.save(update_fields=["revoked_at"])
         device_tasks_requeue_held_by(agent=agent, reason="agent revoked")
+    # This process refuses the token from now on; the others within AGENT_AUTH_CACHE_SECONDS.
+    token_cache.agent_forget(agent.pk)
     return agent
+
+
+def agent_heartbeat_idle(*, agent: Agent, capabilities: dict | None, running_task: int | None) -> bool:
+    """The heartbeat of an online agent that runs nothing and changed nothing: noted in memory, no query.
+
+    False when it needs `agent_heartbeat` (a running task to check, new capabilities, back from offline).
+    """
+    if running_task or (capabilities and capabilities != agent.capabilities):
+        return False
+    if agent.offline_since is not None or not agent_seen_online(agent):
+        return False
+    heartbeat_record(agent_id=agent.pk, at=timezone.now())
+    return True
 
 
 def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: int | None) -> list[int]:
     """Record that an agent is alive; answer which of its tasks it must stop."""
     now = timezone.now()
-    updates = {"last_heartbeat_at": now, "offline_since": None}
-    if capabilities:
-        updates["capabilities"] = capabilities
-    Agent.objects.filter(pk=agent.pk).update(**updates)
-    if (agent.offline_since is not None or not agent.online) and jobs_wait_for_devices(organization_id=agent.organization_id):
+    back = agent.offline_since is not None or not agent_seen_online(agent)
+    if back or (capabilities and capabilities != agent.capabilities):
+        updates = {"last_heartbeat_at": now, "offline_since": None}
+        if capabilities:
+            updates["capabilities"] = capabilities
+        Agent.objects.filter(pk=agent.pk).update(**updates)
+        token_cache.agent_forget(agent.pk)
+    else:
+        heartbeat_record(agent_id=agent.pk, at=now)
+    if back and jobs_wait_for_devices(organization_id=agent.organization_id):
         # Back after an absence: jobs waiting for this device may go on.
         enqueue_redispatch(organization_id=agent.organization_id)
     return agent_cancel_list(agent=agent, running_task=running_task, now=now)
@@ -105,6 +135,7 @@ def agents_mark_offline() -> int:
     """Mark agents whose heartbeat stopped as offline (idempotent; several hosts may run it)."""
     cutoff = timezone.now() - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
     silent = Agent.objects.filter(revoked_at__isnull=True, offline_since__isnull=True, last_heartbeat_at__lt=cutoff)
+    silent = silent.exclude(pk__in=[agent_id for agent_id, seen in heartbeats_pending().items() if seen >= cutoff])
     names = list(silent.values_list("name", flat=True)[:20])
     count = silent.update(offline_since=timezone.now())
     if count:
@@ -120,18 +151,26 @@ def device_task_lease_begin(*, agent: Agent) -> None:
     Reads first and writes only when there is something to change: on SQLite every write waits
     for the one write lock, and a fleet asks for work all the time.
     """
-    device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
-    now = timezone.now()
-    if agent.last_heartbeat_at is None or now - agent.last_heartbeat_at > timedelta(seconds=settings.AGENT_HEARTBEAT_SECONDS):
-        Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=now)
+    if agent_holds_tasks(agent_id=agent.pk):
+        device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
+    heartbeat_record(agent_id=agent.pk, at=timezone.now())
 
 
 def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     """Lease one task this agent can run, or None; never waits.
 
-    Looks without a transaction first: nothing to lease (the usual answer) takes no lock.
+    Looks without a transaction first: nothing to lease (the usual answer) takes no lock; and when
+    nothing was published on the organization's channel since the last look found nothing, it
+    does not look at all (kiln.fleet.lease_precheck).
     """
+    generation = notify.generation(notify.organization_channel(agent.organization_id))
+    if lease_precheck.nothing_new(agent=agent, generation=generation):
+        return None
+    if not organization_has_queued_tasks(organization_id=agent.organization_id):
+        lease_precheck.organization_found_empty(organization_id=agent.organization_id, generation=generation)
+        return None
     if not lease_candidates(agent=agent, lock=False):
+        lease_precheck.agent_found_nothing(agent=agent, generation=generation)
         return None
     now = timezone.now()
     with transaction.atomic():
@@ -215,7 +254,7 @@ def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str
     DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt).update(
         stage=(stage or "")[:32], message=(message or "")[:2000], progress=max(0.0, min(1.0, (percent or 0) / 100.0)), lease_expires_at=expires
     )
-    Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=timezone.now())
+    heartbeat_record(agent_id=agent.pk, at=timezone.now())
     return {"cancel": False, "lease_expires_at": expires}
 
 

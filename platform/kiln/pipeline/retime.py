@@ -17,6 +17,7 @@ from workers.quantize.search import is_vendor_default
 from workers.scoring import near_ties
 
 from .models import DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
+from .queue import wake_agents
 
 MAX_RETIMED = 6
 RETIME_ROUNDS = 9
@@ -42,7 +43,7 @@ def job_retime_near_ties(*, job) -> int:
     """Create the re-timing task of every device that needs one, once per job; returns how many were created."""
     done = set(job.search.get("retimed") or [])
     reports, _ = device_reports(job=job)
-    created = 0
+    created = []
     with transaction.atomic():
         for report in reports:
             if report.target in done:
@@ -56,15 +57,19 @@ def job_retime_near_ties(*, job) -> int:
                 # Paired windows mean one device timing all of them; a target served by several agents has no such device.
                 continue
             leader = tasks[ids[0]] if ids[0] in tasks else next(iter(tasks.values()))
-            _, was_created = DeviceTask.objects.get_or_create(
+            retime, was_created = DeviceTask.objects.get_or_create(
                 job=job, variant=leader.variant, backend=leader.backend, target=leader.target, purpose=DeviceTaskPurpose.RETIME,
                 defaults={"organization": job.organization, "pinned_agent_id": leader.leased_by_id, "required_labels": leader.required_labels,
                           "retime": {"tasks": [task_id for task_id in ids if task_id in tasks], "rounds": RETIME_ROUNDS}},
             )
-            created += was_created
+            if was_created:
+                created.append(retime)
         job.search["retimed"] = sorted(done)
         job.save(update_fields=["search", "updated_at"])
-    return created
+        if created:
+            # Whatever creates a leasable task wakes its agents (kiln.fleet.lease_precheck relies on it).
+            wake_agents(organization_id=job.organization_id, tasks=created)
+    return len(created)
 
 
 def retimed_tasks(task: DeviceTask) -> list[DeviceTask]:

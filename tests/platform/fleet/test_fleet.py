@@ -385,3 +385,27 @@ def test_a_re_timing_result_that_is_unpaired_or_names_other_tasks_changes_nothin
     assert retime_results_store(task=retime, metrics=unpaired) == 0
     assert retime_results_store(task=retime, metrics=foreign) == 0
     assert not any("interleaved_medians_ms" in DeviceTask.objects.get(pk=task_id).metrics for task_id in ids)
+
+
+def test_a_revoked_token_is_refused_at_once_though_this_process_cached_it(tenant, settings):
+    settings.AGENT_AUTH_CACHE_SECONDS = 3600
+    agent = register(tenant, "box", ORT_ONLY)
+    assert agent.post("/api/agent/v1/heartbeat", {}, format="json").status_code == 200
+    assert agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json").status_code == 204
+    assert tenant.client.post(f"/api/v1/agents/{agent.agent_id}/revoke/").status_code == 200
+    assert agent.post("/api/agent/v1/heartbeat", {}, format="json").status_code == 401
+    assert agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json").status_code == 401
+    assert agent.post("/api/agent/v1/tasks/1/progress", {"attempt": 1}, format="json").status_code == 401
+
+
+def test_a_cached_token_spares_the_lookup_and_stays_per_token(tenant, settings, django_assert_max_num_queries):
+    from kiln.fleet.selectors import agent_from_secret
+
+    settings.AGENT_AUTH_CACHE_SECONDS = 3600
+    first, second = register(tenant, "first", ORT_ONLY), register(tenant, "second", ORT_ONLY)
+    first_secret = first._credentials["HTTP_AUTHORIZATION"].split()[1]
+    assert agent_from_secret(secret=first_secret).pk == first.agent_id
+    with django_assert_max_num_queries(0):
+        assert agent_from_secret(secret=first_secret).pk == first.agent_id
+    assert agent_from_secret(secret=first_secret[:-2] + "xx") is None
+    assert agent_from_secret(secret=second._credentials["HTTP_AUTHORIZATION"].split()[1]).pk == second.agent_id

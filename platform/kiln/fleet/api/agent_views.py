@@ -19,7 +19,8 @@ from devices.bench import INTERLEAVED_WINDOW
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
-from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser, parse_bounded_json
+from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
+from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
@@ -28,6 +29,8 @@ from kiln.registry.services import upload_consume
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
+from ..selectors import agent_from_secret_cached
+from .agent_bodies import body_validate, read_raw_body
 from .serializers import (
     ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
@@ -147,14 +150,6 @@ def _authenticated_agent(request):
     return result[1]
 
 
-def _bounded_body(request):
-    """The JSON body under the same limits as every DRF route (size, depth, finite numbers)."""
-    raw = request.read(settings.MAX_JSON_BYTES + 1)
-    if len(raw) > settings.MAX_JSON_BYTES:
-        raise RequestTooLarge(f"The JSON body is larger than this route's limit of {settings.MAX_JSON_BYTES // 1024} KiB (KILN_MAX_JSON_BYTES).")
-    return parse_bounded_json(raw) if raw else {}
-
-
 async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
     """What every async agent route checks, in DRF's order: POST, the agent token (401), the body (413, 400).
 
@@ -162,21 +157,24 @@ async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
     """
     if request.method != "POST":
         return None, None, JsonResponse(error_body("Use POST.", "method_not_allowed"), status=405)
+    secret = bearer_secret(request)
+    # A token this process checked a moment ago needs no trip to a database thread.
+    agent = agent_from_secret_cached(secret=secret) if secret else None
     try:
-        agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
+        if agent is None:
+            agent = await run_in_db_thread(_authenticated_agent, heartbeat=heartbeat, request=request)
     except exceptions.APIException as exc:
         response = _json_error(exc, 401)
         response["WWW-Authenticate"] = 'Bearer realm="kiln-agent"'
         return None, None, response
     try:
-        body = _bounded_body(request)
+        values, errors = body_validate(serializer_class, read_raw_body(request))
     except (exceptions.ParseError, RequestTooLarge) as exc:
         return None, None, _json_error(exc)
-    data = serializer_class(data=body if isinstance(body, dict) else {})
-    if not data.is_valid():
-        message = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items())
-        return None, None, JsonResponse(error_body(message, "invalid", data.errors), status=400)
-    return agent, data.validated_data, None
+    if errors is not None:
+        message = "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in errors.items())
+        return None, None, JsonResponse(error_body(message, "invalid", errors), status=400)
+    return agent, values, None
 
 
 # The two calls every agent makes all the time are async views without DRF's request cycle: no
@@ -188,7 +186,9 @@ async def heartbeat_view(request):
     agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
     if refusal is not None:
         return refusal
-    cancel = await run_in_db_thread(services.agent_heartbeat, heartbeat=True, agent=agent, capabilities=values["capabilities"], running_task=values["running_task"])
+    change = {"agent": agent, "capabilities": values["capabilities"], "running_task": values["running_task"]}
+    # An idle agent's heartbeat is noted in memory (kiln.fleet.heartbeats): no database, no thread.
+    cancel = [] if services.agent_heartbeat_idle(**change) else await run_in_db_thread(services.agent_heartbeat, heartbeat=True, **change)
     return JsonResponse({"cancel": cancel, **agent_intervals()})
 
 

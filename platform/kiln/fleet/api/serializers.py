@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
 
+from ..heartbeats import heartbeats_overlay
 from ..models import Agent, RegistrationToken
 from ..selectors import agent_current_task_id
 
@@ -15,6 +16,10 @@ class AgentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Agent
         fields = ["id", "name", "labels", "capabilities", "online", "last_heartbeat_at", "current_task", "revoked", "created_at"]
+
+    def to_representation(self, agent):
+        # `online` and `last_heartbeat_at` with the heartbeats this process has not written yet.
+        return super().to_representation(heartbeats_overlay([agent])[0])
 
     def get_revoked(self, agent) -> bool:
         return agent.revoked_at is not None
