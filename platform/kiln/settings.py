@@ -217,7 +217,9 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("KILN_CELERY_EAGER", False)
 # One cache shared by every process (throttle counters must not be per process): Redis when
 # configured, otherwise files under the data folder, which the embedded default's processes share.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln"}}
+    # One connection pool per process, not per request (kiln.core.cache).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln",
+                          "OPTIONS": {"pool_class": "kiln.core.cache.SharedConnectionPool"}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}}
 
