@@ -249,7 +249,7 @@ AGENT_AUTH_CACHE_SECONDS = _env_int("KILN_AGENT_AUTH_CACHE_SECONDS", 30, minimum
 # and no database connection. A fleet coming up is a burst of registrations (each an INSERT in its
 # own thread): unbounded, they took every pooled connection and the heartbeats, lease checks and
 # user requests behind them waited 10-20 s for one.
-AGENT_REGISTER_CONCURRENCY = _env_int("KILN_AGENT_REGISTER_CONCURRENCY", 2, minimum=1)
+AGENT_REGISTER_CONCURRENCY = _env_int("KILN_AGENT_REGISTER_CONCURRENCY", 4, minimum=1)
 # Heartbeats are noted in memory and written in one UPDATE per this many seconds (kiln.fleet.heartbeats).
 AGENT_HEARTBEAT_FLUSH_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_FLUSH_SECONDS", 1, minimum=1)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)

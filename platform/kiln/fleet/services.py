@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 from django.conf import settings
@@ -87,8 +86,6 @@ def agent_register(*, registration_secret: str, name: str, labels: dict, capabil
         # the workers: a fleet coming up is hundreds of registrations that wake nothing.
         if jobs_wait_for_devices(organization_id=agent.organization_id):
             enqueue_redispatch(organization_id=agent.organization_id)
-        # The new agent's first heartbeat and lease in this process need no token lookup.
-        transaction.on_commit(partial(token_cache.agent_remember, issued.digest, agent, token_cache.lookup_started()))
     return agent, issued.secret
 
 
