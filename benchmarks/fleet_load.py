@@ -16,6 +16,9 @@ ratios ASGI/WSGI.
     python benchmarks/fleet_load.py [--agents 200] [--seconds 60] [--servers asgi,wsgi]
         [--database-url postgres://...] [--redis-url redis://...]
 
+Environment: KILN_FLEET_LOAD_PORT (default 18150; another checkout may be benchmarking on the same
+machine), KILN_DB_POOL_SIZE (default 8, as `make up`) and any other KILN_* setting reach the server.
+
 Without --database-url it uses the embedded default (SQLite + filesystem broker, as `make up`).
 A PostgreSQL database given is flushed and migrated first: give it a scratch database.
 """
