@@ -16,6 +16,9 @@ ratios ASGI/WSGI.
     python benchmarks/fleet_load.py [--agents 200] [--seconds 60] [--servers asgi,wsgi]
         [--database-url postgres://...] [--redis-url redis://...]
 
+Environment: KILN_FLEET_LOAD_PORT (default 18150; another checkout may be benchmarking on the same
+machine), KILN_DB_POOL_SIZE (default 8, as `make up`) and any other KILN_* setting reach the server.
+
 Without --database-url it uses the embedded default (SQLite + filesystem broker, as `make up`).
 A PostgreSQL database given is flushed and migrated first: give it a scratch database.
 """
@@ -40,7 +43,8 @@ from types import SimpleNamespace
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-PORT = 18150
+# Another checkout on the same machine may run this benchmark at the same time: give it another port.
+PORT = int(os.environ.get("KILN_FLEET_LOAD_PORT", "18150"))
 REQUEST_TIMEOUT_S = 60.0
 LEASE_WAIT_S = 20
 TASK_RATE_PER_S = 2.0
@@ -398,7 +402,9 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="kiln-fleet-load-"))
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "kiln.settings", "KILN_DATA_DIR": str(scratch / "data"),
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]), "KILN_CREDENTIALS_RATE": "100000/min",
-           "KILN_DB_POOL_SIZE": "8", "KILN_LOG_LEVEL": "WARNING"}
+           "KILN_LOG_LEVEL": "WARNING"}
+    # As `make up` serves (its pool size unless KILN_DB_POOL_SIZE is set).
+    env.setdefault("KILN_DB_POOL_SIZE", "8")
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
     if args.database_url:

@@ -217,7 +217,9 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("KILN_CELERY_EAGER", False)
 # One cache shared by every process (throttle counters must not be per process): Redis when
 # configured, otherwise files under the data folder, which the embedded default's processes share.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln"}}
+    # One connection pool per process, not per request (kiln.core.cache).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "kiln",
+                          "OPTIONS": {"pool_class": "kiln.core.cache.SharedConnectionPool"}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}}
 
@@ -243,6 +245,11 @@ AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 # than the heartbeat interval on purpose: an agent calls each process every 10-20 s, so a shorter
 # entry would expire before it is used again (measured: 5 s saved almost no lookups at 1,000 agents).
 AGENT_AUTH_CACHE_SECONDS = _env_int("KILN_AGENT_AUTH_CACHE_SECONDS", 30, minimum=0)
+# Registrations one server process runs at once; the rest wait on the event loop, holding no thread
+# and no database connection. A fleet coming up is a burst of registrations (each an INSERT in its
+# own thread): unbounded, they took every pooled connection and the heartbeats, lease checks and
+# user requests behind them waited 10-20 s for one.
+AGENT_REGISTER_CONCURRENCY = _env_int("KILN_AGENT_REGISTER_CONCURRENCY", 4, minimum=1)
 # Heartbeats are noted in memory and written in one UPDATE per this many seconds (kiln.fleet.heartbeats).
 AGENT_HEARTBEAT_FLUSH_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_FLUSH_SECONDS", 1, minimum=1)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)

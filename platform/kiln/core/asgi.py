@@ -10,7 +10,10 @@ own middleware) run on asgiref's shared sync thread, and database work goes thro
 The agent's JSON routes (a fleet's nearly every request: AGENT_ROUTES) also skip the middleware they
 do not use (sessions, CSRF, user authentication, messages: they authenticate by bearer token and
 are CSRF-exempt) and run the rest on the event loop (AGENT_ROUTE_MIDDLEWARE), where Django would
-hop to a thread and back for each of them.
+hop to a thread and back for each of them. Registrations (a fleet coming up sends hundreds at
+once) run at most AGENT_REGISTER_CONCURRENCY at a time per process; the others wait on the event loop
+(no thread, no connection), so the burst cannot take every pooled database connection from the
+heartbeats, lease checks and user requests behind it.
 
 Django's ASGI handler also reads the whole body (spooled to disk) before any middleware runs, so
 the upload limit is enforced here: a declared length over KILN_MAX_UPLOAD_BYTES is answered 413
@@ -18,6 +21,7 @@ before reading, and a body without one is cut off once it passes the limit.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 
 from asgiref.sync import ThreadSensitiveContext
@@ -33,6 +37,7 @@ ASYNC_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat)/?$|^/api/v1/j
 # The agent calls a fleet makes all the time, JSON in and out (no files): heartbeat and lease
 # (async views), and register, progress and result (DRF views, each in its own thread as usual).
 AGENT_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat|register|tasks/\d+/(progress|result))$")
+REGISTER_ROUTE = "/api/agent/v1/register"
 # Settings' MIDDLEWARE in the same order, less what the agent routes do not use; none hops threads.
 AGENT_ROUTE_MIDDLEWARE = [
     "kiln.core.middleware.RequestMetricsMiddleware",
@@ -94,6 +99,7 @@ class KilnASGIHandler(_BoundedBodyHandler):
     def __init__(self):
         super().__init__()
         self.agent_routes = AgentRouteHandler()
+        self.registrations = asyncio.Semaphore(settings.AGENT_REGISTER_CONCURRENCY)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and declared_length(scope) > settings.MAX_UPLOAD_BYTES:
@@ -103,6 +109,9 @@ class KilnASGIHandler(_BoundedBodyHandler):
             if scope["type"] == "http" and AGENT_ROUTES.match(scope.get("path", "")):
                 if served_async(scope):
                     await self.agent_routes.handle(scope, receive, send)
+                elif scope.get("path") == REGISTER_ROUTE:
+                    async with self.registrations, ThreadSensitiveContext():
+                        await self.agent_routes.handle(scope, receive, send)
                 else:
                     async with ThreadSensitiveContext():
                         await self.agent_routes.handle(scope, receive, send)

@@ -3,10 +3,15 @@
 Every agent call presents its token; looking it up is a database query, and a fleet calls all the
 time. A revocation in this process forgets the agent at once; other server processes keep
 accepting its token until their entry expires (at most AGENT_AUTH_CACHE_SECONDS).
+
+An entry lives a random 50-100 % of that period: a fleet that enrolled within a few seconds would
+otherwise have all its tokens expire within the same few seconds, every period, and the lookups of
+1,000 agents queue up behind one another (seconds of heartbeat and lease latency).
 """
 from __future__ import annotations
 
 import copy
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -51,7 +56,7 @@ def agent_remember(digest: str, agent: Agent, looked_up_at: float) -> None:
     with _lock:
         if _forgotten.get(agent.pk, float("-inf")) >= looked_up_at:
             return
-        _entries[digest] = (time.monotonic() + ttl, copy.copy(agent))
+        _entries[digest] = (time.monotonic() + ttl * random.uniform(0.5, 1.0), copy.copy(agent))
         _entries.move_to_end(digest)
         while len(_entries) > MAX_ENTRIES:
             _entries.popitem(last=False)
