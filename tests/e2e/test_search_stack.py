@@ -131,7 +131,13 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     assert calibrated["accuracy"]["within_tolerance"] is False, summary
     # The learned recipes themselves; compile options tried on them later (`+threads2`, `+static`) share their artifacts.
     learned = {key: v for key, v in variants.items() if (v["recipe"] or {}).get("learned") and COMPILE_SEPARATOR not in key}
-    assert set(learned) == {"int8-minmax-adaround", "int8-minmax-qat"}, summary
+    # Learned on a calibrated family that missed while faster than FP32, both recipes each. int8-minmax and int8-mse run
+    # within noise of each other on this CNN, so which one a round finds fastest varies, and a later round may learn on
+    # the other as well (CI, 2026-12-01: both).
+    families = {key.rsplit("-", 1)[0] for key in learned}
+    assert families and families <= {"int8-minmax", "int8-mse"}, summary
+    assert set(learned) == {f"{family}-{method}" for family in families for method in ("adaround", "qat")}, summary
+    assert all(variants[family]["accuracy"]["within_tolerance"] is False for family in families), summary
     for variant in learned.values():
         recipe = variant["recipe"]["learned"]
         assert variant["status"] == "succeeded" and recipe["curve"] and recipe["seconds"] > 0, variant
