@@ -4,9 +4,7 @@ quantization where the runtime will quantize: per-channel symmetric weights (sca
 weights as they move) and each learnable layer's input at the scale calibration chose. The loss is
 the student's outputs against the teacher's, relative to the teacher's energy; the loss of every
 step is kept, and the weights returned are those of the pass over the data with the lowest mean loss
-(the untrained start counts as pass 0), so a start that is already close never ends worse. A pass that ends
-worse than the best so far is undone and the learning rate divided by BACKOFF (a well-calibrated start
-needs smaller steps than a coarse one), down to 1/LOWEST_RATE_FRACTION of the start; a pass worse even there ends training. Runs on CUDA when PyTorch sees a GPU, else on the CPU.
+(the untrained start counts as pass 0), so a start that is already close never ends worse. Runs on CUDA when PyTorch sees a GPU, else on the CPU.
 """
 from __future__ import annotations
 
@@ -23,8 +21,6 @@ from .layers import Layer, QuantParams
 from .torch_graph import OnnxModule
 
 LEARNING_RATE = 1e-4
-BACKOFF = 3.0
-LOWEST_RATE_FRACTION = 30.0
 MAX_STEPS = 5000
 
 
@@ -39,8 +35,6 @@ class DistillResult:
     # The weights returned: those of the pass over the data with the lowest mean loss, 0 = the untrained start.
     kept_pass: int = 0
     kept_loss: float = 0.0
-    # The learning rate of each pass over the data (lowered after a pass that ended worse than the best).
-    learning_rates: list[float] = field(default_factory=list)
 
 
 def _straight_through(quantize):
@@ -89,6 +83,7 @@ def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, 
     student = OnnxModule(fp32).to(device)
     student.constants = {name: value.to(device) for name, value in student.constants.items()}
     _install_fake_quantization(student, layers, activations or {})
+    optimizer = torch.optim.Adam(student.weights.parameters(), lr=LEARNING_RATE)
     inputs = [[torch.from_numpy(batch[name]).to(device) for name in student.input_names] for batch in batches]
     targets = [[torch.from_numpy(outputs[name]).to(device) for name in student.output_names] for outputs in teacher]
     energy = [sum(float(torch.mean(t ** 2)) for t in target) + 1e-12 for target in targets]
@@ -98,11 +93,11 @@ def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, 
         return sum(torch.mean((out - target) ** 2) for out, target in zip(outputs, targets[index], strict=True)) / energy[index]
 
     result, losses, started = DistillResult(device=str(device)), [], time.perf_counter()
+    # Fine-tuning can drift away from a start that is already close (a well-calibrated graph): keep the best pass, so
+    # that the student never ends worse than it began by its own measure.
     with torch.no_grad():
         result.kept_loss = float(np.mean([float(batch_loss(index)) for index in range(len(inputs))]))
-    best, rate = _snapshot(student), LEARNING_RATE
-    optimizer = torch.optim.Adam(student.weights.parameters(), lr=rate)
-    result.learning_rates.append(rate)
+    best = _snapshot(student)
     while result.steps < MAX_STEPS and time.perf_counter() - started < seconds:
         loss = batch_loss(result.steps % len(inputs))
         optimizer.zero_grad()
@@ -110,19 +105,8 @@ def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, 
         optimizer.step()
         losses.append(float(loss.detach()))
         result.steps += 1
-        if result.steps % len(inputs):
-            continue
-        mean = float(np.mean(losses[-len(inputs):]))
-        if mean < result.kept_loss:
-            result.kept_loss, result.kept_pass, best = mean, result.steps // len(inputs), _snapshot(student)
-        elif rate / BACKOFF < LEARNING_RATE / LOWEST_RATE_FRACTION * 0.999:
-            break
-        else:
-            # The pass drifted away: undo it and go on with smaller steps (and fresh moments) from the best weights.
-            _restore(student, best)
-            rate /= BACKOFF
-            optimizer = torch.optim.Adam(student.weights.parameters(), lr=rate)
-        result.learning_rates.append(rate)
+        if result.steps % len(inputs) == 0 and float(np.mean(losses[-len(inputs):])) < result.kept_loss:
+            result.kept_loss, result.kept_pass, best = float(np.mean(losses[-len(inputs):])), result.steps // len(inputs), _snapshot(student)
     _restore(student, best)
     result.seconds = time.perf_counter() - started
     result.curve = downsample(losses)

@@ -158,6 +158,6 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, activations, c
         "method": "qat", "library": "kiln (PyTorch interpreter)", "teacher": "fp32", "device": result.device,
         "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
         "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
-        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6), "learning_rates": [float(f"{rate:.3g}") for rate in result.learning_rates],
+        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
     }}

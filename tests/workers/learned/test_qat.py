@@ -134,8 +134,6 @@ def test_qat_that_only_drifts_away_returns_the_untrained_weights(tmp_path, monke
                           options={**CALIBRATED, "learn": "qat", "learn_seconds": 5})
     learned = built["recipe"]["learned"]
     assert learned["steps"] > 4 and learned["kept_pass"] == 0 and learned["loss_end"] > learned["kept_loss"]
-    # Each pass that drifted was undone and the next one took steps 3x smaller, down to 1/30 of the start; then it stopped.
-    assert learned["learning_rates"] == [10.0, 3.33, 1.11, 0.37], learned["learning_rates"]
     validation = rounding_inputs(samples=16, seed=2)
     outputs = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": validation})[0] for path in (calibrated, tuned)]
     np.testing.assert_array_equal(outputs[0], outputs[1])
