@@ -131,11 +131,11 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     assert calibrated["accuracy"]["within_tolerance"] is False, summary
     # The learned recipes themselves; compile options tried on them later (`+threads2`, `+static`) share their artifacts.
     learned = {key: v for key, v in variants.items() if (v["recipe"] or {}).get("learned") and COMPILE_SEPARATOR not in key}
-    # Learned on a calibrated family that missed while faster than FP32, both recipes each. int8-minmax and int8-mse run
+    # Learned on calibrated families that missed while faster than FP32, both recipes each. The INT8 families run
     # within noise of each other on this CNN, so which one a round finds fastest varies, and a later round may learn on
     # the other as well (CI, 2026-12-01: both).
     families = {key.rsplit("-", 1)[0] for key in learned}
-    assert families and families <= {"int8-minmax", "int8-mse"}, summary
+    assert families and all(family in variants and family.startswith("int8-") for family in families), summary
     assert set(learned) == {f"{family}-{method}" for family in families for method in ("adaround", "qat")}, summary
     assert all(variants[family]["accuracy"]["within_tolerance"] is False for family in families), summary
     for variant in learned.values():
