@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,6 +128,24 @@ class LiveStack:
         process.log_path = self.log_dir / f"{name}.log"
         self.processes.append(process)
         return process
+
+    def pin(self, process: subprocess.Popen, cpus: list[int]) -> None:
+        """Confine a spawned process and its children to `cpus` (children it starts later inherit the mask)."""
+        root = psutil.Process(process.pid)
+        for member in [root, *root.children(recursive=True)]:
+            member.cpu_affinity(cpus)
+
+    def agent_on_its_own_core(self, agent: subprocess.Popen) -> bool:
+        """The agent on the last CPU, the worker on the others: a device apart from the worker, as on separate hardware,
+        so that its timings are not taken while the worker calibrates or trains. False (nothing pinned) on one CPU."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            return False
+        self.pin(agent, cpus[-1:])
+        for process in self.processes:
+            if process is not agent and process.log_path.name == "worker.log":
+                self.pin(process, cpus[:-1])
+        return True
 
     def create_user(self, username: str, password: str, organization: str) -> Tenant:
         return make_tenant(username=username, organization=organization, password=password)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import psutil
 
 from devices.agent import AGENT_VERSION
 from devices.backends.registry import available_backends
+from devices.cpus import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +87,14 @@ def runtime_versions() -> dict[str, str]:
 def collect_capabilities() -> dict:
     """The capabilities object of the agent protocol."""
     cpu_model, isa = _cpu()
+    cores, logical_cores = usable_cores()
     return {
         "os": platform.system().lower(),
         "os_release": platform.release(),
         "arch": platform.machine().lower(),
         "cpu_model": cpu_model,
-        "cores": psutil.cpu_count(logical=False) or os.cpu_count(),
-        "logical_cores": psutil.cpu_count(logical=True) or os.cpu_count(),
+        "cores": cores,
+        "logical_cores": logical_cores,
         "isa": isa,
         "memory_mb": psutil.virtual_memory().total // (1024 * 1024),
         "gpu": detect_gpu(),

@@ -5,16 +5,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
 from devices.backends.options import parse_compile_options
+from devices.cpus import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +100,8 @@ class OnnxRuntimeCompiledModel(CompiledModel):
         static = self.options.get("static_shapes") or {}
         self.input_specs = [_spec(arg, static) for arg in self.session.get_inputs()]
         self.output_names = [arg.name for arg in self.session.get_outputs()]
-        # ORT's default intra-op pool has one thread per physical core.
-        self.threads = threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        # ORT's default intra-op pool has one thread per physical core it may run on (its affinity mask).
+        self.threads = threads or usable_cores()[0]
 
     def _session_options(self, *, profiling: bool = False):
         import onnxruntime as ort

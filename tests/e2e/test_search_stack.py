@@ -2,6 +2,7 @@
 calibrated INT8 pays but misses the tolerance through weight rounding, the search learns a variant that meets it."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,10 @@ class SearchRun:
 
 
 def run_auto_search(kiln_stack, tmp_path: Path, *, user: str, organization: str, name: str, model: onnx.ModelProto,
-                    calibration_inputs: np.ndarray, validation_inputs: np.ndarray, tolerance: dict, timeout: int) -> SearchRun:
-    """Upload `model` and its data as a new tenant and run `precisions: auto` on one CPU agent to success."""
+                    calibration_inputs: np.ndarray, validation_inputs: np.ndarray, tolerance: dict, timeout: int,
+                    agent_core: bool = False) -> SearchRun:
+    """Upload `model` and its data as a new tenant and run `precisions: auto` on one CPU agent to success; with
+    `agent_core`, the agent gets a core of its own (kiln_stack.agent_on_its_own_core)."""
     tenant = kiln_stack.create_user(user, "a-long-password-1", organization)
     api = Api(kiln_stack.url, tenant.token)
     model_path = tmp_path / f"{name}.onnx"
@@ -44,7 +47,9 @@ def run_auto_search(kiln_stack, tmp_path: Path, *, user: str, organization: str,
     version = api.upload("/api/v1/models/", model_path, name=name)["versions"][0]["id"]
     calibration_id = api.upload("/api/v1/datasets/", calibration, kind="calibration")["id"]
     validation_id = api.upload("/api/v1/datasets/", validation, kind="validation")["id"]
-    kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+    agent = kiln_stack.start_agent(tenant, "cpu", backends="onnxruntime")
+    if agent_core:
+        assert kiln_stack.agent_on_its_own_core(agent) or len(os.sched_getaffinity(0)) < 2
 
     job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
                                           "validation_dataset": validation_id, "tolerance": tolerance})
@@ -117,13 +122,15 @@ LEARNED_TOLERANCE = {"metric": "cosine", "max_drop": 0.01}
 
 
 def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration_misses(kiln_stack, tmp_path):
-    """The rounding-sensitive CNN: INT8 is ~3x faster than FP32 here but calibrated keeps ~0.98 cosine. The search
+    """The rounding-sensitive CNN: INT8 is ~3x faster than FP32 here but calibrated keeps ~0.98 cosine. The agent has a
+    core of its own, as a device apart from the worker would (sharing two cores with the worker's calibration, its INT8
+    probe once timed at 1.07x FP32 instead of ~2.8x, and nothing was learned: CI, 2026-12-01). The search
     proposes learned rounding and QAT on that family in round 2; the worker trains them, the agent measures them, and
     a learned one meets 1% at INT8 speed, in the report and again from its downloaded artifact."""
     validation_inputs = rounding_images(samples=32, seed=2)
     run = run_auto_search(kiln_stack, tmp_path, user="lena", organization="Learned Labs", name="rounding-cnn",
                           model=build_rounding_sensitive_cnn(), calibration_inputs=rounding_images(samples=64, seed=1),
-                          validation_inputs=validation_inputs, tolerance=LEARNED_TOLERANCE, timeout=1080)
+                          validation_inputs=validation_inputs, tolerance=LEARNED_TOLERANCE, timeout=1080, agent_core=True)
     device = run.report["devices"][0]
     variants = {v["key"]: v for v in device["variants"]}
     summary = {key: (v["accuracy"].get("value"), (v["latency_ms"] or {}).get("p50")) for key, v in variants.items()}

@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import psutil
 
 from devices import contract
 from devices.backends.options import describe as describe_compile_options
@@ -44,6 +43,7 @@ from devices.backends.options import has_bf16
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
+from devices.cpus import usable_cores
 from devices.metrics import evaluate
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
@@ -679,8 +679,7 @@ def search_locally(
 
 def host_thread_choices() -> list[int]:
     """This host's physical and logical core counts (one entry when they are equal)."""
-    return sorted({count for count in (psutil.cpu_count(logical=False), psutil.cpu_count(logical=True) or os.cpu_count())
-                   if count})
+    return sorted(set(usable_cores()))
 
 
 def _int8_pays(entries: list[dict[str, Any]]) -> bool:
