@@ -1,6 +1,14 @@
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from devices.agent.capabilities import collect_capabilities, parse_cpuinfo
+
+REPO = Path(__file__).resolve().parents[2]
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -47,3 +55,19 @@ def test_capabilities_have_the_protocol_shape(monkeypatch):
 def test_capabilities_honour_the_backend_restriction(monkeypatch):
     monkeypatch.setenv("KILN_AGENT_BACKENDS", "onnxruntime")
     assert set(collect_capabilities()["runtimes"]) == {"onnxruntime"}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to confine an agent to one of them")
+def test_an_agent_confined_to_one_cpu_reports_one_core_and_runs_one_thread():
+    """An agent started under `taskset -c N` (or in a one-CPU cpuset container) reports one core, so the search does
+    not propose a second thread, and its ONNX Runtime sessions default to one intra-op thread."""
+    script = ("import json, os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+              "from devices.agent.capabilities import collect_capabilities;"
+              "from workers.quantize.search import host_thread_choices;"
+              "c = collect_capabilities(); print(json.dumps([c['cores'], c['logical_cores'], host_thread_choices()]))")
+    output = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
+                            env={**os.environ, "KILN_AGENT_BACKENDS": "onnxruntime",
+                                 "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")])})
+    assert json.loads(output.stdout.strip().splitlines()[-1]) == [1, 1, [1]]
+    # The machine's counts where nothing is confined.
+    assert collect_capabilities()["logical_cores"] == len(os.sched_getaffinity(0))
