@@ -1,4 +1,4 @@
-"""The deployment files stay valid: docker-compose accepts the stack description."""
+"""The deployment files stay valid: docker-compose accepts the stack description; .gitignore ignores linked environments."""
 from __future__ import annotations
 
 import os
@@ -40,3 +40,18 @@ def test_docker_compose_refuses_to_start_minio_without_a_password():
 def test_platform_is_not_a_package():
     """A package named `platform` would shadow the standard library module (DESIGN.md section 1)."""
     assert not (REPO / "platform" / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("path", [".venv", ".nodeenv", "frontend/node_modules", "var"])
+def test_gitignore_ignores_a_symlinked_environment(tmp_path, path):
+    """A worktree links .venv (or node_modules, .nodeenv, var) to a shared copy; a pattern ending in "/" would miss the link."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    shutil.copyfile(REPO / ".gitignore", repo / ".gitignore")
+    (tmp_path / "target").mkdir()
+    link = repo / path
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(tmp_path / "target", target_is_directory=True)
+    result = subprocess.run(["git", "check-ignore", "-v", path], cwd=repo, capture_output=True, text=True)
+    assert result.returncode == 0, f"{path} (a symlink) is not ignored: {result.stdout}{result.stderr}"

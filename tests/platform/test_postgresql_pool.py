@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from kiln.core.postgresql.base import DatabaseWrapper, connection_check
+from kiln.core.postgresql.base import DatabaseWrapper, connection_check, django_pool_internals
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,9 +51,33 @@ def test_the_backend_pool_replaces_a_connection_the_server_killed_instead_of_han
             killed = conn.info.backend_pid
         with pool.connection() as conn:
             assert conn.info.backend_pid == killed  # a healthy connection is reused, not replaced
+            idle = conn
         _terminate(killed)
+        # pg_terminate_backend returns before the backend's goodbye reaches the socket; a connection idle in the pool
+        # has long had it by its next checkout. Without this wait a loaded machine hands out the connection first.
+        select.select([idle.fileno()], [], [], 10)
         with pool.connection() as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert conn.info.backend_pid != killed
     finally:
         wrapper.close_pool()
+
+
+def test_the_django_internals_this_backend_relies_on_are_still_there():
+    """If Django renames `_connection_pools` or `_configure_connection`, or stops returning the registered pool, this fails
+    (not a pool that silently lost its health check or Django's connection setup)."""
+    settings = {**connection.settings_dict, "CONN_MAX_AGE": 0, "TIME_ZONE": "Asia/Tokyo",
+                "OPTIONS": {"pool": {"min_size": 1, "max_size": 1, "timeout": 10}}}
+    wrapper = DatabaseWrapper(settings, alias="pool-internals-test")
+    pools, configure = django_pool_internals(wrapper)
+    assert isinstance(pools, dict) and callable(configure)
+    pool = wrapper.pool
+    assert pools["pool-internals-test"] is pool  # Django's property returns the pool this backend registered
+    pool.open(wait=True)
+    try:
+        with pool.connection() as conn:
+            # Django's configure hook ran on the pooled connection: it set the wrapper's time zone.
+            assert conn.execute("SHOW TimeZone").fetchone() == ("Asia/Tokyo",)
+    finally:
+        wrapper.close_pool()
+    assert "pool-internals-test" not in pools  # Django's close_pool() removes it from the same registry

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.fixtures.models import save_with_external_data, write_npz
+from tests.fixtures.models import save_with_external_data, save_with_static_batch, write_npz
 from tests.workers.helpers import run_model
 from workers.inspect import model_size_bytes
 from workers.quantize import (
@@ -193,12 +193,7 @@ def test_runnable_backends_lists_both_for_a_plain_model(digits_path):
 
 
 def test_int8_on_a_static_batch_model_calibrates_on_whole_batches(digits, digits_calibration, tmp_path):
-    model = onnx.ModelProto()
-    model.CopyFrom(digits.model)
-    for value in (model.graph.input[0], model.graph.output[0]):
-        value.type.tensor_type.shape.dim[0].dim_value = 5
-    path = tmp_path / "b5.onnx"
-    onnx.save(model, str(path))
+    path = save_with_static_batch(digits.model, tmp_path / "b5.onnx", 5)
     result = build_variant(model_path=path, precision="int8", out_path=tmp_path / "q.onnx", calibration_path=digits_calibration)
     assert result["recipe"]["samples"] == len(digits.x_calib) // 5 * 5
 

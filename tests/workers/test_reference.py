@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 
-from tests.fixtures.models import write_npz
+from tests.fixtures.models import save_with_static_batch, write_npz
 from tests.workers.helpers import run_model
 from workers.datasets import InvalidDataset
 from workers.reference import compute_reference_outputs
@@ -24,12 +23,7 @@ def test_reference_outputs_match_a_full_run(digits, digits_path, digits_validati
 
 
 def test_static_batch_one_model_runs_sample_by_sample(digits, tmp_path):
-    model = onnx.ModelProto()
-    model.CopyFrom(digits.model)
-    for value in (model.graph.input[0], model.graph.output[0]):
-        value.type.tensor_type.shape.dim[0].dim_value = 1
-    path = tmp_path / "b1.onnx"
-    onnx.save(model, str(path))
+    path = save_with_static_batch(digits.model, tmp_path / "b1.onnx", 1)
     data = write_npz(tmp_path / "v.npz", input=digits.x_val[:7])
     result = compute_reference_outputs(path, data, tmp_path / "r.npz", batch_size=32)
     assert result["outputs"] == {"logits": [7, 10]}
@@ -39,12 +33,7 @@ def test_static_batch_one_model_runs_sample_by_sample(digits, tmp_path):
 
 
 def test_static_batch_larger_than_one_pads_the_last_batch(digits, tmp_path):
-    model = onnx.ModelProto()
-    model.CopyFrom(digits.model)
-    for value in (model.graph.input[0], model.graph.output[0]):
-        value.type.tensor_type.shape.dim[0].dim_value = 4
-    path = tmp_path / "b4.onnx"
-    onnx.save(model, str(path))
+    path = save_with_static_batch(digits.model, tmp_path / "b4.onnx", 4)
     data = write_npz(tmp_path / "v.npz", input=digits.x_val[:10])
     result = compute_reference_outputs(path, data, tmp_path / "r.npz")
     assert result["samples"] == 10 and result["outputs"] == {"logits": [10, 10]}

@@ -13,13 +13,29 @@ from typing import Any
 
 import onnx
 
-# Bump when a change in this package alters what a recipe builds, so old artifacts are not reused.
-QUANTIZE_VERSION = "2"
+WORKERS_ROOT = Path(__file__).resolve().parents[1]
+# The code that turns a model, a recipe and calibration data into a variant: these packages and the
+# modules they read models and calibration data with. Any edit to them changes every cache key, so an
+# upgrade never reuses an artifact that the new code would build differently (nothing to remember to bump).
+BUILD_SOURCES = ("quantize", "learned", "convert.py", "datasets.py", "inspect.py")
+
+
+def source_digest(root: Path, sources: tuple[str, ...] = BUILD_SOURCES) -> str:
+    """sha256 over the relative path and bytes of every .py file in `sources` (files or packages) under `root`."""
+    digest = hashlib.sha256()
+    for name in sources:
+        path = root / name
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 @lru_cache(maxsize=1)
 def toolchain_versions() -> dict[str, str | None]:
-    """Versions of everything that shapes a built variant (from package metadata: importing nncf costs seconds)."""
+    """Versions of everything that shapes a built variant, computed once per process (package versions
+    from metadata: importing nncf costs seconds; Kiln's own build code as a digest of its sources)."""
     from importlib import metadata
 
     import onnxruntime
@@ -32,7 +48,7 @@ def toolchain_versions() -> dict[str, str | None]:
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
         "nncf": nncf_version,
-        "kiln_quantize": QUANTIZE_VERSION,
+        "kiln_build": source_digest(WORKERS_ROOT),
     }
 
 

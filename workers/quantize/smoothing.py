@@ -9,7 +9,7 @@ channel (LayerNormalization's gamma and beta, a Gemm/MatMul's output columns and
 otherwise a Mul by the constant 1/s is inserted in front of the consumers.
 
 α is chosen per tensor from a grid by the consumers' simulated INT8 output error on calibration activations
-(per-tensor uint8 activations with an MSE-chosen clip, per-output-channel int8 weights); a tensor where no α beats
+(per-tensor uint8 activations over the range MSE calibration would choose, per-output-channel int8 weights); a tensor where no α beats
 leaving it alone is left alone. onnxruntime's own `extra_options={"SmoothQuant": True}` needs Intel Neural
 Compressor, which Kiln does not install; NNCF's SmoothQuant only runs inside `nncf.quantize` (the `tool="nncf"` family).
 """
@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from workers.datasets import dataset_samples
-from workers.quantize.calibration_methods import ActivationTap
+from workers.quantize.calibration_methods import ActivationTap, Histogram, mse_range
 
 DEFAULT_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 # max channel / median channel of max|x| from which a tensor is worth trying (the MiniLM GELU outlier: ~23).
@@ -32,7 +32,6 @@ DEFAULT_MIN_OUTLIER_RATIO = 4.0
 DEFAULT_SAMPLES = 32
 # Activation rows kept per tensor for the α search (rows of the [rows, channels] view), spread over the samples.
 MAX_ROWS = 2048
-CLIP_RATIOS = (1.0, 0.8, 0.6, 0.45, 0.35, 0.25, 0.18, 0.12)
 MIN_SCALE = 1e-5
 
 
@@ -152,19 +151,12 @@ def collect_activations(model_path: Path, calibration_path: str | Path, names: l
     return absmax, {name: np.concatenate(parts)[:max_rows] for name, parts in rows.items() if parts}
 
 
-def _quantize_activation(x: np.ndarray) -> np.ndarray:
-    """Per-tensor uint8 asymmetric fake quantization with the clip ratio that minimizes the tensor's own MSE (as MSE calibration)."""
-    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    best, best_error = x, np.inf
-    for ratio in CLIP_RATIOS:
-        lo, hi = low * ratio, high * ratio
-        scale = max((hi - lo) / 255.0, 1e-12)
-        zero = np.round(-lo / scale)
-        quantized = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
-        error = float(np.mean((quantized - x) ** 2))
-        if error < best_error:
-            best, best_error = quantized, error
-    return best
+def quantize_activation(x: np.ndarray) -> np.ndarray:
+    """Per-tensor uint8 asymmetric fake quantization over the range that MSE calibration (`mse_range`) chooses for x."""
+    low, high, _ = mse_range(Histogram.from_values(x))
+    scale = max((high - low) / 255.0, 1e-12)
+    zero = np.round(-low / scale)
+    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
 
 
 def _quantize_weight(rows: np.ndarray) -> np.ndarray:
@@ -177,7 +169,7 @@ def simulated_error(x: np.ndarray, weights: list[np.ndarray], scales: np.ndarray
     """Relative squared error of the consumers' outputs when x / s and s · W are quantized, against x · W in float."""
     inverse = 1.0 if scales is None else 1.0 / scales
     column = 1.0 if scales is None else scales[:, None]
-    quantized_x = _quantize_activation(x * inverse)
+    quantized_x = quantize_activation(x * inverse)
     total = 0.0
     for rows in weights:
         reference = x @ rows

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from kiln.core.errors import KilnError
-from kiln.core.tokens import issue_token
+from kiln.core.tokens import issue_token, token_revoke
 
 from .models import ApiToken, Membership, Organization, Role
 
@@ -90,10 +90,7 @@ def api_token_create(*, user, organization: Organization, name: str, expires_in_
 
 
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
-    return token
+    return token_revoke(token)
 
 
 def api_token_touch(*, token: ApiToken) -> None:

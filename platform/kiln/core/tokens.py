@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.utils import timezone
 
 PUBLIC_PREFIX_CHARS = 8
 
@@ -27,6 +28,14 @@ def issue_token(kind_prefix: str) -> IssuedToken:
     body = secrets.token_urlsafe(32)
     secret = f"{kind_prefix}{body}"
     return IssuedToken(secret=secret, lookup_prefix=body[:PUBLIC_PREFIX_CHARS], digest=token_digest(secret))
+
+
+def token_revoke(token):
+    """Revoke a token row (an ApiToken, a RegistrationToken): `revoked_at` is set once, a second revoke keeps the first time."""
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
 
 
 def split_token(secret: str, kind_prefix: str) -> str | None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from kiln.core import metrics, notify
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import Conflict, KilnError
-from kiln.core.tokens import issue_token
+from kiln.core.tokens import issue_token, token_revoke
 from kiln.pipeline.device_tasks import (
     HANDED_BACK,
     device_task_finish,
@@ -59,10 +59,7 @@ def registration_token_create(*, organization, user, name: str) -> tuple[Registr
 
 
 def registration_token_revoke(*, token: RegistrationToken) -> RegistrationToken:
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
-    return token
+    return token_revoke(token)
 
 
 def agent_register(*, registration_secret: str, name: str, labels: dict, capabilities: dict) -> tuple[Agent, str]:

@@ -46,6 +46,15 @@ def test_revoked_and_expired_tokens_are_refused(tenant):
     assert tenant.client.get("/api/v1/models/").status_code == 401
 
 
+def test_revoking_a_token_again_keeps_the_first_revocation_time(tenant):
+    created = tenant.client.post("/api/v1/tokens/", {"name": "twice"}, format="json").json()
+    first = tenant.client.post(f"/api/v1/tokens/{created['id']}/revoke/")
+    revoked_at = ApiToken.objects.get(pk=created["id"]).revoked_at
+    assert first.status_code == 200 and revoked_at is not None
+    assert tenant.client.post(f"/api/v1/tokens/{created['id']}/revoke/").status_code == 200
+    assert ApiToken.objects.get(pk=created["id"]).revoked_at == revoked_at
+
+
 def test_anonymous_and_garbage_tokens_get_401():
     assert APIClient().get("/api/v1/models/").status_code == 401
     client = APIClient()

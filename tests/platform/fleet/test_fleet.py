@@ -8,7 +8,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from devices.bench import INTERLEAVED_WINDOW
-from kiln.fleet.models import Agent
+from kiln.fleet.models import Agent, RegistrationToken
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
 from tests.conftest import make_tenant, upload
 from workers.tasks import requeue_expired_leases
@@ -83,6 +83,16 @@ def test_revoked_registration_token_cannot_enrol(tenant):
     tenant.client.post(f"/api/v1/agents/registration-tokens/{token_id}/revoke/")
     response = APIClient().post("/api/agent/v1/register", {"registration_token": secret, "name": "x"}, format="json")
     assert response.status_code == 401
+
+
+def test_revoking_a_registration_token_again_keeps_the_first_revocation_time(tenant):
+    registration_token(tenant)
+    token_id = tenant.client.get("/api/v1/agents/registration-tokens/").json()[0]["id"]
+    assert tenant.client.post(f"/api/v1/agents/registration-tokens/{token_id}/revoke/").status_code == 200
+    revoked_at = RegistrationToken.objects.get(pk=token_id).revoked_at
+    assert revoked_at is not None
+    assert tenant.client.post(f"/api/v1/agents/registration-tokens/{token_id}/revoke/").status_code == 200
+    assert RegistrationToken.objects.get(pk=token_id).revoked_at == revoked_at
 
 
 def test_agent_token_is_hashed_at_rest(tenant):

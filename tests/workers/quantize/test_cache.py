@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 from workers.quantize.cache import (
+    BUILD_SOURCES,
+    WORKERS_ROOT,
     cached_build_variant,
+    source_digest,
     toolchain_versions,
     variant_cache_key,
 )
@@ -33,13 +38,41 @@ def test_key_changes_with_model_precision_options_calibration_and_toolchain():
         _key(calibration_sha256="c" * 64),
         _key(versions={**toolchain_versions(), "onnxruntime": "0.0.1"}),
         _key(versions={**toolchain_versions(), "nncf": None}),
-        _key(versions={**toolchain_versions(), "kiln_quantize": "999"}),
+        _key(versions={**toolchain_versions(), "kiln_build": "0" * 64}),
     }
     assert len(keys) == 9
 
 
 def test_toolchain_versions_name_every_tool():
-    assert set(toolchain_versions()) == {"onnx", "onnxruntime", "nncf", "kiln_quantize"}
+    assert set(toolchain_versions()) == {"onnx", "onnxruntime", "nncf", "kiln_build"}
+
+
+def test_build_code_version_is_the_digest_of_the_build_sources():
+    assert toolchain_versions()["kiln_build"] == source_digest(WORKERS_ROOT)
+    for name in BUILD_SOURCES:
+        assert (WORKERS_ROOT / name).exists(), name
+
+
+def test_editing_the_build_code_changes_the_version_and_the_key(tmp_path):
+    root = tmp_path / "workers"
+    for name in BUILD_SOURCES:
+        source = WORKERS_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            root.mkdir(exist_ok=True)
+            shutil.copyfile(source, root / name)
+    before = source_digest(root)
+    assert before == source_digest(WORKERS_ROOT) == source_digest(root)  # the same code, the same version
+    recipe = root / "quantize" / "variants.py"
+    recipe.write_text(recipe.read_text() + "\n# a recipe change\n")
+    after = source_digest(root)
+    assert after != before
+    versions = toolchain_versions()
+    assert _key(versions={**versions, "kiln_build": before}) == _key(versions={**versions, "kiln_build": before})
+    assert _key(versions={**versions, "kiln_build": after}) != _key(versions={**versions, "kiln_build": before})
+    (root / "learned" / "extra.py").write_text("X = 1\n")  # a new module counts too
+    assert source_digest(root) != after
 
 
 def test_second_build_is_served_from_the_cache(digits_path, digits_calibration, tmp_path):

@@ -14,9 +14,9 @@ from devices.metrics import vector_cosines
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import MINILM_L3
 from workers.quantize import build_variant
-from workers.quantize.calibration_methods import ActivationTap
+from workers.quantize.calibration_methods import ActivationTap, Histogram, mse_range
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
-from workers.quantize.smoothing import outlier_ratio, smooth_model, smoothable_inputs
+from workers.quantize.smoothing import outlier_ratio, quantize_activation, smooth_model, smoothable_inputs
 
 WIDTH = 16
 OUTLIER = 3
@@ -112,6 +112,18 @@ def test_smoothing_narrows_the_activation_channels(outlier_model):
     after = _channel_absmax(smoothed_path, calibration, ["normed"])["normed"]  # folded: the tensor keeps its name
     assert outlier_ratio(before) > 10
     assert outlier_ratio(after) < outlier_ratio(before) / 4
+
+
+def test_the_alpha_search_quantizes_activations_over_the_range_mse_calibration_chooses():
+    """The α search scores each α as the build will quantize: one range rule, calibration's `mse_range`."""
+    values = np.random.default_rng(3).normal(0, 1, (2048, WIDTH)).astype(np.float32)
+    values[:, OUTLIER] *= 30.0  # an outlier channel: MSE calibration clips its tails
+    low, high, rule = mse_range(Histogram.from_values(values))
+    assert rule != "minmax"
+    quantized = quantize_activation(values)
+    step = (high - low) / 255.0
+    assert len(np.unique(quantized)) <= 256
+    assert abs(float(quantized.max()) - high) <= step and abs(float(quantized.min()) - low) <= step
 
 
 def test_only_gemm_and_matmul_inputs_with_constant_weights_are_smoothable():
