@@ -404,7 +404,9 @@ def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[
     if base_key == SMOOTHED_BASE:
         # The search's smoothed transformer family, its two parts apart, and QAT on top of it.
         smoothed = {**base, **SMOOTHED_OPTIONS}
-        rows += [(f"{base_key}-float-out", "kiln", "int8", {**base, "float_outputs": SMOOTHED_OPTIONS["float_outputs"]}),
+        float_out = {**base, "float_outputs": SMOOTHED_OPTIONS["float_outputs"]}
+        rows += [(f"{base_key}-float-out", "kiln", "int8", float_out),
+                 (f"{base_key}-float-out-qat", "kiln", "int8", {**float_out, "learn": "qat", "learn_seconds": seconds}),
                  (f"{base_key}-smooth-only", "kiln", "int8", {**base, "smooth_quant": SMOOTHED_OPTIONS["smooth_quant"]}),
                  (SMOOTHED_FAMILY, "kiln", "int8", smoothed),
                  (f"{SMOOTHED_FAMILY}-qat", "kiln", "int8", {**smoothed, "learn": "qat", "learn_seconds": seconds})]
@@ -540,11 +542,13 @@ def loadable(row: dict) -> dict:
 
 
 def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None,
-                       tools: tuple[str, ...]) -> None:
+                       tools: tuple[str, ...], keys: tuple[str, ...] = ()) -> None:
     for model in learned_models(work, zoo=zoo):
         if only and only.lower() not in model["name"].lower():
             continue
         recipes = [recipe for recipe in learned_recipes(model, seconds, quark_iterations) if recipe[1] in tools]
+        if keys:  # FP32 and the calibrated base family are always built: the table's references
+            recipes = [recipe for recipe in recipes if recipe[0] in (*keys, "fp32", model["base"][0])]
         built = [loadable(learned_build(model, key, tool, precision, options, work)) for key, tool, precision, options in recipes]
         rows, failed = [row for row in built if "error" not in row], [row for row in built if "error" in row]
         evaluate(rows, model, work)
@@ -588,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="learning budget per learned variant (--learned)")
     parser.add_argument("--quark-iterations", type=int, default=200, help="AMD Quark AdaRound iterations per layer (its preset: 1000)")
     parser.add_argument("--tools", default="kiln,modelopt,quark", help="which tools' rows the learned table builds (comma-separated)")
+    parser.add_argument("--rows", default="", help="only these rows of the learned table (comma-separated keys; FP32 and the base family always)")
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
@@ -602,7 +607,8 @@ def main(argv: list[str] | None = None) -> None:
         # onnxruntime.quantization writes scratch models into the working directory.
         os.chdir(work)
         if arguments.learned:
-            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
+            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only,
+                               keys=tuple(key for key in arguments.rows.split(",") if key))
             print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
             return
         summary, backend_lines, costs = [], [], []
