@@ -411,6 +411,8 @@ def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[
                  (f"{base_key}-smooth-only", "kiln", "int8", {**base, "smooth_quant": SMOOTHED_OPTIONS["smooth_quant"]}),
                  (SMOOTHED_FAMILY, "kiln", "int8", smoothed),
                  (f"{SMOOTHED_FAMILY}-qat", "kiln", "int8", {**smoothed, "learn": "qat", "learn_seconds": seconds})]
+    rows += [(f"{base_key}-qat-lr{rate:g}", "kiln", "int8", {**base, "learn": "qat", "learn_seconds": seconds, "learn_rate": rate})
+             for rate in model.get("qat_rates", [])]
     rows += [(f"{base_key}-keep-{node}", "kiln", "int8", {**base, "nodes_to_exclude": [node]}) for node in model.get("keep_float", [])]
     rows += [("modelopt-int8", "modelopt", "int8", {}),
              ("quark-a8w8", "quark", "int8", {"adaround": False}),
@@ -504,7 +506,9 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
             models.append({"name": name, "path": model.path, "input": model.input_name, "tolerance": {"metric": "auto", "max_drop": 0.01},
                            "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(32, seed=1)),
                            "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(16, seed=2)),
-                           "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT)})
+                           "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT),
+                           # QAT's default rate (1e-4) makes the detector's distillation loss rise from the first pass.
+                           "qat_rates": [1e-5]})
         models += learned_text_models(work)
     return models
 

@@ -30,6 +30,7 @@ class DistillResult:
     loss_start: float = 0.0
     loss_end: float = 0.0
     device: str = "cpu"
+    learning_rate: float = LEARNING_RATE
     curve: list[float] = field(default_factory=list)
     # The weights returned: those of the pass over the data with the lowest mean loss, 0 = the untrained start.
     kept_pass: int = 0
@@ -117,7 +118,7 @@ def _restore(student: OnnxModule, weights: dict[str, torch.Tensor]) -> None:
 
 
 def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],
-            *, seconds: float, seed: int = 0) -> DistillResult:
+            *, seconds: float, learning_rate: float = LEARNING_RATE, seed: int = 0) -> DistillResult:
     """Fine-tune the student's `trainable` weights within `seconds` (build_student); it ends holding the kept weights."""
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,7 +127,7 @@ def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np
     parameters = [parameter for name, parameter in student.named_weights().items() if name in trainable]
     for name, parameter in student.named_weights().items():
         parameter.requires_grad_(name in trainable)
-    optimizer = torch.optim.Adam(parameters, lr=LEARNING_RATE)
+    optimizer = torch.optim.Adam(parameters, lr=learning_rate)
     inputs = [[torch.from_numpy(batch[name]).to(device) for name in student.input_names] for batch in batches]
     targets = [[torch.from_numpy(outputs[name]).to(device) for name in student.output_names] for outputs in teacher]
     energy = [sum(float(torch.mean(t ** 2)) for t in target) + 1e-12 for target in targets]
@@ -135,7 +136,7 @@ def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np
         outputs = student(*inputs[index])
         return sum(torch.mean((out - target) ** 2) for out, target in zip(outputs, targets[index], strict=True)) / energy[index]
 
-    result, losses, started = DistillResult(device=str(device)), [], time.perf_counter()
+    result, losses, started = DistillResult(device=str(device), learning_rate=learning_rate), [], time.perf_counter()
     # Fine-tuning can drift away from a start that is already close (a well-calibrated graph): keep the best pass, so
     # that the student never ends worse than it began by its own measure.
     with torch.no_grad():

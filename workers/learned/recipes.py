@@ -25,7 +25,7 @@ DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
 MAX_STEPS_PER_LAYER = 3000
-LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb")
+LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 
 
 class LearningNotApplicable(Exception):
@@ -128,7 +128,7 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
                budget: float, started: float) -> dict[str, Any]:
     """Distil a fake-quantized student from the FP32 teacher, then write its weights into the calibrated QDQ graph: the
     activation scales it trained against stay, its weights are quantized as it quantized them (layers.write_tuned_weights)."""
-    from .qat import build_student, distill, export_weights
+    from .qat import LEARNING_RATE, build_student, distill, export_weights
     from .torch_graph import UnsupportedGraph
 
     usable = [layer for layer in layers if layer.skipped is None]
@@ -148,7 +148,8 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = distill(student, {layer.weight_name for layer in usable} | float_weights, batches, teacher, seconds=max(0.0, remaining * 0.95))
+        result = distill(student, {layer.weight_name for layer in usable} | float_weights, batches, teacher, seconds=max(0.0, remaining * 0.95),
+                         learning_rate=float(learn.get("learn_rate", LEARNING_RATE)))
     finally:
         torch.set_num_threads(threads)
     quantized, floats = export_weights(student, usable, float_weights)
@@ -158,7 +159,7 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
         "method": "qat", "library": "kiln (PyTorch interpreter)", "teacher": "fp32", "device": result.device,
         "written": "into the calibrated QDQ graph: its activation scales kept, weights and int32 biases requantized as the student quantized them",
         "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
-        "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
+        "learning_rate": result.learning_rate, "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
         "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6), "layers": len(usable), "float_weights_tuned": len(floats),
         "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
