@@ -230,6 +230,11 @@ def write_tuned_weights(qdq: onnx.ModelProto, fp32: onnx.ModelProto, layers: lis
     written as its integer initializer and its scale; a quantized bias is requantized at input scale x the new weight
     scale from the FP32 bias. `floats`: initializers the QDQ graph keeps in float, written as they are."""
     biases = fp32_weights(fp32, [layer.bias_name for layer in layers if layer.quantized_bias_name])
+    initializers = {tensor.name: tensor for tensor in qdq.graph.initializer}
+    for layer in layers:
+        if layer.quantized_bias_name and layer.bias_name not in biases:  # not an FP32 initializer: the stored one, dequantized
+            stored, scale = (numpy_helper.to_array(initializers[name]) for name in (layer.quantized_bias_name, layer.bias_scale_name))
+            biases[layer.bias_name] = stored.astype(np.float64) * scale.astype(np.float64)
     values = dict(floats)
     for layer in layers:
         if layer.weight_name not in quantized:

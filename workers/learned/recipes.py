@@ -19,6 +19,8 @@ import torch
 
 from .adaround import learn_layer, nearest_error
 from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, quantized_initializers, replace_integer_weights, write_tuned_weights
+from .qat import LEARNING_RATE, build_student, distill, export_weights
+from .torch_graph import UnsupportedGraph
 
 METHODS = ("adaround", "qat")
 DEFAULT_SECONDS = 120
@@ -128,9 +130,6 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
                budget: float, started: float) -> dict[str, Any]:
     """Distil a fake-quantized student from the FP32 teacher, then write its weights into the calibrated QDQ graph: the
     activation scales it trained against stay, its weights are quantized as it quantized them (layers.write_tuned_weights)."""
-    from .qat import LEARNING_RATE, build_student, distill, export_weights
-    from .torch_graph import UnsupportedGraph
-
     usable = [layer for layer in layers if layer.skipped is None]
     try:
         student = build_student(fp32, usable, quantized_activations(qdq, fp32), fixed=quantized_initializers(qdq, fp32))

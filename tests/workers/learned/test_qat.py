@@ -122,20 +122,17 @@ def test_a_graph_the_interpreter_cannot_run_skips_qat_with_the_reason(tmp_path):
                       options={**CALIBRATED, "learn": "qat", "learn_seconds": 2})
 
 
-def test_qat_that_only_drifts_away_returns_the_untrained_weights(tmp_path, monkeypatch):
+def test_qat_that_only_drifts_away_returns_the_untrained_weights(tmp_path):
     """A start already close to the teacher (here: any step overshoots) must not end worse than it began."""
-    from workers.learned import qat
-
-    monkeypatch.setattr(qat, "LEARNING_RATE", 10.0)
     model = tmp_path / "model.onnx"
     onnx.save(build_rounding_sensitive_mlp(), model)
     calibration = write_npz(tmp_path / "calibration.npz", input=rounding_inputs(samples=64, seed=1))
     calibrated, tuned = tmp_path / "calibrated.onnx", tmp_path / "qat.onnx"
     build_variant(model_path=model, precision="int8", out_path=calibrated, calibration_path=calibration, options=CALIBRATED)
     built = build_variant(model_path=model, precision="int8", out_path=tuned, calibration_path=calibration,
-                          options={**CALIBRATED, "learn": "qat", "learn_seconds": 5})
+                          options={**CALIBRATED, "learn": "qat", "learn_seconds": 5, "learn_rate": 10.0})
     learned = built["recipe"]["learned"]
-    assert learned["steps"] > 4 and learned["kept_pass"] == 0 and learned["loss_end"] > learned["kept_loss"]
+    assert learned["learning_rate"] == 10.0 and learned["steps"] > 4 and learned["kept_pass"] == 0 and learned["loss_end"] > learned["kept_loss"]
     validation = rounding_inputs(samples=16, seed=2)
     outputs = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": validation})[0] for path in (calibrated, tuned)]
     np.testing.assert_array_equal(outputs[0], outputs[1])
