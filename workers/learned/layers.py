@@ -43,7 +43,10 @@ class Layer:
     quantized_weight_name: str  # integer initializer in the QDQ graph
     weight: QuantParams
     activation: QuantParams
-    bias_name: str | None = None
+    weight_scale_name: str = ""  # the weight's scale initializer in the QDQ graph
+    bias_name: str | None = None  # FP32 initializer
+    quantized_bias_name: str | None = None  # int32 initializer in the QDQ graph, when the quantizer quantized the bias
+    bias_scale_name: str | None = None
     skipped: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -51,10 +54,10 @@ class Layer:
 def _integer_range(dtype: np.dtype, values: np.ndarray | None = None) -> tuple[int, int]:
     info = np.iinfo(dtype)
     if values is not None and dtype == np.int8 and values.size:
-        # Symmetric weights use [-127, 127] (or [-64, 63] with reduce_range): stay inside what calibration used.
+        # Symmetric weights use [-127, 127], or ONNX Runtime's reduced range [-64, 64] (its scale max|w| / 64).
         bound = int(np.abs(values.astype(np.int32)).max())
         if bound in (63, 64):
-            return -64, 63
+            return -64, 64
         return -127, 127
     return int(info.min), int(info.max)
 
@@ -103,6 +106,21 @@ def quantized_activations(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[s
     return found
 
 
+def quantized_initializers(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, QuantParams]:
+    """Every FP32 initializer the QDQ graph stores as integers (weights, int32 biases, of any op), with its scale, zero
+    point and axis: what the runtime computes with in its place."""
+    initializers = {tensor.name: tensor for tensor in qdq.graph.initializer}
+    fp32_initializers = {tensor.name for tensor in fp32.graph.initializer}
+    found = {}
+    for node in qdq.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in initializers or node.input[1] not in initializers:
+            continue
+        name = node.input[0].removesuffix(QUANTIZED_SUFFIX)
+        if name != node.input[0] and name in fp32_initializers:
+            found[name] = _params(node, initializers, numpy_helper.to_array(initializers[node.input[0]]))
+    return found
+
+
 def _fused_activation(layer: Layer, fp32_producers: dict) -> str | None:
     """ONNX Runtime's QDQ quantizer folds a Relu into the node before it (the output takes the Relu's name);
     the layer then computes the Relu too. Returns why the layer cannot be learned, or None."""
@@ -130,10 +148,14 @@ def _layer(node, weight_dq, input_dq, producers, initializers) -> Layer:
     quantized_name = weight_dq.input[0]
     weight_values = numpy_helper.to_array(initializers[quantized_name])
     attributes = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
-    bias_name = None
+    bias_name = quantized_bias_name = bias_scale_name = None
     if len(node.input) > 2 and node.input[2]:
         bias_dq = producers.get(node.input[2])
-        bias_name = bias_dq.input[0].removesuffix(QUANTIZED_SUFFIX) if bias_dq is not None and bias_dq.op_type == "DequantizeLinear" else node.input[2]
+        if bias_dq is not None and bias_dq.op_type == "DequantizeLinear":
+            quantized_bias_name, bias_scale_name = bias_dq.input[0], bias_dq.input[1]
+            bias_name = quantized_bias_name.removesuffix(QUANTIZED_SUFFIX)
+        else:
+            bias_name = node.input[2]
     skipped = None
     input_name = node.input[0]
     activation = QuantParams(scale=np.ones(1, np.float32), zero_point=np.zeros(1, np.int32), qmin=0, qmax=255)
@@ -150,7 +172,8 @@ def _layer(node, weight_dq, input_dq, producers, initializers) -> Layer:
         node=node.name or node.output[0], op_type=node.op_type, attributes=attributes,
         input_name=input_name.removesuffix(RENAMED_OUTPUT_SUFFIX), output_name=node.output[0].removesuffix(RENAMED_OUTPUT_SUFFIX),
         weight_name=quantized_name.removesuffix(QUANTIZED_SUFFIX), quantized_weight_name=quantized_name,
-        weight=_params(weight_dq, initializers, weight_values), activation=activation, bias_name=bias_name, skipped=skipped,
+        weight=_params(weight_dq, initializers, weight_values), activation=activation, weight_scale_name=weight_dq.input[1],
+        bias_name=bias_name, quantized_bias_name=quantized_bias_name, bias_scale_name=bias_scale_name, skipped=skipped,
     )
 
 
@@ -183,8 +206,41 @@ def fp32_weights(fp32: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarra
 
 
 def replace_integer_weights(qdq: onnx.ModelProto, learned: dict[str, np.ndarray]) -> None:
-    """Write learned integer weights over the QDQ model's initializers of the same names and dtypes."""
+    """Write learned values over the QDQ model's initializers of the same names, keeping their dtypes and shapes."""
     for index, tensor in enumerate(qdq.graph.initializer):
         if tensor.name in learned:
             dtype = numpy_helper.to_array(tensor).dtype
-            qdq.graph.initializer[index].CopyFrom(numpy_helper.from_array(learned[tensor.name].astype(dtype), tensor.name))
+            value = np.asarray(learned[tensor.name]).astype(dtype).reshape(tuple(tensor.dims))
+            qdq.graph.initializer[index].CopyFrom(numpy_helper.from_array(value, tensor.name))
+
+
+def quantize_bias(bias: np.ndarray, input_scale: np.ndarray, weight_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 bias, its scale) as ONNX Runtime's QDQ quantizer computes them: scale = input scale x weight scale (float32),
+    the bias divided in float64, rounded half to even and clipped to int32."""
+    scale = (np.asarray(input_scale, np.float32).reshape(-1) * np.asarray(weight_scale, np.float32).reshape(-1)).astype(np.float32)
+    info = np.iinfo(np.int32)
+    integers = np.clip(np.round(np.asarray(bias, np.float64) / scale.astype(np.float64)), info.min, info.max).astype(np.int32)
+    return integers, scale
+
+
+def write_tuned_weights(qdq: onnx.ModelProto, fp32: onnx.ModelProto, layers: list[Layer],
+                        quantized: dict[str, tuple[np.ndarray, np.ndarray]], floats: dict[str, np.ndarray]) -> None:
+    """Write fine-tuned weights into the calibrated QDQ graph, leaving every activation's QuantizeLinear/DequantizeLinear
+    (scale, zero point) as calibration chose. `quantized`: FP32 weight name -> (integers, scale) of a layer's weight,
+    written as its integer initializer and its scale; a quantized bias is requantized at input scale x the new weight
+    scale from the FP32 bias. `floats`: initializers the QDQ graph keeps in float, written as they are."""
+    biases = fp32_weights(fp32, [layer.bias_name for layer in layers if layer.quantized_bias_name])
+    initializers = {tensor.name: tensor for tensor in qdq.graph.initializer}
+    for layer in layers:
+        if layer.quantized_bias_name and layer.bias_name not in biases:  # not an FP32 initializer: the stored one, dequantized
+            stored, scale = (numpy_helper.to_array(initializers[name]) for name in (layer.quantized_bias_name, layer.bias_scale_name))
+            biases[layer.bias_name] = stored.astype(np.float64) * scale.astype(np.float64)
+    values = dict(floats)
+    for layer in layers:
+        if layer.weight_name not in quantized:
+            continue
+        integers, scale = quantized[layer.weight_name]
+        values[layer.quantized_weight_name], values[layer.weight_scale_name] = integers, scale
+        if layer.quantized_bias_name:
+            values[layer.quantized_bias_name], values[layer.bias_scale_name] = quantize_bias(biases[layer.bias_name], layer.activation.scale, scale)
+    replace_integer_weights(qdq, values)

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
 from .adaround import downsample, fake_quantize
-from .layers import Layer, QuantParams
+from .layers import Layer, QuantParams, quantize_bias
 from .torch_graph import OnnxModule
 
 LEARNING_RATE = 1e-4
@@ -31,6 +30,7 @@ class DistillResult:
     loss_start: float = 0.0
     loss_end: float = 0.0
     device: str = "cpu"
+    learning_rate: float = LEARNING_RATE
     curve: list[float] = field(default_factory=list)
     # The weights returned: those of the pass over the data with the lowest mean loss, 0 = the untrained start.
     kept_pass: int = 0
@@ -43,25 +43,68 @@ def _straight_through(quantize):
     return hook
 
 
-def _weight_quantizer(params: QuantParams):
-    """Per-channel symmetric weight quantization whose scale follows the weight (as the quantizer will compute it)."""
-    def quantize(name, weight):
-        if params.axis is None:
-            scale = weight.detach().abs().max().clamp(min=1e-12) / params.qmax
-        else:
-            axis = params.axis % weight.dim()
-            reduce = tuple(d for d in range(weight.dim()) if d != axis)
-            scale = weight.detach().abs().amax(dim=reduce, keepdim=True).clamp(min=1e-12) / params.qmax
-        return weight + ((torch.clamp(torch.round(weight / scale), -params.qmax, params.qmax) * scale) - weight).detach()
+def quantize_weight(weight: torch.Tensor, params: QuantParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers, scale) of a weight, symmetric per channel along `params.axis` (per tensor without one), the scale
+    max|w| / qmax following the weight: what the student trains with and what is written into the QDQ graph."""
+    if params.axis is None:
+        scale = weight.detach().abs().max().clamp(min=1e-12) / params.qmax
+    else:
+        axis = params.axis % weight.dim()
+        reduce = tuple(d for d in range(weight.dim()) if d != axis)
+        scale = weight.detach().abs().amax(dim=reduce, keepdim=True).clamp(min=1e-12) / params.qmax
+    return torch.clamp(torch.round(weight / scale), -params.qmax, params.qmax), scale
+
+
+def _fake_quantized_weight(weight: torch.Tensor, params: QuantParams) -> torch.Tensor:
+    integers, scale = quantize_weight(weight, params)
+    return weight + (integers * scale - weight).detach()
+
+
+def _fake_quantized_bias(layer: Layer, weight: torch.nn.Parameter):
+    """The bias as the runtime adds it: int32 at input scale x the weight's current scale (layers.quantize_bias)."""
+    def quantize(bias: torch.Tensor) -> torch.Tensor:
+        _, weight_scale = quantize_weight(weight.detach(), layer.weight)
+        integers, scale = quantize_bias(bias.detach().cpu().numpy(), layer.activation.scale, weight_scale.cpu().numpy())
+        return torch.from_numpy((integers.astype(np.float64) * scale).astype(np.float32)).to(bias.device)
     return quantize
 
 
-def _install_fake_quantization(student: OnnxModule, layers: list[Layer], activations: dict[str, QuantParams]) -> None:
+def build_student(fp32: onnx.ModelProto, layers: list[Layer], activations: dict[str, QuantParams],
+                  fixed: dict[str, QuantParams] | None = None) -> OnnxModule:
+    """The FP32 graph in PyTorch, fake-quantized exactly where and as the calibrated QDQ graph quantizes: every quantized
+    tensor at its calibrated scale and zero point, each learned layer's weight per channel at a scale that follows it and
+    its int32 bias; `fixed`: the other initializers the QDQ graph quantizes (layers.quantized_initializers), at their
+    calibrated scales and never trained."""
+    student = OnnxModule(fp32)
+    parameters = student.named_weights()
     by_weight = {layer.weight_name: layer.weight for layer in layers}
     quantized = {**activations, **{layer.input_name: layer.activation for layer in layers}}
     for name, params in quantized.items():
         student.value_hooks[name] = _straight_through(lambda value, params=params: fake_quantize(value, params))
-    student.weight_hook = lambda name, weight: _weight_quantizer(by_weight[name])(name, weight) if name in by_weight else weight
+    for layer in layers:
+        if layer.quantized_bias_name and layer.bias_name in student.constants:
+            student.value_hooks[layer.bias_name] = _fake_quantized_bias(layer, parameters[layer.weight_name])
+    learned = set(by_weight) | {layer.bias_name for layer in layers if layer.quantized_bias_name}
+    with torch.no_grad():
+        for name, params in (fixed or {}).items():
+            if name in parameters and name not in learned:
+                parameters[name].copy_(fake_quantize(parameters[name], params))  # never trained: see distill's `trainable`
+            elif name in student.constants and name not in learned:
+                student.constants[name] = fake_quantize(student.constants[name].float(), params).to(student.constants[name].dtype)
+    student.weight_hook = lambda name, weight: _fake_quantized_weight(weight, by_weight[name]) if name in by_weight else weight
+    return student
+
+
+def export_weights(student: OnnxModule, layers: list[Layer], float_weights: set[str]) -> tuple[dict, dict]:
+    """(quantized, floats) for layers.write_tuned_weights: each layer's integers and scale, computed by quantize_weight from
+    the student's weight, and the weights the QDQ graph keeps in float."""
+    weights = student.named_weights()
+    quantized = {}
+    for layer in layers:
+        integers, scale = quantize_weight(weights[layer.weight_name].detach().cpu(), layer.weight)
+        quantized[layer.weight_name] = (integers.numpy().astype(np.int64), scale.numpy().astype(np.float32))
+    floats = {name: weights[name].detach().cpu().numpy().astype(np.float32) for name in float_weights if name in weights}
+    return quantized, floats
 
 
 def _snapshot(student: OnnxModule) -> dict[str, torch.Tensor]:
@@ -74,16 +117,17 @@ def _restore(student: OnnxModule, weights: dict[str, torch.Tensor]) -> None:
             parameter.copy_(weights[name])
 
 
-def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],
-            *, seconds: float, activations: dict[str, QuantParams] | None = None, seed: int = 0) -> tuple[onnx.ModelProto, DistillResult]:
-    """Fine-tune the student within `seconds`; returns the FP32 graph with the tuned weights. `activations`: the other
-    tensors the runtime quantizes (layers.quantized_activations), fake-quantized in the student too."""
+def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],
+            *, seconds: float, learning_rate: float = LEARNING_RATE, seed: int = 0) -> DistillResult:
+    """Fine-tune the student's `trainable` weights within `seconds` (build_student); it ends holding the kept weights."""
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    student = OnnxModule(fp32).to(device)
+    student.to(device)
     student.constants = {name: value.to(device) for name, value in student.constants.items()}
-    _install_fake_quantization(student, layers, activations or {})
-    optimizer = torch.optim.Adam(student.weights.parameters(), lr=LEARNING_RATE)
+    parameters = [parameter for name, parameter in student.named_weights().items() if name in trainable]
+    for name, parameter in student.named_weights().items():
+        parameter.requires_grad_(name in trainable)
+    optimizer = torch.optim.Adam(parameters, lr=learning_rate)
     inputs = [[torch.from_numpy(batch[name]).to(device) for name in student.input_names] for batch in batches]
     targets = [[torch.from_numpy(outputs[name]).to(device) for name in student.output_names] for outputs in teacher]
     energy = [sum(float(torch.mean(t ** 2)) for t in target) + 1e-12 for target in targets]
@@ -92,7 +136,7 @@ def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, 
         outputs = student(*inputs[index])
         return sum(torch.mean((out - target) ** 2) for out, target in zip(outputs, targets[index], strict=True)) / energy[index]
 
-    result, losses, started = DistillResult(device=str(device)), [], time.perf_counter()
+    result, losses, started = DistillResult(device=str(device), learning_rate=learning_rate), [], time.perf_counter()
     # Fine-tuning can drift away from a start that is already close (a well-calibrated graph): keep the best pass, so
     # that the student never ends worse than it began by its own measure.
     with torch.no_grad():
@@ -111,10 +155,4 @@ def distill(fp32: onnx.ModelProto, layers: list[Layer], batches: list[dict[str, 
     result.seconds = time.perf_counter() - started
     result.curve = downsample(losses)
     result.loss_start, result.loss_end = (losses[0], float(np.mean(losses[-max(1, len(inputs)):]))) if losses else (0.0, 0.0)
-    tuned = onnx.ModelProto()
-    tuned.CopyFrom(fp32)
-    weights = {name: parameter.detach().cpu().numpy() for name, parameter in student.named_weights().items()}
-    for index, tensor in enumerate(tuned.graph.initializer):
-        if tensor.name in weights:
-            tuned.graph.initializer[index].CopyFrom(numpy_helper.from_array(weights[tensor.name].astype(np.float32), tensor.name))
-    return tuned, result
+    return result

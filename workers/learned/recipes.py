@@ -18,14 +18,16 @@ import onnx
 import torch
 
 from .adaround import learn_layer, nearest_error
-from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, replace_integer_weights
+from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, quantized_initializers, replace_integer_weights, write_tuned_weights
+from .qat import LEARNING_RATE, build_student, distill, export_weights
+from .torch_graph import UnsupportedGraph
 
 METHODS = ("adaround", "qat")
 DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
 MAX_STEPS_PER_LAYER = 3000
-LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb")
+LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 
 
 class LearningNotApplicable(Exception):
@@ -97,8 +99,8 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         reasons = "; ".join(f"{layer.node}: {layer.skipped}" for layer in layers) or "no Conv, Gemm or MatMul has a quantized weight"
         raise LearningNotApplicable(f"nothing to learn ({reasons})")
     if method == "qat":
-        return _build_qat(model_path, out_path, fp32=fp32, layers=usable, activations=quantized_activations(qdq, fp32), calibration_path=Path(calibration_path), learn=learn,
-                          calibration_options=calibration_options, base_builder=base_builder, budget=budget, started=started)
+        return _build_qat(model_path, out_path, fp32=fp32, qdq=qdq, recipe=recipe, layers=layers, calibration_path=Path(calibration_path), learn=learn,
+                          budget=budget, started=started)
     samples = _samples_within(model_path, usable, Path(calibration_path), int(learn.get("learn_samples", DEFAULT_SAMPLES)),
                               int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)))
     batches = _calibration_batches(model_path, Path(calibration_path), samples)
@@ -124,40 +126,46 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
     }}
 
 
-def _build_qat(model_path: Path, out_path: Path, *, fp32, layers, activations, calibration_path: Path, learn: dict, calibration_options: dict,
-               base_builder, budget: float, started: float) -> dict[str, Any]:
-    """Distil a fake-quantized student from the FP32 teacher, then calibrate and quantize the tuned FP32 graph as usual."""
-    from .qat import distill
-    from .torch_graph import UnsupportedGraph
-
+def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, layers, calibration_path: Path, learn: dict,
+               budget: float, started: float) -> dict[str, Any]:
+    """Distil a fake-quantized student from the FP32 teacher, then write its weights into the calibrated QDQ graph: the
+    activation scales it trained against stay, its weights are quantized as it quantized them (layers.write_tuned_weights)."""
+    usable = [layer for layer in layers if layer.skipped is None]
     try:
-        from .torch_graph import OnnxModule
-
-        OnnxModule(fp32)
+        student = build_student(fp32, usable, quantized_activations(qdq, fp32), fixed=quantized_initializers(qdq, fp32))
     except UnsupportedGraph as exc:
         raise LearningNotApplicable(f"QAT skipped: {exc}") from exc
+    float_weights = _float_weights(qdq, student.weight_names)
     output_names = [output.name for output in fp32.graph.output]
     probe = gather_tensors(model_path, output_names, _calibration_batches(model_path, calibration_path, 1)[:1])
     per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
     samples = max(1, min(int(learn.get("learn_samples", DEFAULT_SAMPLES)), (int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)) << 20) // per_sample))
     batches = _calibration_batches(model_path, calibration_path, samples)
     teacher = [gather_tensors(model_path, output_names, [batch]) for batch in batches]
-    # Training gets what calibration left of the budget, less a share for quantizing the tuned model.
+    # Training gets what is left of the budget, less a little for writing the graph.
     remaining = budget - (time.perf_counter() - started)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tuned, result = distill(fp32, layers, batches, teacher, seconds=max(0.0, remaining * 0.8), activations=activations)
+        result = distill(student, {layer.weight_name for layer in usable} | float_weights, batches, teacher, seconds=max(0.0, remaining * 0.95),
+                         learning_rate=float(learn.get("learn_rate", LEARNING_RATE)))
     finally:
         torch.set_num_threads(threads)
-    with tempfile.TemporaryDirectory(prefix="kiln-qat-") as scratch:
-        tuned_path = Path(scratch) / "tuned.onnx"
-        onnx.save(tuned, str(tuned_path))
-        recipe = base_builder(tuned_path, out_path, calibration_path=calibration_path, options=calibration_options)
+    quantized, floats = export_weights(student, usable, float_weights)
+    write_tuned_weights(qdq, fp32, usable, quantized, floats)
+    onnx.save(qdq, str(out_path))
     return {**recipe, "learned": {
         "method": "qat", "library": "kiln (PyTorch interpreter)", "teacher": "fp32", "device": result.device,
+        "written": "into the calibrated QDQ graph: its activation scales kept, weights and int32 biases requantized as the student quantized them",
         "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
-        "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
-        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6),
+        "learning_rate": result.learning_rate, "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
+        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6), "layers": len(usable), "float_weights_tuned": len(floats),
+        "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
     }}
+
+
+def _float_weights(qdq: onnx.ModelProto, names: list[str]) -> set[str]:
+    """The student's weights that the QDQ graph keeps as float initializers of the same name (their layer is not quantized)."""
+    floats = {tensor.name for tensor in qdq.graph.initializer if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+    return set(names) & floats

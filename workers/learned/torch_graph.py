@@ -235,7 +235,8 @@ class OnnxModule(torch.nn.Module):
         return dict(zip(self.weight_names, self.weights, strict=True))
 
     def forward(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        values: dict[str, torch.Tensor] = dict(self.constants)
+        values: dict[str, torch.Tensor] = {name: self.value_hooks[name](value) if name in self.value_hooks else value
+                                           for name, value in self.constants.items()}
         for name, parameter in self.named_weights().items():
             values[name] = self.weight_hook(name, parameter) if self.weight_hook else parameter
         for name, value in zip(self.input_names, inputs, strict=True):

