@@ -8,7 +8,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q,
 from django.shortcuts import get_object_or_404
 
 from kiln.core.errors import KilnError
-from kiln.reports.selectors import job_outcome_reports
+from kiln.reports.outcome import job_outcome_reports
 
 from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent, JobStatus
