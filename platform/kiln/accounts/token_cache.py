@@ -31,8 +31,19 @@ class TokenGrant:
     membership: Membership | None  # None: the user is not a member of the token's organization
 
 
-# Deep copies: a request may change its user (a sign-in stamps last_login); the remembered one stays as read.
-_cache: DigestCache[TokenGrant] = DigestCache(lambda: settings.API_TOKEN_AUTH_CACHE_SECONDS, copier=copy.deepcopy)
+def _copy(grant: TokenGrant) -> TokenGrant:
+    """A copy of the token, its user, its organization and the membership: a request may change its
+    user (a sign-in stamps last_login); the remembered one stays as read. Four shallow copies: a
+    deep copy of the same cost a tenth of the whole request."""
+    token, organization = copy.copy(grant.token), copy.copy(grant.token.organization)
+    token.user, token.organization = copy.copy(grant.token.user), organization
+    membership = copy.copy(grant.membership)
+    if membership is not None:
+        membership.organization = organization
+    return TokenGrant(digest=grant.digest, token=token, membership=membership)
+
+
+_cache: DigestCache[TokenGrant] = DigestCache(lambda: settings.API_TOKEN_AUTH_CACHE_SECONDS, copier=_copy)
 
 lookup_started = _cache.lookup_started
 
