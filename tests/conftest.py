@@ -53,10 +53,12 @@ def fresh_throttles():
     """Throttle counters live in the (per-process) cache: each test starts with none."""
     from django.core.cache import cache
 
+    from kiln.accounts import token_cache as api_token_cache
     from kiln.fleet import heartbeats, lease_precheck, token_cache
 
     cache.clear()
     token_cache.clear()
+    api_token_cache.clear()
     lease_precheck.clear()
     heartbeats.clear()
     yield

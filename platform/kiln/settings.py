@@ -245,6 +245,10 @@ AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 # than the heartbeat interval on purpose: an agent calls each process every 10-20 s, so a shorter
 # entry would expire before it is used again (measured: 5 s saved almost no lookups at 1,000 agents).
 AGENT_AUTH_CACHE_SECONDS = _env_int("KILN_AGENT_AUTH_CACHE_SECONDS", 30, minimum=0)
+# The same for users' API tokens (kiln_pat_…), with the user's membership in the token's
+# organization: a revocation, a role change or a removal through the API takes effect at once in
+# the process that made it and within this many seconds in the others (0: check every request).
+API_TOKEN_AUTH_CACHE_SECONDS = _env_int("KILN_API_TOKEN_AUTH_CACHE_SECONDS", 30, minimum=0)
 # Registrations one server process runs at once; the rest wait on the event loop, holding no thread
 # and no database connection. A fleet coming up is a burst of registrations (each an INSERT in its
 # own thread): unbounded, they took every pooled connection and the heartbeats, lease checks and

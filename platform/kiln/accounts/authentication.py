@@ -5,8 +5,12 @@ from rest_framework import authentication, exceptions
 
 from kiln.core.tokens import bearer_secret
 
-from .selectors import api_token_from_secret
+from .selectors import api_token_grant_from_secret
 from .services import api_token_touch
+
+# Set on the request by ApiTokenAuthentication: the user's membership in the token's organization,
+# read (or remembered) with the token, so that resolving the acting organization needs no query.
+TOKEN_MEMBERSHIP_ATTRIBUTE = "token_membership"
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -16,11 +20,12 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         secret = bearer_secret(request)
         if secret is None or not secret.startswith("kiln_pat_"):
             return None
-        token = api_token_from_secret(secret=secret)
-        if token is None:
+        grant = api_token_grant_from_secret(secret=secret)
+        if grant is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API token.")
-        api_token_touch(token=token)
-        return token.user, token
+        api_token_touch(grant=grant)
+        setattr(request, TOKEN_MEMBERSHIP_ATTRIBUTE, grant.membership)
+        return grant.token.user, grant.token
 
     def authenticate_header(self, request):
         return 'Bearer realm="kiln"'

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rest_framework import permissions
 
+from .authentication import TOKEN_MEMBERSHIP_ATTRIBUTE
 from .models import ApiToken, Role
 from .selectors import membership_get, memberships_of
 
@@ -15,6 +16,8 @@ def resolve_membership(request):
     if not user or not user.is_authenticated:
         return None
     if isinstance(request.auth, ApiToken):
+        if hasattr(request, TOKEN_MEMBERSHIP_ATTRIBUTE):  # read with the token by ApiTokenAuthentication
+            return getattr(request, TOKEN_MEMBERSHIP_ATTRIBUTE)
         return membership_get(user=user, organization_id=request.auth.organization_id)
     chosen = request.session.get(SESSION_ORGANIZATION_KEY) if hasattr(request, "session") else None
     if chosen is not None:

@@ -13,7 +13,9 @@ from django.utils.text import slugify
 from kiln.core.errors import KilnError
 from kiln.core.tokens import issue_token, token_revoke
 
+from . import token_cache
 from .models import ApiToken, Membership, Organization, Role
+from .token_cache import TokenGrant
 
 API_TOKEN_PREFIX = "kiln_pat_"
 SLUG_BASE_LENGTH = 100
@@ -90,18 +92,30 @@ def api_token_create(*, user, organization: Organization, name: str, expires_in_
 
 
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
-    return token_revoke(token)
+    token_revoke(token)
+    # This process refuses the token from now on; the others within API_TOKEN_AUTH_CACHE_SECONDS.
+    token_cache.token_forget(token.pk)
+    return token
 
 
-def api_token_touch(*, token: ApiToken) -> None:
+def api_token_touch(*, grant: TokenGrant) -> None:
     """Record last use, at most once a minute, so reads don't turn into writes on every call."""
     now = timezone.now()
+    token = grant.token
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+        token_cache.grant_touched(grant, now)
 
 
 def _owners_left(organization: Organization, *, excluding: Membership) -> int:
     return Membership.objects.filter(organization=organization, role=Role.OWNER).exclude(pk=excluding.pk).count()
+
+
+def _membership_changed(membership: Membership) -> None:
+    """This process forgets the user's token grants for the organization at once; the others within
+    API_TOKEN_AUTH_CACHE_SECONDS. Call after the change is committed."""
+    token_cache.membership_forget(user_id=membership.user_id, organization_id=membership.organization_id)
 
 
 def membership_add(*, organization: Organization, username: str, role: str) -> Membership:
@@ -114,23 +128,27 @@ def membership_add(*, organization: Organization, username: str, role: str) -> M
         raise KilnError("No user has that name; they sign up first, then you add them.", code="unknown_user")
     if Membership.objects.filter(user=user, organization=organization).exists():
         raise KilnError(f"{user.username} is already a member.", code="already_member", status_code=409)
-    return Membership.objects.create(user=user, organization=organization, role=role)
-
-
-@transaction.atomic
-def membership_change_role(*, membership: Membership, role: str) -> Membership:
-    if role not in Role.values:
-        raise KilnError(f"role must be one of {', '.join(Role.values)}.", code="invalid_role")
-    if membership.role == Role.OWNER and role != Role.OWNER and not _owners_left(membership.organization, excluding=membership):
-        raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
-    membership.role = role
-    membership.save(update_fields=["role"])
+    membership = Membership.objects.create(user=user, organization=organization, role=role)
+    _membership_changed(membership)
     return membership
 
 
-@transaction.atomic
+def membership_change_role(*, membership: Membership, role: str) -> Membership:
+    if role not in Role.values:
+        raise KilnError(f"role must be one of {', '.join(Role.values)}.", code="invalid_role")
+    with transaction.atomic():
+        if membership.role == Role.OWNER and role != Role.OWNER and not _owners_left(membership.organization, excluding=membership):
+            raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
+        membership.role = role
+        membership.save(update_fields=["role"])
+    _membership_changed(membership)
+    return membership
+
+
 def membership_remove(*, membership: Membership) -> None:
-    if membership.role == Role.OWNER and not _owners_left(membership.organization, excluding=membership):
-        raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
-    ApiToken.objects.filter(user=membership.user, organization=membership.organization, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    membership.delete()
+    with transaction.atomic():
+        if membership.role == Role.OWNER and not _owners_left(membership.organization, excluding=membership):
+            raise KilnError("An organization keeps at least one owner.", code="last_owner", status_code=409)
+        ApiToken.objects.filter(user=membership.user, organization=membership.organization, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        membership.delete()
+    _membership_changed(membership)

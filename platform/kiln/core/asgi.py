@@ -15,6 +15,11 @@ once) run at most AGENT_REGISTER_CONCURRENCY at a time per process; the others w
 (no thread, no connection), so the burst cannot take every pooled database connection from the
 heartbeats, lease checks and user requests behind it.
 
+Every other request (the user's API, the UI, the admin) runs Django's whole middleware chain and
+its view in one hop to the request's thread (SyncRouteHandler): Django would otherwise hop to the
+thread and back for each middleware's request and response step (about 16 hops a request), each a
+wait for the event loop, which under a fleet's load made a user's list take a second.
+
 Django's ASGI handler also reads the whole body (spooled to disk) before any middleware runs, so
 the upload limit is enforced here: a declared length over KILN_MAX_UPLOAD_BYTES is answered 413
 before reading, and a body without one is cut off once it passes the limit.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
 from django.core.exceptions import MiddlewareNotUsed
 from django.core.handlers.asgi import ASGIHandler
@@ -95,10 +100,22 @@ class AgentRouteHandler(_BoundedBodyHandler):
         self._middleware_chain = handler
 
 
+class SyncRouteHandler(_BoundedBodyHandler):
+    """Django's handler with settings.MIDDLEWARE built sync: the chain and the view run in one hop to
+    the request's thread (a ThreadSensitiveContext's), as under WSGI."""
+
+    def load_middleware(self, is_async=False):
+        super().load_middleware(is_async=False)
+
+    async def get_response_async(self, request):
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
 class KilnASGIHandler(_BoundedBodyHandler):
     def __init__(self):
         super().__init__()
         self.agent_routes = AgentRouteHandler()
+        self.sync_routes = SyncRouteHandler()
         self.registrations = asyncio.Semaphore(settings.AGENT_REGISTER_CONCURRENCY)
 
     async def __call__(self, scope, receive, send):
@@ -117,6 +134,9 @@ class KilnASGIHandler(_BoundedBodyHandler):
                         await self.agent_routes.handle(scope, receive, send)
             elif scope["type"] == "http" and served_async(scope):
                 await self.handle(scope, receive, send)
+            elif scope["type"] == "http":
+                async with ThreadSensitiveContext():
+                    await self.sync_routes.handle(scope, receive, send)
             else:
                 await super().__call__(scope, receive, send)
         except _BodyTooLarge:

@@ -8,14 +8,25 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q,
 from django.shortcuts import get_object_or_404
 
 from kiln.core.errors import KilnError
+from kiln.reports.outcome import job_outcome_reports
 
 from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent, JobStatus
 
+# What a job list shows (JobListSerializer): a model version's signature, op histogram and checks,
+# and a job's evaluation plan, stage records and leases stay in the database.
+JOB_LIST_FIELDS = (
+    "status", "stage", "progress", "error", "precisions", "targets", "tolerance", "metrics", "calibration_dataset",
+    "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "search",
+    "model_version__number", "model_version__model__name",
+)
+
 
 def job_list(*, organization, model_id: str | None = None):
-    """The organization's deployments, newest first; with `model_id`, only that model's."""
-    jobs = DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").prefetch_related("reports__agent")
+    """The organization's deployments, newest first; with `model_id`, only that model's. A page is
+    three queries: the count, the jobs with their model names, and their reports' outcomes."""
+    jobs = (DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").only(*JOB_LIST_FIELDS)
+            .prefetch_related(job_outcome_reports()))
     if model_id not in (None, ""):
         if not str(model_id).isdigit():
             raise KilnError("model must be an id.", code="invalid_filter")
@@ -42,7 +53,7 @@ def jobs_wait_for_devices(*, organization_id: int) -> bool:
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:
     queryset = DeploymentJob.objects.select_related("model_version__model").prefetch_related(
-        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__pinned_agent", "device_tasks__variant", "reports__agent"
+        "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__pinned_agent", "device_tasks__variant", job_outcome_reports()
     )
     return get_object_or_404(queryset, organization=organization, pk=job_id)
 

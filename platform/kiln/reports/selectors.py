@@ -180,23 +180,6 @@ def device_json(*, agent, target: str, variants: list, recommended, reason: str,
     }
 
 
-def job_outcome(*, job) -> list[dict]:
-    """Per device of a finished job: the recommended variant, its speed-up over FP32 and its accuracy (for lists)."""
-    outcome = []
-    for report in job.reports.all():
-        verdict = (report.data or {}).get("recommendation", {}).get("verdict") or {}
-        speedup = verdict.get("speedup") or {}
-        # The gap the verdict could not settle: the speed-up over FP32, else the tie with a faster variant.
-        unsettled = speedup or next(iter(verdict.get("tied_with") or []), {})
-        outcome.append({
-            "device": report.agent.name if report.agent else report.target, "agent": report.agent_id,
-            "recommended": verdict.get("label"), "speedup": speedup.get("ratio"), "beyond_noise": speedup.get("beyond_noise"),
-            "tie": verdict.get("tie", False), "too_noisy": bool(unsettled.get("too_noisy")), "accuracy": verdict.get("accuracy"),
-            "verdict": verdict.get("text") or report.reason,
-        })
-    return sorted(outcome, key=lambda row: row["device"] or "")
-
-
 def job_report(*, job) -> dict:
     """The stored report of a finished job; while it runs, the results measured so far."""
     stored = list(Report.objects.filter(job=job).select_related("agent"))

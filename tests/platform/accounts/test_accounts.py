@@ -42,8 +42,10 @@ def test_revoked_and_expired_tokens_are_refused(tenant):
     response = client.get("/api/v1/models/")
     assert response.status_code == 401
     assert "revoked" in response.json()["error"]
-    ApiToken.objects.filter(user=tenant.user).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert tenant.client.get("/api/v1/models/").status_code == 401
+    expired = tenant.client.post("/api/v1/tokens/", {"name": "expired"}, format="json").json()
+    ApiToken.objects.filter(pk=expired["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {expired['token']}")
+    assert client.get("/api/v1/models/").status_code == 401
 
 
 def test_revoking_a_token_again_keeps_the_first_revocation_time(tenant):

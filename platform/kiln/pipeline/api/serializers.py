@@ -2,7 +2,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from kiln.core.fields import id_field
-from kiln.reports.selectors import job_outcome
+from kiln.reports.outcome import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
 from ..selectors import search_budget
