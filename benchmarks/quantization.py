@@ -531,7 +531,7 @@ def learned_text_models(work: Path) -> list[dict]:
              "keep_float": ["Gemm_9"]}]
 
 
-LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer")
+LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer", "ddddocr-detector", "nudenet-320n", "ppocrv6-tiny-rec")
 
 
 def loadable(row: dict) -> dict:

@@ -185,6 +185,25 @@ def _gather(inputs, a):
     return out.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1:])
 
 
+def _slice(inputs, a):
+    """Slice (opset 10+: starts, ends, axes, steps as inputs; opset 1-9: attributes); ends past the size are clamped, as in ONNX."""
+    x = inputs[0]
+    if len(inputs) > 1:
+        starts, ends = inputs[1].tolist(), inputs[2].tolist()
+        axes = inputs[3].tolist() if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
+        steps = inputs[4].tolist() if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = a["starts"], a["ends"]
+        axes, steps = a.get("axes") or list(range(len(starts))), [1] * len(starts)
+    index = [slice(None)] * x.dim()
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step <= 0:
+            raise UnsupportedGraph("Slice with a negative step")
+        size = x.shape[int(axis)]
+        index[int(axis)] = slice(*slice(int(start), int(min(end, size)) if end >= 0 else int(end), int(step)).indices(size))
+    return x[tuple(index)]
+
+
 OPS: dict[str, Callable] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": lambda i, a: i[0] @ i[1],
     "Add": lambda i, a: i[0] + i[1], "Sub": lambda i, a: i[0] - i[1], "Mul": lambda i, a: i[0] * i[1], "Div": lambda i, a: i[0] / i[1],
@@ -200,6 +219,7 @@ OPS: dict[str, Callable] = {
     "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Erf": lambda i, a: torch.erf(i[0]), "Pow": lambda i, a: torch.pow(i[0], i[1]), "Sqrt": lambda i, a: torch.sqrt(i[0]),
     "LayerNormalization": _layer_norm, "Gather": _gather, "ReduceMean": _reduce_mean, "ConvTranspose": _conv_transpose, "Resize": _resize,
+    "Slice": _slice,
 }
 
 

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 
 from devices import metrics
 from tests.fixtures.models import write_npz
@@ -40,6 +41,38 @@ def test_the_interpreter_runs_a_real_text_detector_as_onnxruntime_does():
     with torch.no_grad():
         got = module(torch.from_numpy(inputs[zoo.input_name]))[0].numpy()
     expected = ort.InferenceSession(str(zoo.path), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    np.testing.assert_allclose(got, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([1, -3], [2**62, -1], [1, -1], [1, 2]),   # an end past the size, negative start, end and axis, a step of 2
+    ([0], [3], [2], [1]),
+    ([-2, 0], [2**62, 2**62], [2, 3], [1, 3]),
+])
+def test_the_interpreter_slices_as_onnxruntime_does(starts, ends, axes, steps):
+    arrays = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", *arrays], ["y"])], "slice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 7])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(value, np.int64), name) for name, value in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.arange(4 * 6 * 7, dtype=np.float32).reshape(1, 4, 6, 7)
+    with torch.no_grad():
+        got = OnnxModule(model)(torch.from_numpy(x))[0].numpy()
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.skipif(zoo_model("ddddocr-detector").path is None, reason="ddddocr is not installed (it is in the dev extra)")
+def test_the_interpreter_runs_a_real_yolox_detector_as_onnxruntime_does():
+    """ddddocr's YOLOX: the Focus stem's strided Slices (opset 11, starts/ends/axes/steps as inputs, ends past the size),
+    SiLU as Sigmoid x Mul, SPP MaxPools, nearest Resize; the graph takes one image at a time."""
+    zoo = zoo_model("ddddocr-detector")
+    image = zoo.inputs(1, seed=3)
+    module = OnnxModule(onnx.load(str(zoo.path)))
+    with torch.no_grad():
+        got = module(torch.from_numpy(image[zoo.input_name]))[0].numpy()
+    expected = ort.InferenceSession(str(zoo.path), providers=["CPUExecutionProvider"]).run(None, image)[0]
     np.testing.assert_allclose(got, expected, atol=1e-3)
 
 
