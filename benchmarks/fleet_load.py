@@ -127,6 +127,9 @@ class Stats:
     dispatch_began: list[float] = field(default_factory=list)
     enrolled_at: float = 0.0
     run_started: float = 0.0
+    # The load client's own event loop: (when a tick was due, how late it ran), for ticks late by over 5 ms.
+    loop_late: list[tuple[float, float]] = field(default_factory=list)
+    loop_ticks: int = 0
 
     def after_enrolment(self, call: str) -> list[float]:
         values, began = (self.dispatch, self.dispatch_began) if call == "dispatch" else (self.latencies.get(call, []), self.began.get(call, []))
@@ -307,12 +310,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def loop_lag(stats: Stats, stop: float, tick_s: float = 0.02) -> None:
+    """How late the load client's own event loop runs a 20 ms sleep: a request it times while late
+    is late by the client, not by the server."""
+    while time.monotonic() < stop:
+        due = time.monotonic() + tick_s
+        await asyncio.sleep(tick_s)
+        stats.loop_ticks += 1
+        late = time.monotonic() - due
+        if late > 0.005:
+            stats.loop_late.append((due, late))
+
+
 async def drive(fixture: dict, agents: int, seconds: float, stats: Stats, sampler: ServerSampler) -> float:
     started = stats.run_started = time.monotonic()
     stop = started + seconds
     await asyncio.gather(
         *(agent(i, fixture["registration"], stats, stop) for i in range(agents)),
-        user(fixture["user_token"], stats, stop), producer(fixture, stats, stop), sampler.run(stop),
+        user(fixture["user_token"], stats, stop), producer(fixture, stats, stop), sampler.run(stop), loop_lag(stats, stop),
     )
     return time.monotonic() - started
 
@@ -386,8 +401,27 @@ def report(result: dict, agents: int) -> None:
     steady = stats.after_enrolment("dispatch")
     print(f"{'dispatch':<16}{len(stats.dispatch):>8}{percentile(stats.dispatch, 0.5) * 1000:>10.1f}{percentile(stats.dispatch, 0.99) * 1000:>10.1f}"
           f"{len(stats.queued_at):>8}{len(steady):>24}{percentile(steady, 0.99) * 1000:>10.1f}  (task queued -> leased; errors = still queued at the end)")
+    print_client_loop_lag(stats)
     for sample in stats.error_samples:
         print("  error:", sample)
+
+
+def client_lateness(stats: Stats, began: float, duration: float) -> float:
+    """The most the load client's event loop was late while it timed one request (seconds)."""
+    return max((late for due, late in stats.loop_late if began <= due + late and due <= began + duration), default=0.0)
+
+
+def print_client_loop_lag(stats: Stats, slowest: int = 3) -> None:
+    """The client's own event-loop lateness: a request timed while the client's loop was late is
+    late by the client (it shares the machine's cores with the server), not by the server."""
+    lateness = [late for _, late in stats.loop_late]
+    print(f"   load client's event loop: {len(lateness)} of {stats.loop_ticks} 20 ms ticks late by over 5 ms, "
+          f"the latest by {max(lateness, default=0.0) * 1000:.0f} ms")
+    values, began = stats.latencies.get("user GET jobs", []), stats.began.get("user GET jobs", [])
+    worst = sorted(zip(values, began, strict=True), reverse=True)[:slowest]
+    if worst:
+        print("   slowest user requests (ms), and the client's loop lateness during each: "
+              + ", ".join(f"{duration * 1000:.0f} ({client_lateness(stats, start, duration) * 1000:.0f})" for duration, start in worst))
 
 
 def main() -> None:
