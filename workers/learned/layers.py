@@ -8,6 +8,7 @@ skipped with the reason.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class Layer:
     weight: QuantParams
     activation: QuantParams
     weight_scale_name: str = ""  # the weight's scale initializer in the QDQ graph
+    quantized_input_name: str = ""  # the QDQ graph's DequantizeLinear output that the node reads: its input as deployed
     bias_name: str | None = None  # FP32 initializer
     quantized_bias_name: str | None = None  # int32 initializer in the QDQ graph, when the quantizer quantized the bias
     bias_scale_name: str | None = None
@@ -157,7 +159,7 @@ def _layer(node, weight_dq, input_dq, producers, initializers) -> Layer:
         else:
             bias_name = node.input[2]
     skipped = None
-    input_name = node.input[0]
+    input_name = quantized_input_name = node.input[0]
     activation = QuantParams(scale=np.ones(1, np.float32), zero_point=np.zeros(1, np.int32), qmin=0, qmax=255)
     if input_dq is None or input_dq.op_type != "DequantizeLinear":
         skipped = "its input is not quantized"
@@ -173,15 +175,17 @@ def _layer(node, weight_dq, input_dq, producers, initializers) -> Layer:
         input_name=input_name.removesuffix(RENAMED_OUTPUT_SUFFIX), output_name=node.output[0].removesuffix(RENAMED_OUTPUT_SUFFIX),
         weight_name=quantized_name.removesuffix(QUANTIZED_SUFFIX), quantized_weight_name=quantized_name,
         weight=_params(weight_dq, initializers, weight_values), activation=activation, weight_scale_name=weight_dq.input[1],
+        quantized_input_name=quantized_input_name,
         bias_name=bias_name, quantized_bias_name=quantized_bias_name, bias_scale_name=bias_scale_name, skipped=skipped,
     )
 
 
-def gather_tensors(fp32_path: Path, names: list[str], feeds_batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Run the FP32 model with `names` as extra outputs over the batches; returns them concatenated."""
+def gather_tensors(source: Path | onnx.ModelProto, names: list[str], feeds_batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run a model (the FP32 one, or a QDQ graph as ONNX Runtime deploys it) with `names` as extra outputs over the
+    batches; returns them concatenated."""
     import onnxruntime as ort
 
-    model = onnx.load(str(fp32_path))
+    model = onnx.load(str(source)) if isinstance(source, Path | str) else copy.deepcopy(source)
     present = {output.name for output in model.graph.output}
     for name in names:
         if name not in present:

@@ -34,7 +34,8 @@ class DistillResult:
     curve: list[float] = field(default_factory=list)
     # The weights returned: those of the pass over the data with the lowest mean loss, 0 = the untrained start.
     kept_pass: int = 0
-    kept_loss: float = 0.0
+    kept_loss: float = 0.0  # on the held-out batches (split_held_out)
+    held_out_batches: int = 0
 
 
 def _straight_through(quantize):
@@ -117,6 +118,30 @@ def _restore(student: OnnxModule, weights: dict[str, torch.Tensor]) -> None:
             parameter.copy_(weights[name])
 
 
+HELD_OUT_SHARE = 0.25
+
+
+def distillation_targets(fp32: onnx.ModelProto) -> list[str]:
+    """What the student is trained to match, per graph output: a Softmax's or LogSoftmax's input (the logits) where the
+    output is one, the output itself otherwise. Probabilities near 0 and 1 carry almost no error energy, so a classifier's
+    flipped decisions hardly show in a loss on them; its logits show them."""
+    producers = {output: node for node in fp32.graph.node for output in node.output}
+    targets = []
+    for output in fp32.graph.output:
+        producer = producers.get(output.name)
+        targets.append(producer.input[0] if producer is not None and producer.op_type in ("Softmax", "LogSoftmax") else output.name)
+    return targets
+
+
+def split_held_out(count: int) -> tuple[list[int], list[int]]:
+    """(training, held-out) batch indices: a quarter of the batches, the last ones, judge which pass is kept, so that
+    a student that only learns the calibration samples by heart is not the one shipped. One batch alone trains and judges."""
+    held = int(count * HELD_OUT_SHARE) if count >= 2 else 0
+    held = max(1, held) if count >= 2 else 0
+    indices = list(range(count))
+    return (indices[:count - held], indices[count - held:]) if held else (indices, indices)
+
+
 def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],
             *, seconds: float, learning_rate: float = LEARNING_RATE, seed: int = 0) -> DistillResult:
     """Fine-tune the student's `trainable` weights within `seconds` (build_student); it ends holding the kept weights."""
@@ -131,28 +156,34 @@ def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np
     inputs = [[torch.from_numpy(batch[name]).to(device) for name in student.input_names] for batch in batches]
     targets = [[torch.from_numpy(outputs[name]).to(device) for name in student.output_names] for outputs in teacher]
     energy = [sum(float(torch.mean(t ** 2)) for t in target) + 1e-12 for target in targets]
+    training, held_out = split_held_out(len(inputs))
 
     def batch_loss(index: int) -> torch.Tensor:
         outputs = student(*inputs[index])
         return sum(torch.mean((out - target) ** 2) for out, target in zip(outputs, targets[index], strict=True)) / energy[index]
 
+    def held_out_loss() -> float:
+        with torch.no_grad():
+            return float(np.mean([float(batch_loss(index)) for index in held_out]))
+
     result, losses, started = DistillResult(device=str(device), learning_rate=learning_rate), [], time.perf_counter()
-    # Fine-tuning can drift away from a start that is already close (a well-calibrated graph): keep the best pass, so
-    # that the student never ends worse than it began by its own measure.
-    with torch.no_grad():
-        result.kept_loss = float(np.mean([float(batch_loss(index)) for index in range(len(inputs))]))
+    # Fine-tuning can drift away from a start that is already close (a well-calibrated graph), or learn the calibration
+    # samples by heart: keep the pass with the lowest loss on held-out batches, so that the student never ends worse than
+    # it began by that measure.
+    result.kept_loss = held_out_loss()
+    result.held_out_batches = len(held_out) if held_out != training else 0
     best = _snapshot(student)
     while result.steps < MAX_STEPS and time.perf_counter() - started < seconds:
-        loss = batch_loss(result.steps % len(inputs))
+        loss = batch_loss(training[result.steps % len(training)])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
         result.steps += 1
-        if result.steps % len(inputs) == 0 and float(np.mean(losses[-len(inputs):])) < result.kept_loss:
-            result.kept_loss, result.kept_pass, best = float(np.mean(losses[-len(inputs):])), result.steps // len(inputs), _snapshot(student)
+        if result.steps % len(training) == 0 and (judged := held_out_loss()) < result.kept_loss:
+            result.kept_loss, result.kept_pass, best = judged, result.steps // len(training), _snapshot(student)
     _restore(student, best)
     result.seconds = time.perf_counter() - started
     result.curve = downsample(losses)
-    result.loss_start, result.loss_end = (losses[0], float(np.mean(losses[-max(1, len(inputs)):]))) if losses else (0.0, 0.0)
+    result.loss_start, result.loss_end = (losses[0], float(np.mean(losses[-max(1, len(training)):]))) if losses else (0.0, 0.0)
     return result

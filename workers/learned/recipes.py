@@ -7,6 +7,7 @@ whole learning stops at `learn_seconds`, and the activations kept for it at `lea
 """
 from __future__ import annotations
 
+import math
 import resource
 import tempfile
 import time
@@ -16,10 +17,15 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
+
+from workers.convert import LARGE_MODEL_BYTES
+from workers.inspect import model_size_bytes
+from workers.quantize.variants import preprocess_for_quantization
 
 from .adaround import learn_layer, nearest_error
 from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, quantized_initializers, replace_integer_weights, write_tuned_weights
-from .qat import LEARNING_RATE, build_student, distill, export_weights
+from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
 
 METHODS = ("adaround", "qat")
@@ -27,6 +33,10 @@ DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
 MAX_STEPS_PER_LAYER = 3000
+# Runs of layers learned in graph order, each fed by a pass of the quantized graph (one layer a run where that many
+# passes take at most GATHER_SHARE of the budget; fewer, longer runs when they would take more).
+ORDER_RUNS = 256
+GATHER_SHARE = 0.5
 LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 
 
@@ -55,26 +65,92 @@ def _calibration_batches(model_path: Path, calibration_path: Path, samples: int)
     return batches or [arrays]
 
 
-def _samples_within(model_path: Path, layers, calibration_path: Path, wanted: int, memory_mb: int) -> int:
-    """How many calibration samples keep every layer's input and output within the memory bound."""
-    probe = gather_tensors(model_path, sorted({n for layer in layers for n in (layer.input_name, layer.output_name)}),
-                           _calibration_batches(model_path, calibration_path, 1)[:1])
-    per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
-    return max(1, min(wanted, (memory_mb << 20) // per_sample))
+def _tensor_bytes(model_path: Path, qdq: onnx.ModelProto, layers, calibration_path: Path) -> dict[str, int]:
+    """Bytes per sample of each layer's input (as the QDQ graph computes it) and output (FP32), keyed by layer node."""
+    feeds = _calibration_batches(model_path, calibration_path, 1)[:1]
+    inputs = gather_tensors(qdq, sorted({layer.quantized_input_name for layer in layers}), feeds)
+    outputs = gather_tensors(model_path, sorted({layer.output_name for layer in layers}), feeds)
+    return {layer.node: inputs[layer.quantized_input_name][:1].nbytes + outputs[layer.output_name][:1].nbytes for layer in layers}
 
 
-def _learn_layers(layers, weights, tensors, *, budget: float, started: float, results: list, learned: dict) -> None:
+def _chunks(layers, sizes: dict[str, int], *, count: int, bound: int) -> list[list]:
+    """The layers, in graph order, in about `count` runs of equal length, each run split again where its tensors
+    (`sizes`, bytes for all samples) would exceed `bound`."""
+    length = max(1, math.ceil(len(layers) / max(1, count)))
+    chunks = []
+    for start in range(0, len(layers), length):
+        current, held = [], 0
+        for layer in layers[start:start + length]:
+            if current and held + sizes[layer.node] > bound:
+                chunks.append(current)
+                current, held = [], 0
+            current.append(layer)
+            held += sizes[layer.node]
+        chunks.append(current)
+    return chunks
+
+
+def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weights, calibration_path: Path, *, wanted: int, memory_mb: int,
+                          budget: float, started: float, results: list, learned: dict) -> dict[str, Any]:
+    """Learned rounding run by run of layers in graph order. A run's inputs are what the QDQ graph computes with every layer
+    before it already learned, its targets FP32's outputs, so each layer also makes up for the error of the quantized
+    layers above it (the asymmetric reconstruction of AdaRound and BRECQ). A run is one layer where the budget affords a
+    pass over the data per layer, several where it does not. Only one run's tensors are held at a time. If the learned
+    graph's outputs end further from FP32's than the calibrated graph's, the calibrated integers are kept."""
+    per_sample = _tensor_bytes(model_path, qdq, layers, calibration_path)
+    bound = memory_mb << 20
+    samples = max(1, min(wanted, bound // max(per_sample.values())))
+    batches = _calibration_batches(model_path, calibration_path, samples)
+    samples = sum(len(next(iter(batch.values()))) for batch in batches)
+    sizes = {node: size * samples for node, size in per_sample.items()}
+    outputs = [output.name for output in qdq.graph.output]
+    reference = gather_tensors(model_path, outputs, batches)
+    calibrated_integers = {name: numpy_helper.to_array(tensor) for tensor in qdq.graph.initializer
+                           if (name := tensor.name) in {layer.quantized_weight_name for layer in layers}}
+    pending = _chunks(layers, sizes, count=ORDER_RUNS, bound=bound)
+    runs, calibrated_error = 0, None
+    while pending:
+        chunk, gathering = pending.pop(0), time.perf_counter()
+        replace_integer_weights(qdq, learned)
+        inputs = gather_tensors(qdq, sorted({layer.quantized_input_name for layer in chunk} | ({*outputs} if runs == 0 else set())), batches)
+        if runs == 0:
+            calibrated_error = _output_error(inputs, reference)
+        targets = gather_tensors(model_path, sorted({layer.output_name for layer in chunk}), batches)
+        runs += 1
+        # Gathering costs a pass over the data each run: fewer, longer runs when passes would eat the learning time.
+        remaining = budget - (time.perf_counter() - started)
+        affordable = max(1, int(GATHER_SHARE * remaining / max(time.perf_counter() - gathering, 1e-3)))
+        rest = [layer for run in pending for layer in run]
+        if rest and affordable < len(pending):
+            pending = _chunks(rest, sizes, count=affordable, bound=bound)
+        share = remaining * len(chunk) / (len(chunk) + len(rest))
+        _learn_layers(chunk, weights, inputs, targets, budget=share, started=time.perf_counter(), results=results, learned=learned)
+    replace_integer_weights(qdq, learned)
+    learned_error = _output_error(gather_tensors(qdq, outputs, batches), reference)
+    kept = "learned" if learned_error <= calibrated_error else "calibrated"
+    if kept == "calibrated":
+        learned.update(calibrated_integers)
+    return {"samples": samples, "runs": runs, "output_error_calibrated": round(calibrated_error, 6),
+            "output_error_learned": round(learned_error, 6), "kept": kept}
+
+
+def _output_error(values: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """The outputs' squared error relative to FP32's energy, summed over outputs."""
+    return float(sum(np.mean((values[name] - target) ** 2) / max(float(np.mean(target ** 2)), 1e-20) for name, target in reference.items()))
+
+
+def _learn_layers(layers, weights, inputs, targets, *, budget: float, started: float, results: list, learned: dict) -> None:
     """Each layer's share of what is left of the budget follows its error when rounded to nearest (plus a floor)."""
     def arguments(layer):
         return {"weight": weights[layer.weight_name], "bias": weights.get(layer.bias_name) if layer.bias_name else None,
-                "inputs": tensors[layer.input_name], "targets": tensors[layer.output_name]}
+                "inputs": inputs[layer.quantized_input_name], "targets": targets[layer.output_name]}
 
     errors = [nearest_error(layer, **arguments(layer)) for layer in layers]
     shares = [error + 0.1 * sum(errors) / len(errors) for error in errors]
     for index, layer in enumerate(layers):
         remaining = budget - (time.perf_counter() - started)
         seconds = max(0.0, remaining * shares[index] / max(sum(shares[index:]), 1e-20))
-        result = learn_layer(layer, **arguments(layer), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER, seed=index)
+        result = learn_layer(layer, **arguments(layer), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER, seed=len(results))
         learned[layer.quantized_weight_name] = result.integers
         results.append(result.summary())
 
@@ -90,36 +166,46 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
     started = time.perf_counter()
     budget = float(learn.get("learn_seconds", DEFAULT_SECONDS))
     with tempfile.TemporaryDirectory(prefix="kiln-learn-") as scratch:
+        # Learn against the very graph the quantizer quantized: ORT's pre-processing folds BatchNormalization into the
+        # convolutions, whose folded weights are then the ones quantized (and the only ones worth learning).
+        source, preprocess = preprocess_for_quantization(Path(model_path), Path(scratch), skip=bool(calibration_options.get("skip_preprocess")),
+                                                         large=model_size_bytes(Path(model_path)) > LARGE_MODEL_BYTES)
         calibrated = Path(scratch) / "calibrated.onnx"
-        recipe = base_builder(model_path, calibrated, calibration_path=calibration_path, options=calibration_options)
-        qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(model_path))
+        recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
+        recipe = {**recipe, "preprocess": preprocess}
+        qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(source))
+        return _learn(source, out_path, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn, calibration_path=Path(calibration_path),
+                      budget=budget, started=started)
+
+
+def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method: str, learn: dict, calibration_path: Path, budget: float,
+           started: float) -> dict[str, Any]:
+    """Learned rounding or QAT of the calibrated graph `qdq` against `model_path` (the FP32 graph it was quantized from)."""
     layers = find_layers(qdq, fp32)
     usable = [layer for layer in layers if layer.skipped is None]
     if not usable:
         reasons = "; ".join(f"{layer.node}: {layer.skipped}" for layer in layers) or "no Conv, Gemm or MatMul has a quantized weight"
         raise LearningNotApplicable(f"nothing to learn ({reasons})")
     if method == "qat":
-        return _build_qat(model_path, out_path, fp32=fp32, qdq=qdq, recipe=recipe, layers=layers, calibration_path=Path(calibration_path), learn=learn,
+        return _build_qat(model_path, out_path, fp32=fp32, qdq=qdq, recipe=recipe, layers=layers, calibration_path=calibration_path, learn=learn,
                           budget=budget, started=started)
-    samples = _samples_within(model_path, usable, Path(calibration_path), int(learn.get("learn_samples", DEFAULT_SAMPLES)),
-                              int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)))
-    batches = _calibration_batches(model_path, Path(calibration_path), samples)
-    tensors = gather_tensors(model_path, sorted({n for layer in usable for n in (layer.input_name, layer.output_name)}), batches)
     weights = fp32_weights(fp32, [layer.weight_name for layer in usable] + [layer.bias_name for layer in usable if layer.bias_name])
-    samples = len(tensors[usable[0].input_name])
     results, learned = [], {}
     # One intra-op thread: the layers are small, and more threads only contend with the worker's other tasks.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _learn_layers(usable, weights, tensors, budget=budget, started=started, results=results, learned=learned)
+        order = _learn_in_graph_order(model_path, qdq, usable, weights, calibration_path, wanted=int(learn.get("learn_samples", DEFAULT_SAMPLES)),
+                                      memory_mb=int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)), budget=budget, started=started,
+                                      results=results, learned=learned)
     finally:
         torch.set_num_threads(threads)
     replace_integer_weights(qdq, learned)
     onnx.save(qdq, str(out_path))
     return {**recipe, "learned": {
         "method": method, "library": "kiln (PyTorch)", "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget,
-        "samples": samples, "layers": results, "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
+        **order, "inputs": "as the quantized graph computes them, layers above learned first",
+        "layers": results, "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         # One curve for the report: each step's loss relative to rounding to nearest, layer after layer.
         "curve": [round(value / max(row["mse_nearest"], 1e-20), 5) for row in results for value in row["curve"]],
@@ -136,7 +222,8 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
     except UnsupportedGraph as exc:
         raise LearningNotApplicable(f"QAT skipped: {exc}") from exc
     float_weights = _float_weights(qdq, student.weight_names)
-    output_names = [output.name for output in fp32.graph.output]
+    output_names = distillation_targets(fp32)
+    student.output_names = output_names
     probe = gather_tensors(model_path, output_names, _calibration_batches(model_path, calibration_path, 1)[:1])
     per_sample = sum(value[:1].nbytes for value in probe.values()) or 1
     samples = max(1, min(int(learn.get("learn_samples", DEFAULT_SAMPLES)), (int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)) << 20) // per_sample))
@@ -159,7 +246,8 @@ def _build_qat(model_path: Path, out_path: Path, *, fp32, qdq, recipe: dict, lay
         "written": "into the calibrated QDQ graph: its activation scales kept, weights and int32 biases requantized as the student quantized them",
         "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget, "samples": sum(len(next(iter(b.values()))) for b in batches),
         "learning_rate": result.learning_rate, "steps": result.steps, "loss_start": result.loss_start, "loss_end": result.loss_end,
-        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6), "layers": len(usable), "float_weights_tuned": len(floats),
+        "kept_pass": result.kept_pass, "kept_loss": round(result.kept_loss, 6), "held_out_batches": result.held_out_batches,
+        "distilled": output_names, "layers": len(usable), "float_weights_tuned": len(floats),
         "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "curve": [round(v, 6) for v in result.curve],
     }}

@@ -204,6 +204,12 @@ def _slice(inputs, a):
     return x[tuple(index)]
 
 
+def _shape(inputs, a):
+    """The input's shape as int64 (opset 15's start and end too): it feeds Reshape targets, computed per batch."""
+    dims = list(inputs[0].shape)
+    return torch.tensor(dims[a.get("start", 0):a.get("end", len(dims))], dtype=torch.int64)
+
+
 OPS: dict[str, Callable] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": lambda i, a: i[0] @ i[1],
     "Add": lambda i, a: i[0] + i[1], "Sub": lambda i, a: i[0] - i[1], "Mul": lambda i, a: i[0] * i[1], "Div": lambda i, a: i[0] / i[1],
@@ -219,7 +225,7 @@ OPS: dict[str, Callable] = {
     "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Erf": lambda i, a: torch.erf(i[0]), "Pow": lambda i, a: torch.pow(i[0], i[1]), "Sqrt": lambda i, a: torch.sqrt(i[0]),
     "LayerNormalization": _layer_norm, "Gather": _gather, "ReduceMean": _reduce_mean, "ConvTranspose": _conv_transpose, "Resize": _resize,
-    "Slice": _slice,
+    "Slice": _slice, "HardSwish": lambda i, a: functional.hardswish(i[0]), "Shape": _shape,
 }
 
 

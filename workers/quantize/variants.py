@@ -256,7 +256,7 @@ def _build_int8_static(
     input_names = _feed_names(model)
 
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".int8-") as scratch:
-        source, preprocess = _preprocess(model_path, Path(scratch), skip=bool(options.get("skip_preprocess")), large=large)
+        source, preprocess = preprocess_for_quantization(model_path, Path(scratch), skip=bool(options.get("skip_preprocess")), large=large)
         batch_size, static = _calibration_batch_size(model, options)
         if static:
             # A fixed-batch model cannot take a short last batch; calibrate on whole batches only.
@@ -381,8 +381,9 @@ def _check_fp16_range(model_path: Path, calibration_path: str | Path) -> None:
         )
 
 
-def _preprocess(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> tuple[Path, str]:
-    """Run ORT's recommended pre-quantization pass; on failure quantize the model as it is."""
+def preprocess_for_quantization(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> tuple[Path, str]:
+    """Run ORT's recommended pre-quantization pass (shape inference, BatchNormalization folded into convolutions, ...);
+    on failure quantize the model as it is. Returns the model to quantize and what was done."""
     if skip:
         return model_path, "skipped: turned off by option"
     from onnxruntime.quantization.shape_inference import quant_pre_process
