@@ -180,28 +180,46 @@ def _layer(node, weight_dq, input_dq, producers, initializers) -> Layer:
     )
 
 
-def gather_tensors(source: Path | onnx.ModelProto, names: list[str], feeds_batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Run a model (the FP32 one, or a QDQ graph as ONNX Runtime deploys it) with `names` as extra outputs over the
-    batches; returns them concatenated."""
-    import onnxruntime as ort
+class TensorReader:
+    """One ONNX Runtime session over a model (the FP32 one, or a QDQ graph as it is deployed) that reads any of `names`
+    and takes new values for the `overridable` initializers at each run, so that learning reads tensors pass after pass
+    without building a session each time."""
 
-    model = onnx.load(str(source)) if isinstance(source, Path | str) else copy.deepcopy(source)
-    present = {output.name for output in model.graph.output}
-    for name in names:
-        if name not in present:
-            model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-            present.add(name)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    # Optimizations could fuse away the very tensors asked for.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    inputs = {i.name for i in session.get_inputs()}
-    gathered: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for feeds in feeds_batches:
-        for name, value in zip(names, session.run(names, {k: v for k, v in feeds.items() if k in inputs}), strict=True):
-            gathered[name].append(np.asarray(value, dtype=np.float32))
-    return {name: np.concatenate(parts) for name, parts in gathered.items()}
+    def __init__(self, source: Path | onnx.ModelProto, names, overridable=()):
+        import onnxruntime as ort
+
+        model = onnx.load(str(source)) if isinstance(source, Path | str) else copy.deepcopy(source)
+        present = {output.name for output in model.graph.output}
+        for name in names:
+            if name not in present:
+                model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+                present.add(name)
+        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+        for name in overridable:
+            # An initializer that is also a graph input takes a fed value in its place.
+            model.graph.input.append(helper.make_tensor_value_info(name, initializers[name].data_type, list(initializers[name].dims)))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        # Optimizations could fuse away the very tensors asked for, or fold the initializers to be overridden.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.overridable = set(overridable)
+        self.feeds = {i.name for i in self.session.get_inputs()} - self.overridable
+
+    def read(self, names: list[str], feeds_batches: list[dict[str, np.ndarray]], overrides: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """`names` over the batches, concatenated; `overrides`: values for overridable initializers (dtypes kept)."""
+        fed = {name: np.asarray(value) for name, value in (overrides or {}).items() if name in self.overridable}
+        gathered: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        for feeds in feeds_batches:
+            values = self.session.run(names, {**{k: v for k, v in feeds.items() if k in self.feeds}, **fed})
+            for name, value in zip(names, values, strict=True):
+                gathered[name].append(np.asarray(value, dtype=np.float32))
+        return {name: np.concatenate(parts) for name, parts in gathered.items()}
+
+
+def gather_tensors(source: Path | onnx.ModelProto, names: list[str], feeds_batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run a model with `names` as extra outputs over the batches; returns them concatenated."""
+    return TensorReader(source, names).read(names, feeds_batches)
 
 
 def fp32_weights(fp32: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarray]:

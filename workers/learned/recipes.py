@@ -24,7 +24,16 @@ from workers.inspect import model_size_bytes
 from workers.quantize.variants import preprocess_for_quantization
 
 from .adaround import learn_layer, nearest_error
-from .layers import find_layers, fp32_weights, gather_tensors, quantized_activations, quantized_initializers, replace_integer_weights, write_tuned_weights
+from .layers import (
+    TensorReader,
+    find_layers,
+    fp32_weights,
+    gather_tensors,
+    quantized_activations,
+    quantized_initializers,
+    replace_integer_weights,
+    write_tuned_weights,
+)
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
 
@@ -65,12 +74,13 @@ def _calibration_batches(model_path: Path, calibration_path: Path, samples: int)
     return batches or [arrays]
 
 
-def _tensor_bytes(model_path: Path, qdq: onnx.ModelProto, layers, calibration_path: Path) -> dict[str, int]:
-    """Bytes per sample of each layer's input (as the QDQ graph computes it) and output (FP32), keyed by layer node."""
+def _tensor_bytes(model_path: Path, qdq: onnx.ModelProto, layers, calibration_path: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes per sample of each layer's input (as the QDQ graph computes it) and of its output (FP32), keyed by layer node."""
     feeds = _calibration_batches(model_path, calibration_path, 1)[:1]
     inputs = gather_tensors(qdq, sorted({layer.quantized_input_name for layer in layers}), feeds)
     outputs = gather_tensors(model_path, sorted({layer.output_name for layer in layers}), feeds)
-    return {layer.node: inputs[layer.quantized_input_name][:1].nbytes + outputs[layer.output_name][:1].nbytes for layer in layers}
+    return ({layer.node: inputs[layer.quantized_input_name][:1].nbytes for layer in layers},
+            {layer.node: outputs[layer.output_name][:1].nbytes for layer in layers})
 
 
 def _chunks(layers, sizes: dict[str, int], *, count: int, bound: int) -> list[list]:
@@ -95,27 +105,34 @@ def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weight
     """Learned rounding run by run of layers in graph order. A run's inputs are what the QDQ graph computes with every layer
     before it already learned, its targets FP32's outputs, so each layer also makes up for the error of the quantized
     layers above it (the asymmetric reconstruction of AdaRound and BRECQ). A run is one layer where the budget affords a
-    pass over the data per layer, several where it does not. Only one run's tensors are held at a time. If the learned
+    pass over the data per layer, several where it does not. One run's inputs are held at a time (and FP32's targets of
+    every layer, when half the memory bound holds them). If the learned
     graph's outputs end further from FP32's than the calibrated graph's, the calibrated integers are kept."""
-    per_sample = _tensor_bytes(model_path, qdq, layers, calibration_path)
+    input_bytes, output_bytes = _tensor_bytes(model_path, qdq, layers, calibration_path)
     bound = memory_mb << 20
-    samples = max(1, min(wanted, bound // max(per_sample.values())))
+    samples = max(1, min(wanted, bound // max(input_bytes[node] + output_bytes[node] for node in input_bytes)))
     batches = _calibration_batches(model_path, calibration_path, samples)
     samples = sum(len(next(iter(batch.values()))) for batch in batches)
-    sizes = {node: size * samples for node, size in per_sample.items()}
+    sizes = {node: (input_bytes[node] + output_bytes[node]) * samples for node in input_bytes}
     outputs = [output.name for output in qdq.graph.output]
-    reference = gather_tensors(model_path, outputs, batches)
-    calibrated_integers = {name: numpy_helper.to_array(tensor) for tensor in qdq.graph.initializer
-                           if (name := tensor.name) in {layer.quantized_weight_name for layer in layers}}
+    integer_names = {layer.quantized_weight_name for layer in layers}
+    calibrated_integers = {tensor.name: numpy_helper.to_array(tensor) for tensor in qdq.graph.initializer if tensor.name in integer_names}
+    quantized_reader = TensorReader(qdq, sorted({layer.quantized_input_name for layer in layers} | set(outputs)), overridable=sorted(integer_names))
+    fp32_reader = TensorReader(model_path, sorted({layer.output_name for layer in layers} | set(outputs)))
+    reference = fp32_reader.read(outputs, batches)
+    # FP32's targets do not change as layers are learned: read them all in one pass when half the bound holds them.
+    every_target = (fp32_reader.read(sorted({layer.output_name for layer in layers}), batches)
+                    if sum(output_bytes.values()) * samples <= bound // 2 else None)
+    calibrated_error = _output_error(quantized_reader.read(outputs, batches), reference)
+    if every_target is not None:
+        bound -= sum(output_bytes.values()) * samples
+        sizes = {node: input_bytes[node] * samples for node in input_bytes}
     pending = _chunks(layers, sizes, count=ORDER_RUNS, bound=bound)
-    runs, calibrated_error = 0, None
+    runs = 0
     while pending:
         chunk, gathering = pending.pop(0), time.perf_counter()
-        replace_integer_weights(qdq, learned)
-        inputs = gather_tensors(qdq, sorted({layer.quantized_input_name for layer in chunk} | ({*outputs} if runs == 0 else set())), batches)
-        if runs == 0:
-            calibrated_error = _output_error(inputs, reference)
-        targets = gather_tensors(model_path, sorted({layer.output_name for layer in chunk}), batches)
+        inputs = quantized_reader.read(sorted({layer.quantized_input_name for layer in chunk}), batches, overrides=_integers(learned, calibrated_integers))
+        targets = every_target or fp32_reader.read(sorted({layer.output_name for layer in chunk}), batches)
         runs += 1
         # Gathering costs a pass over the data each run: fewer, longer runs when passes would eat the learning time.
         remaining = budget - (time.perf_counter() - started)
@@ -125,13 +142,17 @@ def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weight
             pending = _chunks(rest, sizes, count=affordable, bound=bound)
         share = remaining * len(chunk) / (len(chunk) + len(rest))
         _learn_layers(chunk, weights, inputs, targets, budget=share, started=time.perf_counter(), results=results, learned=learned)
-    replace_integer_weights(qdq, learned)
-    learned_error = _output_error(gather_tensors(qdq, outputs, batches), reference)
+    learned_error = _output_error(quantized_reader.read(outputs, batches, overrides=_integers(learned, calibrated_integers)), reference)
     kept = "learned" if learned_error <= calibrated_error else "calibrated"
     if kept == "calibrated":
         learned.update(calibrated_integers)
     return {"samples": samples, "runs": runs, "output_error_calibrated": round(calibrated_error, 6),
             "output_error_learned": round(learned_error, 6), "kept": kept}
+
+
+def _integers(learned: dict[str, np.ndarray], calibrated: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The integer weights as the graph holds them (dtype and shape), learned where learned so far."""
+    return {name: np.asarray(learned.get(name, value)).astype(value.dtype).reshape(value.shape) for name, value in calibrated.items()}
 
 
 def _output_error(values: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
