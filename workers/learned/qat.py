@@ -136,10 +136,11 @@ def distillation_targets(fp32: onnx.ModelProto) -> list[str]:
 def split_held_out(count: int) -> tuple[list[int], list[int]]:
     """(training, held-out) batch indices: a quarter of the batches, the last ones, judge which pass is kept, so that
     a student that only learns the calibration samples by heart is not the one shipped. One batch alone trains and judges."""
-    held = int(count * HELD_OUT_SHARE) if count >= 2 else 0
-    held = max(1, held) if count >= 2 else 0
     indices = list(range(count))
-    return (indices[:count - held], indices[count - held:]) if held else (indices, indices)
+    if count < 2:
+        return indices, indices
+    held = max(1, int(count * HELD_OUT_SHARE))
+    return indices[:count - held], indices[count - held:]
 
 
 def distill(student: OnnxModule, trainable: set[str], batches: list[dict[str, np.ndarray]], teacher: list[dict[str, np.ndarray]],

@@ -74,11 +74,10 @@ def _calibration_batches(model_path: Path, calibration_path: Path, samples: int)
     return batches or [arrays]
 
 
-def _tensor_bytes(model_path: Path, qdq: onnx.ModelProto, layers, calibration_path: Path) -> tuple[dict[str, int], dict[str, int]]:
+def _tensor_bytes(quantized: TensorReader, fp32: TensorReader, layers, probe: list[dict[str, np.ndarray]]) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes per sample of each layer's input (as the QDQ graph computes it) and of its output (FP32), keyed by layer node."""
-    feeds = _calibration_batches(model_path, calibration_path, 1)[:1]
-    inputs = gather_tensors(qdq, sorted({layer.quantized_input_name for layer in layers}), feeds)
-    outputs = gather_tensors(model_path, sorted({layer.output_name for layer in layers}), feeds)
+    inputs = quantized.read(sorted({layer.quantized_input_name for layer in layers}), probe)
+    outputs = fp32.read(sorted({layer.output_name for layer in layers}), probe)
     return ({layer.node: inputs[layer.quantized_input_name][:1].nbytes for layer in layers},
             {layer.node: outputs[layer.output_name][:1].nbytes for layer in layers})
 
@@ -108,17 +107,17 @@ def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weight
     pass over the data per layer, several where it does not. One run's inputs are held at a time (and FP32's targets of
     every layer, when half the memory bound holds them). If the learned
     graph's outputs end further from FP32's than the calibrated graph's, the calibrated integers are kept."""
-    input_bytes, output_bytes = _tensor_bytes(model_path, qdq, layers, calibration_path)
-    bound = memory_mb << 20
-    samples = max(1, min(wanted, bound // max(input_bytes[node] + output_bytes[node] for node in input_bytes)))
-    batches = _calibration_batches(model_path, calibration_path, samples)
-    samples = sum(len(next(iter(batch.values()))) for batch in batches)
-    sizes = {node: (input_bytes[node] + output_bytes[node]) * samples for node in input_bytes}
     outputs = [output.name for output in qdq.graph.output]
     integer_names = {layer.quantized_weight_name for layer in layers}
     calibrated_integers = {tensor.name: numpy_helper.to_array(tensor) for tensor in qdq.graph.initializer if tensor.name in integer_names}
     quantized_reader = TensorReader(qdq, sorted({layer.quantized_input_name for layer in layers} | set(outputs)), overridable=sorted(integer_names))
     fp32_reader = TensorReader(model_path, sorted({layer.output_name for layer in layers} | set(outputs)))
+    input_bytes, output_bytes = _tensor_bytes(quantized_reader, fp32_reader, layers, _calibration_batches(model_path, calibration_path, 1)[:1])
+    bound = memory_mb << 20
+    samples = max(1, min(wanted, bound // max(input_bytes[node] + output_bytes[node] for node in input_bytes)))
+    batches = _calibration_batches(model_path, calibration_path, samples)
+    samples = sum(len(next(iter(batch.values()))) for batch in batches)
+    sizes = {node: (input_bytes[node] + output_bytes[node]) * samples for node in input_bytes}
     reference = fp32_reader.read(outputs, batches)
     # FP32's targets do not change as layers are learned: read them all in one pass when half the bound holds them.
     every_target = (fp32_reader.read(sorted({layer.output_name for layer in layers}), batches)
@@ -132,7 +131,7 @@ def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weight
     while pending:
         chunk, gathering = pending.pop(0), time.perf_counter()
         inputs = quantized_reader.read(sorted({layer.quantized_input_name for layer in chunk}), batches, overrides=_integers(learned, calibrated_integers))
-        targets = every_target or fp32_reader.read(sorted({layer.output_name for layer in chunk}), batches)
+        targets = every_target if every_target is not None else fp32_reader.read(sorted({layer.output_name for layer in chunk}), batches)
         runs += 1
         # Gathering costs a pass over the data each run: fewer, longer runs when passes would eat the learning time.
         remaining = budget - (time.perf_counter() - started)
