@@ -1,4 +1,4 @@
-"""The sandbox PyTorch files are loaded in: no network, no processes, no writes outside its folder, bounded memory."""
+"""The sandbox PyTorch files are loaded in: no network, no processes, no reads or writes outside its folder, bounded memory."""
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(300)
 GUARDED = textwrap.dedent("""
     import os, socket, subprocess, sys, tempfile
     from pathlib import Path
-    from workers.pytorch.child import install_guard
+    from workers.pytorch.commands import install_guard
     private = Path(tempfile.mkdtemp())
     install_guard(private)
     def refused(action):
@@ -65,3 +65,51 @@ def test_parity_on_dataset_inputs_compares_pytorch_with_the_export(tmp_path):
     parity = result["parity"]
     # Five samples through a batch-2 model: three padded batches.
     assert parity["passed"] and parity["samples"] == 6 and parity["outputs"][0]["max_abs_error"] < 1e-4
+
+
+def test_torchscript_that_writes_a_file_is_stopped_by_the_os_alone(tmp_path):
+    """The operator allow-list switched off: the confinement by itself keeps the write from reaching the host."""
+    target = tmp_path / "outside" / "written-by-model"
+    target.parent.mkdir()
+    target.parent.chmod(0o777)
+    model = torch_models.save_file_writer(tmp_path / "writer.pt", target)
+    with pytest.raises(SandboxFailed) as failed:
+        run_in_sandbox({"command": "convert", "kind": "torchscript"}, files={"model": model}, check_operators=False)
+    assert "from_file" in str(failed.value) or "No such file" in str(failed.value), failed.value
+    assert not target.exists()
+
+
+def test_torchscript_that_reads_a_file_learns_nothing_even_from_the_error(tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(bytes([201, 202, 203, 204]) * 4)
+    secret.chmod(0o644)
+    tmp_path.chmod(0o755)
+    model = torch_models.save_file_reader(tmp_path / "reader.pt", secret, tmp_path)
+    with pytest.raises(SandboxFailed) as failed:
+        run_in_sandbox({"command": "convert", "kind": "torchscript"}, files={"model": model}, check_operators=False)
+    message = str(failed.value)
+    assert "No such file" in message and not any(str(byte) in message for byte in (201, 202, 203, 204)), message
+
+
+def test_the_same_reader_unconfined_would_leak_the_bytes_in_its_error(tmp_path):
+    """The control for the test above: without the sandbox's layers, the error message carries the file's bytes."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(bytes([201, 202, 203, 204]) * 4)
+    model = torch_models.save_file_reader(tmp_path / "reader.pt", secret, tmp_path)
+    from workers.sandbox import runner
+
+    with pytest.raises(SandboxFailed) as failed:
+        runner.run_confined("torch.convert", {"kind": "torchscript", "check_operators": False}, files={"model": model}, layers=(),
+                            allow_unconfined=True)
+    assert "201" in str(failed.value), failed.value
+
+
+@pytest.mark.parametrize("check_operators", [True, False])
+def test_file_writer_is_refused_by_name_before_it_runs(tmp_path, check_operators):
+    target = tmp_path / "written-by-model"
+    model = torch_models.save_file_writer(tmp_path / "writer.pt", target)
+    with pytest.raises(SandboxFailed) as failed:
+        run_in_sandbox({"command": "convert", "kind": "torchscript"}, files={"model": model}, check_operators=check_operators)
+    if check_operators:
+        assert failed.value.code == "forbidden_operator" and "aten::from_file" in str(failed.value)
+    assert not target.exists()

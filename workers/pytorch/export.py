@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .operators import check as check_operators_allowed
 from .scan import TORCH_EXPORT
 
 PARITY_MIN_COSINE = 1 - 1e-4
@@ -34,18 +35,55 @@ class LoadedModel:
     parameter_count: int = 0
 
 
-def load_model(kind: str, path: Path) -> LoadedModel:
+def load_model(kind: str, path: Path, *, check_operators: bool = True) -> LoadedModel:
+    """Load a checked file; before anything runs, every operator it would call must be on the allow-list."""
     if kind == TORCH_EXPORT:
         program = torch.export.load(str(path))
+        if check_operators:
+            check_operators_allowed(_program_operators(program), where="The model")
         module = program.module()
         histogram = Counter(str(node.target) for node in program.graph.nodes if node.op == "call_function")
         parameters = sum(int(value.numel()) for value in program.state_dict.values())
         return LoadedModel(kind, module, program, _export_input_specs(program), dict(histogram), parameters)
     module = torch.jit.load(str(path), map_location="cpu")
+    if check_operators:
+        check_operators_allowed(_script_operators(module), where="The model")
     module.eval()
     histogram = Counter(node.kind() for node in module.inlined_graph.nodes() if node.kind() not in _NON_OPS)
     parameters = sum(int(p.numel()) for p in module.parameters())
     return LoadedModel(kind, module, None, _traced_input_specs(path, module), dict(histogram), parameters)
+
+
+def _program_operators(program) -> set[str]:
+    """Every call_function target of a torch.export program, its nested graphs (cond, loops) included."""
+    found = set()
+    for graph_module in program.graph_module.modules():
+        if isinstance(graph_module, torch.fx.GraphModule):
+            for node in graph_module.graph.nodes:
+                if node.op == "call_function":
+                    found.add(_target_name(node.target))
+    return found
+
+
+def _target_name(target) -> str:
+    name = getattr(target, "name", None)
+    if callable(name) and isinstance(getattr(target, "namespace", None), str):
+        return name() if "::" in name() else f"{target.namespace}::{name()}"
+    return f"{getattr(target, '__module__', None) or 'builtins'}::{getattr(target, '__name__', str(target))}"
+
+
+def _script_operators(module) -> set[str]:
+    """Every node kind of each method TorchScript compiled, calls inlined and nested blocks included."""
+    found: set[str] = set()
+    pending = [module.inlined_graph]
+    for method_name in module._c._method_names():
+        pending.append(getattr(module, method_name).graph)
+    while pending:
+        block = pending.pop()
+        for node in block.nodes():
+            found.add(node.kind())
+            pending.extend(node.blocks())
+    return found
 
 
 def _dim(value) -> int | str:

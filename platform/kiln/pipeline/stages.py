@@ -69,7 +69,8 @@ def _pytorch_parity(job) -> str:
         try:
             result = run_in_sandbox({"command": "parity", "kind": version.source_format, "max_samples": PARITY_SAMPLES},
                                     files={"model": blob_file(version.blob), "onnx": source_model_path(job), "inputs": inputs},
-                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
+                                    allow_unconfined=settings.SANDBOX_ALLOW_UNCONFINED, uid=settings.SANDBOX_UID)
         except SandboxFailed as failed:
             raise StageFailed(f"The PyTorch model could not be compared with its ONNX export: {failed}") from None
     parity = result["parity"]

@@ -21,7 +21,7 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
 from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
-from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
+from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.raw_datasets import build_raw_dataset
 
@@ -186,10 +186,14 @@ def _convert_torch_upload(upload_path: Path, staging: Path, *, filename: str) ->
     onnx_path = staging / CONVERTED_ONNX_MEMBER
     try:
         conversion = run_in_sandbox({"command": "convert", "kind": facts.kind, "onnx_out": str(onnx_path)}, files={"model": upload_path},
-                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
+                                    allow_unconfined=settings.SANDBOX_ALLOW_UNCONFINED, uid=settings.SANDBOX_UID)
+    except Unconfined as refused:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KilnError(f"{filename} was not loaded: {refused}", code="sandbox_unavailable", status_code=503) from None
     except SandboxFailed as failed:
         shutil.rmtree(staging, ignore_errors=True)
-        raise KilnError(f"{filename} could not be loaded and exported to ONNX: {failed}", code="conversion_failed") from None
+        raise KilnError(f"{filename} could not be loaded and exported to ONNX: {failed}", code=failed.code or "conversion_failed") from None
     parity = conversion["parity"]
     if not parity["passed"]:
         shutil.rmtree(staging, ignore_errors=True)

@@ -2,6 +2,7 @@
 pickles, forbidden imports and custom code are refused with the reason and leave nothing behind."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +96,21 @@ def test_scripted_torchscript_without_example_inputs_fails_readably(tenant, sett
     torch.jit.script(torch_models.tiny_net()).save(str(path))
     message = _refused(tenant, settings, path, "conversion_failed")
     assert "traced" in message and "kiln-torch-" not in message
+
+
+def test_torchscript_that_would_write_a_server_file_is_refused_naming_the_operator(tenant, settings, tmp_path):
+    """Issue #22: torch.from_file(shared=True) created a root-owned file in /tmp; now the upload is refused and nothing is written."""
+    marker = Path("/tmp") / f"kiln-from-file-{os.getpid()}"
+    path = torch_models.save_file_writer(tmp_path / "writer.pt", marker)
+    message = _refused(tenant, settings, path, "forbidden_operator")
+    assert "aten::from_file" in message
+    assert not marker.exists()
+
+
+def test_torchscript_that_would_read_a_server_file_gets_nothing_back(tenant, settings, tmp_path):
+    """The reader's IndexError would carry /etc/os-release's bytes into the 400; it is refused before it runs."""
+    path = torch_models.save_file_reader(tmp_path / "reader.pt", Path("/etc/os-release"), tmp_path)
+    message = _refused(tenant, settings, path, "forbidden_operator")
+    content = Path("/etc/os-release").read_bytes()[:4]
+    assert "aten::from_file" in message and "out of bounds" not in message
+    assert not any(f"index {byte}" in message for byte in content)

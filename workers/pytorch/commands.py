@@ -1,15 +1,12 @@
-"""The sandboxed side: `python -m workers.pytorch.child REQUEST.json` loads a checked PyTorch file and exports or compares it.
+"""The PyTorch commands the sandbox runs (workers/sandbox/child.py calls them, already confined).
 
-Started only by sandbox.py, inside a private folder, with resource limits and (where the kernel
-allows) no network namespace. Before the model is touched, an audit hook refuses sockets, new
-processes and writes outside the private folder, so a model that tries any of them fails with a
-readable error instead of doing it. The result (or the error) is written as JSON next to the request.
+Before the model is touched, an audit hook refuses sockets, new processes and writes outside the
+private folder: a last, in-process wall behind the OS confinement and the operator allow-list, which
+turns an attempt into a readable error instead of an obscure one.
 """
 from __future__ import annotations
 
-import json
 import os
-import resource
 import sys
 from pathlib import Path
 
@@ -38,8 +35,8 @@ def install_guard(private_dir: Path) -> None:
     sys.addaudithook(guard)
 
 
-def _preload() -> None:
-    """Import what the work needs before the guard is on (imports themselves read and map files)."""
+def _prepare(work: Path) -> None:
+    """Import what the work needs, then guard (imports themselves read and map files)."""
     import numpy  # noqa: F401
     import onnx  # noqa: F401
     import onnxruntime  # noqa: F401
@@ -54,13 +51,15 @@ def _preload() -> None:
         from torch.onnx._internal.exporter import _core  # noqa: F401
     except ImportError:
         pass  # the dynamo exporter then fails and the TorchScript-based one is used, with that reason
+    install_guard(work)
 
 
-def _convert(request: dict, work: Path) -> dict:
+def convert(request: dict, work: Path) -> dict:
+    _prepare(work)
     from .export import dataset_batches, example_inputs, export_onnx, load_model, parity
 
-    model = load_model(request["kind"], Path(request["model"]))
-    onnx_path = Path(request["onnx"])
+    model = load_model(request["kind"], Path(request["model"]), check_operators=request.get("check_operators", True))
+    onnx_path = work / "model.onnx"
     exported = export_onnx(model, onnx_path)
     if request.get("inputs"):
         batches = dataset_batches(model.inputs, Path(request["inputs"]), max_samples=int(request.get("max_samples", 64)))
@@ -70,41 +69,11 @@ def _convert(request: dict, work: Path) -> dict:
             "parity": parity(model, onnx_path, batches), "torch_version": __import__("torch").__version__}
 
 
-def _parity(request: dict, work: Path) -> dict:
-    from .export import dataset_batches, load_model, parity
+def parity(request: dict, work: Path) -> dict:
+    _prepare(work)
+    from .export import dataset_batches, load_model
+    from .export import parity as compare
 
-    model = load_model(request["kind"], Path(request["model"]))
+    model = load_model(request["kind"], Path(request["model"]), check_operators=request.get("check_operators", True))
     batches = dataset_batches(model.inputs, Path(request["inputs"]), max_samples=int(request.get("max_samples", 64)))
-    return {"parity": parity(model, Path(request["onnx"]), batches)}
-
-
-COMMANDS = {"convert": _convert, "parity": _parity}
-
-
-def apply_limits(limits: dict) -> None:
-    memory = int(limits["memory_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_seconds"]), int(limits["cpu_seconds"]) + 5))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_bytes"]), int(limits["file_bytes"])))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def main(request_path: str) -> int:
-    request_file = Path(request_path)
-    work = request_file.parent
-    request = json.loads(request_file.read_text())
-    apply_limits(request["limits"])
-    _preload()
-    install_guard(work)
-    try:
-        result = COMMANDS[request["command"]](request, work)
-        status = 0
-    except BaseException as error:  # everything the model does wrong becomes a message, not a crash
-        result = {"error": f"{type(error).__name__}: {error}"[:2000]}
-        status = 2
-    (work / "result.json").write_text(json.dumps(result, default=str))
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    return {"parity": compare(model, Path(request["onnx"]), batches)}

@@ -1,0 +1,71 @@
+"""The sandboxed side: `python -m workers.sandbox.child REQUEST.json` confines itself, then runs one named command.
+
+Started only by runner.py. Order matters: rlimits, then the OS confinement (confine.enter), and only then
+the import of the command's module, so that nothing that parses the user's file runs unconfined. The
+result (or the error) is written as JSON next to the request.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import resource
+import sys
+from pathlib import Path
+
+from .confine import Plan, enter
+
+# Commands by name; the request names one, never a module path.
+COMMANDS = {
+    "probe": "workers.sandbox.probe:escapes",
+    "torch.convert": "workers.pytorch.commands:convert",
+    "torch.parity": "workers.pytorch.commands:parity",
+}
+
+
+def apply_limits(limits: dict) -> None:
+    memory = int(limits["memory_mb"]) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_seconds"]), int(limits["cpu_seconds"]) + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_bytes"]), int(limits["file_bytes"])))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _run(request: dict, work: Path) -> tuple[dict, int]:
+    granted = enter(Plan(**request["plan"]))
+    if request.get("require_os_confinement") and not granted.os_confined():
+        reasons = "; ".join(granted.notes) or "no reason given"
+        return {"error": "this server's kernel grants none of the sandbox's confinements (user or mount namespaces, Landlock, "
+                         f"seccomp: {reasons}), so it does not load PyTorch files; an operator can allow it with "
+                         "KILN_SANDBOX_ALLOW_UNCONFINED=true", "unconfined": True, "sandbox": granted.as_dict()}, 3
+    module_name, function_name = COMMANDS[request["command"]].split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    try:
+        result, status = function(request, work), 0
+    except BaseException as error:  # everything a user's file does wrong becomes a message, not a crash
+        result, status = _failure(error), 2
+    result["sandbox"] = granted.as_dict()
+    return result, status
+
+
+def _failure(error: BaseException) -> dict:
+    """An error a command raised on purpose (it has a `code`) is told as is; anything else with its type."""
+    code = getattr(error, "code", None)
+    text = str(error) if isinstance(code, str) else f"{type(error).__name__}: {error}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 6:  # a TorchScript traceback: its first line and the cause at its end are what a user reads
+        text = f"{lines[0]} ... {' '.join(lines[-3:])}"
+    return {"error": text[:2000], "code": code if isinstance(code, str) else None}
+
+
+def main(request_path: str) -> int:
+    request_file = Path(request_path)
+    work = request_file.parent
+    request = json.loads(request_file.read_text())
+    apply_limits(request["limits"])
+    result, status = _run(request, work)
+    (work / "result.json").write_text(json.dumps(result, default=str))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
