@@ -36,6 +36,11 @@ STRUCTURAL = (
     "_operator::mod", "_operator::neg", "_operator::pow", "_operator::eq", "_operator::ne", "_operator::lt", "_operator::le",
     "_operator::gt", "_operator::ge", "_operator::and_", "_operator::or_", "_operator::not_", "math::ceil", "math::floor",
     "math::sqrt", "higher_order::cond", "higher_order::while_loop", "higher_order::map_impl", "higher_order::scan",
+    # quantized modules pack their weights when loaded (their __setstate__) and unpack them to export
+    "quantized::linear_prepack", "quantized::linear_prepack_fp16", "quantized::linear_unpack", "quantized::linear_unpack_fp16",
+    "quantized::conv1d_prepack", "quantized::conv2d_prepack", "quantized::conv3d_prepack", "quantized::conv_transpose1d_prepack",
+    "quantized::conv_transpose2d_prepack", "quantized::conv1d_unpack", "quantized::conv2d_unpack", "quantized::conv3d_unpack",
+    "quantized::conv_transpose2d_unpack", "quantized::embedding_bag_prepack", "quantized::embedding_bag_unpack",
 )
 
 

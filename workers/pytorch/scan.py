@@ -15,6 +15,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from . import operators
+
 TORCH_EXPORT = "torch-export"
 TORCHSCRIPT = "torchscript"
 
@@ -45,7 +47,8 @@ ALLOWED_GLOBALS = frozenset({
     "torch.jit._pickle.build_tensorlist",
     "torch.jit._pickle.build_tensor_from_id",
 })
-ALLOWED_TORCH_NAMES = re.compile(r"^torch\.(\w+Storage|float\d*|bfloat16|half|double|int\d*|uint\d*|bool|complex\d*|long|short|qint8|quint8|qint32)$")
+ALLOWED_TORCH_NAMES = re.compile(r"^torch\.(\w+Storage|float\d*|bfloat16|half|double|int\d*|uint\d*|bool|complex\d*|long|short|qint8|quint8|qint32|"
+                                 r"per_tensor_affine|per_channel_affine|per_tensor_symmetric|per_channel_symmetric|per_channel_affine_float_qparams)$")
 TORCHSCRIPT_CLASS = re.compile(r"^__torch__(\.[\w.]+)?\.\w+$")
 # Operator namespaces a model may call without custom code (TorchScript code, torch.export graphs).
 ALLOWED_OP_NAMESPACES = frozenset({"aten", "prim", "quantized", "_quantized", "higher_order"})
@@ -234,3 +237,19 @@ def _check_operators(archive: zipfile.ZipFile, names: list[str], kind: str) -> N
                 "only PyTorch's built-in operators can be loaded.",
                 code="custom_code",
             )
+        if kind == TORCHSCRIPT:
+            _check_load_time_code(text, label=_inner(name))
+
+
+SETSTATE = re.compile(r"^(?P<indent>[ \t]*)def __setstate__\(.*?(?=^(?P=indent)def |\Z)", re.MULTILINE | re.DOTALL)
+SCRIPT_CALL = re.compile(r"\b(?:torch|ops\.(\w+))\.(\w+)\(")
+
+
+def _check_load_time_code(text: str, *, label: str) -> None:
+    """`__setstate__` runs while TorchScript loads the file, before the sandbox can read the loaded graph: check its calls here."""
+    for body in SETSTATE.finditer(text):
+        called = {f"{namespace or 'aten'}::{name}" for namespace, name in SCRIPT_CALL.findall(body.group(0))}
+        try:
+            operators.check(called, where=f"{label} (its __setstate__, which runs at load)")
+        except operators.RefusedOperators as refused:
+            raise RefusedTorchFile(str(refused), code=refused.code) from None
