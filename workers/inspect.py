@@ -341,3 +341,21 @@ def _raw_grid(anchors, ops: set[str], inputs) -> dict[str, Any] | None:
     if sum((height // stride) * (width // stride) for stride in _DETECTION_STRIDES) != anchors:
         return None
     return {"strides": list(_DETECTION_STRIDES), "input_hw": [height, width]}
+
+
+def inspect_upload(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `onnx.inspect` command: the checker's verdict, the model's description and its output kinds.
+
+    Runs confined (workers/sandbox) because the ONNX checker and the protobuf parser are native code
+    reading a user's file; the web process only reads the answer.
+    """
+    path = Path(request["model"])
+    validation = validate_onnx(path)
+    if not validation["ok"]:
+        return {"validation": validation}
+    facts = inspect_onnx(path)
+    try:
+        kinds = infer_output_kinds(path)
+    except Exception as error:  # a model the heuristics cannot read still uploads (the job infers again from values)
+        kinds, facts["output_kinds_error"] = {}, f"{type(error).__name__}: {error}"
+    return {"validation": validation, "facts": facts, "output_kinds": kinds}

@@ -19,6 +19,7 @@ COMMANDS = {
     "probe": "workers.sandbox.probe:escapes",
     "torch.convert": "workers.pytorch.commands:convert",
     "torch.parity": "workers.pytorch.commands:parity",
+    "onnx.inspect": "workers.inspect:inspect_upload",
 }
 
 

@@ -91,16 +91,17 @@ def build_root(new_root: Path, *, readable: Iterable[str], writable: Iterable[st
     (new_root / "tmp").mkdir()
     mount("tmpfs", str(new_root / "tmp"), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m")
     _make_dev(new_root)
-    for path in _outermost(readable):
+    trees = _outermost(readable)
+    for path in trees:
         if os.path.islink(path) and os.path.dirname(path) == "/":  # merged /usr: /lib -> usr/lib
             os.symlink(os.readlink(path), new_root / path.lstrip("/"))
         elif os.path.exists(path):
             _bind_read_only(path, new_root / path.lstrip("/"))
     for path in writable:
         _bind_writable(path, new_root / path.lstrip("/"))
-    for path in hidden:  # a secret folder that a readable tree happens to contain
+    for path in hidden:  # a secret folder that a readable tree happens to contain (not one a shared file merely lies in)
         target = new_root / path.lstrip("/")
-        if target.is_dir():
+        if target.is_dir() and any(path.startswith(tree.rstrip("/") + "/") for tree in trees):
             mount("tmpfs", str(target), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k")
     (new_root / "etc").mkdir(exist_ok=True)
     (new_root / "etc" / "passwd").write_text("root:x:0:0::/:/nonexistent\nnobody:x:65534:65534::/nonexistent:/nonexistent\n")

@@ -63,9 +63,11 @@ def plan_for(work: Path, new_root: Path, *, uid: int) -> Plan:
 
 def run_confined(command: str, request: dict, *, files: dict[str, Path] | None = None, memory_mb: int = DEFAULT_MEMORY_MB,
                  cpu_seconds: int = DEFAULT_CPU_SECONDS, wall_seconds: int = DEFAULT_WALL_SECONDS, allow_unconfined: bool = False,
-                 outputs: dict[str, Path] | None = None, uid: int = NOBODY, layers: tuple[str, ...] = LAYERS) -> dict:
+                 outputs: dict[str, Path] | None = None, uid: int = NOBODY, layers: tuple[str, ...] = LAYERS,
+                 shared: tuple[Path, ...] = ()) -> dict:
     """Run `command` (a name in child.COMMANDS) on `request`; `files` are copied in and passed by their key's name.
 
+    `shared` files or folders are shown to the child read-only where they are, not copied (a large model);
     `uid` is the identity a child started by root takes; `layers` narrows the confinement (tests only).
     `outputs` maps names of files the child writes in its folder (with any `<name>.data` beside them) to
     where the caller wants them; everything else in the private folder is deleted.
@@ -78,7 +80,7 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
     try:
         staged = {**request, "command": command, "require_os_confinement": not allow_unconfined,
                   "limits": {"memory_mb": memory_mb, "cpu_seconds": cpu_seconds, "file_bytes": MAX_FILE_BYTES},
-                  "plan": {**asdict(plan_for(private, new_root, uid=uid)), "layers": list(layers)}}
+                  "plan": _plan_dict(plan_for(private, new_root, uid=uid), layers=layers, shared=shared)}
         for key, source in (files or {}).items():
             target = private / f"{key}{Path(source).suffix}"
             shutil.copyfile(source, target)
@@ -94,6 +96,20 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _plan_dict(plan: Plan, *, layers: tuple[str, ...], shared: tuple[Path, ...]) -> dict:
+    for path in shared:
+        _let_anyone_read(Path(path))
+    plan.readable = sorted({*plan.readable, *(str(Path(path).resolve()) for path in shared)})
+    return {**asdict(plan), "layers": list(layers)}
+
+
+def _let_anyone_read(path: Path) -> None:
+    """A shared upload must be readable by the sandbox's unprivileged user; the folders above it still keep others out."""
+    for item in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        if not item.is_symlink():
+            item.chmod(item.stat().st_mode | (0o555 if item.is_dir() else 0o444))
 
 
 def _move_out(path: Path, destination: Path) -> None:

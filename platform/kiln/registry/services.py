@@ -20,10 +20,10 @@ from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_to
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
-from workers.inspect import infer_output_kinds, inspect_onnx, validate_onnx
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.raw_datasets import build_raw_dataset
+from workers.sandbox.runner import run_confined
 
 from . import storage, uploads
 from .messages import unreadable_model_message
@@ -146,13 +146,14 @@ def _inspect_upload(*, upload_path: Path, source_format: str, sha256: str, filen
     else:
         names[Path(upload_path).name] = filename
     try:
-        validation = validate_onnx(onnx_path)
+        inspected = _inspect_confined(onnx_path, shared=staging or onnx_path)
+        validation = inspected["validation"]
         if not validation["ok"]:
             raise KilnError(_model_problem(onnx_path, filename, redact_server_paths(validation["error"], names)), code="invalid_model")
-        facts = inspect_onnx(onnx_path)
+        facts = inspected["facts"]
         facts["validation"] = validation
         _check_input_sizes(facts["signature"])
-        facts["output_kinds"] = _output_kinds(onnx_path)
+        facts["output_kinds"] = inspected["output_kinds"]
         if source_format in CONVERTED_FORMATS:
             facts["conversion"] = conversion
     except KilnError:
@@ -539,13 +540,13 @@ def upload_released_on_error(*, upload):
         raise
 
 
-def _output_kinds(onnx_path: Path) -> dict:
-    """Kinds inferred from the graph; a model the heuristics cannot read still uploads (the job infers again from values)."""
+def _inspect_confined(onnx_path: Path, *, shared: Path) -> dict:
+    """The ONNX checker, the description and the output kinds, parsed in the sandbox (workers.inspect.inspect_upload)."""
     try:
-        return infer_output_kinds(onnx_path)
-    except Exception as exc:
-        logger.warning("output kinds of %s could not be inferred: %s", onnx_path.name, exc)
-        return {}
+        return run_confined("onnx.inspect", {"model": str(onnx_path)}, shared=(Path(shared),), memory_mb=settings.TORCH_SANDBOX_MEMORY_MB,
+                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS, allow_unconfined=True, uid=settings.SANDBOX_UID)
+    except SandboxFailed as failed:
+        return {"validation": {"ok": False, "error": str(failed)}}
 
 
 def model_version_set_output_kinds(*, version: ModelVersion, overrides: dict) -> ModelVersion:

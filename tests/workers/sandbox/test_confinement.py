@@ -85,3 +85,22 @@ def test_seccomp_filter_jumps_stay_inside_the_program_and_end_in_allow(architect
 
 def test_landlock_reports_its_abi():
     assert landlock.abi_version() >= 0
+
+
+def test_the_data_folder_stays_hidden_inside_a_tree_the_child_may_read(tmp_path, monkeypatch):
+    """A shared tree (say an install that happens to hold the data folder) shows its files, never the data folder's."""
+    tree = tmp_path / "tree"
+    secret = tree / "data" / "secret_key"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("kiln-secret")
+    (tree / "model.onnx").write_text("shown")
+    monkeypatch.setenv("KILN_DATA_DIR", str(tree / "data"))
+    tmp_path.chmod(0o755)
+    result = run_confined("probe", {"targets": {"server_pid": os.getpid(), "secret_file": str(secret)}}, shared=(tree,), memory_mb=1024,
+                          layers=("namespaces", "user"))
+    if not result["sandbox"]["mount_namespace"]:
+        pytest.skip(f"this kernel grants no mount namespace: {result['sandbox']['notes']}")
+    assert result["escapes"]["read a host file"].startswith("refused"), result
+    shown = run_confined("probe", {"targets": {"server_pid": os.getpid(), "secret_file": str(tree / "model.onnx")}}, shared=(tree,),
+                         memory_mb=1024, layers=("namespaces", "user"))
+    assert shown["escapes"]["read a host file"] == "ALLOWED"
