@@ -16,6 +16,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from kiln.accounts.models import Role
+from workers.sandbox.report import granted_names
+from workers.sandbox.runner import SandboxFailed, probe
 
 DEMO_USERNAME = "demo"
 DEMO_ORGANIZATION = "Demo"
@@ -44,6 +46,16 @@ def _demo_credentials() -> dict:
     with os.fdopen(fd, "w") as handle:
         json.dump(credentials, handle)
     return credentials
+
+
+def sandbox_summary() -> str:
+    try:
+        report = probe(uid=settings.SANDBOX_UID)
+    except SandboxFailed as failed:
+        return f"could not start ({failed})"
+    escaped = [name for name, outcome in report["escapes"].items() if not outcome.startswith("refused")]
+    granted = ", ".join(granted_names(report["sandbox"])) or "no OS confinement"
+    return granted + (f"; NOT stopped: {', '.join(escaped)}" if escaped else "; every escape attempt stopped")
 
 
 def web_server_command(bin_dir: Path, *, bind: str, workers: int, platform_dir: Path) -> list[str]:
@@ -86,7 +98,8 @@ class Command(BaseCommand):
         self.stdout.write(f"  sign in as {credentials['username']} / {credentials['password']}")
         self.stdout.write(f"  API docs: {url}/api/docs/")
         self.stdout.write(f"  API token: {credentials['token']}")
-        self.stdout.write(f"  command line: .venv/bin/kiln login --server {url} --token {credentials['token']}\n")
+        self.stdout.write(f"  command line: .venv/bin/kiln login --server {url} --token {credentials['token']}")
+        self.stdout.write(f"  model sandbox: {sandbox_summary()} (details: python platform/manage.py sandbox)\n")
         self._wait(processes)
 
     def _start_agent(self, url: str, credentials: dict, bin_dir: Path, env: dict) -> subprocess.Popen:
