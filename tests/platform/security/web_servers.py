@@ -30,6 +30,9 @@ class WebServer:
     def post(self, path: str, **kwargs) -> requests.Response:
         return requests.post(f"{self.url}{path}", timeout=30, **kwargs)
 
+    def patch(self, path: str, **kwargs) -> requests.Response:
+        return requests.patch(f"{self.url}{path}", timeout=30, **kwargs)
+
 
 def _stop(process: subprocess.Popen) -> None:
     os.killpg(process.pid, signal.SIGTERM)
