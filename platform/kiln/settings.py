@@ -189,6 +189,9 @@ MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
 # JSON bodies are read into memory, so they get their own, much smaller limits.
 MAX_JSON_BYTES = _env_int("KILN_MAX_JSON_BYTES", 1024**2, minimum=1024)
 MAX_AGENT_RESULT_BYTES = _env_int("KILN_MAX_AGENT_RESULT_BYTES", 4 * 1024**2, minimum=64 * 1024)
+# What one organization may keep stored (its blobs, plus uploads in flight at their declared length);
+# 0: no quota. Checked when an upload starts and when a job is created.
+STORAGE_QUOTA_BYTES = _env_int("KILN_STORAGE_QUOTA_BYTES", 100 * 1024**3, minimum=0)
 # Declared array bytes of one dataset (checked from the .npy headers before any data is read).
 MAX_DATASET_BYTES = _env_int("KILN_MAX_DATASET_BYTES", 8 * 1024**3, minimum=1)
 # Elements of one model input at batch 1; stages allocate inputs this size, so it is refused at upload.

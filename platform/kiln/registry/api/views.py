@@ -39,6 +39,9 @@ class StreamingUploadMixin:
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         upload_id = values.pop("upload", None)
+        if "file" in values:
+            # A resumable upload was counted against the quota when it began; a multipart body is counted now.
+            services.storage_quota_check(organization=request.organization, adding_bytes=values["file"].size, what="This upload")
         if upload_id is not None:
             upload = selectors.upload_get(organization=request.organization, owner=f"user:{request.user.id}", upload_id=upload_id)
             values["file"] = services.upload_consume(upload=upload)
@@ -168,6 +171,14 @@ class DatasetDetailView(APIView):
     def delete(self, request, pk: int):
         services.dataset_delete(dataset=selectors.dataset_get(organization=request.organization, dataset_id=pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class StorageView(APIView):
+    """What the organization stores against its quota (KILN_STORAGE_QUOTA_BYTES)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(selectors.organization_storage(organization=request.organization))
 
 
 # -- resumable uploads (tus 1.0.0: core, creation, termination) -------------------------------
