@@ -56,3 +56,15 @@ def test_a_viewer_cannot_read_the_package_encryption_key(tenant, member, viewer)
     assert member.client.get("/api/v1/packages/key/").json()["key"] == owners
     # The public signing key is public.
     assert viewer.client.get("/api/v1/packages/signing-key/").status_code == 200
+
+
+def test_members_neither_see_nor_revoke_each_other_s_tokens(tenant, member, viewer):
+    from kiln.accounts.models import ApiToken
+    from kiln.core.tokens import token_digest
+
+    owners = ApiToken.objects.get(digest=token_digest(tenant.token))
+    assert owners.id not in [token["id"] for token in member.client.get("/api/v1/tokens/").json()]
+    assert_json_error(member.client.post(f"/api/v1/tokens/{owners.id}/revoke/"), 404)
+    assert ApiToken.objects.get(pk=owners.pk).revoked_at is None
+    # Viewers change nothing, their own tokens included.
+    assert_json_error(viewer.client.post("/api/v1/tokens/", {"name": "mine"}, format="json"), 403)
