@@ -24,6 +24,7 @@ from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
+from kiln.registry.services import storage_quota_check
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
@@ -270,6 +271,7 @@ class ArtifactView(AgentView):
             )
         else:
             upload = values["file"]
+            storage_quota_check(organization=self.agent.organization, adding_bytes=upload.size, what="This engine")
             artifact = services.device_task_store_artifact(
                 agent=self.agent, task_id=task_id, attempt=values["attempt"], path=Path(upload.temporary_file_path()),
                 filename=values.get("filename") or upload.name,
