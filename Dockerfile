@@ -22,4 +22,5 @@ USER kiln
 ENV KILN_DATA_DIR=/data
 EXPOSE 8000
 # ASGI under uvicorn workers: an agent's lease long-poll waits on the event loop, holding no thread.
-CMD ["gunicorn", "kiln.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker", "--chdir", "platform", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "300", "--no-control-socket"]
+# Kiln's worker class leaves X-Forwarded-For to KILN_TRUSTED_PROXIES (set it to your proxy's address).
+CMD ["gunicorn", "kiln.asgi:application", "--worker-class", "kiln.core.web_worker.UvicornWorker", "--chdir", "platform", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "300", "--no-control-socket"]

@@ -32,6 +32,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
+import struct
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 AUDIO_SUFFIXES = (".wav",)
 TYPES = ("image", "audio", "text")
 MAX_IMAGE_SIDE = 4096
+# Pixels an image may declare before it is decoded (Pillow's own bomb warning starts at 89 M).
+MAX_IMAGE_PIXELS = 89_478_485
 MAX_AUDIO_SECONDS = 600
 MAX_TEXT_LENGTH = 8192
 TEXT_FIELDS = ("ids", "attention_mask", "type_ids")
@@ -50,14 +54,48 @@ class RecipeError(ValueError):
     """The recipe is malformed, or one raw sample cannot be prepared by it; the message says which."""
 
 
+# Deeper than any recipe (the deepest is 3 levels); checked before json.loads, which recurses.
+MAX_RECIPE_DEPTH = 8
+_OBJECT_REPR = re.compile(r"<[^<>]*? (?:object )?at 0x[0-9a-fA-F]+>")
+
+
+def library_message(error: BaseException) -> str:
+    """A decoder's error without the `<_io.BytesIO object at 0x7f…>` it names the bytes by."""
+    return _OBJECT_REPR.sub("the file", str(error))
+
+
+def _json_nesting(text: str) -> int:
+    """How deep brackets nest in JSON text (those inside strings do not count), without recursing."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 # -- checking a recipe --------------------------------------------------------------------------
 
 def parse_recipe(raw: Any) -> dict[str, Any]:
     """The recipe with its defaults filled in; RecipeError says what is wrong."""
     if isinstance(raw, str):
+        if _json_nesting(raw) > MAX_RECIPE_DEPTH:
+            raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep")
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, RecursionError) as error:
             raise RecipeError(f"the recipe is not JSON: {error}") from None
     if not isinstance(raw, dict) or raw.get("type") not in TYPES:
         raise RecipeError(f"a recipe is an object whose type is one of {', '.join(TYPES)}")
@@ -205,12 +243,19 @@ def decode_image(data: bytes, recipe: dict[str, Any]):
     from PIL import Image, UnidentifiedImageError
 
     try:
+        # Opening reads the header only; the declared size is checked before a pixel is decoded.
         with Image.open(io.BytesIO(data)) as opened:
-            if max(opened.size) > 4 * MAX_IMAGE_SIDE:
-                raise RecipeError(f"the image is {opened.size[0]}x{opened.size[1]}, over {4 * MAX_IMAGE_SIDE} pixels a side")
+            width, height = opened.size
+            if max(width, height) > 4 * MAX_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
+                raise RecipeError(f"the image declares {width}x{height} pixels, over this server's limit of {4 * MAX_IMAGE_SIDE} "
+                                  f"a side and {MAX_IMAGE_PIXELS:,} in all")
             image = opened.convert("L" if recipe["color"] == "L" else "RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise RecipeError(f"not an image Pillow can read ({error})") from None
+    except Image.DecompressionBombError as error:
+        raise RecipeError(f"the image declares too many pixels to decode ({library_message(error)})") from None
+    except UnidentifiedImageError:
+        raise RecipeError("not an image Pillow can read (not a JPEG or PNG it recognises)") from None
+    except (OSError, SyntaxError, ValueError) as error:
+        raise RecipeError(f"not an image Pillow can read ({library_message(error)})") from None
     height, width = recipe["size"]
     if recipe["resize"] == "shorter_side_crop":
         factor = max(height / image.height, width / image.width)
@@ -236,10 +281,11 @@ def prepare_audio(data: bytes, recipe: dict[str, Any]) -> np.ndarray:
     """One WAV file's bytes as a mono waveform at the recipe's rate, padded or cut to its length."""
     import soundfile
 
+    check_wav_header(data)
     try:
         waveform, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
-        raise RecipeError(f"not a sound file soundfile can read ({error})") from None
+        raise RecipeError(f"not a sound file soundfile can read ({library_message(error)})") from None
     if len(waveform) > rate * MAX_AUDIO_SECONDS:
         raise RecipeError(f"the recording is longer than {MAX_AUDIO_SECONDS} s")
     mono = waveform.mean(axis=1)
@@ -255,6 +301,56 @@ def prepare_audio(data: bytes, recipe: dict[str, Any]) -> np.ndarray:
     if length is not None:
         mono = mono[:length] if len(mono) >= length else np.pad(mono, (0, length - len(mono)))
     return np.ascontiguousarray(mono.astype(recipe["dtype"]))
+
+
+# Sample widths per WAV encoding (fmt chunk's format code) that decode faithfully: PCM, IEEE float,
+# A-law, mu-law; WAVE_FORMAT_EXTENSIBLE names PCM or float in its sub-format.
+WAV_PCM, WAV_FLOAT, WAV_ALAW, WAV_MULAW, WAV_EXTENSIBLE = 1, 3, 6, 7, 0xFFFE
+WAV_SAMPLE_BITS = {WAV_PCM: (8, 16, 24, 32), WAV_FLOAT: (32, 64), WAV_ALAW: (8,), WAV_MULAW: (8,)}
+MAX_WAV_CHANNELS = 64
+MAX_WAV_RATE = 768_000
+
+
+def check_wav_header(data: bytes) -> None:
+    """Refuse a WAV whose header is impossible or promises more than the file holds, before a decoder
+    trusts it: the RIFF/WAVE magic, a fmt chunk with a known encoding, a sample width that encoding has,
+    a block size that matches, and a data chunk no longer than the bytes after it."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise RecipeError("not a WAV file (no RIFF/WAVE header)")
+    offset, encoding = 12, None
+    while offset + 8 <= len(data):
+        chunk, size = data[offset : offset + 4], int.from_bytes(data[offset + 4 : offset + 8], "little")
+        body = offset + 8
+        if chunk == b"fmt ":
+            if size < 16 or size > len(data) - body:
+                raise RecipeError("the WAV's format chunk is truncated")
+            encoding = _wav_format(data[body : body + size])
+        elif chunk == b"data":
+            if encoding is None:
+                raise RecipeError("the WAV has no format chunk before its samples")
+            if size > len(data) - body:
+                raise RecipeError(f"the WAV declares {size:,} bytes of samples but holds {len(data) - body:,}")
+            return
+        offset = body + size + (size & 1)
+    raise RecipeError("the WAV has no data chunk")
+
+
+def _wav_format(fmt: bytes) -> int:
+    code, channels, rate, _, block_align, bits = struct.unpack_from("<HHIIHH", fmt)
+    if code == WAV_EXTENSIBLE:
+        if len(fmt) < 40:
+            raise RecipeError("the WAV's extensible format chunk is truncated")
+        code = struct.unpack_from("<H", fmt, 24)[0]
+    if code not in WAV_SAMPLE_BITS:
+        raise RecipeError(f"the WAV is encoded as format 0x{code:04x}; use PCM or float samples")
+    if bits not in WAV_SAMPLE_BITS[code]:
+        widths = ", ".join(map(str, WAV_SAMPLE_BITS[code]))
+        raise RecipeError(f"the WAV declares {bits}-bit samples; this encoding has {widths}-bit samples")
+    if not 1 <= channels <= MAX_WAV_CHANNELS or not 1 <= rate <= MAX_WAV_RATE:
+        raise RecipeError(f"the WAV declares {channels} channels at {rate} Hz; at most {MAX_WAV_CHANNELS} channels and {MAX_WAV_RATE} Hz")
+    if block_align != channels * bits // 8:
+        raise RecipeError(f"the WAV's block size ({block_align} bytes) does not match {channels} channels of {bits}-bit samples")
+    return code
 
 
 def audio_tensors(waveform: np.ndarray, recipe: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -284,7 +380,7 @@ def load_tokenizer(tokenizer_json: str, recipe: dict[str, Any]):
     try:
         tokenizer = Tokenizer.from_str(tokenizer_json)
     except Exception as error:  # the Rust side raises plain Exception for a bad file
-        raise RecipeError(f"not a tokenizer.json the tokenizers library can read ({error})") from None
+        raise RecipeError(f"not a tokenizer.json the tokenizers library can read ({library_message(error)})") from None
     tokenizer.enable_truncation(max_length=recipe["max_length"])
     tokenizer.enable_padding(length=recipe["max_length"])
     return tokenizer

@@ -60,7 +60,7 @@ def _configure_beat() -> None:
     }
 
 
-HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work")
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work", "expire_uploads")
 
 
 @task_prerun.connect

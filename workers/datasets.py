@@ -46,7 +46,7 @@ def inspect_npz(path: str | Path, *, display_name: str | None = None, max_bytes:
     path = Path(path)
     label = display_name or path.name
     with _open_npz(path, label) as npz:
-        headers = _read_headers(npz, label)
+        headers = _read_headers(npz.zip, label)
         _check_total_bytes(headers, max_bytes)
         samples = _sample_count(headers)
         for header in headers.values():
@@ -113,7 +113,13 @@ def inspect_samples(path: str | Path, *, display_name: str | None = None, max_by
             raise InvalidDataset(f"the samples hold {stored / 1024**2:.0f} MB in all, over this server's limit of "
                                  f"{max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
         arrays: dict[str, dict[str, Any]] = {}
+        declared = 0
         for member in members:
+            # Each sample's headers are checked (and their sizes added up) before its arrays are read.
+            declared += sum(header.nbytes for header in _nested_headers(archive, member, label).values())
+            if max_bytes is not None and declared > max_bytes:
+                raise InvalidDataset(f"the samples' arrays declare {_size_text(declared)} by sample {member!r}, over this server's "
+                                     f"limit of {_size_text(max_bytes)} (KILN_MAX_DATASET_BYTES)")
             _merge_sample(arrays, member, _sample_headers(archive, member, label))
     if not members:
         raise InvalidDataset(f"{label} holds no samples")
@@ -123,6 +129,21 @@ def inspect_samples(path: str | Path, *, display_name: str | None = None, max_by
         "has_labels": LABELS in arrays,
         "format": feeds.SAMPLES,
     }
+
+
+def _size_text(count: int) -> str:
+    return f"{count / 1024**2:,.0f} MB" if count >= 10 * 1024**2 else f"{count:,} bytes"
+
+
+def _nested_headers(archive: zipfile.ZipFile, member: str, label: str) -> dict[str, _ArrayHeader]:
+    """The checked `.npy` headers of one per-sample `.npz` inside the zip, read without its data."""
+    try:
+        with archive.open(member) as stream, zipfile.ZipFile(stream) as sample:
+            return _read_headers(sample, f"sample {member!r} of {label}", sample_axis=False)
+    except InvalidDataset as error:
+        raise InvalidDataset(f"sample {member!r}: {error}") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise InvalidDataset(f"sample {member!r} of {label} is not an .npz of numeric arrays ({error})") from error
 
 
 def _sample_headers(archive: zipfile.ZipFile, member: str, label: str) -> dict[str, np.ndarray]:
@@ -170,7 +191,7 @@ def iter_batches(
             raise InvalidDataset(str(error)) from error
         return
     with _open_npz(path, path.name) as npz:
-        headers = _read_headers(npz, path.name)
+        headers = _read_headers(npz.zip, path.name)
         missing = [name for name in input_names if name not in headers]
         if missing:
             raise InvalidDataset(f"{path.name} has no array named {', '.join(map(repr, missing))}")
@@ -199,7 +220,7 @@ def dataset_samples(path: str | Path) -> int:
     if _is_samples(path):
         return feeds.sample_count(path)
     with _open_npz(path, path.name) as npz:
-        return _sample_count(_read_headers(npz, path.name))
+        return _sample_count(_read_headers(npz.zip, path.name))
 
 
 def _is_samples(path: Path) -> bool:
@@ -226,31 +247,35 @@ def _open_npz(path: Path, label: str):
     return loaded
 
 
-def _read_headers(npz: np.lib.npyio.NpzFile, label: str) -> dict[str, _ArrayHeader]:
-    members = [member for member in npz.zip.namelist() if member.endswith(".npy")]
+def _read_headers(archive: zipfile.ZipFile, label: str, *, sample_axis: bool = True) -> dict[str, _ArrayHeader]:
+    """Every `.npy` header of an `.npz` archive, checked (see _check_header); no data is read."""
+    members = [member for member in archive.namelist() if member.endswith(".npy")]
     if not members:
         raise InvalidDataset(f"{label} holds no arrays; {HOW_TO_SAVE}")
     headers = {}
     for member in members:
         name = member[: -len(".npy")]
         try:
-            header, header_bytes = npzio.read_header(npz.zip, member)
+            header, header_bytes = npzio.read_header(archive, member)
         except (ValueError, EOFError, zipfile.BadZipFile) as error:
             raise InvalidDataset(f"array {name!r} in {label} is unreadable: {error}") from error
-        _check_header(header, stored_bytes=npz.zip.getinfo(member).file_size - header_bytes)
+        _check_header(header, stored_bytes=archive.getinfo(member).file_size - header_bytes, sample_axis=sample_axis)
         headers[name] = header
     return headers
 
 
-def _check_header(header: _ArrayHeader, *, stored_bytes: int) -> None:
-    """Refuse a header that lies about its data before anything trusts it for a read or an allocation."""
+def _check_header(header: _ArrayHeader, *, stored_bytes: int, sample_axis: bool = True) -> None:
+    """Refuse a header that lies about its data before anything trusts it for a read or an allocation.
+
+    `sample_axis`: the array stacks samples on its first axis (an `.npz` of the whole set), so it
+    cannot be a scalar; a per-sample `.npz` may hold scalars."""
     name = header.name
     if header.dtype.hasobject:
         raise InvalidDataset(f"array {name!r} holds Python objects (dtype object); only numeric arrays are accepted")
     if header.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
         allowed = ", ".join(sorted(dtype.name for dtype in ALLOWED_DTYPES))
         raise InvalidDataset(f"array {name!r} has dtype {header.dtype.str}; use one of {allowed}")
-    if not header.shape:
+    if sample_axis and not header.shape:
         raise InvalidDataset(f"array {name!r} is a scalar; every array needs a first axis of samples")
     if any(type(dim) is not int or dim < 0 for dim in header.shape):
         raise InvalidDataset(f"array {name!r} declares an impossible shape {list(header.shape)}: dimensions are counts, 0 or more")
@@ -312,27 +337,42 @@ def hdf5_to_samples(path: str | Path, out_path: str | Path, *, display_name: str
         source = h5py.File(path, "r")
     except OSError as error:
         raise InvalidDataset(f"{display_name} is not an HDF5 file") from error
-    written = 0
-    total = 0
-    with source, zipfile.ZipFile(out_path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        names = sorted(source.keys())
-        if len(names) > MAX_SAMPLE_FILES:
-            raise InvalidDataset(f"{display_name} holds {len(names)} samples, over the limit of {MAX_SAMPLE_FILES}")
-        for name in names:
-            group = _hdf5_member(source, name, display_name)
-            if not isinstance(group, h5py.Group):
-                raise InvalidDataset(f"{display_name}: {name!r} is not a group; store one group per sample holding one dataset per model input")
-            arrays = {key: _hdf5_array(group, key, f"{name}/{key}") for key in sorted(group.keys())}
-            total += sum(array.nbytes for array in arrays.values())
-            if max_bytes is not None and total > max_bytes:
-                raise InvalidDataset(f"the samples hold more than this server's limit of {max_bytes / 1024**2:.0f} MB (KILN_MAX_DATASET_BYTES)")
-            buffer = io.BytesIO()
-            np.savez(buffer, **arrays)
-            archive.writestr(f"{name}.npz", buffer.getvalue())
-            written += 1
+    try:
+        with source, zipfile.ZipFile(out_path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            written = _hdf5_write_samples(source, archive, display_name=display_name, max_bytes=max_bytes)
+    except InvalidDataset:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        # HDF5's own refusals: a filter it lacks, a corrupt chunk index, an unreadable name...
+        raise InvalidDataset(f"{display_name} could not be read as HDF5 ({error})") from None
     if not written:
         raise InvalidDataset(f"{display_name} holds no samples")
     return written
+
+
+def _hdf5_write_samples(source, archive: zipfile.ZipFile, *, display_name: str, max_bytes: int | None) -> int:
+    import h5py
+
+    names = sorted(source.keys())
+    if len(names) > MAX_SAMPLE_FILES:
+        raise InvalidDataset(f"{display_name} holds {len(names)} samples, over the limit of {MAX_SAMPLE_FILES}")
+    total = 0
+    for name in names:
+        group = _hdf5_member(source, name, display_name)
+        if not isinstance(group, h5py.Group):
+            raise InvalidDataset(f"{display_name}: {name!r} is not a group; store one group per sample holding one dataset per model input")
+        datasets = {key: _hdf5_dataset(group, key, f"{name}/{key}") for key in sorted(group.keys())}
+        # The sizes the metadata declares, checked before a byte is read: a chunked dataset of 2^36
+        # unwritten elements is a few KB on disk and 256 GB once read.
+        total += sum(_hdf5_declared_bytes(dataset, f"{name}/{key}") for key, dataset in datasets.items())
+        if max_bytes is not None and total > max_bytes:
+            raise InvalidDataset(f"the samples declare {_size_text(total)} of arrays by {name!r}, over this server's limit of "
+                                 f"{_size_text(max_bytes)} (KILN_MAX_DATASET_BYTES)")
+        arrays = {key: np.asarray(dataset[()]) for key, dataset in datasets.items()}
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        archive.writestr(f"{name}.npz", buffer.getvalue())
+    return len(names)
 
 
 def _hdf5_member(group, name: str, display_name: str):
@@ -344,7 +384,8 @@ def _hdf5_member(group, name: str, display_name: str):
     return group[name]
 
 
-def _hdf5_array(group, key: str, where: str) -> np.ndarray:
+def _hdf5_dataset(group, key: str, where: str):
+    """One input's HDF5 dataset, checked from its metadata (where its data lives, its dtype); not read."""
     import h5py
 
     item = _hdf5_member(group, key, where)
@@ -354,4 +395,10 @@ def _hdf5_array(group, key: str, where: str) -> np.ndarray:
         raise InvalidDataset(f"{where} stores its data outside the file; only data stored in the file itself is read")
     if item.dtype.newbyteorder("=") not in ALLOWED_DTYPES:
         raise InvalidDataset(f"{where} has dtype {item.dtype}; only numeric arrays are accepted")
-    return np.asarray(item[()])
+    return item
+
+
+def _hdf5_declared_bytes(dataset, where: str) -> int:
+    if dataset.shape is None:
+        raise InvalidDataset(f"{where} has no shape (an empty dataspace); store an array")
+    return math.prod(dataset.shape) * dataset.dtype.itemsize

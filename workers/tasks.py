@@ -9,6 +9,7 @@ from kiln.pipeline.device_tasks import device_tasks_requeue_expired, jobs_redisp
 from kiln.pipeline.leases import stage_run_leased, variant_build_leased
 from kiln.pipeline.queue import REDISPATCH_TASK_NAME, STAGE_TASK_NAMES, VARIANT_BUILD_TASK_NAME
 from kiln.pipeline.reaper import work_reap_expired
+from kiln.registry.services import uploads_expire
 
 from .celery import app
 
@@ -84,3 +85,8 @@ def mark_agents_offline() -> int:
 @app.task(name="kiln.housekeeping.reap_stuck_work", **HOUSEKEEPING)
 def reap_stuck_work() -> int:
     return work_reap_expired()
+
+
+@app.task(name="kiln.housekeeping.expire_uploads", **HOUSEKEEPING)
+def expire_uploads() -> int:
+    return uploads_expire()

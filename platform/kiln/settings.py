@@ -7,6 +7,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kiln.core.client_address import InvalidProxyList, parse_trusted_proxies
 from kiln.storage_settings import blob_storage_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -82,6 +83,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "kiln.core.middleware.ClientAddressMiddleware",
     "kiln.core.middleware.RequestMetricsMiddleware",
     "kiln.core.middleware.UploadLimitMiddleware",
     "kiln.core.middleware.ContentSecurityPolicyMiddleware",
@@ -187,6 +189,9 @@ MAX_ARCHIVE_RATIO = _env_int("KILN_MAX_ARCHIVE_RATIO", 100)
 # JSON bodies are read into memory, so they get their own, much smaller limits.
 MAX_JSON_BYTES = _env_int("KILN_MAX_JSON_BYTES", 1024**2, minimum=1024)
 MAX_AGENT_RESULT_BYTES = _env_int("KILN_MAX_AGENT_RESULT_BYTES", 4 * 1024**2, minimum=64 * 1024)
+# What one organization may keep stored (its blobs, plus uploads in flight at their declared length);
+# 0: no quota. Checked when an upload starts and when a job is created.
+STORAGE_QUOTA_BYTES = _env_int("KILN_STORAGE_QUOTA_BYTES", 100 * 1024**3, minimum=0)
 # Declared array bytes of one dataset (checked from the .npy headers before any data is read).
 MAX_DATASET_BYTES = _env_int("KILN_MAX_DATASET_BYTES", 8 * 1024**3, minimum=1)
 # Elements of one model input at batch 1; stages allocate inputs this size, so it is refused at upload.
@@ -207,8 +212,19 @@ FILE_UPLOAD_HANDLERS = ["kiln.registry.uploads.HashingUploadHandler"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 ALLOW_SIGNUP = _env_bool("KILN_ALLOW_SIGNUP", True)
-# Reverse proxies in front of Kiln that append to X-Forwarded-For; 0 trusts only the socket's peer.
-NUM_PROXIES = _env_int("KILN_NUM_PROXIES", 0, minimum=0)
+# Reverse proxies (addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are believed;
+# empty: none, the socket's peer is the client (kiln.core.client_address owns this decision).
+try:
+    TRUSTED_PROXIES = parse_trusted_proxies(os.environ.get("KILN_TRUSTED_PROXIES", ""))
+except InvalidProxyList as exc:
+    raise ImproperlyConfigured(f"KILN_TRUSTED_PROXIES: {exc}.") from None
+if os.environ.get("KILN_NUM_PROXIES", "0").strip() not in ("", "0"):
+    # A count of proxies cannot tell the proxy's entry from one the client wrote: names can.
+    raise ImproperlyConfigured("KILN_NUM_PROXIES is replaced by KILN_TRUSTED_PROXIES: list your reverse proxies' addresses or "
+                               "networks (e.g. KILN_TRUSTED_PROXIES=10.0.0.5) and unset KILN_NUM_PROXIES.")
+if TRUSTED_PROXIES:
+    # Believed only from a trusted proxy: ClientAddressMiddleware drops the header from anyone else.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Deployment packages are signed with this Ed25519 key (PEM, PKCS#8); generated there on first use.
 PACKAGE_SIGNING_KEY_FILE = Path(os.environ.get("KILN_PACKAGE_SIGNING_KEY", DATA_DIR / "package-signing-key.pem")).resolve()
@@ -289,7 +305,8 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "NUM_PROXIES": NUM_PROXIES,
+    # REMOTE_ADDR already is the client (ClientAddressMiddleware): DRF must not read X-Forwarded-For again.
+    "NUM_PROXIES": 0,
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "kiln.core.errors.exception_handler",

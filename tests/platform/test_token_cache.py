@@ -33,3 +33,29 @@ def test_a_period_of_zero_remembers_nothing_and_copies_go_out():
     on.remember("a", [1], (1,), on.lookup_started())
     on.get("a").append(2)
     assert on.get("a") == [1]
+
+
+def test_an_entry_read_under_an_older_revocation_generation_is_not_used():
+    """Another process revoked something: the shared generation changed, every older entry is a miss."""
+    shared = {"generation": "g1"}
+    cache = DigestCache(lambda: 3600, generation=lambda: shared["generation"])
+    cache.remember("a", "token a", (1,), cache.lookup_started())
+    assert cache.get("a") == "token a"
+    began = cache.lookup_started()  # a lookup that began before the revocation...
+    shared["generation"] = "g2"
+    assert cache.get("a") is None
+    cache.remember("b", "read before it", (2,), began)  # ...remembers what it read under g1
+    assert cache.get("b") is None
+    cache.remember("b", "read after it", (2,), cache.lookup_started())
+    assert cache.get("b") == "read after it"
+
+
+def test_without_a_readable_generation_nothing_is_trusted():
+    shared = {"generation": "g1"}
+    cache = DigestCache(lambda: 3600, generation=lambda: shared["generation"])
+    cache.remember("a", "token a", (1,), cache.lookup_started())
+    shared["generation"] = None  # Redis unreachable
+    assert cache.get("a") is None
+    cache.remember("a", "token a", (1,), cache.lookup_started())
+    shared["generation"] = "g1"
+    assert cache.get("a") is None

@@ -42,6 +42,9 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The token that made this one over the API (None: made by a signed-in user or an operator's
+    # command). Revoking a token revokes every token it made, and theirs.
+    created_by_token = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="minted")
 
     @property
     def is_active(self) -> bool:

@@ -50,12 +50,33 @@ class IsOrganizationMember(permissions.BasePermission):
 
 
 class IsOrganizationOwner(IsOrganizationMember):
-    """Members may read; only owners change who belongs to the organization."""
+    """Members may read; only owners change what decides access to the organization: its members, and
+    which devices may join it (agent registration tokens) or stay in it (revoking an agent)."""
+
+    owner_message = "Only an owner can change the organization's members."
 
     def has_permission(self, request, view):
         if not super().has_permission(request, view):
             return False
         if request.method in permissions.SAFE_METHODS or request.membership.role == Role.OWNER:
             return True
-        self.message = "Only an owner can change the organization's members."
+        self.message = self.owner_message
+        return False
+
+
+class IsOrganizationFleetOwner(IsOrganizationOwner):
+    """Members may see the fleet; only owners enrol devices (registration tokens) and revoke agents."""
+
+    owner_message = "Only an owner can create or revoke registration tokens and revoke agents."
+
+
+class IsOrganizationMemberNotViewer(IsOrganizationMember):
+    """Members and owners only, reads included: for secrets a viewer must not hold (the package key)."""
+
+    def has_permission(self, request, view):
+        if not super().has_permission(request, view):
+            return False
+        if request.membership.role != Role.VIEWER:
+            return True
+        self.message = "Viewers cannot read the organization's secrets (the package encryption key)."
         return False

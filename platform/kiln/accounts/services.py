@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from kiln.core.errors import KilnError
+from kiln.core.revocations import revocations_announce
 from kiln.core.tokens import issue_token, token_revoke
 
 from . import token_cache
@@ -76,26 +77,56 @@ def user_signup(*, username: str, password: str, organization_name: str):
     return user
 
 
-def api_token_create(*, user, organization: Organization, name: str, expires_in_days: int | None = None) -> tuple[ApiToken, str]:
-    """Create an API token; the secret is returned once and only its digest is kept."""
+def api_token_create(*, user, organization: Organization, name: str, expires_in_days: int | None = None,
+                     created_by_token: ApiToken | None = None) -> tuple[ApiToken, str]:
+    """Create an API token; the secret is returned once and only its digest is kept.
+
+    A token made with a token (`created_by_token`) expires no later than it and is revoked with it
+    (api_token_revoke): a stolen token cannot leave tokens behind that outlive its revocation.
+    """
     issued = issue_token(API_TOKEN_PREFIX)
     expires_at = timezone.now() + timedelta(days=expires_in_days) if expires_in_days else None
-    token = ApiToken.objects.create(
-        organization=organization,
-        user=user,
-        name=name or "token",
-        lookup_prefix=issued.lookup_prefix,
-        digest=issued.digest,
-        expires_at=expires_at,
-    )
+    with transaction.atomic():
+        if created_by_token is not None:
+            # Locked: a revocation of the maker either sees this token or comes first and refuses it.
+            maker = ApiToken.objects.select_for_update().get(pk=created_by_token.pk)
+            if not maker.is_active:
+                raise KilnError("The token this request came with was revoked or expired.", code="token_revoked", status_code=401)
+            if maker.expires_at is not None and (expires_at is None or expires_at > maker.expires_at):
+                expires_at = maker.expires_at
+        token = ApiToken.objects.create(
+            organization=organization,
+            user=user,
+            name=name or "token",
+            lookup_prefix=issued.lookup_prefix,
+            digest=issued.digest,
+            expires_at=expires_at,
+            created_by_token=created_by_token,
+        )
     return token, issued.secret
 
 
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
-    token_revoke(token)
-    # This process refuses the token from now on; the others within API_TOKEN_AUTH_CACHE_SECONDS.
-    token_cache.token_forget(token.pk)
+    """Revoke a token and every token made with it (and theirs); every server process refuses them at
+    once (kiln.core.revocations announces the change when it commits)."""
+    with transaction.atomic():
+        ApiToken.objects.select_for_update().filter(pk=token.pk).first()
+        token_revoke(token)
+        revoked = [token.pk, *_tokens_made_by(token.pk)]
+        if ApiToken.objects.filter(pk__in=revoked, revoked_at__isnull=True).update(revoked_at=token.revoked_at):
+            revocations_announce()  # a bulk update sends no signal
+    for token_id in revoked:
+        token_cache.token_forget(token_id)
     return token
+
+
+def _tokens_made_by(token_id: int) -> list[int]:
+    """The ids of the tokens made with this token, and with those, all the way down."""
+    found, frontier = [], [token_id]
+    while frontier:
+        frontier = list(ApiToken.objects.filter(created_by_token_id__in=frontier).values_list("pk", flat=True))
+        found.extend(frontier)
+    return found
 
 
 def api_token_touch(*, grant: TokenGrant) -> None:

@@ -2,12 +2,12 @@
 
 A script or a dashboard calls with its token all the time; looking the token up (and the user's
 membership in the token's organization) is two database queries per call. A grant remembered
-here spares both. This process forgets a grant at once when its token is revoked, or its user's
-membership in the organization changes or ends (kiln.accounts.services); other server processes
-keep accepting it until their entry expires (at most API_TOKEN_AUTH_CACHE_SECONDS), as do all of
-them after a change made around the services (the Django admin, a shell). An expired token is
-refused at once: its expiry is checked on every call. The mechanics (digest keys, bounded size,
-jittered expiry) are kiln.core.token_cache's.
+here spares both. A revocation takes effect at once in every server process: when a token is
+revoked, or its user's membership changes or ends, or the user is deactivated (through the
+services, the Django admin or a shell), this process forgets the grant and every other one sees the
+revocation generation change (kiln.core.revocations). An expired token is refused at once: its
+expiry is checked on every call. The mechanics (digest keys, bounded size, jittered expiry, the
+generation check) are kiln.core.token_cache's.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from datetime import datetime
 
 from django.conf import settings
 
-from kiln.core.token_cache import DigestCache
+from kiln.core.revocations import revocation_generation
+from kiln.core.token_cache import DigestCache, Lookup
 
 from .models import ApiToken, Membership
 
@@ -43,7 +44,7 @@ def _copy(grant: TokenGrant) -> TokenGrant:
     return TokenGrant(digest=grant.digest, token=token, membership=membership)
 
 
-_cache: DigestCache[TokenGrant] = DigestCache(lambda: settings.API_TOKEN_AUTH_CACHE_SECONDS, copier=_copy)
+_cache: DigestCache[TokenGrant] = DigestCache(lambda: settings.API_TOKEN_AUTH_CACHE_SECONDS, copier=_copy, generation=revocation_generation)
 
 lookup_started = _cache.lookup_started
 
@@ -61,7 +62,7 @@ def grant_cached(digest: str) -> TokenGrant | None:
     return _cache.get(digest)
 
 
-def grant_remember(grant: TokenGrant, looked_up_at: float) -> None:
+def grant_remember(grant: TokenGrant, looked_up_at: Lookup) -> None:
     """Remember a grant read at `looked_up_at`, unless its token or membership was forgotten since."""
     token = grant.token
     _cache.remember(grant.digest, grant, (_token_tag(token.pk), _membership_tag(token.user_id, token.organization_id)), looked_up_at)

@@ -11,3 +11,7 @@ class CoreConfig(AppConfig):
     def ready(self):
         # Every URLconf says <id:pk>; registered before the first request loads them.
         register_converter(IdConverter, "id")
+        # A revocation anywhere reaches every server process's token caches at once.
+        from .revocations import connect_signals
+
+        connect_signals()

@@ -45,6 +45,7 @@ AGENT_ROUTES = re.compile(r"^/api/agent/v1/(tasks/lease|heartbeat|register|tasks
 REGISTER_ROUTE = "/api/agent/v1/register"
 # Settings' MIDDLEWARE in the same order, less what the agent routes do not use; none hops threads.
 AGENT_ROUTE_MIDDLEWARE = [
+    "kiln.core.middleware.ClientAddressMiddleware",
     "kiln.core.middleware.RequestMetricsMiddleware",
     "kiln.core.middleware.UploadLimitMiddleware",
     "kiln.core.middleware.ContentSecurityPolicyMiddleware",

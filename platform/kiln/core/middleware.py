@@ -15,7 +15,7 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.security import SecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
-from kiln.core import metrics
+from kiln.core import client_address, metrics
 from kiln.core.errors import json_error, upload_too_large
 
 
@@ -53,6 +53,15 @@ class DualModeMiddleware:
 
     def finish(self, response):
         return response
+
+
+class ClientAddressMiddleware(DualModeMiddleware):
+    """REMOTE_ADDR becomes the client's address, read through the proxies in KILN_TRUSTED_PROXIES only
+    (kiln.core.client_address); forwarding headers from anyone else are dropped. First in the chain."""
+
+    def refuse(self, request):
+        client_address.resolve(request.META, settings.TRUSTED_PROXIES)
+        return None
 
 
 class UploadLimitMiddleware(DualModeMiddleware):

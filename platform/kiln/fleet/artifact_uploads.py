@@ -10,7 +10,7 @@ from django.core import signing
 from kiln.core.errors import Conflict, KilnError, upload_too_large
 from kiln.pipeline.models import Artifact, DeviceTaskStatus
 from kiln.registry import storage
-from kiln.registry.services import UPLOAD_LIFETIME, blob_create_staged
+from kiln.registry.services import UPLOAD_LIFETIME, blob_create_staged, storage_quota_check
 
 from .models import Agent
 from .services import device_task_for_agent, device_task_store_artifact
@@ -25,6 +25,7 @@ def device_task_artifact_upload_plan(*, agent: Agent, task_id: int, attempt: int
         raise Conflict("The task is no longer leased.", code="not_leased")
     if size_bytes > settings.MAX_UPLOAD_BYTES:
         raise upload_too_large()
+    storage_quota_check(organization=agent.organization, adding_bytes=size_bytes, what="This engine")
     if storage.is_local():
         return {"method": "resumable"}
     key = storage.incoming_key(f"task{task.id}-attempt{attempt}")

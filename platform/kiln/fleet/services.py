@@ -29,6 +29,8 @@ from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskS
 from kiln.pipeline.queue import enqueue_redispatch
 from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
+from kiln.registry.selectors import upload_get
+from kiln.registry.services import upload_consume
 
 from . import lease_precheck, token_cache
 from .heartbeats import agent_seen_online, heartbeat_record, heartbeats_pending
@@ -268,6 +270,18 @@ def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, file
     )
     DeviceTask.objects.filter(pk=task.pk).update(compiled_artifact=artifact)
     return artifact
+
+
+def device_task_store_uploaded_artifact(*, agent: Agent, task_id: int, attempt: int, upload_id, filename: str) -> Artifact:
+    """Keep the engine of a finished resumable upload of this agent, only if the agent holds the task's
+    lease at this attempt: anything refused (404, 409) leaves the upload as it was, for a retry."""
+    with transaction.atomic():
+        task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
+        if task.status != DeviceTaskStatus.LEASED:
+            raise Conflict("The task is no longer leased.", code="not_leased")
+        upload = upload_consume(upload=upload_get(organization=agent.organization, owner=f"agent:{agent.id}", upload_id=upload_id))
+        return device_task_store_artifact(agent=agent, task_id=task_id, attempt=attempt, path=Path(upload.temporary_file_path()),
+                                          filename=filename or upload.name)
 
 
 def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str) -> DeviceTask:

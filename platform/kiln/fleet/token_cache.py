@@ -1,19 +1,20 @@
 """Agents behind their token digests, remembered in this process for AGENT_AUTH_CACHE_SECONDS.
 
 Every agent call presents its token; looking it up is a database query, and a fleet calls all the
-time. A revocation in this process forgets the agent at once; other server processes keep
-accepting its token until their entry expires (at most AGENT_AUTH_CACHE_SECONDS). The mechanics
-(digest keys, bounded size, jittered expiry) are kiln.core.token_cache's.
+time. A revocation takes effect at once in every server process: this one forgets the agent, the
+others see the revocation generation change (kiln.core.revocations). The mechanics (digest keys,
+bounded size, jittered expiry, the generation check) are kiln.core.token_cache's.
 """
 from __future__ import annotations
 
 from django.conf import settings
 
-from kiln.core.token_cache import DigestCache
+from kiln.core.revocations import revocation_generation
+from kiln.core.token_cache import DigestCache, Lookup
 
 from .models import Agent
 
-_cache: DigestCache[Agent] = DigestCache(lambda: settings.AGENT_AUTH_CACHE_SECONDS)
+_cache: DigestCache[Agent] = DigestCache(lambda: settings.AGENT_AUTH_CACHE_SECONDS, generation=revocation_generation)
 
 lookup_started = _cache.lookup_started
 
@@ -23,7 +24,7 @@ def agent_cached(digest: str) -> Agent | None:
     return _cache.get(digest)
 
 
-def agent_remember(digest: str, agent: Agent, looked_up_at: float) -> None:
+def agent_remember(digest: str, agent: Agent, looked_up_at: Lookup) -> None:
     """Remember an agent read at `looked_up_at`, unless it was revoked (forgotten) since."""
     _cache.remember(digest, agent, (agent.pk,), looked_up_at)
 

@@ -10,7 +10,7 @@ from devices.contract import LABEL_DECLARATIONS
 from devices.feeds import plan_problems
 from kiln.core.errors import KilnError
 from kiln.fleet.models import Agent
-from kiln.registry.services import blob_create
+from kiln.registry.services import blob_create, storage_quota_check
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
@@ -109,6 +109,8 @@ def job_create(*, organization, user, model_version, precisions, calibration_dat
         raise KilnError("int8 (static) needs a calibration dataset; add one or use int8-dynamic.", code="calibration_required")
     _check_label_metrics(declared, parsed_tolerance, validation_dataset)
     _check_targets(parsed_targets, organization=organization)
+    # A job stores variants, engines and packages: none is started once the organization is at its quota.
+    storage_quota_check(organization=organization, adding_bytes=0, what="A deployment job")
     with transaction.atomic():
         job = DeploymentJob.objects.create(
             organization=organization,

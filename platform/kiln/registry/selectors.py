@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
+from django.db.models import Sum
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from . import storage
-from .models import CONVERTED_FORMATS, Dataset, Model, ModelVersion, SourceFormat, Upload
+from .models import CONVERTED_FORMATS, Blob, Dataset, Model, ModelVersion, SourceFormat, Upload
 
 
 def model_list(*, organization, search: str = ""):
@@ -56,3 +59,15 @@ def blob_file(blob) -> Path:
 def upload_get(*, organization, owner: str, upload_id) -> Upload:
     """An upload of this organization started by this user or agent (anyone else: 404)."""
     return get_object_or_404(Upload.objects.select_related("blob", "organization"), organization=organization, owner=owner, pk=upload_id)
+
+
+def organization_storage(*, organization) -> dict:
+    """What an organization stores against its quota: its blobs (models, datasets, job artifacts; bytes
+    shared with another organization count for each), plus unfinished uploads at their declared length."""
+    stored = Blob.objects.filter(organization=organization).aggregate(total=Sum("size_bytes"))["total"] or 0
+    in_flight = Upload.objects.filter(organization=organization, blob__isnull=True, expires_at__gt=timezone.now())
+    reserved = in_flight.aggregate(total=Sum("length"))["total"] or 0
+    quota = settings.STORAGE_QUOTA_BYTES or None
+    used = stored + reserved
+    return {"stored_bytes": stored, "uploads_in_flight_bytes": reserved, "used_bytes": used, "quota_bytes": quota,
+            "available_bytes": max(0, quota - used) if quota else None}

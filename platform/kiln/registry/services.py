@@ -10,12 +10,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
 from devices.contract import OUTPUT_KINDS
 from devices.recipes import RecipeError, parse_recipe
+from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
@@ -28,6 +30,7 @@ from workers.sandbox.runner import run_confined
 from . import storage, uploads
 from .messages import unreadable_model_message
 from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
+from .selectors import organization_storage
 
 logger = logging.getLogger(__name__)
 
@@ -452,8 +455,40 @@ def dataset_delete(*, dataset: Dataset) -> None:
 UPLOAD_LIFETIME = timedelta(hours=24)
 
 
+def _size_text(count: int) -> str:
+    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if count >= size:
+            return f"{count / size:,.1f} {unit}"
+    return f"{count:,} bytes"
+
+
+def storage_quota_check(*, organization, adding_bytes: int, what: str) -> None:
+    """Refuse (413) storing `adding_bytes` more for the organization when that would pass its quota
+    (KILN_STORAGE_QUOTA_BYTES); with 0 bytes, refuse once the organization is at its quota.
+
+    The organization's row is locked until the caller's transaction ends (if it is in one), so two
+    uploads starting at once cannot both take the last free bytes.
+    """
+    quota = settings.STORAGE_QUOTA_BYTES
+    if not quota:
+        return
+    with transaction.atomic():
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        usage = organization_storage(organization=organization)
+    used = usage["used_bytes"]
+    if used < quota and used + adding_bytes <= quota:
+        return
+    needs = f"{what} needs {_size_text(adding_bytes)}, but the" if adding_bytes else "The"
+    raise KilnError(
+        f"{needs} organization uses {_size_text(used)} of its {_size_text(quota)} storage quota ({_size_text(usage['available_bytes'])} "
+        "left). Delete models or datasets it no longer needs, or ask the operator to raise KILN_STORAGE_QUOTA_BYTES.",
+        code="storage_quota_exceeded", status_code=413,
+        details={"needed_bytes": adding_bytes, "used_bytes": used, "quota_bytes": quota, "available_bytes": usage["available_bytes"]},
+    )
+
+
 def upload_create(*, organization, owner: str, length: int, metadata: dict[str, str]) -> Upload:
-    """Open a resumable upload of `length` bytes; expired ones of the organization go first."""
+    """Open a resumable upload of `length` bytes, reserved against the organization's storage quota."""
     if length < 0:
         raise KilnError("Upload-Length must be a byte count.", code="invalid_upload_length")
     if length > settings.MAX_UPLOAD_BYTES:
@@ -461,12 +496,13 @@ def upload_create(*, organization, owner: str, length: int, metadata: dict[str, 
     expected = (metadata.get("sha256") or "").lower()
     if expected and (len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected)):
         raise KilnError("The sha256 metadata must be 64 hex digits.", code="invalid_metadata")
-    uploads_expire(organization=organization)
-    return Upload.objects.create(
-        organization=organization, owner=owner, length=length, expected_sha256=expected,
-        filename=Path(metadata.get("filename") or "upload.bin").name[:255] or "upload.bin",
-        expires_at=timezone.now() + UPLOAD_LIFETIME,
-    )
+    with transaction.atomic():
+        storage_quota_check(organization=organization, adding_bytes=length, what="This upload")
+        return Upload.objects.create(
+            organization=organization, owner=owner, length=length, expected_sha256=expected,
+            filename=Path(metadata.get("filename") or "upload.bin").name[:255] or "upload.bin",
+            expires_at=timezone.now() + UPLOAD_LIFETIME,
+        )
 
 
 def upload_append(*, upload: Upload, offset: int, stream, length: int) -> Upload:
@@ -507,15 +543,46 @@ def _upload_finish(upload: Upload, path: Path) -> None:
 
 
 def upload_delete(*, upload: Upload) -> None:
-    uploads.part_path(upload.id).unlink(missing_ok=True)
-    upload.delete()
+    """Remove an upload, its part file, and the blob a finished one made unless something else uses those bytes."""
+    part = uploads.part_path(upload.id)
+    with transaction.atomic():
+        blob = upload.blob
+        upload.delete()
+        if blob is not None:
+            blob_release(blob=blob)
+    part.unlink(missing_ok=True)
 
 
-def uploads_expire(*, organization) -> int:
-    expired = list(Upload.objects.filter(organization=organization, expires_at__lt=timezone.now()))
-    for upload in expired:
-        upload_delete(upload=upload)
-    return len(expired)
+def uploads_expire() -> int:
+    """Remove expired uploads of every organization (finished or not, never used), and part files no
+    upload owns any more. Housekeeping on the beat schedule: idempotent, safe on several hosts."""
+    removed = 0
+    for upload in Upload.objects.filter(expires_at__lt=timezone.now()).select_related("blob")[:UPLOADS_EXPIRED_PER_RUN]:
+        with transaction.atomic():
+            # Another host may have removed it (or a user consumed it) since the list was read.
+            current = Upload.objects.select_for_update(skip_locked=True).filter(pk=upload.pk, expires_at__lt=timezone.now()).first()
+            if current is not None:
+                upload_delete(upload=current)
+                removed += 1
+    _orphan_parts_remove()
+    return removed
+
+
+UPLOADS_EXPIRED_PER_RUN = 500
+
+
+def _orphan_parts_remove() -> None:
+    """Part files older than an upload lives whose row is gone (a process died between the two)."""
+    folder = uploads.parts_dir()
+    if not folder.is_dir():
+        return
+    cutoff = timezone.now().timestamp() - UPLOAD_LIFETIME.total_seconds()
+    for part in folder.glob("*.part"):
+        try:
+            if part.stat().st_mtime < cutoff and not Upload.objects.filter(pk=part.stem).exists():
+                part.unlink(missing_ok=True)
+        except (OSError, ValueError, ValidationError):
+            continue
 
 
 def upload_consume(*, upload: Upload) -> uploads.StoredUpload:

@@ -46,8 +46,12 @@ class HashingUploadHandler(TemporaryFileUploadHandler):
 RESUMABLE_READ_BYTES = 1024 * 1024
 
 
+def parts_dir() -> Path:
+    return settings.UPLOAD_TMP_DIR / "resumable"
+
+
 def part_path(upload_id) -> Path:
-    return settings.UPLOAD_TMP_DIR / "resumable" / f"{upload_id}.part"
+    return parts_dir() / f"{upload_id}.part"
 
 
 def parse_metadata(header: str) -> dict[str, str]:

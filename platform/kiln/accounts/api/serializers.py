@@ -24,7 +24,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "expires_at", "last_used_at", "revoked"]
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "last_used_at", "revoked", "created_by_token"]
 
     def get_prefix(self, token) -> str:
         return f"kiln_pat_{token.lookup_prefix}"

@@ -152,6 +152,7 @@ class ApiTokenListView(APIView):
             organization=request.organization,
             name=data.validated_data["name"],
             expires_in_days=data.validated_data.get("expires_in_days"),
+            created_by_token=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         return Response({**ApiTokenSerializer(token).data, "token": secret}, status=status.HTTP_201_CREATED)
 

@@ -24,8 +24,7 @@ from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
-from kiln.registry.selectors import upload_get
-from kiln.registry.services import upload_consume
+from kiln.registry.services import storage_quota_check
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
@@ -267,14 +266,16 @@ class ArtifactView(AgentView):
             )
             return Response({"sha256": artifact.blob.sha256, "artifact": artifact.id}, status=status.HTTP_201_CREATED)
         if "upload" in values:
-            stored = upload_get(organization=self.agent.organization, owner=f"agent:{self.agent.id}", upload_id=values["upload"])
-            upload = upload_consume(upload=stored)
+            artifact = services.device_task_store_uploaded_artifact(
+                agent=self.agent, task_id=task_id, attempt=values["attempt"], upload_id=values["upload"], filename=values.get("filename") or "",
+            )
         else:
             upload = values["file"]
-        artifact = services.device_task_store_artifact(
-            agent=self.agent, task_id=task_id, attempt=values["attempt"], path=Path(upload.temporary_file_path()),
-            filename=values.get("filename") or upload.name,
-        )
+            storage_quota_check(organization=self.agent.organization, adding_bytes=upload.size, what="This engine")
+            artifact = services.device_task_store_artifact(
+                agent=self.agent, task_id=task_id, attempt=values["attempt"], path=Path(upload.temporary_file_path()),
+                filename=values.get("filename") or upload.name,
+            )
         return Response({"sha256": artifact.blob.sha256, "artifact": artifact.id}, status=status.HTTP_201_CREATED)
 
 

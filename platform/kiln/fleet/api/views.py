@@ -7,6 +7,8 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kiln.accounts.permissions import IsOrganizationFleetOwner
+
 from .. import selectors, services
 from .serializers import AgentSerializer, RegistrationTokenCreateSerializer, RegistrationTokenSerializer
 
@@ -31,6 +33,8 @@ class AgentDetailView(APIView):
 
 
 class AgentRevokeView(APIView):
+    permission_classes = [IsOrganizationFleetOwner]
+
     @extend_schema(request=None, responses={200: AgentSerializer})
     def post(self, request, pk: int):
         agent = services.agent_revoke(agent=selectors.agent_get(organization=request.organization, agent_id=pk))
@@ -38,6 +42,8 @@ class AgentRevokeView(APIView):
 
 
 class RegistrationTokenListView(APIView):
+    permission_classes = [IsOrganizationFleetOwner]
+
     @extend_schema(responses={200: RegistrationTokenSerializer(many=True)})
     def get(self, request):
         tokens = selectors.registration_token_list(organization=request.organization)
@@ -53,6 +59,8 @@ class RegistrationTokenListView(APIView):
 
 
 class RegistrationTokenRevokeView(APIView):
+    permission_classes = [IsOrganizationFleetOwner]
+
     @extend_schema(request=None, responses={200: RegistrationTokenSerializer})
     def post(self, request, pk: int):
         token = services.registration_token_revoke(token=selectors.registration_token_get(organization=request.organization, token_id=pk))

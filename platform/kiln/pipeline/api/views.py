@@ -147,7 +147,8 @@ async def job_event_stream_async(*, organization, job_id: int, poll_s: float = S
 
 
 class EventStreamRenderer(BaseRenderer):
-    """Lets `Accept: text/event-stream` (what EventSource sends) through content negotiation; errors stay JSON text."""
+    """Lets `Accept: text/event-stream` (what EventSource sends) through content negotiation; errors are
+    rendered as JSON by JobStreamView, never under this media type."""
 
     media_type = "text/event-stream"
     format = "event-stream"
@@ -160,6 +161,12 @@ class JobStreamView(APIView):
     """`text/event-stream` of job updates, for the job page instead of polling."""
 
     renderer_classes = [EventStreamRenderer, JSONRenderer]
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        # An error (404, 401, 429...) is a JSON body and says so, whatever the client accepts.
+        if isinstance(response, Response) and response.status_code >= 400:
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
 
     @extend_schema(responses={(200, "text/event-stream"): str})
     def get(self, request, pk: int):

@@ -10,6 +10,7 @@ urlpatterns = [
     path("models/<id:pk>/versions/<id:number>/download/", views.ModelVersionDownloadView.as_view(), name="model-version-download"),
     path("datasets/", views.DatasetListView.as_view(), name="datasets"),
     path("datasets/<id:pk>/", views.DatasetDetailView.as_view(), name="dataset-detail"),
+    path("storage/", views.StorageView.as_view(), name="storage"),
     path("uploads/", views.UploadListView.as_view(), name="uploads"),
     path("uploads/<uuid:upload_id>/", views.UploadDetailView.as_view(), name="upload-detail"),
 ]

@@ -1,6 +1,8 @@
 """Models, versions and datasets: upload, list, inspect, download."""
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -37,6 +39,9 @@ class StreamingUploadMixin:
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         upload_id = values.pop("upload", None)
+        if "file" in values:
+            # A resumable upload was counted against the quota when it began; a multipart body is counted now.
+            services.storage_quota_check(organization=request.organization, adding_bytes=values["file"].size, what="This upload")
         if upload_id is not None:
             upload = selectors.upload_get(organization=request.organization, owner=f"user:{request.user.id}", upload_id=upload_id)
             values["file"] = services.upload_consume(upload=upload)
@@ -168,6 +173,14 @@ class DatasetDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class StorageView(APIView):
+    """What the organization stores against its quota (KILN_STORAGE_QUOTA_BYTES)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(selectors.organization_storage(organization=request.organization))
+
+
 # -- resumable uploads (tus 1.0.0: core, creation, termination) -------------------------------
 
 TUS_HEADERS = {"Tus-Resumable": "1.0.0"}
@@ -193,15 +206,19 @@ def upload_json(upload, url: str) -> dict:
             "complete": upload.complete, "sha256": upload.blob.sha256 if upload.blob_id else None, "expires_at": upload.expires_at}
 
 
+# A byte count as HTTP writes one: ASCII digits only. Python's int() also takes "1_0", " 10", "+10"
+# and other scripts' digits ("١٠"), which a proxy in front would read differently.
+BYTE_COUNT = re.compile(r"[0-9]{1,19}")
+
+
+def _byte_count(raw: str, name: str) -> int:
+    if not BYTE_COUNT.fullmatch(raw or ""):
+        raise KilnError(f"The {name} header must be a byte count (digits 0-9 only), not {raw[:40]!r}.", code="invalid_header")
+    return int(raw)
+
+
 def _header_int(request, name: str) -> int:
-    raw = request.META.get("HTTP_" + name.upper().replace("-", "_"), "")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise KilnError(f"The {name} header must be a byte count.", code="invalid_header") from None
-    if value < 0:
-        raise KilnError(f"The {name} header must not be negative.", code="invalid_header")
-    return value
+    return _byte_count(request.META.get("HTTP_" + name.upper().replace("-", "_"), ""), name)
 
 
 class UploadListView(UploadActorMixin, APIView):
@@ -252,9 +269,9 @@ class UploadDetailView(UploadActorMixin, APIView):
         if request.content_type.split(";")[0].strip() != "application/offset+octet-stream":
             raise KilnError("A chunk is sent as application/offset+octet-stream.", code="unsupported_media_type", status_code=415)
         raw_length = request.META.get("CONTENT_LENGTH") or ""
-        if not raw_length.isdigit():
+        if not raw_length:
             raise KilnError("A chunk needs a Content-Length.", code="length_required", status_code=411)
-        length = int(raw_length)
+        length = _byte_count(raw_length, "Content-Length")
         # Read from the raw request: DRF's parsers would buffer the chunk in memory.
         upload = services.upload_append(upload=upload, offset=_header_int(request, "Upload-Offset"), stream=request._request, length=length)
         return self._offset_response(upload, status.HTTP_204_NO_CONTENT)

@@ -5,6 +5,7 @@ from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kiln.accounts.permissions import IsOrganizationMemberNotViewer
 from kiln.core.errors import KilnError
 from kiln.pipeline.selectors import job_get
 from kiln.registry.selectors import model_version_get
@@ -51,7 +52,9 @@ class PackageSigningKeyView(APIView):
 
 
 class PackageKeyView(APIView):
-    """The organization's key for encrypted packages (members only; made on first use)."""
+    """The organization's key for encrypted packages (members and owners, not viewers; made on first use)."""
+
+    permission_classes = [IsOrganizationMemberNotViewer]
 
     @extend_schema(responses={200: dict})
     def get(self, request):

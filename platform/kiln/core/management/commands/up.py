@@ -19,6 +19,8 @@ from kiln.accounts.models import Role
 from workers.sandbox.report import granted_names
 from workers.sandbox.runner import SandboxFailed, probe
 
+# uvicorn's worker without its own reading of X-Forwarded-For (see kiln.core.web_worker).
+WEB_WORKER_CLASS = "kiln.core.web_worker.UvicornWorker"
 DEMO_USERNAME = "demo"
 DEMO_ORGANIZATION = "Demo"
 
@@ -60,7 +62,7 @@ def sandbox_summary() -> str:
 
 def web_server_command(bin_dir: Path, *, bind: str, workers: int, platform_dir: Path) -> list[str]:
     """Gunicorn supervising uvicorn workers: the ASGI app, so a waiting agent long-poll holds no thread."""
-    return [str(bin_dir / "gunicorn"), "kiln.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker",
+    return [str(bin_dir / "gunicorn"), "kiln.asgi:application", "--worker-class", WEB_WORKER_CLASS,
             "--bind", bind, "--workers", str(workers), "--timeout", "300", "--graceful-timeout", "25", "--chdir", str(platform_dir),
             # Several servers on one machine (tests, other checkouts) must not fight over one control socket.
             "--no-control-socket"]
