@@ -53,6 +53,8 @@ NUMERIC_DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "i
 class RecipeError(ValueError):
     """The recipe is malformed, or one raw sample cannot be prepared by it; the message says which."""
 
+    code = "invalid_dataset"
+
 
 # Deeper than any recipe (the deepest is 3 levels); checked before json.loads, which recurses.
 MAX_RECIPE_DEPTH = 8

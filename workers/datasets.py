@@ -35,6 +35,8 @@ _SCAN_BLOCK_BYTES = 16 << 20
 class InvalidDataset(ValueError):
     """The file is not a usable dataset; the message says what is wrong and where."""
 
+    code = "invalid_dataset"
+
 
 def inspect_npz(path: str | Path, *, display_name: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
     """Describe a dataset (`samples`, `arrays` with dtype and shape, `has_labels`) after checking it.

@@ -21,10 +21,9 @@ from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
-from workers.datasets import InvalidDataset, hdf5_to_samples, inspect_dataset
+from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
-from workers.raw_datasets import build_raw_dataset
 from workers.sandbox.runner import run_confined
 
 from . import storage, uploads
@@ -344,10 +343,7 @@ def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=N
         raise KilnError("A dataset is an .npz file of named input arrays (first axis = samples), a .zip of one .npz per sample, "
                         "or an HDF5 file of one group per sample.", code="unsupported_format")
     upload_path = Path(upload.temporary_file_path())
-    try:
-        info = inspect_dataset(upload_path, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
-    except InvalidDataset as exc:
-        raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from exc
+    info = _parse_dataset_confined("dataset.inspect", upload_path, filename=filename)
     with transaction.atomic():
         blob = blob_create(organization=organization, path=Path(upload.temporary_file_path()), sha256=upload.sha256)
         return Dataset.objects.create(
@@ -373,11 +369,7 @@ def _hdf5_dataset_create(*, organization, user, name: str, kind: str, upload) ->
     upload_path = Path(upload.temporary_file_path())
     with tempfile.TemporaryDirectory(prefix="kiln-h5-") as scratch:
         samples = Path(scratch) / "samples.zip"
-        try:
-            hdf5_to_samples(upload_path, samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
-            info = inspect_dataset(samples, display_name=filename, max_bytes=settings.MAX_DATASET_BYTES)
-        except InvalidDataset as exc:
-            raise KilnError(redact_server_paths(str(exc), {upload_path: filename, upload_path.name: filename}), code="invalid_dataset") from None
+        info = _parse_dataset_confined("dataset.hdf5", upload_path, filename=filename, outputs={HDF5_SAMPLES: samples})
         with transaction.atomic():
             return Dataset.objects.create(
                 organization=organization, name=((name or "").strip() or Path(filename).stem)[:200], kind=kind,
@@ -385,6 +377,18 @@ def _hdf5_dataset_create(*, organization, user, name: str, kind: str, upload) ->
                 source_blob=blob_create(organization=organization, path=upload_path, sha256=upload.sha256),
                 samples=info["samples"], arrays=info["arrays"], has_labels=info["has_labels"], format=info["format"], created_by=user,
             )
+
+
+def _parse_dataset_confined(command: str, upload_path: Path, *, filename: str, outputs: dict | None = None, prefix: str = "",
+                            **request) -> dict:
+    """Run a dataset parser (workers/dataset_commands.py) in the sandbox on the upload; its failures are 400s."""
+    try:
+        return run_confined(command, {"path": str(upload_path), "display_name": filename, "max_bytes": settings.MAX_DATASET_BYTES, **request},
+                            shared=(upload_path,), outputs=outputs, memory_mb=settings.TORCH_SANDBOX_MEMORY_MB,
+                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS, allow_unconfined=True, uid=settings.SANDBOX_UID)
+    except SandboxFailed as failed:
+        message = redact_server_paths(str(failed), {upload_path: filename, upload_path.name: filename})
+        raise KilnError(f"{prefix}{message}" if failed.code else f"{filename} could not be read: {message}", code="invalid_dataset") from None
 
 
 def _tokenizer_text(tokenizer) -> str | None:
@@ -412,11 +416,8 @@ def _raw_dataset_create(*, organization, user, name: str, kind: str, upload, rec
     upload_path = Path(upload.temporary_file_path())
     with tempfile.TemporaryDirectory(prefix="kiln-raw-") as scratch:
         prepared = Path(scratch) / "prepared.npz"
-        try:
-            info = build_raw_dataset(upload_path, parsed, prepared, display_name=filename, tokenizer_json=tokenizer_json,
-                                     max_bytes=settings.MAX_DATASET_BYTES)
-        except RecipeError as exc:
-            raise KilnError(f"{filename}: {redact_server_paths(str(exc), {upload_path: filename})}", code="invalid_dataset") from None
+        info = _parse_dataset_confined("dataset.raw", upload_path, filename=filename, outputs={RAW_PREPARED: prepared},
+                                       recipe=parsed, tokenizer_json=tokenizer_json, prefix=f"{filename}: ")
         with transaction.atomic():
             if tokenizer_json is not None:
                 tokenizer_path = Path(scratch) / "tokenizer.json"
