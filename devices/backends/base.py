@@ -65,7 +65,7 @@ class CompiledModel(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """One inference runtime (ONNX Runtime, OpenVINO, TensorRT)."""
+    """One inference runtime (ONNX Runtime, OpenVINO)."""
 
     name: str = ""
 
