@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from devices import bench, feeds, metrics
+from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
 from devices.backends.options import InvalidCompileOptions, parse_compile_options
@@ -384,6 +385,10 @@ class TaskRunner:
             self._check(task_id, cancel)
             raise
         speed["size_bytes"] = compiled.artifact_path.stat().st_size
+        emulated = arm.emulation()
+        if emulated:
+            logger.warning("timings taken under emulation are not this device's speed: %s", emulated)
+            speed["emulated"] = emulated
 
         self._enter(task, cancel, "profile", "profiling per operator")
         profile_feeds = feeds_by_batch[batch_sizes[0]]

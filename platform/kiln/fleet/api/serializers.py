@@ -121,6 +121,9 @@ class CapabilitiesSerializer(serializers.Serializer):
     runtimes = BoundedDictField(child=serializers.CharField(max_length=64), max_items=MAX_RUNTIMES, required=False)
     agent_version = _text(64)
     python = _text(64)
+    board = _text()
+    # Set when a user-mode emulator runs the agent (devices/agent/arm.py): its timings are not the device's speed.
+    emulated = _text(500)
 
 
 class RegisterSerializer(serializers.Serializer):
@@ -191,6 +194,8 @@ class MetricsSerializer(serializers.Serializer):
     threads = _count(max_value=1_000_000)
     size_bytes = _count()
     settings = BoundedJSONField(max_bytes=4096, max_depth=3, required=False)
+    # The agent ran under a user-mode emulator: these are the emulator's timings (kept out of the performance database).
+    emulated = _text(500)
 
 
 class OpTypeRowSerializer(serializers.Serializer):
