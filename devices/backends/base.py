@@ -86,6 +86,14 @@ class Backend(abc.ABC):
         and return the loaded model. `threads` None lets the runtime choose; `options` are
         compile options (`devices.backends.options`), whose `threads` wins over the argument."""
 
+    def operator_support(self, model_path: Path) -> dict:
+        """Which of the model's operators this runtime runs natively, which fall back and which it cannot run, from
+        the runtime's own answer (`devices.support`). A backend without a way to ask says `unknown`."""
+        from devices.support import unknown
+
+        return unknown(backend=self.name, runtime=self.name, version=self.version(), device="",
+                       reason=f"the {self.name} backend cannot report operator support")
+
 
 def summarize_profile(
     node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int, warmup_runs: int = 0
