@@ -1,0 +1,1 @@
+../../../platform/kiln/__init__.py

@@ -1,0 +1,1 @@
+../../../platform/kiln/cli.py

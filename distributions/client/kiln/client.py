@@ -1,0 +1,1 @@
+../../../platform/kiln/client.py

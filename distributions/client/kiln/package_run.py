@@ -1,0 +1,1 @@
+../../../platform/kiln/package_run.py
