@@ -29,6 +29,9 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from devices.backends.base import Backend
+from devices.backends.registry import available_backends
+
 RUNS, PARTIAL, CANNOT_RUN, UNKNOWN = "runs", "partial", "cannot_run", "unknown"
 VERDICTS = (RUNS, PARTIAL, CANNOT_RUN, UNKNOWN)
 MAX_NODES = 50
@@ -120,26 +123,27 @@ def containers(model_path: Path, op_types: set[str], message: str = "") -> list[
     return named
 
 
+def ask(backend: Backend, model_path: str | Path) -> dict:
+    """One backend's answer; `unknown` (never an exception) when it has no way to ask or the asking itself broke, so
+    that a check that could not run never rules a backend out."""
+    started = time.perf_counter()
+    try:
+        report = backend.operator_support(Path(model_path))
+    except NotImplementedError as exc:
+        report = unknown(backend=backend.name, runtime=backend.name, version=backend.version(), device="", reason=str(exc))
+    except Exception as exc:
+        report = unknown(backend=backend.name, runtime=backend.name, version=backend.version(), device="",
+                         reason=f"checking failed: {type(exc).__name__}: {first_lines(str(exc))}")
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
 def check(model_path: str | Path, backend_names: Iterable[str] | None = None) -> list[dict]:
     """What each backend this machine offers (or each of `backend_names`) says about the model, in name order."""
-    from devices.backends.registry import available_backends
-
     offered = available_backends()
     names = sorted(offered) if backend_names is None else sorted(set(backend_names))
-    answers = []
-    for name in names:
-        started = time.perf_counter()
-        if name not in offered:
-            answers.append(unknown(backend=name, runtime=name, version=None, device="", reason=f"{name} is not installed here"))
-            continue
-        try:
-            report = offered[name].operator_support(Path(model_path))
-        except Exception as exc:  # a runtime's own failure is its answer, never the caller's crash
-            report = answer(backend=name, runtime=name, version=offered[name].version(), device="", source="operator_support",
-                            reason=f"{name} failed while checking the model: {type(exc).__name__}: {first_lines(str(exc))}", refused=True)
-        report["seconds"] = round(time.perf_counter() - started, 3)
-        answers.append(report)
-    return answers
+    return [ask(offered[name], model_path) if name in offered
+            else unknown(backend=name, runtime=name, version=None, device="", reason=f"{name} is not installed here") for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:

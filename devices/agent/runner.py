@@ -348,7 +348,7 @@ class TaskRunner:
         backend_name = task.get("backend") or "onnxruntime"
         backend = get_backend(backend_name)
         self._enter(task, cancel, "support", f"asking {backend_name} {backend.version() or ''} which operators it runs")
-        self.support = backend.operator_support(paths["model"])
+        self.support = support.ask(backend, paths["model"])
         logger.info("operator support: %s", support.summary(self.support))
         if not support.runnable(self.support):
             # The runtime said no before anything was built: that reason is the task's, not a compile crash.

@@ -88,11 +88,9 @@ class Backend(abc.ABC):
 
     def operator_support(self, model_path: Path) -> dict:
         """Which of the model's operators this runtime runs natively, which fall back and which it cannot run, from
-        the runtime's own answer (`devices.support`). A backend without a way to ask says `unknown`."""
-        from devices.support import unknown
-
-        return unknown(backend=self.name, runtime=self.name, version=self.version(), device="",
-                       reason=f"the {self.name} backend cannot report operator support")
+        the runtime's own answer, in `devices.support`'s shape. Ask through `devices.support.ask`, which turns this
+        default (a backend with no way to ask) into an `unknown` answer."""
+        raise NotImplementedError(f"the {self.name} backend cannot report operator support")
 
 
 def summarize_profile(

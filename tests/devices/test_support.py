@@ -91,3 +91,24 @@ def test_the_command_line_prints_every_installed_runtimes_answer_as_json(loop_de
     assert answers["onnxruntime"]["verdict"] == support.RUNS
     if HAS_OPENVINO:
         assert answers["openvino"]["verdict"] == support.CANNOT_RUN
+
+
+class _Silent(OnnxRuntimeBackend):
+    name = "silent"
+
+    def operator_support(self, model_path):
+        return super(OnnxRuntimeBackend, self).operator_support(model_path)
+
+
+class _Broken(OnnxRuntimeBackend):
+    name = "broken"
+
+    def operator_support(self, model_path):
+        raise RuntimeError("the binding fell over")
+
+
+def test_a_backend_that_cannot_say_or_whose_check_breaks_answers_unknown_and_is_not_ruled_out(loop_decoder):
+    silent, broken = support.ask(_Silent(), loop_decoder), support.ask(_Broken(), loop_decoder)
+    assert silent["verdict"] == broken["verdict"] == support.UNKNOWN
+    assert "cannot report operator support" in silent["reason"] and "the binding fell over" in broken["reason"]
+    assert support.runnable(silent) and support.runnable(broken)
