@@ -13,7 +13,7 @@ HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 BACKENDS = [
     "onnxruntime",
     pytest.param("openvino", marks=pytest.mark.skipif(
-        not HAS_OPENVINO, reason="openvino is not installed (pip install kiln[openvino])")),
+        not HAS_OPENVINO, reason="openvino is not installed (pip install kiln-agent[openvino])")),
 ]
 
 
