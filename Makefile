@@ -32,7 +32,8 @@ $(WHEELS)/.built: $(STAMP) $(WHEEL_SOURCES)
 	$(PY) distributions/build.py $(WHEELS)
 	touch $@
 
-$(WHEELHOUSE)/.downloaded: $(WHEELS)/.built
+# Again only when the agent's requirements change, not with every change of its code.
+$(WHEELHOUSE)/.downloaded: distributions/agent/pyproject.toml | $(WHEELS)/.built
 	$(PY) -m pip download -q -d $(WHEELHOUSE) $(WHEELS)/kiln_agent-*.whl
 	touch $@
 
