@@ -10,7 +10,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
 WHEELS := dist
 WHEELHOUSE := var/wheelhouse
 CLIENT_SOURCES := platform/kiln/__init__.py platform/kiln/client.py platform/kiln/cli.py platform/kiln/package_run.py
-WHEEL_SOURCES := $(shell find devices distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null) $(CLIENT_SOURCES)
+WHEEL_SOURCES := $(shell find devices distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null) $(CLIENT_SOURCES) setup.py
 
 .PHONY: up test install wheels frontend test-python test-frontend lint bench clean
 

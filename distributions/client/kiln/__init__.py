@@ -1,1 +1,0 @@
-../../../platform/kiln/__init__.py

@@ -1,1 +1,0 @@
-../../../platform/kiln/cli.py

@@ -1,1 +1,0 @@
-../../../platform/kiln/package_run.py
