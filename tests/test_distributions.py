@@ -26,7 +26,7 @@ sys.path.remove(str(REPO / "distributions"))
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
-    built = build(out)
+    built = build(out, ("agent", "client", "server"))
     return {path.name.split("-")[0].removeprefix("kiln_"): path for path in built}
 
 
@@ -63,6 +63,20 @@ def test_the_client_wheel_holds_only_the_clients_modules(wheels):
         modules = {name for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
     assert modules == {"kiln/__init__.py", "kiln/client.py", "kiln/cli.py", "kiln/package_run.py"}
     assert not any(requirement.lower().startswith(("django", "celery", "psycopg")) for requirement in _requires(wheels["client"]))
+
+
+def test_the_server_and_client_wheels_together_make_the_whole_kiln_package_without_overlap(wheels):
+    def top_modules(wheel: Path) -> set[str]:
+        with zipfile.ZipFile(wheel) as archive:
+            return {name for name in archive.namelist() if name.count("/") == 1 and name.startswith(("kiln/", "devices/", "workers/"))}
+
+    server, client = top_modules(wheels["server"]), top_modules(wheels["client"])
+    assert not server & client
+    assert server | client == {f"kiln/{path.name}" for path in (REPO / "platform" / "kiln").glob("*.py")} | {
+        f"workers/{path.name}" for path in (REPO / "workers").glob("*.py")}
+    with zipfile.ZipFile(wheels["server"]) as archive:
+        assert "kiln/settings.py" in archive.namelist() and "kiln/pipeline/support.py" in archive.namelist()
+        assert not any(name.startswith("devices/") for name in archive.namelist())
 
 
 @pytest.mark.skipif(not (WHEELHOUSE / ".downloaded").exists(), reason="no offline wheelhouse for the agent's dependencies: `make install` downloads it")
