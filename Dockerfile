@@ -1,12 +1,17 @@
 # One image for web, worker and agent; the command picks the role.
 FROM python:3.11-slim AS base
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/app:/app/platform
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/app:/app/platform KILN_DOWNLOADS_DIR=/app/dist
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY distributions distributions
 COPY platform platform
 COPY workers workers
 COPY devices devices
-RUN pip install -e '.[openvino]'
+# The three installables of this tree as wheels: the image runs all three, and its web server serves the agent's and the
+# client's at /downloads/, so that a device installs the agent from the Kiln it talks to.
+RUN python distributions/build.py /app/dist --server --isolated \
+ && pip install "$(ls /app/dist/kiln_server-*.whl)[openvino]" "$(ls /app/dist/kiln_agent-*.whl)[openvino]" /app/dist/kiln_client-*.whl \
+ && rm /app/dist/kiln_server-*.whl
 
 FROM node:20-slim AS ui
 WORKDIR /ui
@@ -14,6 +19,15 @@ COPY frontend/package.json frontend/package-lock.json ./
 RUN npm ci
 COPY frontend ./
 RUN npm run build
+
+# A device agent alone: the kiln-agent wheel and its runtimes, nothing of the server (no Django, Celery, psycopg).
+FROM python:3.11-slim AS agent
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+COPY --from=base /app/dist/kiln_agent-*.whl /tmp/
+RUN pip install "$(ls /tmp/kiln_agent-*.whl)[openvino]" && rm /tmp/kiln_agent-*.whl \
+ && useradd --create-home kiln && mkdir -p /agent && chown kiln /agent
+USER kiln
+CMD ["kiln-agent", "run", "--work-dir", "/agent/work"]
 
 FROM base
 COPY --from=ui /ui/dist /app/frontend/dist

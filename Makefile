@@ -5,15 +5,37 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
 
-.PHONY: up test install frontend test-python test-frontend lint bench clean
+# The agent's and the client's wheels, served at /downloads/ (KILN_DOWNLOADS_DIR), and what the agent wheel needs
+# to install offline (the test that installs it into a fresh venv reads no index).
+WHEELS := dist
+WHEELHOUSE := var/wheelhouse
+CLIENT_SOURCES := platform/kiln/__init__.py platform/kiln/client.py platform/kiln/cli.py platform/kiln/package_run.py
+WHEEL_SOURCES := $(shell find devices distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null) $(CLIENT_SOURCES) setup.py
 
-$(STAMP): pyproject.toml
+.PHONY: up test install wheels frontend test-python test-frontend lint bench clean
+
+# Three installables from this repository, editable: kiln-agent (devices), kiln-client (kiln.Client and `kiln`),
+# and kiln-server (platform and workers), which requires the other two.
+$(STAMP): pyproject.toml distributions/agent/pyproject.toml distributions/client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,openvino]'
+	# A venv made before the split holds one distribution called `kiln` that owned all three packages.
+	$(PY) -m pip uninstall -q -y kiln 2>/dev/null || true
+	$(PY) -m pip install -q -e distributions/agent -e distributions/client -e '.[dev,openvino]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(WHEELS)/.built $(WHEELHOUSE)/.downloaded
+
+wheels: $(WHEELS)/.built
+
+$(WHEELS)/.built: $(STAMP) $(WHEEL_SOURCES)
+	$(PY) distributions/build.py $(WHEELS)
+	touch $@
+
+# Again only when the agent's requirements change, not with every change of its code.
+$(WHEELHOUSE)/.downloaded: distributions/agent/pyproject.toml | $(WHEELS)/.built
+	$(PY) -m pip download -q -d $(WHEELHOUSE) $(WHEELS)/kiln_agent-*.whl
+	touch $@
 
 frontend: $(STAMP)
 	bash frontend/build.sh
@@ -41,4 +63,4 @@ bench: install
 	$(PY) benchmarks/latency_estimate.py
 
 clean:
-	rm -rf var/test frontend/dist
+	rm -rf var/test frontend/dist $(WHEELS)

@@ -4,12 +4,12 @@ from __future__ import annotations
 from django.db import InterfaceError, OperationalError
 
 from kiln.fleet.services import agents_mark_offline
-from kiln.pipeline import quantize, stages
+from kiln.pipeline import quantize, stages, support
 from kiln.pipeline.device_tasks import device_tasks_requeue_expired, jobs_redispatch_waiting
 from kiln.pipeline.leases import stage_run_leased, variant_build_leased
 from kiln.pipeline.queue import REDISPATCH_TASK_NAME, STAGE_TASK_NAMES, VARIANT_BUILD_TASK_NAME
 from kiln.pipeline.reaper import work_reap_expired
-from kiln.registry.services import uploads_expire
+from kiln.registry.services import SUPPORT_TASK_NAME, model_version_check_support, uploads_expire
 
 from .celery import app
 
@@ -33,6 +33,16 @@ def job_validate(job_id: int) -> None:
 @app.task(name=STAGE_TASK_NAMES["convert"], soft_time_limit=1800, time_limit=1900, **COMMON)
 def job_convert(job_id: int) -> None:
     stage_run_leased(job_id=job_id, stage="convert", work=stages.job_convert)
+
+
+@app.task(name=STAGE_TASK_NAMES["support"], soft_time_limit=660, time_limit=720, **COMMON)
+def job_support(job_id: int) -> None:
+    stage_run_leased(job_id=job_id, stage="support", work=support.job_support)
+
+
+@app.task(name=SUPPORT_TASK_NAME, soft_time_limit=660, time_limit=720, **COMMON)
+def model_operator_support(version_id: int) -> None:
+    model_version_check_support(version_id=version_id)
 
 
 @app.task(name=STAGE_TASK_NAMES["reference"], soft_time_limit=1800, time_limit=1900, **COMMON)

@@ -7,7 +7,7 @@ def _version() -> str:
     try:
         from importlib.metadata import version
 
-        return version("kiln")
+        return version("kiln-agent")
     except Exception:
         return "0.1.0"
 

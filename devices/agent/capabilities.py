@@ -9,7 +9,7 @@ import subprocess
 
 import psutil
 
-from devices.agent import AGENT_VERSION
+from devices.agent import AGENT_VERSION, arm
 from devices.backends.registry import available_backends
 from devices.cpus import usable_cores
 
@@ -20,7 +20,7 @@ INTERESTING_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
     "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
     "amx_tile", "amx_bf16", "amx_int8",
-    "asimd", "asimddp", "sve", "sve2", "i8mm", "bf16",
+    "asimd", "asimdhp", "asimddp", "sve", "sve2", "i8mm", "bf16", "sme",
 )
 
 
@@ -43,10 +43,17 @@ def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
 
 def _cpu() -> tuple[str | None, list[str]]:
     try:
-        with open("/proc/cpuinfo") as handle:
-            model, isa = parse_cpuinfo(handle.read())
+        with open("/proc/cpuinfo", errors="replace") as handle:
+            text = handle.read()
     except OSError:
-        model, isa = None, []
+        text = ""
+    model, isa = parse_cpuinfo(text)
+    if arm.is_arm():
+        # The kernel's HWCAP words are what this process may execute (an emulator's CPU under emulation);
+        # Arm's /proc/cpuinfo has no "model name", but names the core by implementer and part.
+        granted = set(arm.hwcap_features() or [])
+        isa = [flag for flag in INTERESTING_FLAGS if flag in granted or flag in isa]
+        model = model or arm.core_name(text) or arm.board_model()
     return model or platform.processor() or None, isa
 
 
@@ -101,4 +108,7 @@ def collect_capabilities() -> dict:
         "runtimes": runtime_versions(),
         "agent_version": AGENT_VERSION,
         "python": platform.python_version(),
+        "board": arm.board_model() if arm.is_arm() else None,
+        # A sentence when a user-mode emulator runs this agent (QEMU on another architecture), else None.
+        "emulated": arm.emulation(),
     }

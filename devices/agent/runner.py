@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, feeds, metrics
+from devices import bench, feeds, metrics, support
+from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
 from devices.backends.options import InvalidCompileOptions, parse_compile_options
@@ -34,7 +35,7 @@ STOPPING_REASON = "agent stopping"
 FILE_NAMES = {"model": "model.onnx", "validation": "validation.npz", "reference": "reference.npz"}
 # Stages a stopping agent finishes instead of handing the task back.
 FINISH_ON_STOP = frozenset({"evaluate", "upload", "result"})
-PERCENT = {"download": 0, "compile": 10, "benchmark": 25, "profile": 60, "evaluate": 70,
+PERCENT = {"download": 0, "support": 5, "compile": 10, "benchmark": 25, "profile": 60, "evaluate": 70,
            "upload": 85, "result": 95}
 
 
@@ -230,6 +231,8 @@ class TaskRunner:
         self.threads = threads
         self.keep_work_dirs = keep_work_dirs
         self.stage: str | None = None
+        # This task's runtime's operator-support answer, sent with its result whatever the outcome.
+        self.support: dict | None = None
 
     # -- control -------------------------------------------------------------------------------
 
@@ -273,6 +276,7 @@ class TaskRunner:
         if package_logger.getEffectiveLevel() > logging.INFO:
             package_logger.setLevel(logging.INFO)
         self.stage = None
+        self.support = None
         try:
             try:
                 payload = self._pipeline(task, cancel, task_dir)
@@ -310,7 +314,7 @@ class TaskRunner:
 
     def _failure(self, task: dict, reason: str, capture: TaskLogCapture) -> dict:
         return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": {},
-                "accuracy": None, "profile": None, "log": capture.text()}
+                "accuracy": None, "profile": None, "log": capture.text(), "support": self.support}
 
     def _post(self, task: dict, payload: dict, outcome: str) -> str:
         self.stage = "result"
@@ -342,8 +346,14 @@ class TaskRunner:
                 paths[key] = self.download_verified(key, files[key], task_dir / FILE_NAMES[key])
 
         backend_name = task.get("backend") or "onnxruntime"
-        self._enter(task, cancel, "compile", f"compiling with {backend_name}")
         backend = get_backend(backend_name)
+        self._enter(task, cancel, "support", f"asking {backend_name} {backend.version() or ''} which operators it runs")
+        self.support = support.ask(backend, paths["model"])
+        logger.info("operator support: %s", support.summary(self.support))
+        if not support.runnable(self.support):
+            # The runtime said no before anything was built: that reason is the task's, not a compile crash.
+            raise TaskFailed(self.support.get("reason") or support.summary(self.support))
+        self._enter(task, cancel, "compile", f"compiling with {backend_name}")
         bench.reset_peak_rss()
         started = time.perf_counter_ns()
         try:
@@ -384,6 +394,10 @@ class TaskRunner:
             self._check(task_id, cancel)
             raise
         speed["size_bytes"] = compiled.artifact_path.stat().st_size
+        emulated = arm.emulation()
+        if emulated:
+            logger.warning("timings taken under emulation are not this device's speed: %s", emulated)
+            speed["emulated"] = emulated
 
         self._enter(task, cancel, "profile", "profiling per operator")
         profile_feeds = feeds_by_batch[batch_sizes[0]]
@@ -420,7 +434,7 @@ class TaskRunner:
         answer = self.client.upload_artifact(task_id, attempt=task["attempt"], path=compiled.artifact_path)
         logger.info("artifact uploaded, sha256 %s", answer.get("sha256"))
         return {"attempt": task["attempt"], "status": "succeeded", "error": None,
-                "metrics": speed, "accuracy": accuracy, "profile": profile}
+                "metrics": speed, "accuracy": accuracy, "profile": profile, "support": self.support}
 
     def _retime(self, task: dict, cancel: threading.Event, task_dir: Path) -> dict:
         """A RETIME task: compile the near-tie variants again and time them side by side in interleaved windows.

@@ -65,7 +65,7 @@ class CompiledModel(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """One inference runtime (ONNX Runtime, OpenVINO, TensorRT)."""
+    """One inference runtime (ONNX Runtime, OpenVINO)."""
 
     name: str = ""
 
@@ -85,6 +85,12 @@ class Backend(abc.ABC):
         """Compile `model_path` (ONNX) for this device, write the artifact under `work_dir`,
         and return the loaded model. `threads` None lets the runtime choose; `options` are
         compile options (`devices.backends.options`), whose `threads` wins over the argument."""
+
+    def operator_support(self, model_path: Path) -> dict:
+        """Which of the model's operators this runtime runs natively, which fall back and which it cannot run, from
+        the runtime's own answer, in `devices.support`'s shape. Ask through `devices.support.ask`, which turns this
+        default (a backend with no way to ask) into an `unknown` answer."""
+        raise NotImplementedError(f"the {self.name} backend cannot report operator support")
 
 
 def summarize_profile(

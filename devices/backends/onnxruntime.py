@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from devices import support
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
 from devices.backends.options import parse_compile_options
 from devices.cpus import usable_cores
@@ -18,6 +20,16 @@ from devices.cpus import usable_cores
 logger = logging.getLogger(__name__)
 
 ARTIFACT_NAME = "model.ort-optimized.onnx"
+# ORT's refusal of a node no execution provider implements: "Could not find an implementation for Foo(7) node with name 'bar'".
+UNIMPLEMENTED = re.compile(r"implementation for (\w+)\(\d+\) node with name '([^']*)'")
+# ...and of an operator from a domain it does not know: "com.example:Foo(-1) is not a registered function/op".
+UNREGISTERED = re.compile(r"([\w.]*):(\w+)\(-?\d+\) is not a registered function/op")
+
+
+def _refused_nodes(message: str) -> list[tuple[str, str]]:
+    """(node name, operator type) of each node ORT's load error names."""
+    return ([(name, op_type) for op_type, name in UNIMPLEMENTED.findall(message)]
+            + [(f"{op_type} ({domain or 'ai.onnx'})", op_type) for domain, op_type in UNREGISTERED.findall(message)])
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -197,6 +209,36 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         return ort.__version__
+
+    def operator_support(self, model_path: Path) -> dict:
+        """ORT's node placement: each node of the unoptimized graph on the execution provider the partitioner gave it.
+        A node on the preferred provider is native, on a later one a fallback; a node no provider implements fails
+        the session, and ORT's message names it."""
+        import onnxruntime as ort
+
+        providers = ["CPUExecutionProvider"]
+        facts = {"backend": self.name, "runtime": "ONNX Runtime", "version": ort.__version__, "device": providers[0],
+                 "source": "InferenceSession node placement (session.record_ep_graph_assignment_info)"}
+        options = ort.SessionOptions()
+        # Unoptimized, so that the placement names the model's own nodes rather than ORT's fusions of them.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        try:
+            session = ort.InferenceSession(str(model_path), options, providers=providers)
+        except Exception as exc:
+            message = support.first_lines(str(exc))
+            return support.answer(**facts, unsupported=_refused_nodes(message), refused=True,
+                                  reason=f"ONNX Runtime {ort.__version__} cannot load the model: {message}")
+        placement = getattr(session, "get_provider_graph_assignment_info", None)
+        if placement is None:
+            return support.unknown(backend=self.name, runtime="ONNX Runtime", version=ort.__version__, device=providers[0],
+                                   reason=f"ONNX Runtime {ort.__version__} loads the model but does not report node placement")
+        native, fallback = [], []
+        for subgraph in placement():
+            nodes = [(node.name, node.op_type) for node in subgraph.get_nodes()]
+            (native if subgraph.ep_name == providers[0] else fallback).extend(nodes)
+        return support.answer(**facts, native=native, fallback=fallback)
 
     def compile(
         self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from devices import support
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
 from devices.backends.options import parse_compile_options
 
@@ -16,6 +18,16 @@ logger = logging.getLogger(__name__)
 
 ARTIFACT_NAME = "model.openvino.blob"
 DEVICE = "CPU"
+# Graph plumbing every model has; operator support is about the operations between them.
+STRUCTURAL_OPS = frozenset({"Parameter", "Result", "Constant"})
+
+
+def _unconverted_operations(message: str) -> list[str]:
+    """The ONNX operation types OpenVINO's frontend names after "No conversion rule found for operations:" (`util::` dropped)."""
+    found = re.search(r"No conversion rule found for operations:\s*([^\n]*?)(?:\s+--|$)", message)
+    if not found:
+        return []
+    return [name.strip().split("::")[-1] for name in found.group(1).split(",") if name.strip()]
 
 
 def _config(threads: int | None, *, profiling: bool = False, options: dict[str, Any] | None = None) -> dict:
@@ -171,6 +183,35 @@ class OpenVinoBackend(Backend):
 
         # "2026.4.1-22982-e213a147257-releases/2026/4" -> "2026.4.1"
         return ov.get_version().split("-")[0]
+
+    def operator_support(self, model_path: Path) -> dict:
+        """OpenVINO's reader, then `core.query_model` on the CPU plugin: an operation the plugin does not list cannot run
+        (the CPU plugin has no fallback device); a model the reader refuses cannot run at all, and the reason names the
+        operations it found no conversion rule for and the Loop (If, Scan) that holds them."""
+        import openvino as ov
+
+        version = ov.get_version().split("-")[0]
+        facts = {"backend": self.name, "runtime": "OpenVINO", "version": version, "device": DEVICE,
+                 "source": "core.read_model + core.query_model"}
+        core = ov.Core()
+        try:
+            model = core.read_model(str(model_path))
+        except Exception as exc:
+            message = support.first_lines(str(exc))
+            refused = _unconverted_operations(message)
+            where = support.containers(Path(model_path), set(refused), message)
+            inside = f" (inside {', '.join(where)})" if where else ""
+            nodes = [(where[0] if where else op, op) for op in refused] or [(node, node.split(" ", 1)[0]) for node in where]
+            return support.answer(**facts, unsupported=nodes, refused=True,
+                                  reason=f"OpenVINO {version} cannot read the model{inside}: {message}")
+        supported = core.query_model(model, DEVICE)
+        native, unsupported = [], []
+        for op in model.get_ordered_ops():
+            if op.get_type_name() in STRUCTURAL_OPS:
+                continue
+            (native if op.get_friendly_name() in supported else unsupported).append((op.get_friendly_name(), op.get_type_name()))
+        reason = f"the OpenVINO {version} CPU plugin does not run {', '.join(sorted({t for _, t in unsupported}))}" if unsupported else None
+        return support.answer(**facts, native=native, unsupported=unsupported, reason=reason)
 
     def compile(
         self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,

@@ -1,7 +1,7 @@
 """Kiln. The Django project lives in this package; `kiln.Client` is the Python client of its REST API.
 
 The client is imported lazily so that `import kiln` (and Django's start-up) never pulls it in, and
-so that the client never needs Django: `pip install kiln` then `kiln.Client(...)` is enough.
+so that the client never needs Django: the kiln-client wheel (this module, client, cli, package_run) is enough for `kiln.Client(...)`.
 """
 
 

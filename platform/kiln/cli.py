@@ -19,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskProgressColum
 from rich.table import Table
 
 from kiln.client import ApiError, Client, ClientConfig, ServerUnavailable
-from kiln.reports.package_run import VerificationFailed, verify
+from kiln.package_run import VerificationFailed, verify
 
 EXIT_OK, EXIT_ERROR, EXIT_TOLERANCE_MISSED = 0, 1, 3
 

@@ -3,11 +3,13 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from kiln.core.downloads import download_wheel, downloads_index, downloads_json
 from kiln.core.metrics_view import metrics
 from kiln.core.views import health, spa_index
 
 api_v1 = [
     path("health/", health, name="health"),
+    path("downloads/", downloads_json, name="downloads-json"),
     path("", include("kiln.accounts.api.urls")),
     path("", include("kiln.registry.api.urls")),
     path("", include("kiln.pipeline.api.urls")),
@@ -22,7 +24,9 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
     path("metrics", metrics, name="metrics"),
-    re_path(r"^(?!api/|admin/|static/|metrics$).*$", spa_index, name="spa"),
+    path("downloads/", downloads_index, name="downloads"),
+    path("downloads/<str:name>", download_wheel, name="download-wheel"),
+    re_path(r"^(?!api/|admin/|static/|downloads/|metrics$).*$", spa_index, name="spa"),
 ]
 
 handler400 = "kiln.core.views.bad_request"

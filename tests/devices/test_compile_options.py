@@ -81,7 +81,7 @@ def test_the_threads_option_wins_over_the_argument(backend_name, tiny_model_path
 ])
 def test_runtime_hints_keep_the_outputs(backend_name, options, tiny_model_path, tmp_path, sample_feeds):
     if backend_name == "openvino" and not HAS_OPENVINO:
-        pytest.skip("openvino is not installed (pip install kiln[openvino])")
+        pytest.skip("openvino is not installed (pip install kiln-agent[openvino])")
     compiled = get_backend(backend_name).compile(tiny_model_path, tmp_path / "hint", threads=1, options=options)
     try:
         outputs = compiled.run(sample_feeds)["logits"]

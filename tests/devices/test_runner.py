@@ -42,7 +42,7 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
     task = agent_server.serve_task(31, tiny_task_files, attempt=2, backend=backend)
     assert runner.run(task) == "succeeded"
 
-    assert _stages(agent_server, 31) == ["download", "compile", "benchmark", "profile", "evaluate", "upload"]
+    assert _stages(agent_server, 31) == ["download", "support", "compile", "benchmark", "profile", "evaluate", "upload"]
     upload = agent_server.hits("POST", "/api/agent/v1/tasks/31/artifact")[0]
     assert upload.json()["attempt"] == 2 and agent_server.tus.uploads[upload.json()["upload"]]["data"]
     [result] = agent_server.results(31)
@@ -61,6 +61,8 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
     assert logits["reference"]["top1_accuracy"] == pytest.approx(5 / 6)
     assert result["profile"]["by_op_type"]
     assert "compiled in" in result["log"]
+    # The runtime's own operator-support answer, asked before it compiled, travels with the result.
+    assert result["support"]["backend"] == backend and result["support"]["verdict"] == "runs" and sum(result["support"]["native"].values()) >= 3
     assert not list((tmp_path / "work").iterdir())  # the task's scratch directory is gone
 
 
@@ -82,7 +84,7 @@ def test_cancel_in_a_progress_answer_stops_without_a_result(agent_server, runner
     agent_server.route("POST", PROGRESS.format(6), lambda request: Answer(
         200, {"cancel": request.json()["stage"] == "benchmark", "lease_expires_at": "x"}))
     assert runner.run(task) == "canceled"
-    assert _stages(agent_server, 6) == ["download", "compile", "benchmark"]
+    assert _stages(agent_server, 6) == ["download", "support", "compile", "benchmark"]
     assert agent_server.results(6) == []
 
 
@@ -252,3 +254,23 @@ def test_a_task_with_invalid_compile_options_fails_with_the_reason(agent_server,
     assert runner.run(task) == "failed"
     [result] = agent_server.results(42)
     assert "compile options are invalid: threads must be an integer" in result["error"]
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_a_model_the_runtime_cannot_read_fails_at_support_before_any_compile(agent_server, runner, tmp_path):
+    """OpenVINO refuses the Loop decoder: the task ends in `support` with OpenVINO's reason, and nothing is compiled."""
+    import io
+
+    import onnx
+
+    from tests.fixtures.models import build_loop_decoder
+
+    buffer = io.BytesIO()
+    onnx.save(build_loop_decoder(), buffer)
+    task = agent_server.serve_task(43, {"model": buffer.getvalue()}, backend="openvino")
+    assert runner.run(task) == "failed"
+    assert _stages(agent_server, 43) == ["download", "support"]
+    [result] = agent_server.results(43)
+    assert "OpenVINO" in result["error"] and "cannot read the model" in result["error"] and "Loop 'decoder'" in result["error"]
+    assert result["support"]["verdict"] == "cannot_run" and result["support"]["unsupported"] == {"Loop": 1}
+    assert "compiled in" not in result["log"]

@@ -18,7 +18,7 @@ from workers.reference import compute_reference_outputs
 
 SAMPLES = 3
 BACKENDS = ["onnxruntime", pytest.param("openvino", marks=pytest.mark.skipif(
-    importlib.util.find_spec("openvino") is None, reason="openvino is not installed (pip install kiln[openvino])"))]
+    importlib.util.find_spec("openvino") is None, reason="openvino is not installed (pip install kiln-agent[openvino])"))]
 ZOO_PARAMS = [pytest.param(model, id=model.name, marks=pytest.mark.skipif(
     model.path is None, reason=f"{model.package} is not installed (it is in the dev extra)")) for model in ZOO]
 

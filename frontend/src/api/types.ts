@@ -80,6 +80,26 @@ export interface ModelVersion {
   conversion?: PyTorchConversion;
   created_at: string;
   download_url: string;
+  /** What each runtime said about the model's operators: the server's, and each agent's, newest per runtime version. */
+  operator_support?: { answers?: SupportAnswer[] };
+}
+
+/** One runtime's answer to "which of this model's operators do you run?" (devices/support.py). */
+export interface SupportAnswer {
+  backend: string;
+  runtime?: string | null;
+  version?: string | null;
+  device?: string | null;
+  source?: string | null;
+  verdict: 'runs' | 'partial' | 'cannot_run' | 'unknown';
+  reason?: string | null;
+  native?: Record<string, number>;
+  fallback?: Record<string, number>;
+  unsupported?: Record<string, number>;
+  nodes?: { fallback?: string[]; unsupported?: string[] };
+  /** Who answered: "server", or the agent's name (model page). */
+  where?: string;
+  at?: string;
 }
 
 export const OUTPUT_KINDS = [
@@ -284,6 +304,8 @@ export interface Job {
   progress: number;
   error: string | null;
   model_version: number;
+  /** The support stage: every runtime's answer, and the backends it skipped with the reason. */
+  support?: { answers?: SupportAnswer[]; skipped?: Record<string, string> };
   model: { id: number; name: string; version?: number } | null;
   precisions: string[];
   targets: (number | string)[];

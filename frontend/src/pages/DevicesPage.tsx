@@ -162,7 +162,7 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
             <pre className="code-block"><code>pip install kiln onnxruntime</code></pre>
             <CopyButton text="pip install kiln onnxruntime" label="Copy" />
           </div>
-          <span className="muted small">Add <code>openvino</code> or TensorRT if the device has them; the agent reports what it finds.</span>
+          <span className="muted small">Add <code>openvino</code> if the device has it; the agent reports what it finds.</span>
         </li>
         <li>
           <strong>Register and run</strong> it, in one command. It registers once (the agent's token is saved in{' '}

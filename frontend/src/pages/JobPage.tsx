@@ -7,10 +7,11 @@ import { costPhrase, headline, speedupPhrase, tieBadge } from './report/verdict'
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
+import { OperatorSupportTable } from '../components/OperatorSupport';
 import { formatBytes, formatDate, humanize, percent } from '../format';
 
 /** The stage names in pipeline order, for jobs whose detail carries no stages list. */
-const PIPELINE = ['validate', 'convert', 'reference', 'quantize', 'dispatch', 'devices', 'report', 'done'];
+const PIPELINE = ['validate', 'convert', 'support', 'reference', 'quantize', 'dispatch', 'devices', 'report', 'done'];
 
 function durationText(stage: JobStage): string {
   if (!stage.started_at) return '';
@@ -372,6 +373,15 @@ export function JobPage() {
         <Timeline job={data} />
       </section>
 
+      {data.support?.answers?.length ? (
+        <section className="card" aria-labelledby="support-heading" data-testid="job-operator-support">
+          <h2 id="support-heading">Operator support</h2>
+          <p className="muted small">
+            Asked of each runtime before anything was built. A runtime that cannot run the model is skipped for this job, with its reason.
+          </p>
+          <OperatorSupportTable answers={data.support.answers} />
+        </section>
+      ) : null}
       <section className="card" aria-labelledby="variants-heading">
         <h2 id="variants-heading">Variants</h2>
         <VariantList variants={data.variants ?? []} />

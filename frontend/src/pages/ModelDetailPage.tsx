@@ -1,5 +1,5 @@
 /** One model: its versions, the selected version's signature, operators, size and validation. */
-import { useId, useState } from 'react';
+import { useEffect, useId, useState } from 'react';
 import { Link, useNavigate, useParams } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
@@ -7,6 +7,7 @@ import { IdenticalNotice } from './ModelsPage';
 import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
 import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
+import { OperatorSupportTable } from '../components/OperatorSupport';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { ListStates } from '../components/ListStates';
@@ -217,9 +218,46 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
           <h2 id="ops-heading">Operators</h2>
           <OpHistogram histogram={version.op_histogram} />
         </section>
+        <OperatorSupport modelId={modelId} version={version} />
         <LatencyEstimate versionId={version.id} />
       </div>
     </div>
+  );
+}
+
+const SUPPORT_POLL_MS = 3000;
+// The server asks its runtimes right after an upload; a page opened then looks again until they have answered.
+const SUPPORT_WAIT_MS = 3 * 60 * 1000;
+
+/** Each runtime's own answer about this version's operators: the server's at upload, each device's from its jobs. */
+function OperatorSupport({ modelId, version }: { modelId: number; version: ModelVersion }) {
+  const client = useQueryClient();
+  const answers = version.operator_support?.answers ?? [];
+  const waiting = answers.length === 0 && Date.now() - new Date(version.created_at).getTime() < SUPPORT_WAIT_MS;
+  useEffect(() => {
+    if (!waiting) return undefined;
+    const timer = window.setInterval(() => client.invalidateQueries({ queryKey: ['models', modelId] }), SUPPORT_POLL_MS);
+    return () => window.clearInterval(timer);
+  }, [waiting, client, modelId]);
+  return (
+    <section className="card" aria-labelledby="support-heading" data-testid="model-operator-support">
+      <h2 id="support-heading">Operator support</h2>
+      {answers.length ? (
+        <>
+          <OperatorSupportTable answers={answers} showWhere />
+          <p className="muted small">
+            From each runtime itself (ONNX Runtime&apos;s node placement, OpenVINO&apos;s reader and query), on this server and on the devices that ran
+            it. A job skips a runtime that cannot run the model, before building anything for it.
+          </p>
+        </>
+      ) : waiting ? (
+        <p className="muted" role="status">
+          <span className="spinner" aria-hidden="true" /> Asking the server&apos;s runtimes which operators they run…
+        </p>
+      ) : (
+        <p className="muted">No runtime has answered for this version yet; the next deployment asks them before it builds anything.</p>
+      )}
+    </section>
   );
 }
 

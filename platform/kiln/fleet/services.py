@@ -284,7 +284,8 @@ def device_task_store_uploaded_artifact(*, agent: Agent, task_id: int, attempt: 
                                           filename=filename or upload.name)
 
 
-def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str) -> DeviceTask:
+def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str,
+                       support: dict | None = None) -> DeviceTask:
     """Store an agent's result for the attempt it holds; a stale or repeated one changes nothing."""
     if status == HANDED_BACK:
         return device_task_hand_back(agent=agent, task_id=task_id, attempt=attempt)
@@ -295,7 +296,7 @@ def device_task_result(*, agent: Agent, task_id: int, attempt: int, status: str,
         raise Conflict("The task was canceled.", code="canceled")
     finished = device_task_finish(
         task=task, agent=agent, status=status, error=(error or "")[:10000], metrics=metrics or {}, accuracy=accuracy or {},
-        profile=profile or {}, log=(log or "")[-MAX_LOG_CHARS:], summary=_result_summary(status, metrics or {}, error),
+        profile=profile or {}, log=(log or "")[-MAX_LOG_CHARS:], summary=_result_summary(status, metrics or {}, error), support=support or {},
     )
     if not finished:
         raise Conflict("The task is no longer leased by this attempt.", code="stale_attempt")

@@ -14,11 +14,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from kiln.fleet.selectors import targets_resolve
+from kiln.registry.services import model_version_support_record
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
 from .queue import enqueue_stage, wake_agents
 from .retime import retime_results_store
 from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+from .support import runnable_backends, skipped_backends
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
     with transaction.atomic():
         for target in targets:
             for variant in variants:
-                for backend in sorted(set(variant.backends) & target.backends):
+                for backend in sorted(runnable_backends(job, set(variant.backends) & target.backends)):
                     task, was_created = DeviceTask.objects.get_or_create(
                         job=job, variant=variant, backend=backend, target=target.key, purpose=DeviceTaskPurpose.MEASURE,
                         defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},
@@ -55,7 +57,8 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
         if not job.device_tasks.exists():
             offered = sorted(set().union(*(t.backends for t in targets)))
             needed = sorted(set().union(*(set(v.backends) for v in variants)))
-            job_fail(job=job, stage="dispatch", message=f"No target device can run any variant: devices offer {offered or 'no runtime'}, variants need {needed}.")
+            skipped = "".join(f" {backend} skipped: {reason}" for backend, reason in skipped_backends(job).items())
+            job_fail(job=job, stage="dispatch", message=f"No target device can run any variant: devices offer {offered or 'no runtime'}, variants need {needed}.{skipped}")
             return
         job.status = JobStatus.RUNNING
         job.save(update_fields=["status", "updated_at"])
@@ -100,15 +103,20 @@ def device_task_start(*, task: DeviceTask, agent, now=None) -> bool:
     ))
 
 
-def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str, summary: str) -> bool:
+def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str, summary: str,
+                       support: dict | None = None) -> bool:
     """Leased -> succeeded or failed, for the attempt the agent holds; False when it no longer holds it."""
     with transaction.atomic():
         changed = DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt, leased_by=agent).update(
             status=status, error=error, metrics=metrics, accuracy=accuracy, profile=profile, log=log,
-            stage="done", message=summary, progress=1.0, finished_at=timezone.now(),
+            stage="done", message=summary, progress=1.0, finished_at=timezone.now(), support=support or {},
         )
         if not changed:
             return False
+        if support and task.variant.precision == "fp32":
+            # The FP32 variant is the model as uploaded (converted): the device's answer is the model's, for its page.
+            model_version_support_record(version=task.job.model_version, answers=[support], where=agent.name, sha256=task.variant.artifact.blob.sha256
+                                         if task.variant.artifact_id else "")
         if task.purpose == DeviceTaskPurpose.RETIME and status == DeviceTaskStatus.SUCCEEDED:
             stored = retime_results_store(task=task, metrics=metrics)
             job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} near-tie variant(s) re-timed side by side "

@@ -7,7 +7,7 @@ from django.db import models
 from kiln.accounts.models import Organization
 from kiln.registry.models import Blob, Dataset, ModelVersion
 
-STAGES = ("validate", "convert", "reference", "quantize", "dispatch", "devices", "report")
+STAGES = ("validate", "convert", "support", "reference", "quantize", "dispatch", "devices", "report")
 
 
 class JobStatus(models.TextChoices):
@@ -48,6 +48,9 @@ class DeploymentJob(models.Model):
     reference_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # The `auto` search: current round, sensitivity ranking, when the search started.
     search = models.JSONField(default=dict, blank=True)
+    # Operator support, asked of each runtime before anything is built (kiln.pipeline.support): {"answers": [...],
+    # "skipped": {backend: reason}}; a skipped backend gets no variant and no device task.
+    support = models.JSONField(default=dict, blank=True)
     # A re-run repeats another job's inputs; its report says what differed.
     rerun_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns")
     # Deployment package options: {"encrypt": bool, "preprocessing": {...}, "postprocessing": {...}}.
@@ -182,6 +185,8 @@ class DeviceTask(models.Model):
     # interleaved windows on the agent that measured them (kiln.pipeline.retime).
     purpose = models.CharField(max_length=8, choices=DeviceTaskPurpose.choices, default=DeviceTaskPurpose.MEASURE)
     retime = models.JSONField(default=dict, blank=True)
+    # The agent's own runtime's operator-support answer for this variant (devices/support.py), asked before compiling.
+    support = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

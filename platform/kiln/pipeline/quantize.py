@@ -26,6 +26,7 @@ from .queue import enqueue_stage, enqueue_variant_build, wake_agents
 from .retime import job_retime_near_ties
 from .runner import run_stage_open, scratch_dir, working_model_path
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+from .support import runnable_backends, skipped_backends
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _target_facts(job) -> tuple[list[str], list[str], list[int] | None]:
     targets, _ = targets_resolve(job=job)
     agents = [t.pinned_agent for t in targets if t.pinned_agent] or list(job.organization.agents.filter(revoked_at__isnull=True))
     isa = sorted(set.intersection(*(set(a.capabilities.get("isa") or []) for a in agents))) if agents else []
-    backends = sorted(set().union(*(a.backends for a in agents))) if agents else ["onnxruntime", "openvino"]
+    backends = sorted(runnable_backends(job, set().union(*(a.backends for a in agents)) if agents else {"onnxruntime", "openvino"}))
     # Physical vs logical cores: a dimension only where every target agrees on both counts.
     counts = {(a.capabilities.get("cores"), a.capabilities.get("logical_cores")) for a in agents}
     threads = None
@@ -138,7 +139,12 @@ def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]
 
 def _create_variants(job, planned: list[dict], *, round_number: int) -> list[str]:
     created = []
+    skipped = skipped_backends(job)
     for spec in planned:
+        if spec.get("backends") and not runnable_backends(job, spec["backends"]):
+            # A variant made for runtimes the support stage ruled out is never built.
+            job_event_add(job=job, stage="quantize", message=f"{spec['key']} not built: {'; '.join(skipped[b] for b in spec['backends'])}")
+            continue
         options = dict(spec.get("options") or {})
         if spec.get("compile"):
             # Compile options ride with the variant to its device tasks; the build itself ignores them.

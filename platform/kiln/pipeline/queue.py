@@ -16,6 +16,7 @@ from .leases import BUILD, STAGE, lease_offer
 STAGE_TASK_NAMES = {
     "validate": "kiln.job.validate",
     "convert": "kiln.job.convert",
+    "support": "kiln.job.support",
     "reference": "kiln.job.reference",
     "quantize": "kiln.job.quantize",
     "dispatch": "kiln.job.dispatch",

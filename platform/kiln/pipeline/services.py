@@ -19,7 +19,7 @@ from .queue import enqueue_stage, wake_agents
 logger = logging.getLogger(__name__)
 
 LABEL_TOLERANCES = ("accuracy", "mean_iou", "sequence_accuracy", "cer")
-STAGE_PROGRESS = {"validate": 0.0, "convert": 0.05, "reference": 0.15, "quantize": 0.25, "dispatch": 0.55, "devices": 0.6, "report": 0.95}
+STAGE_PROGRESS = {"validate": 0.0, "convert": 0.05, "support": 0.1, "reference": 0.15, "quantize": 0.25, "dispatch": 0.55, "devices": 0.6, "report": 0.95}
 
 
 def _initial_stages() -> list[dict]:

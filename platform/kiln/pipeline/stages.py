@@ -1,6 +1,6 @@
 """The host-side stages of a job around the quantize rounds, one function per Celery task.
 
-validate -> convert -> reference -> (quantize rounds: see quantize.py) -> dispatch -> report.
+validate -> convert -> support (support.py) -> reference -> (quantize rounds: see quantize.py) -> dispatch -> report.
 Each can run twice safely.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _convert_onnx(job) -> str:
 
 def job_convert(*, job_id: int) -> None:
     if run_stage(job_id, "convert", _convert):
-        enqueue_stage(job_id=job_id, stage="reference")
+        enqueue_stage(job_id=job_id, stage="support")
 
 
 # -- reference ------------------------------------------------------------------------------

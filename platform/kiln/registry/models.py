@@ -64,6 +64,9 @@ class ModelVersion(models.Model):
     conversion = models.JSONField(default=dict, blank=True)
     # PyTorch uploads: the ONNX export the pipeline works on (the upload itself stays `blob`).
     onnx_blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # What each runtime says about the model's operators (devices/support.py), the server's and each agent's, newest
+    # per (where, backend, runtime version): {"answers": [{...answer, "where", "at", "sha256"}]}.
+    operator_support = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

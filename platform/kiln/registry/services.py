@@ -21,15 +21,17 @@ from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
+from workers.celery import app as celery_app
 from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.sandbox.runner import run_confined
+from workers.support import check_isolated
 
 from . import storage, uploads
 from .messages import unreadable_model_message
 from .models import CONVERTED_FORMATS, Blob, Dataset, DatasetKind, Model, ModelVersion, SourceFormat, Upload
-from .selectors import organization_storage
+from .selectors import model_version_onnx_path, organization_storage
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +236,42 @@ def _create_version(*, model: Model, upload, source_format: str, facts: dict, me
     )
 
 
+MAX_SUPPORT_ANSWERS = 32
+SUPPORT_TASK_NAME = "kiln.model.operator_support"
+
+
+def model_version_support_record(*, version: ModelVersion, answers: list[dict], where: str, sha256: str) -> None:
+    """Keep the newest operator-support answer per (where, backend, runtime version) on the version, for its model page.
+
+    `where` is "server" for the server's runtimes, else the agent's name; `sha256` names the ONNX file that was asked about.
+    """
+    now = timezone.now().isoformat()
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().filter(pk=version.pk).first()
+        if locked is None:
+            return
+        kept = {(a.get("where"), a.get("backend"), a.get("version")): a for a in (locked.operator_support or {}).get("answers", [])}
+        for answer in answers:
+            kept[(where, answer.get("backend"), answer.get("version"))] = {**answer, "where": where, "at": now, "sha256": sha256}
+        newest = sorted(kept.values(), key=lambda a: a.get("at") or "", reverse=True)[:MAX_SUPPORT_ANSWERS]
+        locked.operator_support = {"answers": newest}
+        locked.save(update_fields=["operator_support"])
+
+
+def model_version_check_support(*, version_id: int) -> None:
+    """Ask the server's runtimes which of a new version's operators they run (the model page shows the answers)."""
+    version = ModelVersion.objects.select_related("blob", "onnx_blob").filter(pk=version_id).first()
+    if version is None:
+        return
+    answers = check_isolated(model_version_onnx_path(version))
+    model_version_support_record(version=version, answers=answers, where="server", sha256=(version.onnx_blob or version.blob).sha256)
+
+
+def _enqueue_support_check(version: ModelVersion) -> None:
+    version_id = version.id
+    transaction.on_commit(lambda: celery_app.signature(SUPPORT_TASK_NAME, args=[version_id]).delay())
+
+
 def model_create(*, organization, user, name: str, upload) -> Model:
     """Create a model and its version 1 from an uploaded file; nothing is kept on bad input."""
     name = (name or "").strip() or Path(upload.name).stem
@@ -243,7 +281,7 @@ def model_create(*, organization, user, name: str, upload) -> Model:
     try:
         with transaction.atomic():
             model = Model.objects.create(organization=organization, name=name[:200], created_by=user)
-            _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+            _enqueue_support_check(_create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member))
     finally:
         _discard_staging(facts)
     return model
@@ -256,7 +294,9 @@ def model_version_create(*, model: Model, upload) -> ModelVersion:
     try:
         with transaction.atomic():
             Model.objects.select_for_update().filter(pk=model.pk).first()
-            return _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+            version = _create_version(model=model, upload=upload, source_format=source_format, facts=facts, member=member)
+            _enqueue_support_check(version)
+            return version
     finally:
         _discard_staging(facts)
 

@@ -16,13 +16,15 @@ import zipfile
 from pathlib import Path
 
 from devices import feeds, recipes
+from kiln import package_run
 from kiln.pipeline.models import Artifact
 from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
 
 from . import signing
 
-RUN_SCRIPT_PATH = Path(__file__).with_name("package_run.py")
+# The package's run.py is the client's own verifier (kiln/package_run.py, shipped in the kiln-client wheel too).
+RUN_SCRIPT_PATH = Path(package_run.__file__)
 RECIPE_SCRIPT_PATH = Path(recipes.__file__)
 FEEDS_SCRIPT_PATH = Path(feeds.__file__)
 FORMAT = "kiln-package/1"

@@ -82,11 +82,14 @@ def measurements_record(*, job, reports: list[DeviceReport]) -> list[str]:
     """
     tasks = {t.id: t for t in DeviceTask.objects.filter(job=job, status=DeviceTaskStatus.SUCCEEDED).select_related("variant__artifact__blob", "leased_by")}
     work = _job_op_work(job) if tasks else {}
-    regressions = []
+    regressions, emulated = [], {}
     for report in reports:
         for entry in report.variants:
             task = tasks.get(entry["id"])
             if task is None or task.leased_by is None or not (task.metrics or {}).get("latency_ms"):
+                continue
+            if task.metrics.get("emulated"):
+                emulated[task.leased_by.name] = task.metrics["emulated"]
                 continue
             measurement, _ = Measurement.objects.update_or_create(device_task=task, defaults=_measurement_values(job, task, entry, work))
             entry["measurement"] = measurement.id
@@ -94,7 +97,8 @@ def measurements_record(*, job, reports: list[DeviceReport]) -> list[str]:
             entry["regression"] = regression_json(measurement)
             if message:
                 regressions.append(message)
-    return regressions
+    return regressions + [f"{name} ran emulated ({why}): its timings are not the device's speed and stay out of the performance database."
+                          for name, why in emulated.items()]
 
 
 def device_estimate(*, job, report: DeviceReport) -> dict | None:

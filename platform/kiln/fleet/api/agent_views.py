@@ -297,6 +297,7 @@ class ResultView(AgentView):
             accuracy=values.get("accuracy") or {},
             profile=values.get("profile") or {},
             log=values.get("log") or "",
+            support=values.get("support") or {},
         )
         return Response({"ok": True})
 

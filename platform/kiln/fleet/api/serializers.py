@@ -1,6 +1,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from devices import support
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
 
 from ..heartbeats import heartbeats_overlay
@@ -121,6 +122,9 @@ class CapabilitiesSerializer(serializers.Serializer):
     runtimes = BoundedDictField(child=serializers.CharField(max_length=64), max_items=MAX_RUNTIMES, required=False)
     agent_version = _text(64)
     python = _text(64)
+    board = _text()
+    # Set when a user-mode emulator runs the agent (devices/agent/arm.py): its timings are not the device's speed.
+    emulated = _text(500)
 
 
 class RegisterSerializer(serializers.Serializer):
@@ -191,6 +195,8 @@ class MetricsSerializer(serializers.Serializer):
     threads = _count(max_value=1_000_000)
     size_bytes = _count()
     settings = BoundedJSONField(max_bytes=4096, max_depth=3, required=False)
+    # The agent ran under a user-mode emulator: these are the emulator's timings (kept out of the performance database).
+    emulated = _text(500)
 
 
 class OpTypeRowSerializer(serializers.Serializer):
@@ -237,6 +243,23 @@ class AccuracySerializer(BoundedJSONField):
         return data
 
 
+class SupportAnswerSerializer(serializers.Serializer):
+    """The agent's runtime on the variant's operators (devices/support.py), asked before it compiled; unknown keys are dropped."""
+
+    backend = serializers.CharField(max_length=32)
+    runtime = _text(64)
+    version = _text(64)
+    device = _text(64)
+    source = _text(200)
+    verdict = serializers.ChoiceField(choices=list(support.VERDICTS))
+    reason = TruncatedCharField(max_chars=support.MAX_REASON_CHARS, required=False, allow_blank=True, allow_null=True)
+    native = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
+    fallback = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
+    unsupported = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
+    nodes = BoundedJSONField(max_bytes=64 * 1024, max_depth=3, required=False)
+    seconds = _number()
+
+
 class ResultSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     # handed_back: the agent is stopping before the task's long stages; queue it again.
@@ -246,6 +269,7 @@ class ResultSerializer(serializers.Serializer):
     accuracy = AccuracySerializer(required=False, default=dict, allow_null=True)
     profile = ProfileSerializer(required=False, default=dict, allow_null=True)
     log = TruncatedCharField(max_chars=MAX_LOG_CHARS, required=False, allow_blank=True, allow_null=True, default="", trim_whitespace=False)
+    support = SupportAnswerSerializer(required=False, allow_null=True, default=None)
 
 
 class ArtifactUploadSerializer(serializers.Serializer):

@@ -34,7 +34,8 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DeviceTask
-        fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at"]
+        fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at",
+                  "support"]
 
     def get_agent(self, task) -> dict | None:
         # A task pinned to one device names it before any agent has leased it (not "agent:1").
@@ -73,7 +74,7 @@ class JobSerializer(JobListSerializer):
     device_tasks = DeviceTaskSerializer(many=True, read_only=True)
 
     class Meta(JobListSerializer.Meta):
-        fields = JobListSerializer.Meta.fields + ["evaluation", "stages", "events", "variants", "device_tasks"]
+        fields = JobListSerializer.Meta.fields + ["evaluation", "stages", "events", "variants", "device_tasks", "support"]
 
 
 class JobCreateSerializer(serializers.Serializer):

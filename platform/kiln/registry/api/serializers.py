@@ -15,7 +15,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         model = ModelVersion
         fields = [
             "id", "model", "number", "sha256", "size_bytes", "source_format", "filename", "signature", "opset",
-            "op_histogram", "parameter_count", "validation", "output_kinds", "conversion", "created_at", "download_url",
+            "op_histogram", "parameter_count", "validation", "output_kinds", "conversion", "created_at", "download_url", "operator_support",
         ]
 
     def get_output_kinds(self, version) -> dict:

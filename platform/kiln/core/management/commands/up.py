@@ -100,6 +100,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  sign in as {credentials['username']} / {credentials['password']}")
         self.stdout.write(f"  API docs: {url}/api/docs/")
         self.stdout.write(f"  API token: {credentials['token']}")
+        self.stdout.write(f"  devices install the agent from: {url}/downloads/")
         self.stdout.write(f"  command line: .venv/bin/kiln login --server {url} --token {credentials['token']}")
         self.stdout.write(f"  model sandbox: {sandbox_summary()} (details: python platform/manage.py sandbox)\n")
         self._wait(processes)
