@@ -11,13 +11,14 @@ BACKENDS_ENV = "KILN_AGENT_BACKENDS"
 
 def _all_backends() -> dict[str, Backend]:
     # Imported here so that a runtime's import cost is paid only when backends are asked for.
+    from devices.backends.litert import LiteRtBackend
     from devices.backends.onnxruntime import OnnxRuntimeBackend
     from devices.backends.openvino import OpenVinoBackend
     from devices.backends.tensorrt import TensorRtBackend
 
     return {
         backend.name: backend
-        for backend in (OnnxRuntimeBackend(), OpenVinoBackend(), TensorRtBackend())
+        for backend in (OnnxRuntimeBackend(), OpenVinoBackend(), TensorRtBackend(), LiteRtBackend())
     }
 
 
