@@ -54,7 +54,7 @@ FP32_CONVERSION_TOLERANCE = 1e-3
 MIN_CALIBRATION_SAMPLES = 8
 # Operators LiteRT has no kernel for that onnx2tf can write with built-in ones instead (its "pseudo" operators):
 # the TensorFlow name the converter reports, and onnx2tf's name for the replacement.
-PSEUDO_OPERATORS = {"Erf": "Erf", "Asin": "Asin", "Acos": "Acos", "Atan": "Atan"}
+PSEUDO_OPERATORS = {"Erf": "erf", "Asin": "asin", "Acos": "acos", "Atan": "atan"}
 EXTRA_HINT = "pip install 'kiln[litert]' on the worker (TensorFlow, tf-keras, onnx2tf)"
 
 
@@ -243,7 +243,7 @@ def _convert(static_path: Path, inputs, shapes, output_names: list[str], feeds: 
         try:
             return _to_tflite(keras_model, inputs, shapes, output_names, layouts, precision, samples), layouts, pseudo, converted_s
         except UnsupportedOperators as error:
-            replaceable = sorted({PSEUDO_OPERATORS[op] for op in error.operators if op in PSEUDO_OPERATORS})
+            replaceable = sorted({op for op in error.operators if op in PSEUDO_OPERATORS})
             if pseudo or not replaceable or len(replaceable) < len(set(error.operators)):
                 raise
             logger.info("LiteRT lacks %s; converting again with onnx2tf's built-in replacements", replaceable)
@@ -264,7 +264,7 @@ def _to_keras(model_path: Path, inputs, shapes, pseudo: list[str]) -> tuple[Any,
                 not_use_onnxsim=True,
                 keep_ncw_or_nchw_or_ncdhw_input_names=channels_first or None,
                 overwrite_input_shape=[f"{name}:{','.join(map(str, shape))}" for name, shape in shapes.items()],
-                replace_to_pseudo_operators=pseudo or None,
+                replace_to_pseudo_operators=[PSEUDO_OPERATORS[op] for op in pseudo] or None,
             )
         except (Exception, SystemExit) as error:
             raise ConversionError(f"onnx2tf could not convert the model: {_first_error(str(error) or said.getvalue())}") from None

@@ -24,16 +24,21 @@ def litert_spec(precision: str) -> dict[str, Any]:
 
 
 def spec_runtimes(spec: dict[str, Any]) -> tuple[str, ...]:
-    """The runtimes a planned spec can run on: its own list, LiteRT for a LiteRT build, else the ONNX runtimes."""
-    if spec.get("backends"):
-        return tuple(spec["backends"])
-    return (RUNTIME,) if (spec.get("options") or {}).get("runtime") == RUNTIME else ONNX_RUNTIMES
+    """The runtimes a planned spec can run on: LiteRT for a LiteRT build, the ONNX runtimes for the rest, narrowed
+    to the spec's own list when it has one (a planner may name every target backend for an ONNX recipe)."""
+    readers = (RUNTIME,) if (spec.get("options") or {}).get("runtime") == RUNTIME else ONNX_RUNTIMES
+    return tuple(backend for backend in spec.get("backends") or readers if backend in readers)
 
 
 def for_targets(specs: list[dict[str, Any]], backends: list[str] | set[str]) -> list[dict[str, Any]]:
-    """Only the specs some target runtime can run: nothing is built for a runtime no target has."""
+    """Only the specs some target runtime can run, each on those runtimes only: nothing is built for a runtime no target has."""
     offered = set(backends)
-    return [spec for spec in specs if offered & set(spec_runtimes(spec))]
+    kept = []
+    for spec in specs:
+        runtimes = [backend for backend in spec_runtimes(spec) if backend in offered]
+        if runtimes:
+            kept.append({**spec, "backends": runtimes} if spec.get("backends") else spec)
+    return kept
 
 
 def explicit_specs(precisions: list[str], *, backends: list[str] | set[str], has_calibration: bool) -> list[dict[str, Any]]:
