@@ -10,7 +10,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,openvino]'
+	$(PY) -m pip install -q -e '.[dev,openvino,litert]'
 	touch $(STAMP)
 
 install: $(STAMP)
