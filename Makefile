@@ -39,6 +39,7 @@ bench: install
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/quantization.py
 	$(PY) benchmarks/latency_estimate.py
+	$(PY) benchmarks/litert.py
 
 clean:
 	rm -rf var/test frontend/dist

@@ -364,7 +364,11 @@ def _check_against_onnx(tflite_path: Path, feeds_list: list[dict[str, np.ndarray
     try:
         errors: dict[str, float] = {}
         for feeds, expected in zip(feeds_list, reference):
-            produced = compiled.run(feeds)
+            try:
+                produced = compiled.run(feeds)
+            except Exception as error:
+                # Full-integer kernels refuse some inputs at run time (an int8 Div whose divisor quantizes to zero).
+                raise ConversionError(f"LiteRT cannot run the converted model: {_first_error(str(error)) or type(error).__name__}") from None
             for name, value in zip(output_names, expected):
                 error = float(np.linalg.norm(produced[name].astype(np.float64) - value) / max(np.linalg.norm(value.astype(np.float64)), 1e-12))
                 errors[name] = max(errors.get(name, 0.0), error)
