@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml distributions/agent/pyproject.toml distributions/client
 	$(PY) -m pip install -q --upgrade pip
 	# A venv made before the split holds one distribution called `kiln` that owned all three packages.
 	$(PY) -m pip uninstall -q -y kiln 2>/dev/null || true
-	$(PY) -m pip install -q -e distributions/agent -e distributions/client -e '.[dev,openvino]'
+	$(PY) -m pip install -q -e distributions/agent -e distributions/client -e '.[dev,openvino,litert]'
 	touch $(STAMP)
 
 install: $(STAMP) $(WHEELS)/.built $(WHEELHOUSE)/.downloaded
@@ -61,6 +61,7 @@ bench: install
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/quantization.py
 	$(PY) benchmarks/latency_estimate.py
+	$(PY) benchmarks/litert.py
 
 clean:
 	rm -rf var/test frontend/dist $(WHEELS)

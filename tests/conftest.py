@@ -117,6 +117,9 @@ def _database_url_for_children() -> str:
     return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
 
 
+DEFAULT_AGENT_BACKENDS = "onnxruntime,openvino"
+
+
 @dataclass
 class LiveStack:
     url: str
@@ -160,9 +163,8 @@ class LiveStack:
 
     def start_agent(self, tenant: Tenant, name: str, *, labels: dict | None = None, backends: str | None = None) -> subprocess.Popen:
         config = self.log_dir / f"agent-{name}.json"
-        agent_env = {"KILN_AGENT_CONFIG": str(config)}
-        if backends:
-            agent_env["KILN_AGENT_BACKENDS"] = backends
+        # The ONNX runtimes unless a test asks for others: LiteRT builds (tests/e2e/test_litert_stack.py) take a minute each.
+        agent_env = {"KILN_AGENT_CONFIG": str(config), "KILN_AGENT_BACKENDS": backends or DEFAULT_AGENT_BACKENDS}
         register = [sys.executable, "-m", "devices.agent", "register", "--server", self.url, "--registration-token",
                     self.registration_token(tenant), "--name", name]
         for key, value in (labels or {}).items():

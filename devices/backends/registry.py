@@ -12,10 +12,11 @@ BACKENDS_ENV = "KILN_AGENT_BACKENDS"
 def _all_backends() -> dict[str, Backend]:
     # Imported here so that a runtime's import cost is paid only when backends are asked for. TensorRT is
     # designed (docs/tensorrt.md) but has no backend until a GPU is reachable: none is offered here.
+    from devices.backends.litert import LiteRtBackend
     from devices.backends.onnxruntime import OnnxRuntimeBackend
     from devices.backends.openvino import OpenVinoBackend
 
-    return {backend.name: backend for backend in (OnnxRuntimeBackend(), OpenVinoBackend())}
+    return {backend.name: backend for backend in (OnnxRuntimeBackend(), OpenVinoBackend(), LiteRtBackend())}
 
 
 def allowed_backend_names() -> set[str] | None:

@@ -1,6 +1,6 @@
 """Verify this Kiln deployment package, load its model (decrypting it in memory if needed), and time it.
 
-    python run.py inputs.npz                       # verify, then run on the backend Kiln measured
+    python run.py inputs.npz                       # verify, then run on the backend Kiln measured (onnxruntime, openvino, litert)
     python run.py --verify-only                    # only check the signature and every file's digest
     python run.py inputs.npz --public-key kiln.pem # pin the server's key (kiln packages signing key)
     KILN_PACKAGE_KEY=... python run.py inputs.npz  # an encrypted package: the organization's key
@@ -10,8 +10,9 @@
 The inputs are an .npz with one array per model input (first axis = samples), as uploaded to Kiln,
 or, when the job's dataset was raw data with a recipe, the same kind of raw files (a .zip of
 images or WAV files, a .txt of lines): `kiln_recipe.py` prepares them exactly as Kiln did.
-Needs numpy, cryptography, and onnxruntime or openvino (plus Pillow, soundfile or tokenizers for
-raw input). Exit code 2: the package failed verification.
+Needs numpy, cryptography, and onnxruntime or openvino (ai-edge-litert for a LiteRT package's
+model.tflite), plus Pillow, soundfile or tokenizers for raw input. Exit code 2: the package failed
+verification.
 """
 import argparse
 import base64
@@ -110,12 +111,29 @@ def _ort_session(ort, model_bytes: bytes, options: dict):
     return ort.InferenceSession(model_bytes, session_options, providers=["CPUExecutionProvider"])
 
 
+def _litert(model_bytes: bytes, threads: int | None):
+    """LiteRT's interpreter (XNNPACK by default, as on the device) over the flatbuffer: the input names and
+    `run(feeds) -> {output name: array}` through its one signature, named as the ONNX model's inputs and outputs."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=model_bytes, num_threads=threads)
+    runner = interpreter.get_signature_runner()
+    dtypes = {name: detail["dtype"] for name, detail in runner.get_input_details().items()}
+    return list(dtypes), lambda feeds: runner(**{name: np.ascontiguousarray(feeds[name], dtype=dtypes[name]) for name in dtypes})
+
+
 def load(root: Path, manifest: dict, key: bytes | None, backend: str):
     """A callable `run(feeds) -> outputs`, on the backend asked for, from the engine Kiln measured when there is one,
     with the compile options Kiln measured (static shapes, threads, hints)."""
     files = {entry["original_path"]: entry for entry in manifest["files"] if entry.get("role") in ("model", "compiled")}
     compiled = next((entry for entry in files.values() if entry["role"] == "compiled"), None)
     options = manifest.get("compile") or {}
+    if "model.tflite" in files:
+        if backend != "litert":
+            raise SystemExit(f"This package's model is a LiteRT flatbuffer (model.tflite): it runs on litert, not {backend}.")
+        # The thread count the device measured with, unless the search chose one.
+        threads = options.get("threads") or (manifest.get("measured") or {}).get("threads")
+        return _litert(read_model_file(root, files["model.tflite"], key), int(threads) if threads else None)
     if compiled is not None and manifest["backend"] != backend:
         compiled = None
     if backend == "openvino":
@@ -210,7 +228,7 @@ def main() -> int:
     parser.add_argument("--verify-only", action="store_true")
     parser.add_argument("--public-key", help="PEM of the server's signing key to trust (default: the one in the package)")
     parser.add_argument("--key", default=os.environ.get("KILN_PACKAGE_KEY"), help="base64 key of an encrypted package")
-    parser.add_argument("--backend", choices=["onnxruntime", "openvino"], help="default: the backend Kiln measured")
+    parser.add_argument("--backend", choices=["onnxruntime", "openvino", "litert"], help="default: the backend Kiln measured")
     parser.add_argument("--runs", type=int, default=50)
     args = parser.parse_args()
     try:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
+
+from devices.artifacts import TFLITE, artifact_format
 
 logger = logging.getLogger(__name__)
 
 
 def runnable_backends(path: str | Path) -> list[str]:
-    """Return the backends ("onnxruntime", "openvino") that load and compile this model on the host CPU."""
+    """Return the backends ("onnxruntime", "openvino", "litert") that load and compile this model on the host CPU.
+
+    A LiteRT flatbuffer is LiteRT's alone; an ONNX file is tried on the ONNX runtimes.
+    """
     path = Path(path)
+    if artifact_format(path) == TFLITE:
+        return ["litert"] if _litert_loads(path) else []
     backends = []
     if _onnxruntime_loads(path):
         backends.append("onnxruntime")
@@ -29,6 +37,18 @@ def _onnxruntime_loads(path: Path) -> bool:
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:
         logger.info("onnxruntime cannot load %s: %s", path.name, error)
+        return False
+    return True
+
+
+def _litert_loads(path: Path) -> bool:
+    from devices.backends.litert import LiteRtBackend
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="kiln-litert-check-") as scratch:
+            LiteRtBackend().compile(path, scratch, threads=1).close()
+    except Exception as error:
+        logger.info("LiteRT cannot load %s: %s", path.name, error)
         return False
     return True
 

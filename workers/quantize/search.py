@@ -49,6 +49,7 @@ from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.learned.search import learned_proposals
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
+from workers.quantize.litert_family import for_targets, search_proposals
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -149,7 +150,7 @@ def plan_round(
     if round_number <= 1:
         probes = set(PROBES.values()) | set(VENDOR_DEFAULTS)
         specs = [spec for spec in sweep if spec["key"] in probes]
-        return specs + _registered(state)
+        return for_targets(specs + _registered(state), backends)
     if not measured:
         return []
     state.verdicts = family_verdicts(measured)
@@ -165,7 +166,7 @@ def plan_round(
         elif known["backends"] and spec["backends"] and known["compile"] == spec["compile"]:
             # The same recipe with the same options proposed for two backends is one variant run on both.
             proposals[spec["key"]] = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
-    return [proposals[key] for key in sorted(proposals)]
+    return for_targets([proposals[key] for key in sorted(proposals)], backends)
 
 
 def _learned_family(state: SearchState) -> list[dict[str, Any]]:
@@ -217,6 +218,8 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
 
 
 register_family(_smoothed_family)
+# LiteRT (workers.quantize.litert_family): its own builds, for targets that offer the runtime.
+register_family(search_proposals)
 
 
 def _registered(state: SearchState) -> list[dict[str, Any]]:
@@ -368,7 +371,8 @@ def _single_compile_options(state: SearchState, backend: str, thread_choices: li
     shapes = state.model_facts.get("data_shapes") or {}
     dynamic = set(state.model_facts.get("dynamic_inputs") or [])
     static = {name: list(dims) for name, dims in shapes.items() if name in dynamic}
-    if static:
+    # A LiteRT variant is built at the data's shapes already: specialising it again changes nothing.
+    if static and backend != "litert":
         singles.append(("static", {"static_shapes": static}))
     for threads in sorted(set(thread_choices or [])):
         singles.append((f"threads{threads}", {"threads": int(threads)}))

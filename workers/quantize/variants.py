@@ -11,6 +11,7 @@ from typing import Any
 
 import onnx
 
+from devices.artifacts import TFLITE, artifact_format
 from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
@@ -30,10 +31,12 @@ _KILN_ONLY_METHODS = {"mse": "MSE"}
 _INTEGER_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 FP16_MAX = 65504.0
 
+# `runtime: "litert"` builds the precision as a LiteRT flatbuffer instead (workers.quantize.litert).
 _OPTIONS = {
-    "fp32": set(),
-    "fp16": {"op_block_list"},
+    "fp32": {"runtime"},
+    "fp16": {"op_block_list", "runtime"},
     "int8": {
+        "runtime",
         "calibration_method", "per_channel", "nodes_to_exclude", "op_types_to_quantize",
         "max_calibration_samples", "calibration_batch_size", "skip_preprocess",
         # Kiln's calibrator and the device's integer scheme (workers.quantize.schemes).
@@ -89,6 +92,8 @@ def build_variant(
         "int4-weight": _build_int4_weight,
     }
     builder = builders[precision]
+    if options.get("runtime") is not None:
+        builder = _runtime_builder(precision, options)
     if options.get("learn"):
         builder = _learned_builder(builder)
     if options.get("smooth_quant"):
@@ -99,12 +104,32 @@ def build_variant(
         backends = runnable_backends(out_path)
         if not backends:
             raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
-        size_bytes = model_size_bytes(out_path)
+        size_bytes = out_path.stat().st_size if artifact_format(out_path) == TFLITE else model_size_bytes(out_path)
     except BaseException:
         # A half-written artifact must not look like a finished one to a retried task.
         _remove_outputs(out_path)
         raise
-    return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes}
+    # What the file holds (`onnx`, `tflite`): the pipeline names and packages the artifact by it.
+    return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes, "format": artifact_format(out_path)}
+
+
+def _runtime_builder(precision: str, options: dict[str, Any]) -> Callable[..., dict[str, Any]]:
+    """The builder of a variant made in another runtime's own format (today LiteRT's `.tflite`)."""
+    from workers.quantize import litert
+
+    if options["runtime"] != litert.RUNTIME:
+        raise ValueError(f"unknown runtime {options['runtime']!r}; the one built in its own format is {litert.RUNTIME!r}")
+    unknown = sorted(set(options) - litert.OPTIONS)
+    if unknown:
+        raise ValueError(f"a LiteRT {precision} build takes no {', '.join(unknown)}")
+
+    def build(model_path: Path, out_path: Path, *, calibration_path: str | Path | None, options: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return litert.build_litert(model_path, out_path, precision=precision, calibration_path=calibration_path, options=options)
+        except litert.ConversionError as error:
+            raise QuantizationError(f"LiteRT {precision}: {error}") from error
+
+    return build
 
 
 def _learned_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:

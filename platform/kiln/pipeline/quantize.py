@@ -10,6 +10,7 @@ import time
 
 from django.db import transaction
 
+from devices import artifacts
 from devices.feeds import needs_calls
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.selectors import blob_file
@@ -18,6 +19,9 @@ from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibr
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
+from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
+from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
+from workers.quantize.litert_family import for_targets
 from workers.quantize.search import family_verdicts, plan_round
 
 from . import specs
@@ -171,8 +175,15 @@ def _plan_variants(job) -> str:
         created = _create_variants(job, planned, round_number=1)
         return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
     precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
-    _create_variants(job, [{"key": p, "precision": p} for p in precisions], round_number=1)
-    return f"planned {len(precisions)} variant(s): {', '.join(precisions)}"
+    _, backends, _ = _target_facts(job)
+    # One ONNX build per precision serves ONNX Runtime and OpenVINO; LiteRT targets get LiteRT's own builds.
+    planned = for_targets([{"key": p, "precision": p} for p in precisions], backends)
+    planned += litert_explicit_specs(precisions, backends=backends, has_calibration=job.calibration_dataset_id is not None)
+    if not planned:
+        raise NotApplicable(f"no target device runs {', '.join(precisions)}: the targets offer {', '.join(backends)} "
+                            f"(LiteRT builds {', '.join(LITERT_PRECISIONS)})")
+    _create_variants(job, planned, round_number=1)
+    return f"planned {len(planned)} variant(s): {', '.join(spec['key'] for spec in planned)}"
 
 
 def job_quantize(*, job_id: int) -> None:
@@ -208,7 +219,7 @@ def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
     if cached is None:
         return False
     variant.artifact, _ = Artifact.objects.update_or_create(
-        job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx",
+        job=job, kind=ArtifactKind.VARIANT, name=variant.key + artifacts.suffix_for(blob_file(cached.artifact.blob)),
         defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
     )
     variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id, **_compile_recipe(variant)}
@@ -230,7 +241,9 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
             model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration,
             options=_build_options(variant),
         )
-        artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
+        # Named for what it holds: a LiteRT variant is a .tflite, not an .onnx.
+        artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=variant.key + artifacts.suffix_for(out), path=out,
+                                  precision=variant.precision)
     variant.artifact = artifact
     variant.recipe = {**built.get("recipe", {}), "peak_rss_mb": round(built.get("peak_rss_mb") or 0.0, 1),
                       "build_s": round(built.get("build_s") or 0.0, 2), **_compile_recipe(variant)}

@@ -15,7 +15,7 @@ import unicodedata
 import zipfile
 from pathlib import Path
 
-from devices import feeds, recipes
+from devices import artifacts, feeds, recipes
 from kiln import package_run
 from kiln.pipeline.models import Artifact
 from kiln.registry.models import Blob
@@ -29,6 +29,9 @@ RECIPE_SCRIPT_PATH = Path(recipes.__file__)
 FEEDS_SCRIPT_PATH = Path(feeds.__file__)
 FORMAT = "kiln-package/1"
 ZIP64_FROM_BYTES = 1 << 31
+# The model file a package carries, by what the variant's file holds, and what the README says of it.
+MODEL_FILES = {artifacts.ONNX: ("model.onnx", "the variant (runs on ONNX Runtime; OpenVINO reads it too)"),
+               artifacts.TFLITE: ("model.tflite", "the variant as a LiteRT flatbuffer (runs on LiteRT: `pip install ai-edge-litert`)")}
 
 
 def dataset_recipe(job) -> dict:
@@ -79,7 +82,7 @@ def _why_not_table(device: dict) -> list[str]:
     return [*(lines if rows else []), *([""] + notes if notes else []), ""]
 
 
-def _readme(job, device: dict, chosen: dict) -> str:
+def _readme(job, device: dict, chosen: dict, model_format: str) -> str:
     latency = chosen.get("latency_ms") or {}
     accuracy = chosen.get("accuracy") or {}
     agent = device.get("agent") or {}
@@ -93,7 +96,7 @@ def _readme(job, device: dict, chosen: dict) -> str:
         f"Verdict: {(device.get('verdict') or {}).get('text') or device['reason']}",
         "",
         *_why_not_table(device),
-        "- `model.onnx`: the variant (runs on ONNX Runtime; OpenVINO reads it too).",
+        "- `{}`: {}.".format(*MODEL_FILES[model_format]),
         "- `compiled/`: the engine the device built from it, when the agent uploaded one.",
         "- `report.json`: every variant measured on this device.",
         "- `manifest.json`, `manifest.sig`, `signing-key.pem`: every file's sha256 and the toolchain, signed by the Kiln server.",
@@ -154,7 +157,7 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
         # Compile options the search measured for this variant; run.py applies them (static shapes, threads, hints).
         "compile": (chosen.get("options") or {}).get("compile") or {},
         "device": {"name": agent.get("name"), "target": device["target"], "cpu_model": capabilities.get("cpu_model")},
-        "measured": {"latency_ms": chosen.get("latency_ms"), "accuracy": chosen.get("accuracy")},
+        "measured": {"latency_ms": chosen.get("latency_ms"), "accuracy": chosen.get("accuracy"), "threads": chosen.get("threads")},
         "toolchain": {"host": (job.toolchain or {}).get("host") or {},
                       "device": {"agent_version": capabilities.get("agent_version"), "runtimes": capabilities.get("runtimes") or {}}},
         "signature": version.signature,
@@ -176,9 +179,12 @@ def build_device_package(*, job, device: dict, out_path: Path) -> bool:
     key, key_id = signing.organization_package_key(organization=job.organization) if (job.package or {}).get("encrypt") else (None, None)
     variant_artifact = Artifact.objects.select_related("blob").get(pk=chosen["variant_artifact"]["id"])
     with zipfile.ZipFile(out_path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        files = [_add_file(archive, blob_file(variant_artifact.blob), "model.onnx", role="model", key=key)]
+        model_path = blob_file(variant_artifact.blob)
+        model_format = artifacts.artifact_format(model_path)
+        files = [_add_file(archive, model_path, MODEL_FILES[model_format][0], role="model", key=key)]
         compiled = chosen.get("artifact")
-        if compiled and compiled["id"] != variant_artifact.id:
+        # A runtime whose compiled artifact is the variant itself (LiteRT loads the flatbuffer as is) adds no second copy.
+        if compiled and compiled["id"] != variant_artifact.id and compiled.get("sha256") != variant_artifact.blob.sha256:
             compiled_artifact = Artifact.objects.select_related("blob").get(pk=compiled["id"])
             files.append(_add_file(archive, blob_file(compiled_artifact.blob), f"compiled/{compiled_artifact.name}", role="compiled", key=key))
         # How Kiln fed the model (layouts, state carried): run.py feeds the same way.
@@ -193,7 +199,7 @@ def build_device_package(*, job, device: dict, out_path: Path) -> bool:
         files += [
             _add_text(archive, "report.json", json.dumps({"job": job.id, "tolerance": job.tolerance, **device}, indent=2, default=str), role="report"),
             _add_text(archive, "run.py", RUN_SCRIPT_PATH.read_text(), role="script"),
-            _add_text(archive, "README.md", _readme(job, device, chosen), role="readme"),
+            _add_text(archive, "README.md", _readme(job, device, chosen, model_format), role="readme"),
             _add_text(archive, "signing-key.pem", signing.public_key_pem(), role="signing-key"),
         ]
         manifest = json.dumps(_manifest(job=job, device=device, chosen=chosen, files=files, key_id=key_id), indent=2, sort_keys=True, default=str).encode()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import subprocess
 import sys
@@ -143,3 +144,30 @@ def test_a_package_name_keeps_only_safe_characters_whatever_the_model_and_device
     nameless = package_name(job=SimpleNamespace(model_version=SimpleNamespace(model=SimpleNamespace(name="模型"), number=1)),
                             target="agent:7", agent_name=None, chosen={"key": "fp32", "precision": "fp32", "backend": "onnxruntime"})
     assert nameless == "model-v1-fp32-onnxruntime-agent-7.zip"
+
+
+LITERT_ONLY = {**CAPABILITIES, "runtimes": {"litert": "2.3.0"}}
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("tensorflow", "onnx2tf", "ai_edge_litert")),
+                    reason="the LiteRT converter is the `litert` extra (make install puts it in .venv)")
+def test_a_litert_package_carries_the_flatbuffer_and_its_run_py_runs_it_on_litert(tenant, model_files, django_capture_on_commit_callbacks, tmp_path):
+    job_id = deploy(tenant, model_files, django_capture_on_commit_callbacks, package={"encrypt": True}, capabilities=LITERT_ONLY)
+    root = package_of(tenant.client, job_id, tmp_path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["backend"] == "litert" and manifest["variant"]["key"] == "litert-fp32" and manifest["measured"]["threads"] == 1
+    assert (root / "model.tflite.enc").exists() and not list(root.glob("model.onnx*"))
+    assert "`model.tflite`: the variant as a LiteRT flatbuffer" in (root / "README.md").read_text()
+    key = {"KILN_PACKAGE_KEY": tenant.client.get("/api/v1/packages/key/").json()["key"]}
+    ran = run_package(root, model_files["validation"], "--save-outputs", tmp_path / "outputs.npz", env=key)
+    assert ran.returncode == 0, ran.stderr
+    import numpy as np
+    import onnxruntime as ort
+
+    with np.load(model_files["validation"]) as data, np.load(tmp_path / "outputs.npz") as ours:
+        inputs = data["input"]
+        session = ort.InferenceSession(str(model_files["model"]))
+        expected = np.concatenate([session.run(None, {"input": inputs[i : i + 1]})[0] for i in range(len(inputs))])
+        np.testing.assert_allclose(ours[session.get_outputs()[0].name], expected, rtol=1e-4, atol=1e-4)
+    other = run_package(root, model_files["validation"], "--backend", "onnxruntime", env=key)
+    assert other.returncode != 0 and "runs on litert, not onnxruntime" in other.stderr

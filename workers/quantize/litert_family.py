@@ -1,0 +1,61 @@
+"""The LiteRT family: which LiteRT variants a job builds, for explicit precisions and in the `auto` search.
+
+A LiteRT variant is built in LiteRT's own format (`workers.quantize.litert`) and runs only on agents
+that offer the `litert` runtime, so it is planned only when a target has it. Its key says the
+runtime (`litert-int8`); its precision is the one that runs (`int8`). Pure planning: nothing here
+imports the converter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.quantize.litert import RUNTIME
+from workers.quantize.schemes import has_fast_fp16
+
+KEYS = {"fp32": "litert-fp32", "fp16": "litert-fp16", "int8": "litert-int8"}
+# The runtimes that read an ONNX variant.
+ONNX_RUNTIMES = ("onnxruntime", "openvino")
+
+
+def litert_spec(precision: str) -> dict[str, Any]:
+    """The spec of the LiteRT build of `precision` (fp32, fp16 or int8)."""
+    return {"key": KEYS[precision], "precision": precision, "options": {"runtime": RUNTIME}, "backends": [RUNTIME], "compile": {}}
+
+
+def spec_runtimes(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The runtimes a planned spec can run on: LiteRT for a LiteRT build, the ONNX runtimes for the rest, narrowed
+    to the spec's own list when it has one (a planner may name every target backend for an ONNX recipe)."""
+    readers = (RUNTIME,) if (spec.get("options") or {}).get("runtime") == RUNTIME else ONNX_RUNTIMES
+    return tuple(backend for backend in spec.get("backends") or readers if backend in readers)
+
+
+def for_targets(specs: list[dict[str, Any]], backends: list[str] | set[str]) -> list[dict[str, Any]]:
+    """Only the specs some target runtime can run, each on those runtimes only: nothing is built for a runtime no target has."""
+    offered = set(backends)
+    kept = []
+    for spec in specs:
+        runtimes = [backend for backend in spec_runtimes(spec) if backend in offered]
+        if runtimes:
+            kept.append({**spec, "backends": runtimes} if spec.get("backends") else spec)
+    return kept
+
+
+def explicit_specs(precisions: list[str], *, backends: list[str] | set[str], has_calibration: bool) -> list[dict[str, Any]]:
+    """The LiteRT builds of a job's explicit precisions, when a target offers LiteRT (int8 only with calibration data)."""
+    if RUNTIME not in set(backends):
+        return []
+    return [litert_spec(precision) for precision in precisions if precision in KEYS and (precision != "int8" or has_calibration)]
+
+
+def search_proposals(state) -> list[dict[str, Any]]:
+    """`auto` round 1 on targets with LiteRT: FP32, full-integer INT8 (with calibration data), and FP16 on CPUs with
+    FP16 arithmetic. Later rounds add nothing here; the search tries thread counts on the fastest (compile options)."""
+    if state.round_number > 1 or RUNTIME not in state.backends:
+        return []
+    precisions = ["fp32"]
+    if state.has_calibration:
+        precisions.append("int8")
+    if has_fast_fp16(state.device_isa):
+        precisions.append("fp16")
+    return [litert_spec(precision) for precision in precisions]
