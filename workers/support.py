@@ -1,21 +1,19 @@
-"""The server's runtimes asked about a model's operators (devices/support.py), in a child process.
+"""The server's runtimes asked about a model's operators (devices/support.py), in the sandbox (workers/sandbox).
 
 A runtime's reader may crash on a model it cannot take (a native abort, a segfault), which in-process would take the
-web or Celery worker with it. The child answers in JSON; when it dies instead, each backend is asked again in a child
-of its own, so that the one that crashes is named, as `cannot_run`, with the signal.
+web or Celery worker with it, and it is native code parsing a user's file. The confined child answers in JSON; when it
+dies instead, each backend is asked again in a child of its own, so that the one that crashes is named, as
+`cannot_run`, with the reason.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from devices import support
+
+from .sandbox.runner import SandboxFailed, run_confined
 
 TIMEOUT_S = 300.0
 
@@ -24,37 +22,42 @@ class SupportCheckFailed(RuntimeError):
     """The check itself could not run (the child printed no answer for a reason other than a runtime's crash)."""
 
 
-def _child(model_path: Path, backends: list[str] | None, timeout_s: float) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "devices.support", str(model_path), "--json"]
-    for name in backends or []:
-        command += ["--backend", name]
-    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+def check_command(request: dict, work: Path) -> dict:
+    """The sandbox's `support.check` command."""
+    return {"answers": support.check(Path(request["model"]), request.get("backends"))}
 
 
-def _died(completed: subprocess.CompletedProcess) -> str:
-    if completed.returncode < 0:
-        try:
-            return f"signal {signal.Signals(-completed.returncode).name}"
-        except ValueError:
-            return f"signal {-completed.returncode}"
-    tail = (completed.stderr or "").strip().splitlines()[-1:] or [""]
-    return f"exit status {completed.returncode}: {tail[0][:500]}"
+def _ask(model_path: Path, backends: list[str] | None, timeout_s: float, shared: tuple[Path, ...]) -> list[dict]:
+    return run_confined("support.check", {"model": str(model_path), "backends": backends}, shared=shared, wall_seconds=int(timeout_s),
+                        allow_unconfined=True)["answers"]
 
 
-def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None, *, timeout_s: float = TIMEOUT_S) -> list[dict]:
-    """Each backend's answer (all the server has when `backends` is None), the way `devices.support.check` gives them."""
+def _shown(model_path: Path, folder: Path | None) -> tuple[Path, ...]:
+    """What the child may read: the model's own folder when it is one (an extracted zip), else the file and its `.data`."""
+    if folder is not None:
+        return (folder,)
+    side = model_path.with_name(model_path.name + ".data")
+    return (model_path, side) if side.is_file() else (model_path,)
+
+
+def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None, *, timeout_s: float = TIMEOUT_S,
+                   folder: Path | None = None) -> list[dict]:
+    """Each backend's answer (all the server has when `backends` is None), the way `devices.support.check` gives them.
+
+    `folder`: the model's own folder, when its external data lies there under names of its own (an extracted zip).
+    """
     names = sorted(set(backends)) if backends is not None else None
-    completed = _child(Path(model_path), names, timeout_s)
-    if completed.returncode == 0:
-        return json.loads(completed.stdout.strip().splitlines()[-1])
-    if not names:
-        raise SupportCheckFailed(f"the operator-support check failed ({_died(completed)})")
+    shared = _shown(Path(model_path), folder)
+    try:
+        return _ask(Path(model_path), names, timeout_s, shared)
+    except SandboxFailed as failed:
+        if not names:
+            raise SupportCheckFailed(f"the operator-support check failed ({failed})") from None
     answers = []
     for name in names:
-        alone = _child(Path(model_path), [name], timeout_s)
-        if alone.returncode == 0:
-            answers += json.loads(alone.stdout.strip().splitlines()[-1])
-        else:
+        try:
+            answers += _ask(Path(model_path), [name], timeout_s, shared)
+        except SandboxFailed as failed:
             answers.append(support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
-                                          reason=f"{name} crashed while reading the model ({_died(alone)})"))
+                                          reason=f"{name} crashed while reading the model ({failed})"))
     return answers

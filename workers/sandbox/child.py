@@ -23,6 +23,7 @@ COMMANDS = {
     "dataset.inspect": "workers.dataset_commands:inspect",
     "dataset.hdf5": "workers.dataset_commands:hdf5",
     "dataset.raw": "workers.dataset_commands:raw",
+    "support.check": "workers.support:check_command",
 }
 
 

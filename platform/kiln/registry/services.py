@@ -263,7 +263,9 @@ def model_version_check_support(*, version_id: int) -> None:
     version = ModelVersion.objects.select_related("blob", "onnx_blob").filter(pk=version_id).first()
     if version is None:
         return
-    answers = check_isolated(model_version_onnx_path(version))
+    onnx_path = model_version_onnx_path(version)
+    folder = onnx_path.parent if version.source_format == SourceFormat.ONNX_ZIP else None
+    answers = check_isolated(onnx_path, folder=folder)
     model_version_support_record(version=version, answers=answers, where="server", sha256=(version.onnx_blob or version.blob).sha256)
 
 
