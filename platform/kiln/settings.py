@@ -240,6 +240,9 @@ AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
 AGENT_LONG_POLL_SECONDS = _env_int("KILN_AGENT_LONG_POLL_SECONDS", 20)
 AGENT_LEASE_SECONDS = _env_int("KILN_AGENT_LEASE_SECONDS", 120)
 AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
+# The long-poll and heartbeat intervals above are floors: with a larger fleet online the server
+# stretches both so that the fleet sends about this many of them a second (kiln.fleet.intervals).
+AGENT_POLLS_PER_SECOND = _env_int("KILN_AGENT_POLLS_PER_SECOND", 100, minimum=1)
 # How long a server process trusts an agent token it has checked (0: check every request). A
 # revocation reaches the other processes within this; the revoking process forgets at once. Longer
 # than the heartbeat interval on purpose: an agent calls each process every 10-20 s, so a shorter
