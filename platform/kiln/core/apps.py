@@ -1,7 +1,9 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 from django.urls import register_converter
 
 from .converters import IdConverter
+from .metrics import count_queries
 
 
 class CoreConfig(AppConfig):
@@ -11,3 +13,5 @@ class CoreConfig(AppConfig):
     def ready(self):
         # Every URLconf says <id:pk>; registered before the first request loads them.
         register_converter(IdConverter, "id")
+        # kiln_db_queries on /metrics: what a fleet costs the database (benchmarks/fleet_load.py reads it).
+        connection_created.connect(count_queries, dispatch_uid="kiln-count-queries")
