@@ -257,6 +257,9 @@ API_TOKEN_AUTH_CACHE_SECONDS = _env_int("KILN_API_TOKEN_AUTH_CACHE_SECONDS", 30,
 # own thread): unbounded, they took every pooled connection and the heartbeats, lease checks and
 # user requests behind them waited 10-20 s for one.
 AGENT_REGISTER_CONCURRENCY = _env_int("KILN_AGENT_REGISTER_CONCURRENCY", 4, minimum=1)
+# Each server process re-checks for its longest-waiting agent this often, in case a wake-up was lost
+# (kiln.core.notify): the most a lost wake-up costs, in seconds.
+WAKE_PROBE_SECONDS = _env_int("KILN_WAKE_PROBE_SECONDS", 3, minimum=1)
 # Heartbeats are noted in memory and written in one UPDATE per this many seconds (kiln.fleet.heartbeats).
 AGENT_HEARTBEAT_FLUSH_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_FLUSH_SECONDS", 1, minimum=1)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)
