@@ -336,7 +336,7 @@ def server_command(kind: str, checkout: Path) -> list[str]:
 
 
 class ServerSampler:
-    """The server's process tree, sampled once a second (CPU seconds, peak RSS) and its /metrics every 5 s (queries)."""
+    """The server's process tree, sampled once a second (CPU seconds, peak RSS), and its /metrics (queries)."""
 
     def __init__(self, pid: int):
         self.root = psutil.Process(pid)
@@ -366,13 +366,13 @@ class ServerSampler:
             if line.startswith("kiln_db_queries_total "):
                 self.query_series.append((time.time(), float(line.split()[-1])))
 
-    async def run(self, stop: float) -> None:
+    async def run(self, stop: float, scrape_every_s: int) -> None:
         from asgiref.sync import sync_to_async
 
         ticks = 0
         while time.time() < stop:
             self.sample()
-            if ticks % 5 == 0:
+            if ticks % scrape_every_s == 0:
                 await sync_to_async(self.scrape, thread_sensitive=False)()
             ticks += 1
             await asyncio.sleep(1)
@@ -388,7 +388,8 @@ def window(series: list[tuple[float, float]], since: float) -> tuple[float, floa
 
 async def drive(fixture: dict, args, stats: Stats, sampler: ServerSampler, queued_at: dict, stop: float) -> None:
     await asyncio.gather(user(fixture["user_token"], stats, stop, args.user_rate), producer(fixture, queued_at, stop, args.task_rate),
-                         sampler.run(stop), loop_lag(stats, stop))
+                         # A scrape costs the server a few queries and milliseconds: about 20 a run.
+                         sampler.run(stop, scrape_every_s=max(5, int(args.seconds / 20))), loop_lag(stats, stop))
 
 
 def spawn_agent_processes(args, registration: str, scratch: Path, start_at: float, stop_at: float) -> list[tuple[subprocess.Popen, Path]]:
