@@ -182,7 +182,10 @@ async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
 
 @csrf_exempt
 async def heartbeat_view(request):
-    """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop."""
+    """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop.
+
+    Sent by an agent that runs a task (and once when it starts); an idle agent's long-poll is its heartbeat.
+    """
     agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
     if refusal is not None:
         return refusal
