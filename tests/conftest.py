@@ -54,13 +54,14 @@ def fresh_throttles():
     from django.core.cache import cache
 
     from kiln.accounts import token_cache as api_token_cache
-    from kiln.fleet import heartbeats, lease_precheck, token_cache
+    from kiln.fleet import heartbeats, intervals, lease_precheck, token_cache
 
     cache.clear()
     token_cache.clear()
     api_token_cache.clear()
     lease_precheck.clear()
     heartbeats.clear()
+    intervals.clear()
     yield
 
 

@@ -13,6 +13,23 @@ __all__ = ["AgentClient", "AgentUnauthorized", "ApiError", "HttpClient", "RetryP
 API_PREFIX = "/api/agent/v1/"
 
 
+INTERVAL_HEADERS = {"Kiln-Long-Poll": "long_poll_s", "Kiln-Heartbeat-Interval": "heartbeat_interval_s",
+                    "Kiln-Poll-Interval": "poll_interval_s"}
+
+
+def intervals_from_headers(headers) -> dict[str, float]:
+    """The server's intervals from a lease answer's headers; a missing or malformed one is left out."""
+    found = {}
+    for header, key in INTERVAL_HEADERS.items():
+        try:
+            value = float(headers.get(header) or "")
+        except ValueError:
+            continue
+        if 0 < value <= 3600:
+            found[key] = value
+    return found
+
+
 class AgentUnauthorized(ApiError):
     """401: the agent or registration token is wrong or revoked; the agent must stop."""
 
@@ -27,6 +44,8 @@ class AgentClient(HttpClient):
     api_prefix = API_PREFIX
     user_agent = "kiln-agent"
     error_classes = {401: AgentUnauthorized, 409: StaleAttempt}
+    # The intervals the last lease answer announced (heartbeat_interval_s, poll_interval_s, long_poll_s).
+    intervals: dict[str, float] = {}
 
     # -- the protocol --------------------------------------------------------------------------
 
@@ -46,10 +65,15 @@ class AgentClient(HttpClient):
         return self._json(self.request("POST", "heartbeat", json=body))
 
     def lease(self, *, wait_s: float) -> dict | None:
-        """A task, or None when the server had none within `wait_s` (204)."""
+        """A task, or None when the server had none within `wait_s` (204).
+
+        The answer's headers carry the server's intervals (`self.intervals`): an idle agent's
+        long-poll is its heartbeat, so it learns them here.
+        """
         response = self.request(
             "POST", "tasks/lease", json={"wait_s": wait_s}, read_timeout_s=wait_s + self.timeout_s
         )
+        self.intervals = intervals_from_headers(response.headers)
         if response.status_code == 204:
             return None
         return self._json(response)

@@ -1,4 +1,9 @@
-"""The agent's main loop: a heartbeat thread, and a long-poll for tasks that runs each one."""
+"""The agent's main loop: a long-poll for tasks that runs each one, and heartbeats while one runs.
+
+An idle agent sends nothing but its long-polls: the server counts each as a heartbeat and answers
+with the intervals to use. A heartbeat goes out only while a task runs (its answer says whether to
+cancel it).
+"""
 
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ class Agent:
         self.stop_event = threading.Event()
         self.runner = TaskRunner(self.client, Path(work_dir), stop_event=self.stop_event, threads=threads)
         self.heartbeat_interval_s = float(config.heartbeat_interval_s or 15.0)
+        self.long_poll_s = float(config.long_poll_s or 20.0)
+        self.poll_interval_s = float(config.poll_interval_s or 1.0)
         self.capabilities = collect_capabilities()
         self.unauthorized: AgentUnauthorized | None = None
         self._lock = threading.Lock()
@@ -69,17 +76,25 @@ class Agent:
         with self._lock:
             running = self._running_task
         answer = self.client.heartbeat(capabilities=self.capabilities, running_task=running)
-        interval = answer.get("heartbeat_interval_s")
-        if interval:
-            self.heartbeat_interval_s = float(interval)
+        self._follow_intervals(answer)
         canceled = {str(task_id) for task_id in answer.get("cancel") or []}
         with self._lock:
             if self._running_task is not None and str(self._running_task) in canceled:
                 logger.info("heartbeat: task %s canceled by the server", self._running_task)
                 self._cancel.set()
 
+    def _follow_intervals(self, intervals: dict) -> None:
+        """Take the intervals the server chose (from a heartbeat's body or a lease answer's headers)."""
+        for name in ("heartbeat_interval_s", "long_poll_s", "poll_interval_s"):
+            if intervals.get(name):
+                setattr(self, name, float(intervals[name]))
+
     def _heartbeat_loop(self) -> None:
         while not self.stop_event.wait(jittered(self.heartbeat_interval_s)):
+            with self._lock:
+                if self._running_task is None:
+                    # Idle: the open long-poll is the heartbeat.
+                    continue
             try:
                 self.heartbeat_once()
             except AgentUnauthorized as exc:
@@ -121,7 +136,7 @@ class Agent:
                 except (ApiError, ServerUnavailable) as exc:
                     errors += 1
                     wait_s = random.uniform(0, min(ERROR_BACKOFF_CAP_S, ERROR_BACKOFF_BASE_S * 2**errors))
-                    wait_s = max(wait_s, jittered(float(self.config.poll_interval_s or 1.0)))
+                    wait_s = max(wait_s, jittered(self.poll_interval_s))
                     logger.warning("lease failed: %s; polling again in %.1f s", exc, wait_s)
                     self.stop_event.wait(wait_s)
                     continue
@@ -148,7 +163,8 @@ class Agent:
 
     def _poll_and_run(self) -> bool:
         """Long-poll once; run the task if one came. Returns whether a task was handled."""
-        wait_s = float(self.config.long_poll_s or 20.0)
+        # Up to 10 % shorter than the server's long-poll: a fleet that started together drifts apart.
+        wait_s = round(self.long_poll_s * random.uniform(0.9, 1.0), 2)
         started = time.monotonic()
         self._idle = True
         try:
@@ -157,10 +173,11 @@ class Agent:
             task = self.client.lease(wait_s=wait_s)
         finally:
             self._idle = False
+        self._follow_intervals(getattr(self.client, "intervals", None) or {})
         if task is None:
             # A server that answers 204 well before wait_s does not long-poll: pace ourselves.
             if time.monotonic() - started < wait_s / 2:
-                self.stop_event.wait(jittered(float(self.config.poll_interval_s or 1.0)))
+                self.stop_event.wait(jittered(self.poll_interval_s))
             return False
         cancel = threading.Event()
         with self._lock:

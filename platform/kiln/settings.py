@@ -261,6 +261,9 @@ AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
 AGENT_LONG_POLL_SECONDS = _env_int("KILN_AGENT_LONG_POLL_SECONDS", 20)
 AGENT_LEASE_SECONDS = _env_int("KILN_AGENT_LEASE_SECONDS", 120)
 AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
+# The long-poll and heartbeat intervals above are floors: with a larger fleet online the server
+# stretches both so that the fleet sends about this many of them a second (kiln.fleet.intervals).
+AGENT_POLLS_PER_SECOND = _env_int("KILN_AGENT_POLLS_PER_SECOND", 100, minimum=1)
 # How long a server process trusts an agent token it has checked (0: check every request). A
 # revocation reaches the other processes within this; the revoking process forgets at once. Longer
 # than the heartbeat interval on purpose: an agent calls each process every 10-20 s, so a shorter
@@ -275,6 +278,9 @@ API_TOKEN_AUTH_CACHE_SECONDS = _env_int("KILN_API_TOKEN_AUTH_CACHE_SECONDS", 30,
 # own thread): unbounded, they took every pooled connection and the heartbeats, lease checks and
 # user requests behind them waited 10-20 s for one.
 AGENT_REGISTER_CONCURRENCY = _env_int("KILN_AGENT_REGISTER_CONCURRENCY", 4, minimum=1)
+# Each server process re-checks for its longest-waiting agent this often, in case a wake-up was lost
+# (kiln.core.notify): the most a lost wake-up costs, in seconds.
+WAKE_PROBE_SECONDS = _env_int("KILN_WAKE_PROBE_SECONDS", 3, minimum=1)
 # Heartbeats are noted in memory and written in one UPDATE per this many seconds (kiln.fleet.heartbeats).
 AGENT_HEARTBEAT_FLUSH_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_FLUSH_SECONDS", 1, minimum=1)
 DEVICE_TASK_MAX_ATTEMPTS = _env_int("KILN_DEVICE_TASK_MAX_ATTEMPTS", 3)

@@ -53,7 +53,36 @@ def test_once_runs_one_task_and_reports_it(agent_server, tiny_task_files, tmp_pa
     assert agent_server.results(21)[0]["status"] == "succeeded"
     heartbeat = agent_server.hits("POST", HEARTBEAT)[0].json()
     assert heartbeat["running_task"] is None and "runtimes" in heartbeat["capabilities"]
-    assert agent_server.hits("POST", LEASE)[0].json() == {"wait_s": 1.0}
+    # The server's long-poll, up to 10 % shorter (jitter: a fleet started together drifts apart).
+    assert 0.9 <= agent_server.hits("POST", LEASE)[0].json()["wait_s"] <= 1.0
+
+
+def test_an_idle_agent_sends_no_heartbeat_while_it_long_polls(agent_server, tmp_path):
+    agent_server.route("POST", HEARTBEAT, Answer(200, {"cancel": [], "heartbeat_interval_s": 0.1}))
+
+    def long_poll(request):
+        time.sleep(request.json()["wait_s"])
+        return Answer(204)
+
+    agent_server.route("POST", LEASE, long_poll)
+    agent = _agent(agent_server, tmp_path, heartbeat_interval_s=0.1, long_poll_s=0.4)
+    threading.Timer(1.5, agent.stop_event.set).start()
+    assert agent.run() == 0
+    # The first call says who it is (capabilities); then only long-polls, each the agent's heartbeat.
+    assert len(agent_server.hits("POST", HEARTBEAT)) == 1
+    assert len(agent_server.hits("POST", LEASE)) >= 3
+
+
+def test_the_agent_takes_the_intervals_a_lease_answer_announces(agent_server, tmp_path):
+    agent_server.route("POST", HEARTBEAT, Answer(200, {"cancel": []}))
+    agent_server.route("POST", LEASE, Answer(204, headers={"Kiln-Long-Poll": "30", "Kiln-Heartbeat-Interval": "12",
+                                                           "Kiln-Poll-Interval": "0.3"}))
+    agent = _agent(agent_server, tmp_path, long_poll_s=0.2)
+    threading.Timer(1.0, agent.stop_event.set).start()
+    assert agent.run() == 0
+    waits = [hit.json()["wait_s"] for hit in agent_server.hits("POST", LEASE)]
+    assert 0.18 <= waits[0] <= 0.2 and all(27 <= wait <= 30 for wait in waits[1:]) and len(waits) >= 2
+    assert (agent.long_poll_s, agent.heartbeat_interval_s, agent.poll_interval_s) == (30, 12, 0.3)
 
 
 def test_heartbeat_cancel_aborts_the_running_task(agent_server, tiny_task_files, tmp_path):

@@ -23,7 +23,6 @@ import requests
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
-from kiln.core import notify
 from kiln.core.management.commands.up import web_server_command
 from kiln.fleet.services import agent_register, registration_token_create
 from tests.conftest import REPO, _database_url_for_children, make_tenant, upload, wait_until
@@ -151,7 +150,7 @@ def test_waiting_long_polls_hold_no_thread_and_no_database_loop_and_a_cancel_wak
         # Waiting costs no database work per waiter: the process re-checks for the longest waiter
         # once per probe interval (a lost wake-up costs seconds), whatever the number of waiters.
         probes = asgi_server.metric("kiln_agent_lease_checks_total") - checks
-        assert probes <= quiet_s / notify.PROBE_S + 1, "waiting long-polls queried the database"
+        assert probes <= quiet_s / settings.WAKE_PROBE_SECONDS + 1, "waiting long-polls queried the database"
 
         assert asgi_server.metric("kiln_agent_lease_waiting") == WAITERS
         # Waiters that arrived before the subscription was up were woken once when it came up.

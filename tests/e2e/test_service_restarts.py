@@ -41,14 +41,15 @@ STACK_ENV = {
 class OwnRedis:
     """A redis-server of our own, without persistence: a restart forgets every queued message."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, port: int = REDIS_PORT):
         self.log = log
-        self.url = f"redis://127.0.0.1:{REDIS_PORT}/0"
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+            self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                              "--appendonly", "no", "--daemonize", "no"], stdout=out, stderr=subprocess.STDOUT)
         wait_until(self.ping, timeout=20, interval=0.1, message="our redis-server")
 
@@ -56,7 +57,7 @@ class OwnRedis:
         import redis
 
         try:
-            return redis.Redis(port=REDIS_PORT, socket_connect_timeout=1).ping()
+            return redis.Redis(port=self.port, socket_connect_timeout=1).ping()
         except redis.RedisError:
             return False
 

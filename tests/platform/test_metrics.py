@@ -45,3 +45,17 @@ def test_metrics_show_queue_depth_agents_and_job_durations(settings, tenant, mod
     assert 'kiln_job_duration_seconds_bucket{le="30.0"} 0.0' in text and 'kiln_job_duration_seconds_bucket{le="60.0"} 1.0' in text
     assert "kiln_job_duration_seconds_sum 45.0" in text
     assert "kiln_agent_lease_waiting" in text and "kiln_http_request_duration_seconds" in text
+
+
+def test_metrics_count_the_database_queries_of_the_server(settings, tenant):
+    settings.METRICS, settings.METRICS_TOKEN = True, ""
+
+    def queries() -> float:
+        text = Client().get("/metrics").content.decode()
+        return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("kiln_db_queries_total "))
+
+    before = queries()
+    for _ in range(3):
+        assert tenant.client.get("/api/v1/jobs/").status_code == 200
+    # Three job lists (a few queries each) and the scrape's own fleet gauges.
+    assert queries() - before >= 3

@@ -79,7 +79,7 @@ def test_a_publish_without_an_offer_wakes_every_waiter(settings, tmp_path):
 @pytest.mark.parametrize("broker", ["files", "redis"])
 def test_a_published_offer_crosses_processes_and_wakes_one_waiter(settings, tmp_path, broker, monkeypatch):
     """Through the real transport: a wake file (embedded default) or Redis pub/sub."""
-    monkeypatch.setattr(notify, "PROBE_S", 60.0)  # the periodic re-check must not be what wakes someone
+    settings.WAKE_PROBE_SECONDS = 60  # the periodic re-check must not be what wakes someone
     settings.DATA_DIR = tmp_path
     if broker == "files":
         settings.REDIS_URL = ""

@@ -1,7 +1,9 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 from django.urls import register_converter
 
 from .converters import IdConverter
+from .metrics import count_queries
 
 
 class CoreConfig(AppConfig):
@@ -15,3 +17,5 @@ class CoreConfig(AppConfig):
         from .revocations import connect_signals
 
         connect_signals()
+        # kiln_db_queries on /metrics: what a fleet costs the database (benchmarks/fleet_load.py reads it).
+        connection_created.connect(count_queries, dispatch_uid="kiln-count-queries")

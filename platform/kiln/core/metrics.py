@@ -19,8 +19,20 @@ REQUEST_SECONDS = Histogram(
 LEASE_WAITING = Gauge("kiln_agent_lease_waiting", "Agent lease long-polls waiting now.", multiprocess_mode="livesum")
 LEASE_CHECKS = Counter("kiln_agent_lease_checks", "Database checks for a leasable task made by lease long-polls.")
 LEASE_WAKEUPS = Counter("kiln_agent_lease_wakeups", "Lease long-polls woken by a notification (a task became leasable, or a cancel).")
+DB_QUERIES = Counter("kiln_db_queries", "SQL statements this server's processes sent to the database (web and workers).")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def _count_query(execute, sql, params, many, context):
+    DB_QUERIES.inc()
+    return execute(sql, params, many, context)
+
+
+def count_queries(*, connection, **_) -> None:
+    """Count every statement of a database connection (connection_created, on each connect or pool checkout)."""
+    if _count_query not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_count_query)
 
 
 def observe_request(*, route: str, method: str, status: int, started: float) -> None:

@@ -12,7 +12,7 @@ thousand. Without an offer every waiter wakes (a cancel, a reconnect).
 
 Wake-ups are hints. A waiter re-checks the database when woken; one that took something passes
 the wake-up on to the next waiter (there may be more than the offer said, or an offer was lost);
-every PROBE_S seconds the longest waiter of each channel re-checks anyway; and while the Redis
+every KILN_WAKE_PROBE_SECONDS (3) the longest waiter of each channel in each process re-checks anyway; and while the Redis
 subscription is down every waiter re-checks every FALLBACK_RECHECK_S seconds. So a lost wake-up
 costs a few seconds of latency, never work.
 """
@@ -39,7 +39,6 @@ PREFIX = "kiln:wake:"
 GENERATION_PREFIX = "kiln:wake-generation:"
 FILE_POLL_S = 0.2
 FALLBACK_RECHECK_S = 1.0
-PROBE_S = 3.0
 RECONNECT_MAX_S = 5.0
 CLOSE_TIMEOUT_S = 1.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -197,7 +196,7 @@ class _Hub:
 
     async def _probe(self) -> None:
         while True:
-            await asyncio.sleep(PROBE_S)
+            await asyncio.sleep(settings.WAKE_PROBE_SECONDS)
             for channel in list(self.waiters):
                 self.wake(channel, {"count": 1})
 

@@ -124,19 +124,14 @@ def _labels_match(required: dict, labels: dict) -> bool:
     return all(labels.get(key) == value for key, value in (required or {}).items())
 
 
-def lease_candidates(*, agent: Agent, limit: int = 50, lock: bool = True) -> list[DeviceTask]:
-    """Queued tasks this agent may run, oldest first, locked (SKIP LOCKED) where the database can.
-
-    With `lock`, call inside a transaction; without, it is a plain read (is there anything at all?).
-    """
+def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
+    """Queued tasks this agent may run, oldest first: a plain read (no lock), claimed one by one by compare-and-set."""
     queryset = DeviceTask.objects.filter(
         organization_id=agent.organization_id,
         status=DeviceTaskStatus.QUEUED,
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
     ).order_by("id")
-    if lock and connection.features.has_select_for_update_skip_locked:
-        queryset = queryset.select_for_update(skip_locked=True, of=("self",))
     return [
         task for task in queryset[:limit]
         if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)

@@ -26,13 +26,11 @@ from kiln.pipeline.device_tasks import (
     device_tasks_requeue_held_by,
 )
 from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskStatus
-from kiln.pipeline.queue import enqueue_redispatch
-from kiln.pipeline.selectors import jobs_wait_for_devices
 from kiln.pipeline.services import artifact_store
 from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
 
-from . import lease_precheck, token_cache
+from . import intervals, lease_precheck, token_cache
 from .heartbeats import agent_seen_online, heartbeat_record, heartbeats_pending
 from .models import Agent, RegistrationToken
 from .selectors import (
@@ -65,26 +63,27 @@ def registration_token_revoke(*, token: RegistrationToken) -> RegistrationToken:
 
 
 def agent_register(*, registration_secret: str, name: str, labels: dict, capabilities: dict) -> tuple[Agent, str]:
-    """Enrol an agent with an organization's registration token; its own token is shown once."""
+    """Enrol an agent with an organization's registration token; its own token is shown once.
+
+    One row and nothing else (no transaction, no message to the workers): a fleet coming up is
+    hundreds of registrations at once. Jobs waiting for a device are dispatched by the
+    housekeeping (`redispatch_waiting`, every KILN_HOUSEKEEPING_SECONDS), which sees the new agent.
+    """
     registration = registration_token_from_secret(secret=registration_secret or "")
     if registration is None:
         raise KilnError("Invalid or revoked registration token.", code="invalid_registration_token", status_code=401)
     issued = issue_token(AGENT_TOKEN_PREFIX)
-    with transaction.atomic():
-        agent = Agent.objects.create(
-            organization=registration.organization,
-            name=name[:120],
-            labels={str(k): str(v) for k, v in (labels or {}).items()},
-            capabilities=capabilities or {},
-            lookup_prefix=issued.lookup_prefix,
-            digest=issued.digest,
-            registration_token=registration,
-            last_heartbeat_at=timezone.now(),
-        )
-        # Jobs of the organization that wait for a device may now have one. Only then a message to
-        # the workers: a fleet coming up is hundreds of registrations that wake nothing.
-        if jobs_wait_for_devices(organization_id=agent.organization_id):
-            enqueue_redispatch(organization_id=agent.organization_id)
+    agent = Agent.objects.create(
+        organization=registration.organization,
+        name=name[:120],
+        labels={str(k): str(v) for k, v in (labels or {}).items()},
+        capabilities=capabilities or {},
+        lookup_prefix=issued.lookup_prefix,
+        digest=issued.digest,
+        registration_token=registration,
+        last_heartbeat_at=timezone.now(),
+    )
+    intervals.fleet_count_refresh()
     return agent, issued.secret
 
 
@@ -104,30 +103,39 @@ def agent_heartbeat_idle(*, agent: Agent, capabilities: dict | None, running_tas
 
     False when it needs `agent_heartbeat` (a running task to check, new capabilities, back from offline).
     """
-    if running_task or (capabilities and capabilities != agent.capabilities):
-        return False
-    if agent.offline_since is not None or not agent_seen_online(agent):
+    if running_task or (capabilities and capabilities != agent.capabilities) or _agent_back(agent):
         return False
     heartbeat_record(agent_id=agent.pk, at=timezone.now())
     return True
 
 
-def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: int | None) -> list[int]:
-    """Record that an agent is alive; answer which of its tasks it must stop."""
-    now = timezone.now()
-    back = agent.offline_since is not None or not agent_seen_online(agent)
-    if back or (capabilities and capabilities != agent.capabilities):
-        updates = {"last_heartbeat_at": now, "offline_since": None}
+def _agent_back(agent: Agent) -> bool:
+    """Whether an agent that calls now was offline (or silent long enough to count as such)."""
+    return agent.offline_since is not None or not agent_seen_online(agent)
+
+
+def agent_seen(*, agent: Agent, capabilities: dict | None = None) -> None:
+    """Note that an agent is alive: a heartbeat, or a lease long-poll, which is an idle agent's heartbeat.
+
+    In memory (written by the heartbeat flusher) unless the agent comes back from offline or
+    brings new capabilities: then written at once. Jobs that waited for it are dispatched by the
+    housekeeping (`redispatch_waiting`), as for a new agent.
+    """
+    if _agent_back(agent) or (capabilities and capabilities != agent.capabilities):
+        updates = {"last_heartbeat_at": timezone.now(), "offline_since": None}
         if capabilities:
             updates["capabilities"] = capabilities
         Agent.objects.filter(pk=agent.pk).update(**updates)
         token_cache.agent_forget(agent.pk)
     else:
-        heartbeat_record(agent_id=agent.pk, at=now)
-    if back and jobs_wait_for_devices(organization_id=agent.organization_id):
-        # Back after an absence: jobs waiting for this device may go on.
-        enqueue_redispatch(organization_id=agent.organization_id)
-    return agent_cancel_list(agent=agent, running_task=running_task, now=now)
+        heartbeat_record(agent_id=agent.pk, at=timezone.now())
+
+
+def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: int | None) -> list[int]:
+    """Record that an agent is alive; answer which of its tasks it must stop."""
+    agent_seen(agent=agent, capabilities=capabilities)
+    intervals.fleet_count_refresh()
+    return agent_cancel_list(agent=agent, running_task=running_task, now=timezone.now())
 
 
 def agents_mark_offline() -> int:
@@ -145,22 +153,26 @@ def agents_mark_offline() -> int:
 # -- leasing --------------------------------------------------------------------------------
 
 def device_task_lease_begin(*, agent: Agent) -> None:
-    """An agent asking for work holds nothing: hand back what it held before (it restarted).
+    """An agent asking for work is alive (the long-poll is its heartbeat) and holds nothing: hand
+    back what it held before (it restarted, or lost the answer that leased it).
 
     Reads first and writes only when there is something to change: on SQLite every write waits
     for the one write lock, and a fleet asks for work all the time.
     """
     if agent_holds_tasks(agent_id=agent.pk):
         device_tasks_requeue_held_by(agent=agent, reason="agent restarted")
-    heartbeat_record(agent_id=agent.pk, at=timezone.now())
+    agent_seen(agent=agent)
+    intervals.fleet_count_refresh()
 
 
 def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     """Lease one task this agent can run, or None; never waits.
 
-    Looks without a transaction first: nothing to lease (the usual answer) takes no lock; and when
-    nothing was published on the organization's channel since the last look found nothing, it
-    does not look at all (kiln.fleet.lease_precheck).
+    Reads only, without a transaction, until there is something to claim: nothing to lease (the
+    usual answer) takes no lock, and when nothing was published on the organization's channel
+    since the last look found nothing, it does not look at all (kiln.fleet.lease_precheck). The
+    claim is a compare-and-set UPDATE of one queued row (`device_task_start`): of agents racing for
+    a task one wins, the others try the next candidate.
     """
     generation = notify.generation(notify.organization_channel(agent.organization_id))
     if lease_precheck.nothing_new(agent=agent, generation=generation):
@@ -168,15 +180,15 @@ def device_task_lease_once(*, agent: Agent) -> DeviceTask | None:
     if not organization_has_queued_tasks(organization_id=agent.organization_id):
         lease_precheck.organization_found_empty(organization_id=agent.organization_id, generation=generation)
         return None
-    if not lease_candidates(agent=agent, lock=False):
+    candidates = lease_candidates(agent=agent)
+    if not candidates:
         lease_precheck.agent_found_nothing(agent=agent, generation=generation)
         return None
     now = timezone.now()
-    with transaction.atomic():
-        for task in lease_candidates(agent=agent):
-            if device_task_start(task=task, agent=agent, now=now):
-                logger.info("task %s leased by %s", task.pk, agent.name, extra={"job_id": task.job_id, "task_id": task.pk, "agent_id": agent.pk})
-                return DeviceTask.objects.select_related("variant__artifact__blob", "job__validation_blob", "job__reference_blob").get(pk=task.pk)
+    for task in candidates:
+        if device_task_start(task=task, agent=agent, now=now):
+            logger.info("task %s leased by %s", task.pk, agent.name, extra={"job_id": task.job_id, "task_id": task.pk, "agent_id": agent.pk})
+            return DeviceTask.objects.select_related("variant__artifact__blob", "job__validation_blob", "job__reference_blob").get(pk=task.pk)
     return None
 
 
@@ -215,6 +227,8 @@ async def device_task_lease(*, agent: Agent, wait_s: float) -> DeviceTask | None
                 return task
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # Alive at the end of its wait too (in memory): a long-poll is as good as a heartbeat.
+                heartbeat_record(agent_id=agent.pk, at=timezone.now())
                 return None
             if await wakeups.wait(remaining):
                 metrics.LEASE_WAKEUPS.inc()

@@ -46,11 +46,6 @@ def enqueue_variant_build(*, variant_id: int, resend: bool = False) -> None:
     _send_on_commit(VARIANT_BUILD_TASK_NAME, variant_id)
 
 
-def enqueue_redispatch(*, organization_id: int) -> None:
-    """Ask the workers to dispatch an organization's jobs that wait for devices."""
-    _send_on_commit(REDISPATCH_TASK_NAME, organization_id)
-
-
 def lease_offers(tasks) -> list[dict]:
     """What newly leasable tasks offer to waiting agents: how many, for which backend, pinned agent and labels."""
     groups: Counter = Counter(

@@ -11,7 +11,7 @@ from kiln.core.errors import KilnError
 from kiln.reports.outcome import job_outcome_reports
 
 from . import specs
-from .models import Artifact, DeploymentJob, DeviceTask, JobEvent, JobStatus
+from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 
 # What a job list shows (JobListSerializer): a model version's signature, op histogram and checks,
 # and a job's evaluation plan, stage records and leases stay in the database.
@@ -44,11 +44,6 @@ def search_budget(job: DeploymentJob) -> dict:
     if started is not None and not job.is_terminal:
         left = max(0.0, minutes * 60 - (time.time() - started))
     return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
-
-
-def jobs_wait_for_devices(*, organization_id: int) -> bool:
-    """Whether any job of the organization waits for a device to come online."""
-    return DeploymentJob.objects.filter(organization_id=organization_id, status=JobStatus.WAITING_FOR_DEVICES).exists()
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:

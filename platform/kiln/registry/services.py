@@ -557,6 +557,14 @@ def upload_append(*, upload: Upload, offset: int, stream, length: int) -> Upload
                        details={"offset": upload.offset})
     if length > upload.length - offset:
         raise KilnError("The chunk runs past the upload's declared length.", code="upload_too_long")
+    if offset and uploads.part_bytes(upload.id) < offset:
+        # The earlier chunks landed on another web host (its part file is in that host's data folder):
+        # writing here would fill the gap with zeros and fail the digest after the last byte.
+        raise KilnError(
+            "This upload's earlier chunks were received by another Kiln server. Send every chunk of an upload to one server "
+            "(load-balancer stickiness for /uploads/) or share KILN_DATA_DIR/tmp between the web hosts.",
+            code="upload_on_another_server", status_code=421,
+        )
     path = uploads.part_path(upload.id)
     try:
         written = uploads.append_chunk(path=path, offset=offset, stream=stream, length=length)

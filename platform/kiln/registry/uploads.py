@@ -54,6 +54,14 @@ def part_path(upload_id) -> Path:
     return parts_dir() / f"{upload_id}.part"
 
 
+def part_bytes(upload_id) -> int:
+    """How many bytes of an upload this host holds (0 when its part file is not here)."""
+    try:
+        return part_path(upload_id).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def parse_metadata(header: str) -> dict[str, str]:
     """tus `Upload-Metadata`: comma-separated `key base64value` pairs."""
     pairs = {}

@@ -11,7 +11,7 @@ from devices.bench import INTERLEAVED_WINDOW
 from kiln.fleet.models import Agent, RegistrationToken
 from kiln.pipeline.models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
 from tests.conftest import make_tenant, upload
-from workers.tasks import requeue_expired_leases
+from workers.tasks import redispatch_waiting, requeue_expired_leases
 
 # Transactional: the lease long-poll reads the database from executor threads, as it does in
 # production, so they must see committed rows.
@@ -36,10 +36,13 @@ def registration_token(tenant) -> str:
     return body["token"]
 
 
-def register(tenant, name: str, capabilities: dict, labels: dict | None = None) -> APIClient:
+def register(tenant, name: str, capabilities: dict, labels: dict | None = None, *, secret: str | None = None,
+             housekeeping: bool = True) -> APIClient:
+    """A registered agent's client; then, with `housekeeping`, the beat's re-dispatch of waiting jobs (as within
+    KILN_HOUSEKEEPING_SECONDS in production: a registration itself dispatches nothing)."""
     response = APIClient().post(
         "/api/agent/v1/register",
-        {"registration_token": registration_token(tenant), "name": name, "labels": labels or {}, "capabilities": capabilities},
+        {"registration_token": secret or registration_token(tenant), "name": name, "labels": labels or {}, "capabilities": capabilities},
         format="json",
     )
     assert response.status_code == 201, response.content
@@ -48,6 +51,8 @@ def register(tenant, name: str, capabilities: dict, labels: dict | None = None) 
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {body['agent_token']}")
     client.agent_id = body["agent_id"]
+    if housekeeping:
+        redispatch_waiting.apply()
     return client
 
 
@@ -119,10 +124,20 @@ def test_tasks_go_only_to_agents_with_the_backend(tenant, model_files):
     assert DeviceTask.objects.filter(job_id=job_id).count() == 2 + 4
 
 
-def test_waiting_job_runs_once_an_agent_connects(tenant, waiting_job):
+def test_a_registration_writes_one_row_and_the_housekeeping_dispatches_the_waiting_job(tenant, waiting_job, django_capture_on_commit_callbacks):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.WAITING_FOR_DEVICES
-    agent = register(tenant, "late", ORT_ONLY)
-    # Registration sends the organization's waiting jobs to dispatch; no lease request is needed.
+    secret = registration_token(tenant)
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks() as sent:
+        agent = register(tenant, "late", ORT_ONLY, secret=secret, housekeeping=False)
+    writes = [query["sql"] for query in queries if not query["sql"].lstrip().upper().startswith("SELECT")]
+    assert len(writes) == 1 and writes[0].startswith('INSERT INTO "fleet_agent"'), writes
+    assert sent == []  # no message to the workers, nothing after a commit
+    assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.WAITING_FOR_DEVICES
+    # The beat's housekeeping (every KILN_HOUSEKEEPING_SECONDS) sees the new agent and dispatches.
+    assert redispatch_waiting.apply().get() == 1
     assert DeploymentJob.objects.get(pk=waiting_job).status == JobStatus.RUNNING
     assert lease(agent).status_code == 200
     # The job's log names the device the user registered, not an internal key such as "agent:7".
@@ -136,7 +151,8 @@ def test_a_label_pool_is_named_by_its_labels_in_the_job_log(tenant, pool_job):
     assert list(dispatched) == ["Dispatched 1 device task(s) to devices labelled pool=a."]
 
 
-def test_an_agent_back_from_offline_restarts_waiting_jobs(tenant, model_files):
+@pytest.mark.parametrize("call", ["heartbeat", "long-poll"])
+def test_an_agent_back_from_offline_is_online_at_once_and_its_waiting_jobs_restart(tenant, model_files, call):
     from kiln.fleet.services import agents_mark_offline
 
     agent = register(tenant, "sleepy", ORT_ONLY)
@@ -144,9 +160,70 @@ def test_an_agent_back_from_offline_restarts_waiting_jobs(tenant, model_files):
     assert agents_mark_offline() == 1 and agents_mark_offline() == 0
     job_id = create_job(tenant, model_files, precisions=["fp32"])
     assert DeploymentJob.objects.get(pk=job_id).status == JobStatus.WAITING_FOR_DEVICES
-    agent.post("/api/agent/v1/heartbeat", {}, format="json")
+    # An idle agent sends no heartbeat: its long-poll is one, and brings it back as well.
+    answer = agent.post("/api/agent/v1/heartbeat", {}, format="json") if call == "heartbeat" else lease(agent)
+    assert answer.status_code in (200, 204)
     assert Agent.objects.get(pk=agent.agent_id).offline_since is None
+    redispatch_waiting.apply()
     assert DeploymentJob.objects.get(pk=job_id).status == JobStatus.RUNNING
+    assert lease(agent).status_code == 200
+
+
+def test_agents_racing_for_a_task_claim_it_by_compare_and_set_and_the_loser_takes_the_next(tenant, pool_job, model_files, monkeypatch):
+    from kiln.fleet import selectors, services
+
+    other_job = create_job(tenant, model_files, precisions=["fp32"], targets=["pool=a"])
+    first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
+    second = register(tenant, "second", ORT_ONLY, labels={"pool": "a"})
+    agents = {agent.pk: agent for agent in Agent.objects.filter(pk__in=[first.agent_id, second.agent_id])}
+    # Both read the queue before either claims (a plain read, no lock): they see the same two tasks.
+    seen = selectors.lease_candidates(agent=agents[first.agent_id])
+    assert sorted(task.job_id for task in seen) == [pool_job, other_job]
+    monkeypatch.setattr(services, "lease_candidates", lambda agent: list(seen))
+    won = services.device_task_lease_once(agent=agents[first.agent_id])
+    lost_then_next = services.device_task_lease_once(agent=agents[second.agent_id])
+    assert (won.pk, lost_then_next.pk) == (seen[0].pk, seen[1].pk)
+    assert {(task.leased_by_id, task.attempt) for task in DeviceTask.objects.all()} == {(first.agent_id, 1), (second.agent_id, 1)}
+    assert services.device_task_lease_once(agent=agents[first.agent_id]) is None
+
+
+def test_a_lease_look_reads_without_writing_until_there_is_something_to_claim(tenant, pool_job):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from kiln.fleet import services
+    from kiln.fleet.selectors import agent_from_secret
+
+    taker = register(tenant, "taker", ORT_ONLY, labels={"pool": "a"})  # the pool's task is dispatched
+    elsewhere = register(tenant, "elsewhere", ORT_ONLY, labels={"pool": "b"})
+
+    def look(client) -> tuple[object, list[str]]:
+        """What a long-poll's first look runs (in this thread, so that its queries are seen)."""
+        agent = agent_from_secret(secret=client._credentials["HTTP_AUTHORIZATION"].split()[1])
+        with CaptureQueriesContext(connection) as queries:
+            services.device_task_lease_begin(agent=agent)
+            task = services.device_task_lease_once(agent=agent)
+        return task, [q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith("SELECT")]
+
+    # A task is queued, but not one this agent may run: reads only.
+    task, writes = look(elsewhere)
+    assert task is None and writes == []
+    task, writes = look(taker)
+    assert task is not None and len(writes) == 1 and writes[0].startswith('UPDATE "pipeline_devicetask"'), writes
+
+
+def test_lease_answers_carry_the_intervals_an_idle_agent_needs(tenant, waiting_job):
+    agent = register(tenant, "box", ORT_ONLY)
+    answers = []
+    while not answers or answers[-1].status_code == 200:
+        answers.append(lease(agent))
+        if answers[-1].status_code == 200:
+            agent.post(f"/api/agent/v1/tasks/{answers[-1].json()['id']}/result", {"attempt": 1, "status": "failed", "error": "x"}, format="json")
+    assert [answer.status_code for answer in answers] == [200, 200, 204]
+    chosen = agent.post("/api/agent/v1/heartbeat", {}, format="json").json()
+    for answer in answers:
+        announced = (int(answer["Kiln-Long-Poll"]), int(answer["Kiln-Heartbeat-Interval"]), int(answer["Kiln-Poll-Interval"]))
+        assert announced == (chosen["long_poll_s"], chosen["heartbeat_interval_s"], chosen["poll_interval_s"]) and min(announced) >= 1
 
 
 def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings):

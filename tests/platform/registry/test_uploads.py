@@ -81,6 +81,18 @@ def test_a_broken_chunk_keeps_the_bytes_that_arrived_and_resumes(tenant):
     assert tenant.client.get(url).json()["sha256"] == hashlib.sha256(data).hexdigest()
 
 
+def test_a_chunk_at_a_web_host_without_the_earlier_bytes_is_refused_not_filled_with_zeros(tenant):
+    data = bytes(range(256)) * 64
+    url = create(tenant.client, data, filename="blob.bin")["Location"]
+    assert patch(tenant.client, url, data[:4096], 0).status_code == 204
+    part = uploads.part_path(Upload.objects.get().id)
+    part.unlink()  # as on another host behind a load balancer: the first chunk's bytes are not here
+    answer = patch(tenant.client, url, data[4096:], 4096)
+    assert answer.status_code == 421 and answer.json()["code"] == "upload_on_another_server"
+    assert "stickiness" in answer.json()["error"]
+    assert not part.exists() and Upload.objects.get().offset == 4096
+
+
 def test_interrupted_read_records_partial_offset(tenant):
     data = bytes(range(256)) * (6 * 1024)
     url = create(tenant.client, data + b"x" * 1024 * 1024, filename="blob.bin")["Location"]

@@ -28,6 +28,7 @@ from kiln.registry.services import storage_quota_check
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
+from ..intervals import agent_intervals, interval_headers
 from ..selectors import agent_from_secret_cached
 from .agent_bodies import body_validate, read_raw_body
 from .serializers import (
@@ -38,7 +39,6 @@ from .serializers import (
     ProgressSerializer,
     RegisterSerializer,
     ResultSerializer,
-    agent_intervals,
 )
 
 
@@ -181,7 +181,10 @@ async def _agent_request(request, serializer_class, *, heartbeat: bool = False):
 
 @csrf_exempt
 async def heartbeat_view(request):
-    """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop."""
+    """`POST heartbeat`: the agent is alive; the answer lists the tasks it must stop.
+
+    Sent by an agent that runs a task (and once when it starts); an idle agent's long-poll is its heartbeat.
+    """
     agent, values, refusal = await _agent_request(request, HeartbeatSerializer, heartbeat=True)
     if refusal is not None:
         return refusal
@@ -193,15 +196,19 @@ async def heartbeat_view(request):
 
 @csrf_exempt
 async def lease_view(request):
-    """`POST tasks/lease`: wait up to `wait_s` for a task without holding a thread or a database loop."""
+    """`POST tasks/lease`: wait up to `wait_s` for a task without holding a thread or a database loop.
+
+    It is also the heartbeat of an agent that runs nothing: such an agent sends no other request.
+    """
     agent, values, refusal = await _agent_request(request, LeaseSerializer)
     if refusal is not None:
         return refusal
     task = await services.device_task_lease(agent=agent, wait_s=values["wait_s"])
+    # The long-poll is an idle agent's heartbeat: its answer carries the intervals a heartbeat's would.
     if task is None:
-        return HttpResponse(status=status.HTTP_204_NO_CONTENT)
+        return HttpResponse(status=status.HTTP_204_NO_CONTENT, headers=interval_headers())
     # task_payload reads more rows for a RETIME task: off the event loop, like every query here.
-    return JsonResponse(await run_in_db_thread(task_payload, task=task), encoder=DjangoJSONEncoder)
+    return JsonResponse(await run_in_db_thread(task_payload, task=task), encoder=DjangoJSONEncoder, headers=interval_headers())
 
 
 # drf-spectacular finds endpoints through `.cls`; the schemas come from HeartbeatView and LeaseView.

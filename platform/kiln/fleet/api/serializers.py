@@ -1,4 +1,3 @@
-from django.conf import settings
 from rest_framework import serializers
 
 from devices import support
@@ -296,11 +295,3 @@ class ArtifactUploadPlanSerializer(serializers.Serializer):
     size_bytes = serializers.IntegerField(min_value=0)
     filename = serializers.CharField(max_length=255, required=False, default="")
 
-
-def agent_intervals() -> dict:
-    return {
-        "heartbeat_interval_s": settings.AGENT_HEARTBEAT_SECONDS,
-        "poll_interval_s": settings.AGENT_POLL_SECONDS,
-        "long_poll_s": settings.AGENT_LONG_POLL_SECONDS,
-        "lease_seconds": settings.AGENT_LEASE_SECONDS,
-    }
