@@ -40,7 +40,10 @@ class Api:
 
     def wait_for_job(self, job_id: int, stack, statuses=("succeeded", "failed", "canceled"), timeout=180) -> dict:
         def finished():
-            job = self.get(f"/api/v1/jobs/{job_id}/").json()
+            try:
+                job = self.get(f"/api/v1/jobs/{job_id}/").json()
+            except requests.ConnectionError:  # behind a balancer, a poll in flight to a host that just died: poll again
+                return None
             return job if job["status"] in statuses else None
 
         try:

@@ -1,0 +1,72 @@
+"""Run the test suite as parallel shards, each with its own database, Redis db and data folder; print each shard's log.
+
+`make test-python` calls this when no PYTEST_ARGS are given. The machine has two cores and much of the suite waits
+on real processes (servers, workers, agents, a browser), so two pytest processes side by side finish well before one.
+Each shard gets `KILN_DATA_DIR=var/test/shard-N` (its own SQLite and queue on the embedded default), and, where
+DATABASE_URL / REDIS_URL are set, a database of its own (`<name>_shard_N`: pytest-django makes `test_<that>`) and a
+Redis database of its own (the given number minus N), so that no shard's Celery worker takes another's tasks.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Shards by measured wall time (see `--durations`): the real-process end-to-end tests on one side, the rest on the other.
+SHARDS = (
+    ["tests/e2e"],
+    ["tests", "--ignore=tests/e2e"],
+)
+
+
+def shard_environment(index: int, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    data = Path(base.get("KILN_DATA_DIR") or REPO / "var" / "test") / f"shard-{index}"
+    env["KILN_DATA_DIR"] = str(data)
+    if base.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        env["DATABASE_URL"] = _database(base["DATABASE_URL"], index)
+    if base.get("REDIS_URL"):
+        env["REDIS_URL"] = _redis(base["REDIS_URL"], index)
+    return env
+
+
+def _database(url: str, index: int) -> str:
+    head, _, name = url.rpartition("/")
+    name, query = (name.split("?", 1) + [""])[:2]
+    return f"{head}/{name or 'kiln'}_shard_{index}" + (f"?{query}" if query else "")
+
+
+def _redis(url: str, index: int) -> str:
+    match = re.match(r"^(redis://[^/]+)/(\d+)$", url)
+    base_db = int(match.group(2)) if match else 15
+    head = match.group(1) if match else url.rstrip("/")
+    return f"{head}/{(base_db - index) % 16}"
+
+
+def main(extra: list[str]) -> int:
+    processes = []
+    for index, paths in enumerate(SHARDS):
+        env = shard_environment(index, os.environ)
+        Path(env["KILN_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+        log = Path(env["KILN_DATA_DIR"]) / "pytest.log"
+        handle = log.open("w")
+        command = [sys.executable, "-m", "pytest", *paths, *extra]
+        processes.append((index, paths, log, handle, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
+                                                                                        stderr=subprocess.STDOUT)))
+        print(f"shard {index}: {' '.join(paths)} (log: {log})", flush=True)
+    failed = 0
+    for index, paths, log, handle, started, process in processes:
+        code = process.wait()
+        handle.close()
+        print(f"\n===== shard {index}: {' '.join(paths)}: exit {code} after {time.monotonic() - started:.0f} s =====", flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
+        failed = failed or code
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
