@@ -250,3 +250,14 @@ def _signature(model: onnx.ModelProto) -> tuple:
     )
     outputs = tuple((value.name, value.type.tensor_type.elem_type) for value in model.graph.output)
     return inputs, outputs
+
+
+def convert_command(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `onnx.convert` command: convert_model on a user's model; the caller takes `converted.onnx` from its folder.
+
+    `written` names every other file the conversion left (external data), which the caller cannot use as one model.
+    """
+    out = work / "converted" / "converted.onnx"
+    report = convert_model(Path(request["model"]), out)
+    report["written"] = sorted(path.name for path in out.parent.iterdir() if path.name != out.name)
+    return report

@@ -20,6 +20,7 @@ COMMANDS = {
     "torch.convert": "workers.pytorch.commands:convert",
     "torch.parity": "workers.pytorch.commands:parity",
     "onnx.inspect": "workers.inspect:inspect_upload",
+    "onnx.convert": "workers.convert:convert_command",
     "dataset.inspect": "workers.dataset_commands:inspect",
     "dataset.hdf5": "workers.dataset_commands:hdf5",
     "dataset.raw": "workers.dataset_commands:raw",

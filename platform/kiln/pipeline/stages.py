@@ -21,10 +21,10 @@ from kiln.reports.models import Report
 from kiln.reports.packaging import build_device_package, package_name
 from kiln.reports.selectors import DeviceReport, device_json, device_reports
 from kiln.reports.services import device_estimate, measurements_record
-from workers.convert import convert_model
 from workers.inspect import infer_output_kinds, validate_onnx
 from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
 from workers.reference import compute_reference_outputs
+from workers.sandbox.runner import run_confined
 
 from .device_tasks import job_dispatch_device_tasks
 from .models import ArtifactKind, DeploymentJob
@@ -95,13 +95,12 @@ def _convert_onnx(job) -> str:
         return "skipped: external-data model"
     with scratch_dir() as scratch:
         out = scratch / "converted.onnx"
-        report = convert_model(source_model_path(job), out)
+        report = _convert_confined(source_model_path(job), out)
         for step in report["steps"]:
             level = "info" if step["status"] == "applied" else "warning"
             reason = f": {step['reason']}" if step.get("reason") else ""
             job_event_add(job=job, stage="convert", level=level, message=f"{step['name']} {step['status']}{reason}")
-        extra_files = [p for p in scratch.iterdir() if p.name != "converted.onnx"]
-        if extra_files or not out.exists():
+        if report["written"] or not out.exists():
             job_event_add(job=job, stage="convert", level="warning", message="The converted model needs external data; the uploaded model is used instead.")
             return "kept the uploaded model"
         artifact = artifact_store(job=job, kind=ArtifactKind.CONVERTED, name="converted.onnx", path=out, precision="fp32")
@@ -109,6 +108,16 @@ def _convert_onnx(job) -> str:
     job.save(update_fields=["converted_blob", "updated_at"])
     applied = [s["name"] for s in report["steps"] if s["status"] == "applied"]
     return f"opset {report.get('opset')}; applied: {', '.join(applied) or 'nothing'}"
+
+
+def _convert_confined(source: Path, out: Path) -> dict:
+    """workers.convert.convert_model on the user's model, in the sandbox (the parsers and ONNX Runtime are native code)."""
+    try:
+        return run_confined("onnx.convert", {"model": str(source)}, shared=(source,), outputs={"converted/converted.onnx": out},
+                            memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
+                            allow_unconfined=True, uid=settings.SANDBOX_UID)
+    except SandboxFailed as failed:
+        raise StageFailed(f"The model could not be converted: {failed}") from None
 
 
 def job_convert(*, job_id: int) -> None:

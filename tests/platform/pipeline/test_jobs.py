@@ -100,19 +100,16 @@ def test_host_stages_build_every_variant_then_wait_for_devices(tenant, uploaded,
     assert (fp32.argmax(1) == quantized.argmax(1)).mean() >= 0.95
 
 
-def test_conversion_step_failure_is_recorded_not_fatal(tenant, uploaded, monkeypatch, django_capture_on_commit_callbacks):
-    import onnxslim
-
-    def broken_slim(*args, **kwargs):
-        raise RuntimeError("slimming exploded")
-
-    monkeypatch.setattr(onnxslim, "slim", broken_slim)
+def test_conversion_steps_are_recorded_and_a_skipped_one_is_not_fatal(tenant, uploaded, django_capture_on_commit_callbacks):
+    """Conversion runs in the sandbox; its report (a failing step is skipped with the reason: tests/workers/test_convert.py)
+    reaches the job's events, a skipped step as a warning, and the job goes on."""
     with django_capture_on_commit_callbacks(execute=True):
         job_id = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["id"]
     job = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()
     assert job["status"] == "waiting_for_devices"
-    messages = [e["message"] for e in job["events"] if e["stage"] == "convert"]
-    assert any(m.startswith("simplify skipped") and "slimming exploded" in m for m in messages), messages
+    events = [(e["level"], e["message"]) for e in job["events"] if e["stage"] == "convert"]
+    assert ("warning", "opset_upgrade skipped: already at opset 17 (>= 13)") in events, events
+    assert ("info", "simplify applied") in events, events
 
 
 def test_invalid_model_on_disk_fails_validate_with_the_reason(tenant, uploaded, django_capture_on_commit_callbacks):
