@@ -111,8 +111,11 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
             return False
         if task.purpose == DeviceTaskPurpose.RETIME and status == DeviceTaskStatus.SUCCEEDED:
             stored = retime_results_store(task=task, metrics=metrics)
-            job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} near-tie variant(s) re-timed side by side "
-                          "in interleaved windows", task_id=task.id)
+            retaken = sum(int(window.get("retaken") or 0) for window in metrics.get("windows") or [])
+            rounds = len((metrics.get("retime") or [{}])[0].get("interleaved_medians_ms") or [])
+            again = f"; {retaken} busy round(s) re-taken" if retaken else ""
+            job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} finalist(s) re-timed side by side in {rounds} "
+                          f"interleaved rounds ({metrics.get('stopped') or 'done'}){again}", task_id=task.id)
             device_task_after_terminal(job_id=task.job_id)
             return True
         level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"

@@ -23,7 +23,7 @@ from workers.quantize.search import family_verdicts, plan_round
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
-from .retime import job_retime_near_ties
+from .retime import job_retime_finalists
 from .runner import run_stage_open, scratch_dir, working_model_path
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 
@@ -342,13 +342,14 @@ def job_collect(*, job_id: int) -> None:
     job = DeploymentJob.objects.select_related("model_version", "calibration_dataset__blob", "converted_blob").filter(pk=job_id).first()
     if job is None or job.is_terminal or job.stage != "report":
         return
-    # Once near-ties were re-timed the search is over: nothing is planned after that.
+    # Once the finalists were re-timed the search is over: nothing is planned after that.
     next_specs = [] if "retimed" in job.search else _next_round_specs(job)
     if not next_specs:
         job.save(update_fields=["search", "updated_at"])
-        if job.precisions == [specs.AUTO] and "retimed" not in job.search and job_retime_near_ties(job=job):
+        if "retimed" not in job.search and job_retime_finalists(job=job):
             job_stage_start(job=job, stage="devices")
-            job_event_add(job=job, stage="devices", message="Near-ties: re-timing the closest variants side by side on their device.")
+            job_event_add(job=job, stage="devices", message="Finalists: re-timing them side by side on their device until the fastest "
+                          "separates at 95% or the round cap.")
             wake_agents(organization_id=job.organization_id)
             return
         enqueue_stage(job_id=job_id, stage="report")

@@ -34,7 +34,8 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DeviceTask
-        fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at"]
+        fields = ["id", "variant", "backend", "target", "purpose", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at",
+                  "finished_at"]
 
     def get_agent(self, task) -> dict | None:
         # A task pinned to one device names it before any agent has leased it (not "agent:1").
