@@ -43,6 +43,8 @@ RETAKES_ENV = "KILN_AGENT_RETAKES"
 TIMING_LOCK = "timing.lock"
 BUILDS_LOCK = "builds.lock"
 POLL_S = 0.05
+# The kernel counts CPU time in ticks (10 ms): shares over a shorter stretch than this would be mostly rounding.
+MIN_ACCOUNTED_S = 0.2
 DEFAULT_RETAKES = 2
 DEFAULT_WAIT_FOR_BUILDS_S = 120.0
 BUSIEST_SHOWN = 3
@@ -249,10 +251,10 @@ class QuietWindow:
 
     def __exit__(self, *exc_info) -> None:
         try:
-            wall = max(time.monotonic() - self._started, 1e-6)
+            self.window.seconds = time.monotonic() - self._started
+            wall = max(self.window.seconds, MIN_ACCOUNTED_S)
             others = (_busy_cpu_seconds(self.cores) - self._busy) - (_own_cpu_seconds() - self._own)
-            self.window.seconds = wall
-            self.window.competing_cores = max(0.0, others / wall)
+            self.window.competing_cores = min(float(len(self.cores)), max(0.0, others / wall))
             self.window.after = load_snapshot(self.cores)
             if self.window.busy:
                 self.window.busiest = _busiest(self._processes, _process_cpu(), wall)

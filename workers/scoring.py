@@ -163,6 +163,18 @@ def _ties_clause(chosen: dict, ties: list[tuple[dict, LatencyRatio]]) -> str:
             f"and {label_of(chosen)} is recommended because {_won_on(chosen, other)}")
 
 
+def _others_clause(measured: list[dict], chosen: dict, baseline: dict | None, ties: list[tuple[dict, LatencyRatio]]) -> str:
+    """How the chosen variant stands against the rest within the tolerance (those the verdict did not already name)."""
+    named = {id(chosen), id(baseline), *(id(other) for other, _ in ties)}
+    others = [e for e in measured if _within(e) and id(e) not in named]
+    if not others:
+        return ""
+    slower = sum(_ratio(chosen, e).comparison == FASTER for e in others)
+    if slower == len(others):
+        return f"; the {len(others)} other variant(s) within the tolerance are slower"
+    return f"; of the {len(others)} other variant(s) within the tolerance, {slower} are slower and {len(others) - slower} tie with it"
+
+
 def _choose(measured: list[dict]) -> tuple[dict, list[dict]]:
     """The chosen entry and the entries it was chosen among (the unbeaten within tolerance; else all measured)."""
     within = [e for e in measured if _within(e)]
@@ -335,8 +347,7 @@ def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | 
         baseline = _fp32_baseline(measured, chosen)
         speedup = _ratio(chosen, baseline) if baseline is not None and baseline is not chosen else None
         speed, short = _speed(chosen, baseline, speedup)
-        rest = "" if ties or len([e for e in measured if _within(e)]) == 1 else "; every other variant within the tolerance is slower or ties with it"
-        text = f"Use {label_of(chosen)}: {speed}{_ties_clause(chosen, ties)}{rest}; {_cost(chosen['accuracy'])}."
+        text = f"Use {label_of(chosen)}: {speed}{_ties_clause(chosen, ties)}{_others_clause(measured, chosen, baseline, ties)}; {_cost(chosen['accuracy'])}."
     else:
         ties, baseline, speedup = [], None, None
         short = "tolerance not met"
