@@ -260,12 +260,14 @@ def _failure_rows(entries: list[dict], family_rows: list[dict], failed_builds: l
 
 # -- noise, told once per device ----------------------------------------------------------------
 
-def _windows(entries: list[dict]) -> tuple[int, int, list[str]]:
-    """(windows re-taken because the device was busy, windows still busy when reported, what kept it busy)."""
+def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, list[str]]:
+    """(windows re-taken because the device was busy, windows still busy when reported, what kept it busy): each first-pass
+    benchmark's window, and each round of the side-by-side re-timing once."""
     retaken = busy = 0
     culprits: list[str] = []
-    for entry in entries:
-        for window in (entry.get("timing") or {}).get("windows") or []:
+    windows = [window for entry in entries for window in (entry.get("timing") or {}).get("windows") or []] + list(retime_windows)
+    for window in windows:
+        if isinstance(window, dict):
             retaken += int(window.get("retaken") or 0)
             busy += bool(window.get("busy"))
             for name in window.get("busiest") or []:
@@ -274,12 +276,12 @@ def _windows(entries: list[dict]) -> tuple[int, int, list[str]]:
     return retaken, busy, culprits[:3]
 
 
-def _noise(entries: list[dict], measurement: dict | None) -> dict:
+def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[dict] | None = None) -> dict:
     """The device's timing noise in one paragraph: unstable first-pass runs, windows re-taken, and what the decision rests on."""
     timed = [e for e in entries if timing_of(e) is not None]
     unstable = [e for e in timed if e.get("unstable")]
     spreads = [timing_of(e).relative_noise() for e in unstable]
-    retaken, busy, culprits = _windows(entries)
+    retaken, busy, culprits = _windows(entries, retime_windows or [])
     sentences = []
     if unstable:
         sentences.append(f"{len(unstable)} of {len(timed)} first-pass benchmarks on this device were unstable (their windows disagreed by "
@@ -365,7 +367,7 @@ def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | 
         "accuracy": {"metric": accuracy.get("metric"), "value": accuracy.get("value"), "drop": accuracy.get("drop")},
         "within_tolerance": _within(chosen),
         "alternatives": rows + _failure_rows(entries, rows, failed_builds),
-        "noise": _noise(entries, measurement),
+        "noise": _noise(entries, measurement, (retime or {}).get("windows")),
         "measurement": measurement,
     }
 

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from devices.labels import ignored_options
 from kiln.fleet.selectors import targets_resolve
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
@@ -45,6 +46,9 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
         for target in targets:
             for variant in variants:
                 for backend in sorted(set(variant.backends) & target.backends):
+                    if ignored_options(backend, variant.options.get("compile")):
+                        # The backend would not act on the variant's options: its timing would be another variant's under this name.
+                        continue
                     task, was_created = DeviceTask.objects.get_or_create(
                         job=job, variant=variant, backend=backend, target=target.key, purpose=DeviceTaskPurpose.MEASURE,
                         defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},

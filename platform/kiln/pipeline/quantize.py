@@ -206,7 +206,8 @@ def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
         defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
     )
     variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id, **_compile_recipe(variant)}
-    variant.backends = cached.backends
+    # As a fresh build would: never widen what the planner allowed (a bf16 variant shares FP32's build, not its backends).
+    variant.backends = [b for b in cached.backends if b in variant.backends] if variant.backends else cached.backends
     variant.status = VariantStatus.READY
     job_event_add(job=job, stage="quantize", message=f"{variant.key}: reused the identical build of job {cached.job_id}.")
     return True

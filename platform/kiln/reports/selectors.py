@@ -66,7 +66,7 @@ def _windows(raw) -> list[dict]:
     return [{key: window[key] for key in WINDOW_FIELDS if key in window} for window in raw or [] if isinstance(window, dict)]
 
 
-def _timing(metrics: dict, retime_windows: list[dict] | None = None) -> dict:
+def _timing(metrics: dict) -> dict:
     """The samples the noise of a latency is judged by (workers/noise.py): the headline batch's window medians, and
     per-round medians of the side-by-side re-timing when the device did that; with the quiet windows they were taken in."""
     rows = metrics.get("by_batch") or []
@@ -77,7 +77,6 @@ def _timing(metrics: dict, retime_windows: list[dict] | None = None) -> dict:
     if isinstance(interleaved, list):
         timing["interleaved_medians_ms"] = [float(v) for v in interleaved if _is_number(v)]
         timing["source"] = "side by side"
-        timing["retime_windows"] = retime_windows or []
     return timing
 
 
@@ -97,13 +96,13 @@ def _names(variant, backend: str) -> dict:
             "effective_precision": effective_precision(variant.precision, compile_options, backend, variant.options)}
 
 
-def _entry(task: DeviceTask, tolerance: dict, retime_windows: list[dict] | None = None) -> dict:
+def _entry(task: DeviceTask, tolerance: dict) -> dict:
     metrics = task.metrics or {}
     accuracy = task.accuracy or {}
     variant = task.variant
     artifact = task.compiled_artifact or variant.artifact
     latency = _checked_latency(metrics) if task.status == DeviceTaskStatus.SUCCEEDED else None
-    timing = _timing(metrics, retime_windows)
+    timing = _timing(metrics)
     return {
         "id": task.id,
         "task": task.id,
@@ -137,11 +136,11 @@ def _entry(task: DeviceTask, tolerance: dict, retime_windows: list[dict] | None 
     }
 
 
-def _entry_or_error(task: DeviceTask, tolerance: dict, retime_windows: list[dict] | None = None) -> dict:
+def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
     """The report entry of one task; a result that cannot be read becomes an entry with an error
     instead of failing the whole report."""
     try:
-        return _entry(task, tolerance, retime_windows)
+        return _entry(task, tolerance)
     except (UnreadableResult, TypeError, ValueError, KeyError, AttributeError) as exc:
         logger.warning("device task %s has an unreadable result: %s", task.id, exc)
         variant = task.variant
@@ -204,7 +203,7 @@ def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
     reports = []
     for target, members in groups.items():
         summary = retime_summary(retimes.get(target))
-        entries = [_entry_or_error(task, job.tolerance, (summary or {}).get("windows")) for task in members]
+        entries = [_entry_or_error(task, job.tolerance) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front
