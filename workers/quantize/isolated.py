@@ -86,6 +86,7 @@ def build_isolated(
     built = result["built"]
     built["peak_rss_mb"] = result["peak_rss_mb"]
     built["build_s"] = time.monotonic() - started
+    built["paused_s"] = result.get("paused_s", 0.0)
     return built
 
 
@@ -121,6 +122,7 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
             pauser.stop()
             watch.stop()
         stderr = stderr_path.read_bytes()
+        paused_s = pauser.paused_seconds()
         if watch.exceeded:
             raise BuildMemoryExceeded(
                 f"{what} used more than the build memory budget of {budget} MB "
@@ -133,6 +135,8 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
     # a child of a large parent would report the parent's peak. ru_maxrss only fills in for a child
     # too short-lived to be sampled.
     result["peak_rss_mb"] = watch.peak_mb or result.get("peak_rss_mb") or 0.0
+    # How long the build stood paused while an agent of this host timed (devices/quiet.py).
+    result["paused_s"] = round(paused_s, 3)
     return result
 
 

@@ -228,7 +228,8 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
         artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=f"{variant.key}.onnx", path=out, precision=variant.precision)
     variant.artifact = artifact
     variant.recipe = {**built.get("recipe", {}), "peak_rss_mb": round(built.get("peak_rss_mb") or 0.0, 1),
-                      "build_s": round(built.get("build_s") or 0.0, 2), **_compile_recipe(variant)}
+                      "build_s": round(built.get("build_s") or 0.0, 2), "paused_s": round(built.get("paused_s") or 0.0, 2),
+                      **_compile_recipe(variant)}
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
     built_backends = built.get("backends", ["onnxruntime"])
     variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
