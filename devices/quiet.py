@@ -147,13 +147,13 @@ def _cpu_mhz(cores: list[int]) -> float | None:
     return None
 
 
-def _process_cpu() -> dict[int, tuple[str, float]]:
-    """CPU seconds so far of every process this user may read, by pid."""
+def _process_cpu() -> dict[tuple[int, float], tuple[str, float]]:
+    """CPU seconds so far of every process this user may read, by (pid, start time): a reused pid is another process."""
     table = {}
-    for process in psutil.process_iter(["name", "cpu_times"]):
+    for process in psutil.process_iter(["name", "cpu_times", "create_time"]):
         times = process.info.get("cpu_times")
         if times is not None:
-            table[process.pid] = (process.info.get("name") or "?", times.user + times.system)
+            table[(process.pid, process.info.get("create_time") or 0.0)] = (process.info.get("name") or "?", times.user + times.system)
     return table
 
 
@@ -269,16 +269,16 @@ class QuietWindow:
         self._fds.clear()
 
 
-def _busiest(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall: float) -> list[str]:
+def _busiest(before: dict[tuple[int, float], tuple[str, float]], after: dict[tuple[int, float], tuple[str, float]], wall: float) -> list[str]:
     """The processes that took the most CPU during the window ("name 85%"), excluding this one."""
     own = os.getpid()
     used = []
-    for pid, (name, seconds) in after.items():
-        if pid == own:
+    for key, (name, seconds) in after.items():
+        if key[0] == own:
             continue
-        previous = before.get(pid)
-        # A pid that started during the window (or was reused by another program) spent all its time in it.
-        share = (seconds - (previous[1] if previous and previous[0] == name else 0.0)) / wall
+        previous = before.get(key)
+        # A process that started during the window spent all its time in it.
+        share = (seconds - (previous[1] if previous else 0.0)) / wall
         if share >= 0.1:
             used.append((share, f"{name} {share:.0%}"))
     return [text for _, text in sorted(used, reverse=True)[:BUSIEST_SHOWN]]

@@ -95,7 +95,7 @@ def _retime_payload(task) -> dict | None:
         return None
     return {
         # `rounds` is the cap; the agent stops earlier once the leader separates (devices/paired.py).
-        "rounds": int((task.retime or {}).get("rounds") or RETIME_ROUNDS),
+        "rounds": min(int((task.retime or {}).get("rounds") or RETIME_ROUNDS), settings.RETIME_MAX_ROUNDS),
         "min_rounds": int((task.retime or {}).get("min_rounds") or MIN_ROUNDS),
         "window": INTERLEAVED_WINDOW,
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
