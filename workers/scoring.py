@@ -181,7 +181,10 @@ def _choose(measured: list[dict]) -> tuple[dict, list[dict]]:
     if not within:
         return max(measured, key=lambda e: (quality(e["accuracy"]), -e["latency_ms"]["p50"])), []
     unbeaten = _unbeaten(within)
-    return min(unbeaten, key=_preference), unbeaten
+    # Where the device timed its finalists side by side, the pick is one of them: the rest were slower in the first pass
+    # than every finalist, and a first pass read against paired rounds ties too easily to decide between equals.
+    paired_ones = [e for e in unbeaten if (e.get("timing") or {}).get("interleaved_medians_ms")]
+    return min(paired_ones or unbeaten, key=_preference), unbeaten
 
 
 # -- why not the others -----------------------------------------------------------------------
