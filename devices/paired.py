@@ -13,8 +13,12 @@ from dataclasses import dataclass
 CONFIDENCE = 0.95
 # The fewest rounds whose extreme ratios already bound the median at 95% (2 / 2**6 < 5%).
 MIN_ROUNDS = 6
-# A rival whose whole interval lies within this of 1.0 is a settled tie: more rounds would not separate it.
-TIE_BAND = 0.02
+# What timing cannot resolve however many rounds it takes: two copies of one build, timed side by side, differ by
+# up to this much (code placement, the order within a round). Every ratio interval is widened by it, so a gap this
+# small is a tie, not "faster", and a decision does not flip on it from one run to the next.
+RESOLUTION = 0.02
+# A rival whose whole (widened) interval lies within this of 1.0 is a settled tie: more rounds would not separate it.
+TIE_BAND = 0.04
 
 
 def median(values: list[float]) -> float:
@@ -40,6 +44,12 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
             break
         lower_rank = rank
     return median(ordered), ordered[lower_rank], ordered[count - 1 - lower_rank]
+
+
+def ratio_interval(ratios: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """The median of per-round ratios and its interval, widened by RESOLUTION on both sides."""
+    middle, low, high = median_interval(ratios, confidence)
+    return middle, low / (1.0 + RESOLUTION), high * (1.0 + RESOLUTION)
 
 
 def paired_ratios(fast: list[float], slow: list[float]) -> list[float]:
@@ -71,7 +81,7 @@ def separation(round_medians: list[list[float]]) -> Separation:
     if not round_medians or any(len(values) != len(round_medians[0]) for values in round_medians):
         raise ValueError("every finalist needs the same number of rounds")
     leader = min(range(len(round_medians)), key=lambda index: (median(round_medians[index]), index))
-    rivals = {index: median_interval(paired_ratios(round_medians[leader], values))
+    rivals = {index: ratio_interval(paired_ratios(round_medians[leader], values))
               for index, values in enumerate(round_medians) if index != leader}
     return Separation(leader=leader, rounds=len(round_medians[0]), rivals=rivals)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from devices.paired import median_interval
+from devices.paired import RESOLUTION, ratio_interval
 
 # Two-sided 95% normal quantile; the sampling error of a median is about 1.2533 times that of a mean.
 Z_95 = 1.96
@@ -108,9 +108,9 @@ def latency_ratio(fast: Timing, slow: Timing) -> LatencyRatio:
         # The point is the ratio of the p50s a table shows (each the median of its round medians), so a reader can check
         # it by dividing; the interval is the paired one, which is what decides faster, slower or tie.
         paired = [s / f for s, f in zip(slow.interleaved, fast.interleaved) if f > 0]
-        _, low, high = median_interval(paired)
+        _, low, high = ratio_interval(paired)
         return LatencyRatio(ratio, low, high, INTERLEAVED, rounds=len(paired), per_round=tuple(paired))
-    # Independent runs: their relative errors add in quadrature, symmetric on a log scale.
-    combined = math.hypot(fast.relative_noise(), slow.relative_noise())
+    # Independent runs: their relative errors add in quadrature, symmetric on a log scale, and what timing cannot resolve on top.
+    combined = math.hypot(fast.relative_noise(), slow.relative_noise()) + math.log1p(RESOLUTION)
     source = WINDOWS if WINDOWS in (fast.source(), slow.source()) else fast.source() if fast.source() != UNKNOWN else slow.source()
     return LatencyRatio(ratio, ratio * math.exp(-combined), ratio * math.exp(combined), source)

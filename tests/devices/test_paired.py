@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.paired import MIN_ROUNDS, median_interval, separation, stop_reason
+from devices.paired import MIN_ROUNDS, RESOLUTION, median_interval, separation, stop_reason
 
 DRIFT = [1.0, 1.6, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7, 1.2, 1.4, 0.8, 1.05]
 
@@ -18,7 +18,7 @@ def test_a_leader_faster_in_every_round_separates_after_the_minimum_rounds_howev
     rounds = [[10.0 * d for d in DRIFT[:MIN_ROUNDS]], [11.0 * d for d in DRIFT[:MIN_ROUNDS]], [15.0 * d for d in DRIFT[:MIN_ROUNDS]]]
     state = separation(rounds)
     assert state.leader == 0 and state.separated
-    assert state.rivals[1] == pytest.approx((1.1, 1.1, 1.1))
+    assert state.rivals[1] == pytest.approx((1.1, 1.1 / (1 + RESOLUTION), 1.1 * (1 + RESOLUTION)))
     assert stop_reason(rounds, max_rounds=30) == "separated"
     assert stop_reason([values[:MIN_ROUNDS - 1] for values in rounds], max_rounds=30) is None  # too few rounds to say
 
@@ -29,6 +29,13 @@ def test_a_rival_that_straddles_the_leader_keeps_the_rounds_going_until_the_cap(
     assert not separation(rounds).separated and not separation(rounds).settled
     assert stop_reason([values[:8] for values in rounds], max_rounds=30) is None
     assert stop_reason([values[:8] for values in rounds], max_rounds=8) == "cap"
+
+
+def test_a_gap_smaller_than_the_timing_resolution_is_a_tie_however_steady():
+    rounds = [[10.0 * d for d in DRIFT], [10.1 * d for d in DRIFT]]  # 1% slower in every round
+    state = separation(rounds)
+    assert not state.separated and state.settled
+    assert stop_reason(rounds, max_rounds=30) == "tie settled"
 
 
 def test_a_tie_within_two_percent_is_settled_without_waiting_for_the_cap():
