@@ -107,7 +107,7 @@ def test_report_leads_with_one_decision_calls_an_interval_across_one_a_tie_and_t
     expect(verdict).to_have_count(1)
     # The page shows the server's decision word for word: 0.82x to 1.46x contains 1.0, so it is a tie, and FP32 (more accurate) stays.
     expect(verdict).to_have_text(decision["text"])
-    expect(verdict).to_contain_text("measured 1.10x faster (0.82x to 1.46x), a tie")
+    expect(verdict).to_contain_text("measured 1.10x faster (0.81x to 1.49x), a tie")
     expect(verdict).not_to_contain_text("too noisy")
     expect(recommendation.get_by_text("Tie within noise", exact=True)).to_be_visible()
     why_not = page.get_by_test_id("why-not")
