@@ -1,7 +1,8 @@
 """Measurement stability: the same pair of variants timed N times, quiet and beside a concurrent build, raw and as Kiln decides.
 
-Two variants of one MLP (FP32 and its INT8-dynamic build) are timed the way the agent times them, N times
-under each of three conditions:
+Two pairs of variants of one MLP are timed the way the agent times them, N times under each of three conditions:
+the same variant twice (FP32 against a second compilation of itself: the truth is a tie) and FP32 against its
+INT8-dynamic build (the truth is a clear speed-up). The conditions:
 
 - quiet: nothing else of Kiln's runs;
 - build, no quiet windows: a build (static INT8 calibration in a child process, as the worker runs it) loops
@@ -9,16 +10,17 @@ under each of three conditions:
 - build, quiet windows: the same loop, but the timing holds the host's quiet window (devices/quiet.py), so the
   build stands paused (SIGSTOP) while the agent times and continues after.
 
-Per repetition two figures are taken of the ratio FP32 p50 / INT8 p50:
+Per repetition two figures are taken of the ratio first p50 / second p50, each with its verdict in the interval
+language (faster / slower / tie):
 
-- raw: each variant benchmarked once, one after the other (the first pass: separate windows);
-- Kiln: the finalists timed side by side in rotated rounds until the leader separates at 95% (or 12 rounds),
-  read as the decision reads them (devices/paired.py, workers/noise.py): the ratio, its interval, and the verdict
-  in the interval language (faster / slower / tie).
+- raw: each variant benchmarked once, one after the other (the first pass: separate windows), the verdict read
+  from each run's own window medians as the report read first passes;
+- Kiln: the pair timed side by side in rotated rounds until the leader separates at 95% (or 12 rounds), read as
+  the decision reads them (devices/paired.py, workers/noise.py).
 
-Prints, per condition, the spread of each ratio over the repetitions (min to max, and the coefficient of
-variation) and how many distinct verdicts Kiln gave; then peak memory and wall time. Kiln's decision should
-be the same verdict every time where the raw ratio wanders.
+Prints, per pair and condition, the spread of each ratio over the repetitions (min to max, and the coefficient
+of variation) and the verdicts each gave; then peak memory and wall time. Kiln's decision should be the same
+verdict every time where the raw numbers wander.
 
     python benchmarks/measurement_stability.py [--repeats 5] [--width 512] [--threads 1]
 """
@@ -39,9 +41,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices import bench, paired, quiet  # noqa: E402
-from devices.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from workers.noise import Timing, latency_ratio  # noqa: E402
+from devices import bench, paired, quiet
+from devices.backends.onnxruntime import OnnxRuntimeBackend
+from workers.noise import Timing, latency_ratio
 
 FIRST_PASS = {"warmup_runs": 10, "warmup_seconds": 0.2, "min_runs": 50, "min_seconds": 1.0}
 MAX_ROUNDS = 12
@@ -82,34 +84,40 @@ class BuildLoop(threading.Thread):
             self.peak_rss_mb = max(self.peak_rss_mb, built.get("peak_rss_mb") or 0.0)
 
 
-def first_pass_ratio(runs, settings, windows: bool) -> float:
-    """Each variant benchmarked once, one after the other: FP32 p50 / INT8 p50."""
-    p50 = []
+def first_pass(runs, settings, windows: bool) -> tuple[float, str]:
+    """Each variant benchmarked once, one after the other: (first p50 / second p50, the verdict on the second)."""
+    timings = []
     for run in runs:
         if windows:
             result, _ = quiet.measure_quietly(lambda run=run: bench.measure(run, settings), retakes=0)
         else:
             result = bench.measure(run, settings)
-        p50.append(result["latency_ms"]["p50"])
-    return p50[0] / p50[1]
+        latency = result["latency_ms"]
+        timings.append(Timing(p50=latency["p50"], windows=tuple(result["window_medians_ms"]), cv=latency["cv"], count=latency["count"]))
+    ratio = latency_ratio(timings[1], timings[0])
+    return ratio.ratio, ratio.comparison
 
 
 def side_by_side(runs, settings, windows: bool) -> tuple[float, float, float, str, int]:
-    """Rotated rounds until the leader separates (or MAX_ROUNDS); (ratio, low, high, verdict, rounds) for INT8 against FP32."""
+    """Rotated rounds until the leader separates (or MAX_ROUNDS); (ratio, low, high, verdict, rounds) for the second against the first."""
     medians: list[list[float]] = [[], []]
     while True:
         shift = len(medians[0])
         if windows:
-            values, _ = quiet.measure_quietly(lambda: bench.interleaved_round(runs, settings, shift=shift), retakes=0)
+            values, _ = quiet.measure_quietly(lambda shift=shift: bench.interleaved_round(runs, settings, shift=shift), retakes=0)
         else:
             values = bench.interleaved_round(runs, settings, shift=shift)
         for index, value in enumerate(values):
             medians[index].append(value)
         if paired.stop_reason(medians, max_rounds=MAX_ROUNDS):
             break
-    fp32, int8 = (Timing(p50=paired.median(values), interleaved=tuple(values)) for values in medians)
-    ratio = latency_ratio(int8, fp32)
+    first, second = (Timing(p50=paired.median(values), interleaved=tuple(values)) for values in medians)
+    ratio = latency_ratio(second, first)
     return ratio.ratio, ratio.low, ratio.high, ratio.comparison, len(medians[0])
+
+
+def counted(verdicts: list[str]) -> str:
+    return ", ".join(f"{verdict} x{verdicts.count(verdict)}" for verdict in sorted(set(verdicts)))
 
 
 def spread(values: list[float]) -> str:
@@ -136,40 +144,46 @@ def main() -> int:
         int8 = root / "int8-dynamic.onnx"
         build_variant(model_path=model, precision="int8-dynamic", out_path=int8, calibration_path=None, options={})
         backend = OnnxRuntimeBackend()
-        compiled = [backend.compile(path, root / f"compiled-{path.stem}", threads=args.threads) for path in (model, int8)]
+        compiled = {name: backend.compile(path, root / f"compiled-{name}", threads=args.threads)
+                    for name, path in (("fp32", model), ("fp32-again", model), ("int8", int8))}
         feeds = {"input": np.random.default_rng(2).standard_normal((1, args.width)).astype(np.float32)}
-        runs = [model_.bind(feeds) for model_ in compiled]
-        first_pass = bench.BenchmarkSettings.from_dict(FIRST_PASS)
+        pairs = {"FP32 vs itself (truth: tie)": ("fp32", "fp32-again"), "FP32 vs INT8-dynamic (truth: faster)": ("fp32", "int8")}
+        settings_first = bench.BenchmarkSettings.from_dict(FIRST_PASS)
         window = bench.BenchmarkSettings.from_dict(bench.INTERLEAVED_WINDOW)
-        print(f"FP32 vs INT8-dynamic MLP {args.width}x{args.width}x4, batch 1, {args.threads} thread(s), {args.repeats} repetitions; "
+        print(f"MLP {args.width}x{args.width}x4, batch 1, {args.threads} thread(s), {args.repeats} repetitions; "
               f"load average at start {os.getloadavg()[0]:.1f}")
-        print(f"{'condition':<28} {'raw ratio (first pass)':<34} {'Kiln ratio (side by side)':<34} verdicts (rounds)")
         peak_build = 0.0
-        for name, with_build, windows in (("quiet", False, False), ("build, no quiet windows", True, False),
-                                          ("build, quiet windows", True, True)):
-            loop = None
-            if with_build:
-                loop = BuildLoop(model, calibration, root)
-                loop.start()
-                time.sleep(1.0)  # the build's child is running before the first measurement
-            raw, kiln, verdicts, rounds = [], [], [], []
-            try:
-                for _ in range(args.repeats):
-                    raw.append(first_pass_ratio(runs, first_pass, windows))
-                    ratio, _, _, verdict, count = side_by_side(runs, window, windows)
-                    kiln.append(ratio)
-                    verdicts.append(verdict)
-                    rounds.append(count)
-            finally:
-                if loop is not None:
-                    loop.done.set()
-                    loop.join(600)
-                    peak_build = max(peak_build, loop.peak_rss_mb)
-            counted = ", ".join(f"{verdict} x{verdicts.count(verdict)}" for verdict in sorted(set(verdicts)))
-            built = f"; {loop.builds} builds beside it, paused {loop.paused_s:.1f} s" if loop else ""
-            print(f"{name:<28} {spread(raw):<34} {spread(kiln):<34} {counted} ({min(rounds)}-{max(rounds)}){built}")
-        for model_ in compiled:
-            model_.close()
+        for pair, (first_name, second_name) in pairs.items():
+            runs = [compiled[first_name].bind(feeds), compiled[second_name].bind(feeds)]
+            print(f"\n{pair}")
+            print(f"  {'condition':<26} {'raw ratio (first pass)':<31} {'raw verdicts':<22} {'Kiln ratio (side by side)':<31} Kiln verdicts (rounds)")
+            for name, with_build, windows in (("quiet", False, False), ("build, no quiet windows", True, False),
+                                              ("build, quiet windows", True, True)):
+                loop = None
+                if with_build:
+                    loop = BuildLoop(model, calibration, root)
+                    loop.start()
+                    time.sleep(1.0)  # the build's child is running before the first measurement
+                raw, raw_verdicts, kiln, verdicts, rounds = [], [], [], [], []
+                try:
+                    for _ in range(args.repeats):
+                        ratio, verdict = first_pass(runs, settings_first, windows)
+                        raw.append(ratio)
+                        raw_verdicts.append(verdict)
+                        ratio, _, _, verdict, count = side_by_side(runs, window, windows)
+                        kiln.append(ratio)
+                        verdicts.append(verdict)
+                        rounds.append(count)
+                finally:
+                    if loop is not None:
+                        loop.done.set()
+                        loop.join(600)
+                        peak_build = max(peak_build, loop.peak_rss_mb)
+                built = f"; {loop.builds} build(s) beside it, paused {loop.paused_s:.1f} s" if loop else ""
+                print(f"  {name:<26} {spread(raw):<31} {counted(raw_verdicts):<22} {spread(kiln):<31} {counted(verdicts)} "
+                      f"({min(rounds)}-{max(rounds)}){built}")
+        for compiled_model in compiled.values():
+            compiled_model.close()
     print(f"peak memory: this process {bench.peak_rss_mb():.0f} MB, a build {peak_build:.0f} MB; wall time {time.monotonic() - started:.0f} s; "
           f"load average at end {os.getloadavg()[0]:.1f}")
     return 0
