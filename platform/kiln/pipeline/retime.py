@@ -41,8 +41,8 @@ def finalists(entries: list[dict]) -> list[dict]:
     MAX_FINALISTS), plus FP32 with runtime defaults per backend; [] when fewer than two."""
     within = sorted((e for e in entries if _p50(e) and (e.get("accuracy") or {}).get("within_tolerance")), key=_p50)
     references = _fp32_per_backend(entries)
-    chosen = within[: max(0, MAX_FINALISTS - len([e for e in references if e not in within[:MAX_FINALISTS]]))]
-    chosen += [e for e in references if e not in chosen]
+    others = [e for e in within if e not in references]
+    chosen = sorted(references + others[: max(0, MAX_FINALISTS - len(references))], key=_p50)
     return chosen if len(chosen) >= 2 else []
 
 
