@@ -104,12 +104,3 @@ def retime_results_store(*, task: DeviceTask, metrics: dict) -> int:
         target.save(update_fields=["metrics"])
     return len(targets)
 
-
-def retime_summary(task: DeviceTask | None) -> dict | None:
-    """A device's side-by-side measurement as the decision reads it: rounds, why they stopped, the windows re-taken."""
-    if task is None or task.status != DeviceTaskStatus.SUCCEEDED:
-        return None
-    metrics = task.metrics or {}
-    rows = metrics.get("retime") or []
-    return {"task": task.id, "rounds": len(rows[0]["interleaved_medians_ms"]) if rows else 0, "stopped": metrics.get("stopped"),
-            "windows": metrics.get("windows") or []}

@@ -172,6 +172,17 @@ def _retimes_by_target(job) -> dict[str, DeviceTask]:
     return {task.target: task for task in DeviceTask.objects.filter(job=job, purpose=DeviceTaskPurpose.RETIME, status=DeviceTaskStatus.SUCCEEDED)}
 
 
+def retime_summary(task: DeviceTask | None) -> dict | None:
+    """A device's side-by-side measurement (its RETIME task, kiln.pipeline.retime) as the decision reads it: rounds, why
+    they stopped, the windows re-taken."""
+    if task is None:
+        return None
+    metrics = task.metrics or {}
+    rows = metrics.get("retime") or []
+    return {"task": task.id, "rounds": len(rows[0]["interleaved_medians_ms"]) if rows else 0, "stopped": metrics.get("stopped"),
+            "windows": _windows(metrics.get("windows"))}
+
+
 def failed_builds(*, job) -> list[dict]:
     """The job's variants whose host build failed or did not apply: they never reached a device, and the decision says why."""
     rows = []
@@ -195,8 +206,6 @@ class DeviceReport:
 
 def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
     """Score the job's device tasks per target, as they stand, into one decision each; also say whether any succeeded."""
-    from kiln.pipeline.retime import retime_summary
-
     groups = _tasks_by_target(job)
     retimes = _retimes_by_target(job)
     builds = failed_builds(job=job)
