@@ -178,6 +178,22 @@ def device_tasks_requeue_expired() -> int:
     return count
 
 
+def device_tasks_release_retimes(*, agent_ids: list[int], reason: str) -> int:
+    """Queued re-timing tasks pinned to agents that went away (offline, revoked) are canceled, so their jobs report
+    with the first pass instead of waiting for a device that may never come back; returns how many."""
+    count = 0
+    for task in DeviceTask.objects.filter(purpose=DeviceTaskPurpose.RETIME, status=DeviceTaskStatus.QUEUED, pinned_agent_id__in=agent_ids):
+        with transaction.atomic():
+            if not DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.QUEUED).update(
+                    status=DeviceTaskStatus.CANCELED, error=reason, finished_at=timezone.now()):
+                continue
+            job_event_add(job=task.job, stage="devices", level="warning", task_id=task.id,
+                          message=f"The finalists were not re-timed side by side: {reason}; the decision rests on the first pass.")
+            device_task_after_terminal(job_id=task.job_id)
+        count += 1
+    return count
+
+
 def device_task_after_terminal(*, job_id: int) -> None:
     """Advance the job to its report once every device task has ended."""
     with transaction.atomic():

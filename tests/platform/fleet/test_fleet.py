@@ -149,6 +149,32 @@ def test_an_agent_back_from_offline_restarts_waiting_jobs(tenant, model_files):
     assert DeploymentJob.objects.get(pk=job_id).status == JobStatus.RUNNING
 
 
+def test_a_device_that_goes_offline_before_re_timing_its_finalists_does_not_hold_the_job(tenant, waiting_job, django_capture_on_commit_callbacks):
+    from kiln.fleet.services import agents_mark_offline
+    from kiln.pipeline.models import DeviceTaskPurpose
+
+    agent = register(tenant, "leaving", ORT_ONLY)
+    for _ in range(2):  # the job's two measure tasks; the re-timing task then waits, pinned to this agent
+        task = lease(agent).json()
+        result = {"attempt": task["attempt"], "status": "succeeded", "accuracy": {"cosine": 1.0, "top1_agreement": 1.0},
+                  "metrics": {"latency_ms": {"p50": 2.0 if task["variant"]["key"] == "fp32" else 1.0, "cv": 0.01, "count": 50}}}
+        with django_capture_on_commit_callbacks(execute=True):
+            assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    retime = DeviceTask.objects.get(job_id=waiting_job, purpose=DeviceTaskPurpose.RETIME)
+    assert retime.status == DeviceTaskStatus.QUEUED and retime.pinned_agent_id == agent.agent_id
+    from kiln.fleet import heartbeats
+
+    heartbeats.clear()  # this process noted the agent's last call in memory; it has been silent since
+    Agent.objects.filter(pk=agent.agent_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert agents_mark_offline() == 1
+    retime.refresh_from_db()
+    assert retime.status == DeviceTaskStatus.CANCELED
+    job = DeploymentJob.objects.get(pk=waiting_job)
+    assert job.status == JobStatus.SUCCEEDED, [event.message for event in job.events.all()]
+    assert job.events.filter(message__startswith="The finalists were not re-timed side by side: its device went offline").exists()
+
+
 def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings):
     first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
     task = lease(first).json()
