@@ -263,20 +263,21 @@ def _failure_rows(entries: list[dict], family_rows: list[dict], failed_builds: l
 
 # -- noise, told once per device ----------------------------------------------------------------
 
-def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, list[str]]:
-    """(windows re-taken because the device was busy, windows still busy when reported, what kept it busy): each first-pass
-    benchmark's window, and each round of the side-by-side re-timing once."""
-    retaken = busy = 0
+def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, int, list[str]]:
+    """(windows re-taken because the device was busy, windows still busy when reported, windows a build of the host did not
+    pause for, what kept it busy): each first-pass benchmark's window, and each round of the side-by-side re-timing once."""
+    retaken = busy = unpaused = 0
     culprits: list[str] = []
     windows = [window for entry in entries for window in (entry.get("timing") or {}).get("windows") or []] + list(retime_windows)
     for window in windows:
         if isinstance(window, dict):
             retaken += int(window.get("retaken") or 0)
             busy += bool(window.get("busy"))
+            unpaused += window.get("builds_paused") is False
             for name in window.get("busiest") or []:
                 if name not in culprits:
                     culprits.append(str(name))
-    return retaken, busy, culprits[:3]
+    return retaken, busy, unpaused, culprits[:3]
 
 
 def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[dict] | None = None) -> dict:
@@ -284,7 +285,7 @@ def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[d
     timed = [e for e in entries if timing_of(e) is not None]
     unstable = [e for e in timed if e.get("unstable")]
     spreads = [timing_of(e).relative_noise() for e in unstable]
-    retaken, busy, culprits = _windows(entries, retime_windows or [])
+    retaken, busy, unpaused, culprits = _windows(entries, retime_windows or [])
     sentences = []
     if unstable:
         sentences.append(f"{len(unstable)} of {len(timed)} first-pass benchmarks on this device were unstable (their windows disagreed by "
@@ -294,13 +295,16 @@ def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[d
         sentences.append(f"{retaken} measurement window(s) were re-taken because other processes kept the device busy{who}.")
     if busy:
         sentences.append(f"{busy} window(s) were still busy after re-taking and are marked; their figures are the least trustworthy.")
+    if unpaused:
+        sentences.append(f"{unpaused} window(s) were timed while a build on this host did not pause (a worker that does not share the "
+                         "agent's KILN_QUIET_DIR, or an older one).")
     if measurement and measurement.get("rounds"):
         sentences.append(f"The decision rests on {measurement['rounds']} rounds of the finalists timed side by side on the device "
                          f"({measurement.get('stopped_text') or measurement.get('stopped') or 'done'}): each round's ratio pairs timings taken "
                          "moments apart, so load that comes and goes cancels out.")
     elif unstable:
         sentences.append("The finalists were not re-timed side by side, so the intervals below come from the first pass.")
-    return {"text": " ".join(sentences), "unstable": len(unstable), "timed": len(timed), "retaken": retaken, "busy": busy,
+    return {"text": " ".join(sentences), "unstable": len(unstable), "timed": len(timed), "retaken": retaken, "busy": busy, "unpaused": unpaused,
             "max_spread": max(spreads) if spreads else 0.0}
 
 

@@ -146,12 +146,13 @@ def test_noise_is_told_once_per_device_not_once_per_row():
     entries = [entry(i, "int8", 1.0 + i / 10, 0.999, key=f"int8-{i}", windows=(1.0, 1.2 + i / 10, 1.4), unstable=True) for i in range(1, 4)]
     entries.append(entry(9, "fp32", 3.0, 1.0, windows=steady(3.0)))
     entries[0]["timing"]["windows"] = [{"busy": False, "retaken": 2, "busiest": ["stress-ng 98%"]}]
-    entries[1]["timing"]["windows"] = [{"busy": True, "retaken": 2, "busiest": ["stress-ng 97%"]}]
+    entries[1]["timing"]["windows"] = [{"busy": True, "retaken": 2, "busiest": ["stress-ng 97%"], "builds_paused": False}]
     decision = decide(entries, TOLERANCE)
     noise = decision["noise"]
     assert noise["unstable"] == 3 and noise["timed"] == 4 and noise["retaken"] == 4 and noise["busy"] == 1
     assert noise["text"].startswith("3 of 4 first-pass benchmarks on this device were unstable")
     assert "4 measurement window(s) were re-taken because other processes kept the device busy (stress-ng 98%, stress-ng 97%)" in noise["text"]
+    assert "1 window(s) were timed while a build on this host did not pause" in noise["text"] and noise["unpaused"] == 1
     assert "quieter device" not in noise["text"]
     assert "unstable" not in decision  # no per-row paragraphs
 
