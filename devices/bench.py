@@ -192,10 +192,19 @@ def interleaved_window_medians(
     """
     medians: list[list[float]] = [[] for _ in runs]
     for done in range(1, rounds + 1):
-        for index in rotated_order(len(runs), done - 1):
-            medians[index].append(float(measure(runs[index], settings, should_stop=should_stop)["latency_ms"]["p50"]))
+        for index, value in enumerate(interleaved_round(runs, settings, shift=done - 1, should_stop=should_stop)):
+            medians[index].append(value)
         if after_round is not None:
             after_round(done)
+    return medians
+
+
+def interleaved_round(runs: list[Callable[[], Any]], settings: BenchmarkSettings, *, shift: int,
+                      should_stop: Callable[[], bool] | None = None) -> list[float]:
+    """One round: every run timed once, in the order `rotated_order(len(runs), shift)`; each run's median, in run order."""
+    medians = [0.0] * len(runs)
+    for index in rotated_order(len(runs), shift):
+        medians[index] = float(measure(runs[index], settings, should_stop=should_stop)["latency_ms"]["p50"])
     return medians
 
 

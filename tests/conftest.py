@@ -234,8 +234,21 @@ def kiln_stack(transactional_db, live_server, tmp_path, settings):
     stack.spawn("worker", celery_worker_command(tmp_path / "celerybeat-schedule"), {"KILN_HOUSEKEEPING_SECONDS": "1"})
     try:
         yield stack
+        every_finished_job_agrees_with_its_report()
     finally:
         stack.stop()
+
+
+def every_finished_job_agrees_with_its_report() -> None:
+    """The agreement test over every job a live stack finished: each device's decision says what its table shows
+    (tests/agreement.py). Runs when a test that used the stack ends, so every e2e job is checked."""
+    from kiln.pipeline.models import DeploymentJob, JobStatus
+    from kiln.reports.selectors import job_report
+    from tests.agreement import assert_decision_agrees
+
+    for job in DeploymentJob.objects.filter(status=JobStatus.SUCCEEDED).select_related("model_version"):
+        for device in job_report(job=job)["devices"]:
+            assert_decision_agrees(device)
 
 
 # -- object storage: a real S3-compatible server (moto's server mode) in its own process -----

@@ -5,11 +5,16 @@ variants and returns the ratio of their p50s with an interval. Samples come, bes
 interleaved re-timing (`interleaved_medians_ms`: per-round medians, rounds paired across variants,
 so that drift hits both sides alike), else from the benchmark's windows (`window_medians_ms`: the
 medians of three contiguous chunks of one run), else only from the per-run spread (cv and count).
+
+The interval language is fixed (`compare`): an interval wholly above 1.0 is "faster", wholly below
+is "slower", and only an interval that contains 1.0 is a "tie".
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from devices.paired import RESOLUTION, ratio_interval
 
 # Two-sided 95% normal quantile; the sampling error of a median is about 1.2533 times that of a mean.
 Z_95 = 1.96
@@ -18,8 +23,16 @@ INTERLEAVED = "interleaved re-timing"
 WINDOWS = "benchmark windows"
 RUN_SPREAD = "per-run spread"
 UNKNOWN = "p50 only"
-# An interval wider than this (high / low) settles nothing: such a gap is "too noisy to tell", not a tie.
-MAX_DECIDABLE_SPREAD = 1.5
+FASTER, SLOWER, TIE = "faster", "slower", "tie"
+
+
+def compare(low: float, high: float) -> str:
+    """The interval language: [low, high] wholly above 1.0 is "faster", wholly below "slower", else a "tie"."""
+    if low > 1.0:
+        return FASTER
+    if high < 1.0:
+        return SLOWER
+    return TIE
 
 
 @dataclass(frozen=True)
@@ -55,21 +68,22 @@ class LatencyRatio:
     low: float
     high: float
     source: str
-    samples: dict = field(default_factory=dict)
+    rounds: int | None = None
+    per_round: tuple[float, ...] = field(default=())
+
+    @property
+    def comparison(self) -> str:
+        """"faster", "slower" or "tie": what `fast` is against `slow` (`compare`)."""
+        return compare(self.low, self.high)
 
     @property
     def beyond_noise(self) -> bool:
         """`fast` is faster even at the low end of the interval."""
-        return self.low > 1.0
-
-    @property
-    def too_noisy(self) -> bool:
-        """The interval is too wide (high / low above MAX_DECIDABLE_SPREAD) to call what it holds a tie."""
-        return self.low <= 0 or self.high / self.low > MAX_DECIDABLE_SPREAD
+        return self.comparison == FASTER
 
     def as_dict(self) -> dict:
-        return {"ratio": self.ratio, "low": self.low, "high": self.high, "source": self.source, "beyond_noise": self.beyond_noise,
-                "too_noisy": self.too_noisy}
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "source": self.source, "comparison": self.comparison,
+                "beyond_noise": self.beyond_noise, "rounds": self.rounds}
 
 
 def timing_of(entry: dict) -> Timing | None:
@@ -87,29 +101,16 @@ def timing_of(entry: dict) -> Timing | None:
     )
 
 
-def _median_interval(values: list[float]) -> tuple[float, float, float]:
-    """Median of `values` and a distribution-free ~95% interval for it (order statistics of the binomial)."""
-    ordered = sorted(values)
-    count = len(ordered)
-    median = ordered[count // 2] if count % 2 else (ordered[count // 2 - 1] + ordered[count // 2]) / 2
-    # The widest symmetric pair of ranks whose coverage is at least 95%; with five or fewer samples, the extremes.
-    lower_rank = 0
-    for rank in range(count // 2):
-        outside = 2 * sum(math.comb(count, k) for k in range(rank + 1)) / 2**count
-        if outside > 0.05:
-            break
-        lower_rank = rank
-    return median, ordered[lower_rank], ordered[count - 1 - lower_rank]
-
-
 def latency_ratio(fast: Timing, slow: Timing) -> LatencyRatio:
     """How much faster `fast` is than `slow`, and whether beyond the noise of both measurements."""
     ratio = slow.p50 / fast.p50
     if len(fast.interleaved) >= 3 and len(fast.interleaved) == len(slow.interleaved):
+        # The point is the ratio of the p50s a table shows (each the median of its round medians), so a reader can check
+        # it by dividing; the interval is the paired one, which is what decides faster, slower or tie.
         paired = [s / f for s, f in zip(slow.interleaved, fast.interleaved) if f > 0]
-        median, low, high = _median_interval(paired)
-        return LatencyRatio(median, low, high, INTERLEAVED)
-    # Independent runs: their relative errors add in quadrature, symmetric on a log scale.
-    combined = math.hypot(fast.relative_noise(), slow.relative_noise())
+        _, low, high = ratio_interval(paired)
+        return LatencyRatio(ratio, low, high, INTERLEAVED, rounds=len(paired), per_round=tuple(paired))
+    # Independent runs: their relative errors add in quadrature, symmetric on a log scale, and what timing cannot resolve on top.
+    combined = math.hypot(fast.relative_noise(), slow.relative_noise()) + math.log1p(RESOLUTION)
     source = WINDOWS if WINDOWS in (fast.source(), slow.source()) else fast.source() if fast.source() != UNKNOWN else slow.source()
     return LatencyRatio(ratio, ratio * math.exp(-combined), ratio * math.exp(combined), source)

@@ -1,15 +1,28 @@
-"""Pure scoring of measured variants: the Pareto set, the noise-aware recommendation with its verdict, FP32's noise figure.
+"""Pure scoring of measured variants: the Pareto set, the decision per device, FP32's noise figure.
 
-The verdict on one variant (`score_accuracy`) is the contract's. The report (kiln.reports) and the host search
-(workers.quantize.search) both recommend with it, so it lives in `workers`, below the one and beside the other."""
+The decision (`decide`) is the one object every view of a recommendation renders (DESIGN.md section 7):
+the chosen variant and what it runs in, its speed-up over FP32 with the interval and the measurements it
+comes from, its accuracy cost, each other family and why it lost, failed builds and why, and the timing
+noise of the device told once. It is computed here, once per device, by the report stage; the report
+page, the job page, the CLI, the package README and the performance database only render it.
+
+Speed comparisons use one interval language (workers/noise.py `compare`): wholly above 1.0 is faster,
+wholly below is slower, an interval containing 1.0 is a tie. The recommended variant is, by
+construction, never slower beyond noise than another variant within the tolerance: it is chosen among
+the variants no other variant within the tolerance beats.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from devices.contract import quality, score_accuracy
-from workers.noise import LatencyRatio, latency_ratio, timing_of
+from devices.labels import EFFECTIVE_PRECISIONS, effective_precision, variant_label
+from workers.noise import FASTER, INTERLEAVED, SLOWER, TIE, LatencyRatio, latency_ratio, timing_of
 
-__all__ = ["fp32_noise", "near_ties", "pareto_ids", "quality", "recommend", "recommendation", "score_accuracy", "why_not_the_others"]
+__all__ = ["decide", "failure_reason", "fp32_noise", "label_of", "pareto_ids", "quality", "recommend", "recommendation",
+           "score_accuracy"]
+
+FAILED_ROWS_SHOWN = 20
 
 
 def pareto_ids(entries: list[dict]) -> set:
@@ -28,45 +41,112 @@ def pareto_ids(entries: list[dict]) -> set:
     return front
 
 
-def _describe(entry: dict) -> str:
-    return f"{entry.get('key') or entry['precision']} on {entry['backend']}"
+# -- names ------------------------------------------------------------------------------------
+
+def _compile(entry: dict) -> dict:
+    return entry.get("compile") or (entry.get("options") or {}).get("compile") or {}
 
 
-def family(precision: str) -> str:
-    """The precision family a variant belongs to: int8-dynamic and int8 recipes are all int8."""
-    return precision.split("-")[0]
+def effective_of(entry: dict) -> str:
+    """What the entry's variant runs in on its backend (devices.labels)."""
+    return entry.get("effective_precision") or effective_precision(entry.get("precision") or "fp32", _compile(entry), entry.get("backend"),
+                                                                   entry.get("options"))
+
+
+def label_of(entry: dict) -> str:
+    """The entry's name: effective precision first, recipe and compile options after it, then the backend."""
+    return entry.get("label") or variant_label(key=entry.get("key"), precision=entry.get("precision") or "fp32",
+                                               backend=entry.get("backend") or "?", compile_options=_compile(entry), options=entry.get("options"))
 
 
 def _measured(entries: list[dict]) -> list[dict]:
     return [e for e in entries if e.get("latency_ms") and e["latency_ms"].get("p50") and quality(e["accuracy"]) is not None]
 
 
-def _preference(entry: dict) -> tuple:
-    """Among variants whose speeds are a tie: the more accurate first, then the smaller, then the simpler (fewer
-    compile options: a tuned build that is not faster beyond noise loses to the runtime's defaults), then the faster."""
-    return (-quality(entry["accuracy"]), entry.get("size_bytes") or 0, len(entry.get("compile") or {}), entry["latency_ms"]["p50"])
+def _within(entry: dict) -> bool:
+    return bool((entry.get("accuracy") or {}).get("within_tolerance"))
 
 
 def _ratio(fast: dict, slow: dict) -> LatencyRatio:
     return latency_ratio(timing_of(fast), timing_of(slow))
 
 
+def _interval(ratio: LatencyRatio) -> str:
+    rounds = f", {ratio.rounds} paired rounds" if ratio.source == INTERLEAVED and ratio.rounds else ""
+    return f"{ratio.low:.2f}x to {ratio.high:.2f}x{rounds}"
+
+
+def _ratio_json(ratio: LatencyRatio, **extra) -> dict:
+    return {**extra, **ratio.as_dict(), "per_round": [round(value, 4) for value in ratio.per_round]}
+
+
+# -- the choice ----------------------------------------------------------------------------
+
+def _preference(entry: dict) -> tuple:
+    """Among variants whose speeds tie: the more accurate first, then the smaller, then the simpler (fewer compile
+    options: a tuned build that is not faster beyond noise loses to the runtime's defaults), then the faster-measured."""
+    return (-quality(entry["accuracy"]), entry.get("size_bytes") or 0, len(_compile(entry)), entry["latency_ms"]["p50"])
+
+
+def _unbeaten(within: list[dict]) -> list[dict]:
+    """The variants within tolerance that no other variant within tolerance is faster than beyond noise."""
+    unbeaten = [entry for entry in within if not any(other is not entry and _ratio(other, entry).comparison == FASTER for other in within)]
+    # Medians of ratios need not order like ratios of medians: with none left unbeaten, the fastest-measured stands.
+    return unbeaten or [min(within, key=lambda e: e["latency_ms"]["p50"])]
+
+
+def _won_on(chosen: dict, other: dict) -> str:
+    """Why `chosen` is preferred to `other` when their speeds tie, in the words of the one fact that decided it."""
+    mine, theirs = chosen["accuracy"], other["accuracy"]
+    if quality(mine) != quality(theirs):
+        metric = mine.get("metric") or "accuracy"
+        if mine.get("drop") is not None and theirs.get("drop") is not None:
+            return f"it is more accurate ({metric} drop {_drop(mine['drop'])} against {_drop(theirs['drop'])})"
+        return f"it is more accurate ({metric} {mine.get('value'):.4g} against {theirs.get('value'):.4g})"
+    if (chosen.get("size_bytes") or 0) != (other.get("size_bytes") or 0):
+        return f"it is smaller ({_size(chosen.get('size_bytes'))} against {_size(other.get('size_bytes'))})"
+    if len(_compile(chosen)) != len(_compile(other)):
+        return "it uses fewer compile options (closer to the runtime's defaults)"
+    return "it measured faster"
+
+
+def _drop(value: float) -> str:
+    return "0" if value <= 0 else f"{value:.2g}"
+
+
+def _size(size: int | None) -> str:
+    if not size:
+        return "unknown size"
+    return f"{size / 1e6:.3g} MB" if size >= 1e5 else f"{size / 1e3:.3g} kB"
+
+
 def _fp32_baseline(measured: list[dict], chosen: dict) -> dict | None:
-    fp32 = [e for e in measured if e["precision"] == "fp32"]
-    return next((e for e in fp32 if e["backend"] == chosen["backend"]), fp32[0] if fp32 else None)
+    """FP32 with the runtime's defaults on the chosen variant's backend; else any FP32 there; else the fastest FP32."""
+    fp32 = [e for e in measured if effective_of(e) == "fp32"]
+    same = [e for e in fp32 if e["backend"] == chosen["backend"]]
+    plain = [e for e in same if not _compile(e)]
+    pool = plain or same or fp32
+    return min(pool, key=lambda e: e["latency_ms"]["p50"]) if pool else None
 
 
-def _times(ratio: LatencyRatio) -> str:
-    return f"{ratio.ratio:.2f}x ({ratio.low:.2f}x to {ratio.high:.2f}x)"
-
-
-def _too_noisy(ratio: LatencyRatio) -> str:
-    """A gap whose interval is too wide to call a tie (`LatencyRatio.too_noisy`), and what to do about it."""
-    return f"too noisy to tell: {ratio.low:.2f}x to {ratio.high:.2f}x; re-run on a quieter device"
+def _speed(chosen: dict, baseline: dict | None, speedup: LatencyRatio | None) -> tuple[str, str]:
+    """(the speed clause of the verdict, a short cell for lists) against FP32."""
+    where = f" on {baseline['backend']}" if baseline is not None else ""
+    if baseline is None:
+        return "no FP32 was measured on this device to compare with", "no FP32 measured"
+    if speedup is None:
+        return "it is the FP32 reference", "FP32 itself"
+    if speedup.comparison == FASTER:
+        return f"{speedup.ratio:.2f}x faster than FP32{where} ({_interval(speedup)})", f"{speedup.ratio:.2f}x faster"
+    if speedup.comparison == SLOWER:
+        return f"{speedup.ratio:.2f}x FP32's speed{where}, slower ({_interval(speedup)})", f"{speedup.ratio:.2f}x (slower)"
+    return f"as fast as FP32{where} within noise: {speedup.ratio:.2f}x ({_interval(speedup)}), a tie", f"{speedup.ratio:.2f}x (tie)"
 
 
 def _cost(accuracy: dict) -> str:
     drop = accuracy.get("drop")
+    if accuracy.get("value") is None:
+        return "accuracy not measured"
     if drop is None:
         return f"{accuracy['metric']} {accuracy['value']:.4g}"
     if drop <= 0:
@@ -74,170 +154,249 @@ def _cost(accuracy: dict) -> str:
     return f"costs {drop:.2g} {accuracy['metric']} ({accuracy['value']:.4g})"
 
 
-def _verdict(chosen: dict, measured: list[dict], ties: list[tuple[dict, LatencyRatio]]) -> dict:
-    """The one-line verdict on the chosen variant: what it is, how much faster than FP32, what it costs."""
-    baseline = _fp32_baseline(measured, chosen)
-    speedup = _ratio(chosen, baseline) if baseline is not None and baseline is not chosen else None
-    accuracy = chosen["accuracy"]
-    if speedup is None:
-        speed = "the FP32 reference itself" if chosen["precision"] == "fp32" else "no FP32 measured to compare with"
-    elif speedup.beyond_noise:
-        speed = f"{speedup.ratio:.2f}x faster than FP32 ({chosen['latency_ms']['p50']:.3g} vs {baseline['latency_ms']['p50']:.3g} ms)"
-    elif speedup.too_noisy:
-        speed = f"{speedup.ratio:.2f}x the speed of FP32, {_too_noisy(speedup)}"
-    else:
-        speed = f"{_times(speedup)} the speed of FP32, a tie within noise"
-    if ties:
-        other, ratio = ties[0]
-        more = f" and {len(ties) - 1} more" if len(ties) > 1 else ""
-        recommended = f"so the {_WINS_ON[_loses_on(other, chosen)]} one is recommended"
-        if ratio.too_noisy:
-            speed += f"; {_describe(other)}{more} measured {ratio.ratio:.2f}x faster, {recommended}, but {_too_noisy(ratio)}"
-        else:
-            speed += f"; {_describe(other)}{more} measured {_times(ratio)} faster, a tie within noise, {recommended}"
-    elif speedup is None or not speedup.beyond_noise:
-        speed += "; nothing within the tolerance is faster beyond the measured noise"
-    text = f"Use {_describe(chosen)}: {speed}; {_cost(accuracy)}."
-    return {
-        "variant": chosen["id"], "label": _describe(chosen), "text": text, "tie": bool(ties),
-        "tied_with": [{"variant": other["id"], "label": _describe(other), **ratio.as_dict()} for other, ratio in ties],
-        "speedup": {"baseline": baseline["id"], **speedup.as_dict()} if speedup else None,
-        "accuracy": {"metric": accuracy.get("metric"), "value": accuracy.get("value"), "drop": accuracy.get("drop")},
-    }
+def _ties_clause(chosen: dict, ties: list[tuple[dict, LatencyRatio]]) -> str:
+    if not ties:
+        return ""
+    other, ratio = ties[0]
+    more = f" (and {len(ties) - 1} more)" if len(ties) > 1 else ""
+    return (f"; {label_of(other)}{more} measured {ratio.ratio:.2f}x faster ({_interval(ratio)}), a tie, "
+            f"and {label_of(chosen)} is recommended because {_won_on(chosen, other)}")
 
 
-def _why_not(entry: dict, chosen: dict | None, tolerance: dict) -> str:
-    """Why one variant is not the recommendation, in a few words."""
+def _others_clause(measured: list[dict], chosen: dict, baseline: dict | None, ties: list[tuple[dict, LatencyRatio]]) -> str:
+    """How the chosen variant stands against the rest within the tolerance (those the verdict did not already name)."""
+    named = {id(chosen), id(baseline), *(id(other) for other, _ in ties)}
+    others = [e for e in measured if _within(e) and id(e) not in named]
+    if not others:
+        return ""
+    slower = sum(_ratio(chosen, e).comparison == FASTER for e in others)
+    if slower == len(others):
+        return f"; the {len(others)} other variant(s) within the tolerance are slower"
+    return f"; of the {len(others)} other variant(s) within the tolerance, {slower} are slower and {len(others) - slower} tie with it"
+
+
+def _choose(measured: list[dict]) -> tuple[dict, list[dict]]:
+    """The chosen entry and the entries it was chosen among (the unbeaten within tolerance; else all measured)."""
+    within = [e for e in measured if _within(e)]
+    if not within:
+        return max(measured, key=lambda e: (quality(e["accuracy"]), -e["latency_ms"]["p50"])), []
+    unbeaten = _unbeaten(within)
+    # Where the device timed its finalists side by side, the pick is one of them: the rest were slower in the first pass
+    # than every finalist, and a first pass read against paired rounds ties too easily to decide between equals.
+    paired_ones = [e for e in unbeaten if (e.get("timing") or {}).get("interleaved_medians_ms")]
+    return min(paired_ones or unbeaten, key=_preference), unbeaten
+
+
+# -- why not the others -----------------------------------------------------------------------
+
+def failure_reason(error: str) -> str:
+    """A failure in the words a user needs: out of memory, out of time, the backend cannot read the model, or the error."""
+    text = " ".join(str(error or "").split())
+    lowered = text.lower()
+    if "memory budget" in lowered or "memoryerror" in lowered or "out of memory" in lowered:
+        return f"ran out of memory: {text[:200]}"
+    if "took longer than" in lowered or "timeout" in lowered or "time limit" in lowered:
+        return f"ran out of time: {text[:200]}"
+    if any(marker in lowered for marker in ("invalid_graph", "invalidgraph", "not_implemented", "unsupported", "could not read", "cannot read",
+                                            "failed to load", "load model", "is not supported", "no kernel")):
+        return f"the backend cannot read this model: {text[:200]}"
+    return f"failed: {text[:200]}"
+
+
+def _why_not(entry: dict, chosen: dict | None, tolerance: dict) -> tuple[str, str]:
+    """(outcome, why) for one variant that is not the recommendation."""
     if entry.get("error"):
-        return f"failed: {str(entry['error'])[:160]}"
+        return "failed", failure_reason(entry["error"])
     if not entry.get("latency_ms") or quality(entry["accuracy"]) is None:
-        return "not measured" if entry.get("status") in ("succeeded", "failed", "canceled") else "still measuring"
+        done = entry.get("status") in ("succeeded", "failed", "canceled")
+        return ("not measured", "not measured") if done else ("measuring", "still measuring")
     accuracy = entry["accuracy"]
     if not accuracy.get("within_tolerance"):
         allowed = f" > allowed {tolerance['max_drop']:.2g}" if accuracy.get("drop") is not None and tolerance.get("max_drop") is not None else ""
         drop = f" drop {accuracy['drop']:.2g}{allowed}" if accuracy.get("drop") is not None else f" {accuracy.get('value')}"
-        return f"outside the tolerance ({accuracy.get('metric')}{drop})"
+        return "outside tolerance", f"outside the tolerance ({accuracy.get('metric')}{drop})"
     if chosen is None:
-        return ""
-    if entry["latency_ms"]["p50"] >= chosen["latency_ms"]["p50"]:
-        ratio = _ratio(chosen, entry)
-        if ratio.beyond_noise:
-            return f"slower: {1 / ratio.ratio:.2f}x the recommended's speed"
-        if ratio.too_noisy:
-            return f"{_loses_on(entry, chosen)}, and {ratio.ratio:.2f}x slower is {_too_noisy(ratio)}"
-        return f"a tie within noise ({_times(ratio)} slower), and {_loses_on(entry, chosen)}"
-    ratio = _ratio(entry, chosen)
-    if ratio.beyond_noise:
-        return f"{_times(ratio)} faster, but {_loses_on(entry, chosen)} than a variant that ties with it"
-    if ratio.too_noisy:
-        return f"{_loses_on(entry, chosen)}, and {ratio.ratio:.2f}x faster is {_too_noisy(ratio)}"
-    return f"{_times(ratio)} faster: a tie within noise, and {_loses_on(entry, chosen)}"
+        return "not chosen", ""
+    ratio = _ratio(chosen, entry)
+    if ratio.comparison == FASTER:
+        return SLOWER, f"slower: the recommended is {ratio.ratio:.2f}x faster ({_interval(ratio)})"
+    if ratio.comparison == SLOWER:
+        # Not chosen although faster: it is faster only against the chosen one, which another variant ties with.
+        return FASTER, f"{1 / ratio.ratio:.2f}x faster ({_interval(ratio)}) than the recommended, which ties with a faster variant"
+    return TIE, f"a tie on speed ({ratio.ratio:.2f}x, {_interval(ratio)}), and the recommended was preferred because {_won_on(chosen, entry)}"
 
 
-_WINS_ON = {"less accurate": "more accurate", "larger": "smaller", "more tuned": "simpler (runtime defaults)",
-            "no better": "preferred"}
-
-
-def _loses_on(entry: dict, chosen: dict) -> str:
-    """What a variant that ties on speed loses on against the chosen one (see `_preference`)."""
-    if quality(entry["accuracy"]) < quality(chosen["accuracy"]):
-        return "less accurate"
-    if (entry.get("size_bytes") or 0) > (chosen.get("size_bytes") or 0):
-        return "larger"
-    if len(entry.get("compile") or {}) > len(chosen.get("compile") or {}):
-        return "more tuned"
-    return "no better"
-
-
-def why_not_the_others(entries: list[dict], chosen_id, tolerance: dict) -> list[dict]:
-    """Per precision family, its best other variant and why it lost: one short row each."""
-    chosen = next((e for e in entries if e["id"] == chosen_id), None)
+def _family_rows(entries: list[dict], chosen: dict | None, tolerance: dict) -> list[dict]:
+    """Per effective-precision family, its best other variant and why it lost."""
     rows = []
-    for name in sorted({family(e["precision"]) for e in entries}):
-        members = [e for e in entries if family(e["precision"]) == name and e["id"] != chosen_id]
+    chosen_id = chosen["id"] if chosen else None
+    order = {name: index for index, name in enumerate(EFFECTIVE_PRECISIONS)}
+    for name in sorted({effective_of(e) for e in entries}, key=lambda n: (order.get(n, len(order)), n)):
+        members = [e for e in entries if effective_of(e) == name and e["id"] != chosen_id]
         if not members:
             continue
         # The family's best showing: measured within tolerance, then measured, then anything; fastest first.
-        best = min(members, key=lambda e: (not (e.get("latency_ms") and e["accuracy"].get("within_tolerance")),
-                                           not e.get("latency_ms"), (e.get("latency_ms") or {}).get("p50") or 0.0))
-        rows.append({"family": name, "variants": len(members), "variant": best["id"], "label": _describe(best),
+        best = min(members, key=lambda e: (not (e.get("latency_ms") and _within(e)), not e.get("latency_ms"),
+                                           (e.get("latency_ms") or {}).get("p50") or 0.0))
+        outcome, why = _why_not(best, chosen, tolerance)
+        rows.append({"family": name, "variants": len(members), "variant": best["id"], "label": label_of(best),
                      "p50_ms": (best.get("latency_ms") or {}).get("p50"), "drop": best["accuracy"].get("drop"),
-                     "metric": best["accuracy"].get("metric"), "why": _why_not(best, chosen, tolerance)})
+                     "metric": best["accuracy"].get("metric"), "outcome": outcome, "why": why})
     return rows
 
 
-def unstable_notes(entries: list[dict]) -> list[dict]:
-    """Each unstable measurement in words: how far its windows disagreed, and so how far its speed is known."""
-    notes = []
+def _failure_rows(entries: list[dict], family_rows: list[dict], failed_builds: list[dict]) -> list[dict]:
+    """Every failure not already a family's row: device tasks that failed, and builds that never reached a device."""
+    shown = {row["variant"] for row in family_rows}
+    rows = []
     for entry in entries:
-        timing = timing_of(entry)
-        if not entry.get("unstable") or timing is None:
-            continue
-        spread = timing.relative_noise()
-        windows = (entry.get("timing") or {}).get("window_medians_ms") or []
-        seen = f"its measurement windows gave {', '.join(f'{w:.3g}' for w in windows)} ms" if windows else "its runs varied"
-        notes.append({"variant": entry["id"], "label": _describe(entry), "spread": spread, "window_medians_ms": windows,
-                      "text": (f"{_describe(entry)} was unstable: {seen} (a {spread:.0%} spread around its p50 of "
-                               f"{timing.p50:.3g} ms), so its speed is known only to about ±{spread:.0%}. "
-                               "Re-measure on a quieter device before trusting a small difference.")})
-    return notes
+        if entry.get("error") and entry["id"] not in shown:
+            rows.append({"family": effective_of(entry), "variants": 1, "variant": entry["id"], "label": label_of(entry), "p50_ms": None,
+                         "drop": None, "metric": None, "outcome": "failed", "why": failure_reason(entry["error"])})
+    for build in failed_builds:
+        label = label_of({**build, "backend": ", ".join(build.get("backends") or []) or "the host"})
+        rows.append({"family": effective_of(build), "variants": 1, "variant": None, "build": build.get("variant"), "label": label,
+                     "p50_ms": None, "drop": None, "metric": None, "outcome": "build failed",
+                     "why": f"never reached the device: the build {failure_reason(build.get('error') or '')}"})
+    return rows[:FAILED_ROWS_SHOWN]
 
 
-def near_ties(entries: list[dict]) -> list[dict]:
-    """The variants within tolerance that the measurements cannot tell apart: the fastest first, then each it
-    does not beat beyond the noise (fastest first); [] when none is within tolerance."""
-    within = sorted((e for e in _measured(entries) if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
-    if not within:
-        return []
-    fastest = within[0]
-    return [fastest, *(e for e in within[1:] if not _ratio(fastest, e).beyond_noise)]
+# -- noise, told once per device ----------------------------------------------------------------
+
+def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, int, list[str]]:
+    """(windows re-taken because the device was busy, windows still busy when reported, windows a build of the host did not
+    pause for, what kept it busy): each first-pass benchmark's window, and each round of the side-by-side re-timing once."""
+    retaken = busy = unpaused = 0
+    culprits: list[str] = []
+    windows = [window for entry in entries for window in (entry.get("timing") or {}).get("windows") or []] + list(retime_windows)
+    for window in windows:
+        if isinstance(window, dict):
+            retaken += int(window.get("retaken") or 0)
+            busy += bool(window.get("busy"))
+            unpaused += window.get("builds_paused") is False
+            for name in window.get("busiest") or []:
+                if name not in culprits:
+                    culprits.append(str(name))
+    return retaken, busy, unpaused, culprits[:3]
+
+
+def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[dict] | None = None) -> dict:
+    """The device's timing noise in one paragraph: unstable first-pass runs, windows re-taken, and what the decision rests on."""
+    timed = [e for e in entries if timing_of(e) is not None]
+    unstable = [e for e in timed if e.get("unstable")]
+    spreads = [timing_of(e).relative_noise() for e in unstable]
+    retaken, busy, unpaused, culprits = _windows(entries, retime_windows or [])
+    sentences = []
+    if unstable:
+        sentences.append(f"{len(unstable)} of {len(timed)} first-pass benchmarks on this device were unstable (their windows disagreed by "
+                         f"up to {max(spreads):.0%}), so first-pass timings are known only roughly.")
+    if retaken:
+        who = f" ({', '.join(culprits)})" if culprits else ""
+        sentences.append(f"{retaken} measurement window(s) were re-taken because other processes kept the device busy{who}.")
+    if busy:
+        sentences.append(f"{busy} window(s) were still busy after re-taking and are marked; their figures are the least trustworthy.")
+    if unpaused:
+        sentences.append(f"{unpaused} window(s) were timed while a build on this host did not pause (a worker that does not share the "
+                         "agent's KILN_QUIET_DIR, or an older one).")
+    if measurement and measurement.get("rounds"):
+        sentences.append(f"The decision rests on {measurement['rounds']} rounds of the finalists timed side by side on the device "
+                         f"({measurement.get('stopped_text') or measurement.get('stopped') or 'done'}): each round's ratio pairs timings taken "
+                         "moments apart, so load that comes and goes cancels out.")
+    elif unstable:
+        sentences.append("The finalists were not re-timed side by side, so the intervals below come from the first pass.")
+    return {"text": " ".join(sentences), "unstable": len(unstable), "timed": len(timed), "retaken": retaken, "busy": busy, "unpaused": unpaused,
+            "max_spread": max(spreads) if spreads else 0.0}
+
+
+STOPPED_TEXT = {"separated": "stopped once the leader was faster than every rival at 95%",
+                "tie settled": "stopped once every rival was either beaten or a tie within 2%",
+                "cap": "stopped at the round cap; what did not separate by then is a tie"}
+
+
+def _measurement(entries: list[dict], chosen: dict | None, retime: dict | None) -> dict | None:
+    """The side-by-side measurement set, when the device made one: rounds, why it stopped, each finalist's per-round ratio."""
+    finalists = [e for e in entries if (e.get("timing") or {}).get("interleaved_medians_ms")]
+    if len(finalists) < 2:
+        return None
+    rounds = len(finalists[0]["timing"]["interleaved_medians_ms"])
+    stopped = (retime or {}).get("stopped")
+    rows = []
+    for entry in sorted(finalists, key=lambda e: e["latency_ms"]["p50"]):
+        row = {"variant": entry["id"], "label": label_of(entry), "p50_ms": entry["latency_ms"]["p50"],
+               "round_medians_ms": [round(v, 5) for v in entry["timing"]["interleaved_medians_ms"]]}
+        if chosen is not None and entry is not chosen and (chosen.get("timing") or {}).get("interleaved_medians_ms"):
+            row["against_recommended"] = _ratio_json(_ratio(chosen, entry))
+        rows.append(row)
+    return {"source": INTERLEAVED, "rounds": rounds, "stopped": stopped, "stopped_text": STOPPED_TEXT.get(stopped or "", ""),
+            "finalists": rows}
+
+
+# -- the decision -----------------------------------------------------------------------------
+
+def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | None = None, retime: dict | None = None) -> dict:
+    """The recommendation on one device, as one object (see the module docstring); `variant` is None when nothing was measured.
+
+    `failed_builds` are variants whose host build failed (`{"variant", "key", "precision", "options", "backends", "error"}`);
+    `retime` is the device's side-by-side re-timing summary (`{"rounds", "stopped"}`) when it made one.
+    """
+    failed_builds = list(failed_builds or [])
+    measured = _measured(entries)
+    if not measured:
+        rows = _family_rows(entries, None, tolerance)
+        text = "No variant was measured successfully on this device; see each task's error."
+        return {"variant": None, "label": None, "effective_precision": None, "backend": None, "text": text, "speed": None, "short": None,
+                "cost": None, "comparison": None, "tie": False, "tied_with": [], "speedup": None, "accuracy": None, "within_tolerance": False,
+                "alternatives": rows + _failure_rows(entries, rows, failed_builds), "noise": _noise(entries, None),
+                "measurement": None}
+    chosen, unbeaten = _choose(measured)
+    measurement = _measurement(entries, chosen, retime)
+    if unbeaten:
+        ties = [(e, _ratio(e, chosen)) for e in sorted(unbeaten, key=lambda e: e["latency_ms"]["p50"])
+                if e is not chosen and e["latency_ms"]["p50"] < chosen["latency_ms"]["p50"]]
+        baseline = _fp32_baseline(measured, chosen)
+        speedup = _ratio(chosen, baseline) if baseline is not None and baseline is not chosen else None
+        speed, short = _speed(chosen, baseline, speedup)
+        text = f"Use {label_of(chosen)}: {speed}{_ties_clause(chosen, ties)}{_others_clause(measured, chosen, baseline, ties)}; {_cost(chosen['accuracy'])}."
+    else:
+        ties, baseline, speedup = [], None, None
+        short = "tolerance not met"
+        speed = "no variant met the tolerance"
+        text = (f"No variant met the tolerance; the most accurate is {label_of(chosen)} "
+                f"({chosen['accuracy']['metric']} {chosen['accuracy']['value']:.4g}, p50 {chosen['latency_ms']['p50']:.3f} ms).")
+    rows = _family_rows(entries, chosen, tolerance)
+    accuracy = chosen["accuracy"]
+    return {
+        "variant": chosen["id"], "label": label_of(chosen), "effective_precision": effective_of(chosen), "backend": chosen["backend"],
+        "text": text, "speed": speed, "short": short, "cost": _cost(accuracy),
+        "comparison": speedup.comparison if speedup else None, "tie": bool(ties),
+        "tied_with": [_ratio_json(ratio, variant=other["id"], label=label_of(other), reason=_won_on(chosen, other)) for other, ratio in ties],
+        "speedup": _ratio_json(speedup, baseline=baseline["id"], baseline_label=label_of(baseline)) if speedup else None,
+        "accuracy": {"metric": accuracy.get("metric"), "value": accuracy.get("value"), "drop": accuracy.get("drop")},
+        "within_tolerance": _within(chosen),
+        "alternatives": rows + _failure_rows(entries, rows, failed_builds),
+        "noise": _noise(entries, measurement, (retime or {}).get("windows")),
+        "measurement": measurement,
+    }
 
 
 @dataclass
 class Recommendation:
+    """The decision, with the two fields most callers want at hand."""
+
     variant: object
     reason: str
-    verdict: dict | None = None
-    alternatives: list = field(default_factory=list)
-    unstable: list = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {"verdict": self.verdict, "alternatives": self.alternatives, "unstable": self.unstable}
+    decision: dict = field(default_factory=dict)
 
 
-def recommendation(entries: list[dict], tolerance: dict) -> Recommendation:
-    """Pick the variant to use on one device, and say why in one line plus a row per other family.
-
-    Among the variants within tolerance, the fastest wins only over those it beats beyond the
-    measured noise; those it does not beat are a tie, and of the tie the most accurate, then the
-    smallest, is recommended. When none is within tolerance: the most accurate, and why."""
-    measured = _measured(entries)
-    if not measured:
-        return Recommendation(None, "No variant was measured successfully on this device; see each task's error.",
-                              alternatives=why_not_the_others(entries, None, tolerance))
-    within = [e for e in measured if e["accuracy"]["within_tolerance"]]
-    if within:
-        tied = near_ties(entries)
-        chosen = min(tied, key=_preference)
-        ties = [(e, _ratio(e, chosen)) for e in sorted(tied, key=lambda e: e["latency_ms"]["p50"])
-                if e is not chosen and e["latency_ms"]["p50"] < chosen["latency_ms"]["p50"]]
-        verdict = _verdict(chosen, measured, ties)
-        reason = verdict["text"]
-    else:
-        chosen = max(measured, key=lambda e: (quality(e["accuracy"]), -e["latency_ms"]["p50"]))
-        reason = (
-            f"No variant met the tolerance; the most accurate is {_describe(chosen)} "
-            f"({chosen['accuracy']['metric']} {chosen['accuracy']['value']:.4g}, p50 {chosen['latency_ms']['p50']:.3f} ms)."
-        )
-        verdict = {"variant": chosen["id"], "label": _describe(chosen), "text": reason, "tie": False, "tied_with": [], "speedup": None,
-                   "accuracy": {k: chosen["accuracy"].get(k) for k in ("metric", "value", "drop")}}
-    return Recommendation(chosen["id"], reason, verdict, why_not_the_others(entries, chosen["id"], tolerance), unstable_notes(entries))
+def recommendation(entries: list[dict], tolerance: dict, **context) -> Recommendation:
+    decision = decide(entries, tolerance, **context)
+    return Recommendation(decision["variant"], decision["text"], decision)
 
 
 def recommend(entries: list[dict], tolerance: dict) -> tuple[object, str]:
-    """The recommended entry's id and the one-line reason (see `recommendation`)."""
-    chosen = recommendation(entries, tolerance)
-    return chosen.variant, chosen.reason
+    """The recommended entry's id and the one-line verdict (see `decide`)."""
+    decision = decide(entries, tolerance)
+    return decision["variant"], decision["text"]
 
 
 def fp32_noise(entries: list[dict]) -> list[dict]:
@@ -245,7 +404,7 @@ def fp32_noise(entries: list[dict]) -> list[dict]:
     noise = []
     for entry in entries:
         accuracy = entry.get("accuracy") or {}
-        if entry.get("precision") != "fp32" or accuracy.get("value") is None:
+        if entry.get("precision") != "fp32" or _compile(entry) or accuracy.get("value") is None:
             continue
         noise.append({"backend": entry["backend"], "metric": accuracy.get("metric"), "output": accuracy.get("output"),
                       "value": accuracy.get("value"), "drop": accuracy.get("drop"), "sqnr_db": accuracy.get("sqnr_db"),

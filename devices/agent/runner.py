@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, feeds, metrics, support
+from devices import bench, feeds, metrics, paired, quiet, support
 from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
@@ -37,6 +37,8 @@ FILE_NAMES = {"model": "model.onnx", "validation": "validation.npz", "reference"
 FINISH_ON_STOP = frozenset({"evaluate", "upload", "result"})
 PERCENT = {"download": 0, "support": 5, "compile": 10, "benchmark": 25, "profile": 60, "evaluate": 70,
            "upload": 85, "result": 95}
+# While it waits for a quiet window the agent reports progress this often, which keeps its lease.
+KEEPALIVE_S = 2.0
 
 
 class TaskCanceled(Exception):
@@ -388,11 +390,13 @@ class TaskRunner:
             feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
         try:
-            speed = bench.run_benchmark(compiled, feeds_by_batch, settings, load_ms=load_ms,
-                                        should_stop=stop_or_cancel)
-        except bench.BenchmarkInterrupted:
+            speed, window = quiet.measure_quietly(
+                lambda: bench.run_benchmark(compiled, feeds_by_batch, settings, load_ms=load_ms, should_stop=stop_or_cancel),
+                threads=compiled.threads, should_stop=self._waiting(task, cancel))
+        except (bench.BenchmarkInterrupted, quiet.WindowInterrupted):
             self._check(task_id, cancel)
             raise
+        speed["windows"] = [window.as_dict()]
         speed["size_bytes"] = compiled.artifact_path.stat().st_size
         emulated = arm.emulation()
         if emulated:
@@ -436,11 +440,27 @@ class TaskRunner:
         return {"attempt": task["attempt"], "status": "succeeded", "error": None,
                 "metrics": speed, "accuracy": accuracy, "profile": profile, "support": self.support}
 
-    def _retime(self, task: dict, cancel: threading.Event, task_dir: Path) -> dict:
-        """A RETIME task: compile the near-tie variants again and time them side by side in interleaved windows.
+    def _waiting(self, task: dict, cancel: threading.Event) -> Callable[[], bool]:
+        """`should_stop` for the wait for a quiet window: stop or cancel, and a progress report every KEEPALIVE_S (the lease)."""
+        last = [time.monotonic()]
 
-        Sends `metrics.retime`: per variant (its measure task), the median of each window in
-        round order; the server puts them in each variant's metrics for the report to pair.
+        def check() -> bool:
+            if cancel.is_set() or self.stop_event.is_set():
+                return True
+            if time.monotonic() - last[0] >= KEEPALIVE_S:
+                last[0] = time.monotonic()
+                self._enter(task, cancel, self.stage or "benchmark", "waiting for a quiet window (builds on this host pausing)")
+            return False
+
+        return check
+
+    def _retime(self, task: dict, cancel: threading.Event, task_dir: Path) -> dict:
+        """A RETIME task: compile the finalists again and time them side by side in rotated, interleaved rounds.
+
+        Rounds continue until the leader separates at 95% or every rival is a settled tie (at least
+        `min_rounds`), or `rounds` (the cap) is reached (devices/paired.py); each round is a quiet window,
+        re-taken when busy. Sends `metrics.retime`: per variant (its measure task), its median in each
+        round; `metrics.stopped`: why the rounds stopped; `metrics.windows`: each round's window.
         """
         plan = task["retime"]
         variants = plan.get("variants") or []
@@ -466,29 +486,48 @@ class TaskRunner:
                     raise TaskFailed(f"variant {row['task']}: invalid compile options: {exc}") from None
                 compiled.append(get_backend(row["backend"]).compile(path, task_dir / f"compiled-{int(row['task'])}",
                                                                     threads=self.threads, options=options))
-            rounds = int(plan.get("rounds") or 9)
-            self._enter(task, cancel, "benchmark", f"{rounds} interleaved rounds of {len(variants)} variants")
+            max_rounds = max(1, int(plan.get("rounds") or paired.MIN_ROUNDS))
+            min_rounds = min(max_rounds, int(plan.get("min_rounds") or max_rounds))
+            self._enter(task, cancel, "benchmark", f"up to {max_rounds} interleaved rounds of {len(variants)} variants")
             runs = [model.bind(make_feeds(model.input_specs, benchmark_batch_sizes(model.input_specs, [1])[0], validation))
                     for model in compiled]
-            stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
-
-            def progress(done: int) -> None:
-                # The rounds together outlast a lease: each round's progress report extends it.
-                self._enter(task, cancel, "benchmark", f"interleaved round {done} of {rounds}")
-
             try:
-                medians = bench.interleaved_window_medians(runs, bench.BenchmarkSettings.from_dict(plan.get("window")), rounds,
-                                                           should_stop=stop_or_cancel, after_round=progress)
-            except bench.BenchmarkInterrupted:
+                medians, windows, stopped = self._interleaved_rounds(task, cancel, runs, bench.BenchmarkSettings.from_dict(plan.get("window")),
+                                                                     min_rounds=min_rounds, max_rounds=max_rounds,
+                                                                     threads=max(model.threads for model in compiled))
+            except (bench.BenchmarkInterrupted, quiet.WindowInterrupted):
                 self._check(task["id"], cancel)
                 raise
         finally:
             for model in compiled:
                 model.close()
-        logger.info("re-timed %s: %s", [row["key"] for row in variants], [round(float(np.median(m)), 4) for m in medians])
+        logger.info("re-timed %s in %d rounds (%s): %s", [row["key"] for row in variants], len(medians[0]), stopped,
+                    [round(float(np.median(m)), 4) for m in medians])
         return {"attempt": task["attempt"], "status": "succeeded", "error": None, "accuracy": None, "profile": None,
                 "metrics": {"retime": [{"task": int(row["task"]), "interleaved_medians_ms": values}
-                                       for row, values in zip(variants, medians)]}}
+                                       for row, values in zip(variants, medians)],
+                            "stopped": stopped, "windows": windows}}
+
+    def _interleaved_rounds(self, task: dict, cancel: threading.Event, runs: list, settings: bench.BenchmarkSettings, *,
+                            min_rounds: int, max_rounds: int, threads: int) -> tuple[list[list[float]], list[dict], str]:
+        """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop; (medians, windows, why)."""
+        stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
+        medians: list[list[float]] = [[] for _ in runs]
+        windows: list[dict] = []
+        while True:
+            done = len(medians[0])
+            values, window = quiet.measure_quietly(
+                lambda shift=done: bench.interleaved_round(runs, settings, shift=shift, should_stop=stop_or_cancel),
+                threads=threads, should_stop=self._waiting(task, cancel))
+            for index, value in enumerate(values):
+                medians[index].append(value)
+            windows.append(window.as_dict())
+            stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds)
+            # The rounds together outlast a lease: each round's progress report extends it.
+            self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"
+                        + (f": {stopped}" if stopped else ""))
+            if stopped:
+                return medians, windows, stopped
 
     def download_verified(self, key: str, spec: dict, destination: Path) -> Path:
         """Download a task file and check its sha256, trying DOWNLOAD_ATTEMPTS times in all."""

@@ -291,23 +291,27 @@ def _number(value, digits: int = 3) -> str:
 
 
 def print_report(report: dict) -> None:
+    """Each device's table, then its decision as the server stated it: the verdict, the timing behind it, why not the others."""
     for device in report.get("devices") or []:
         agent = device.get("agent") or {}
+        decision = device.get("decision") or device.get("verdict") or {}
         table = Table(title=f"{agent.get('name') or device.get('target')} · job {report['job']}", title_justify="left")
-        for column in ("", "variant", "backend", "p50 ms", "p99 ms", "metric", "value", "drop", "ok", "regression"):
+        for column in ("", "variant", "precision", "backend", "p50 ms", "timed", "p99 ms", "metric", "value", "drop", "ok", "regression"):
             table.add_column(column)
         for variant in device.get("variants") or []:
             latency = variant.get("latency_ms") or {}
             accuracy = variant.get("accuracy") or {}
             regression = variant.get("regression") or {}
             table.add_row(
-                "★" if variant["id"] == device.get("recommended") else "", variant.get("key") or variant.get("precision"), variant.get("backend"),
-                _number(latency.get("p50")), _number(latency.get("p99")), str(accuracy.get("metric") or "—"), _number(accuracy.get("value"), 4),
-                _number(accuracy.get("drop"), 4), "yes" if accuracy.get("within_tolerance") else "no",
+                "★" if variant["id"] == device.get("recommended") else "", variant.get("key") or variant.get("precision"),
+                variant.get("effective_precision") or variant.get("precision"), variant.get("backend"), _number(latency.get("p50")),
+                (variant.get("timing") or {}).get("source") or "", _number(latency.get("p99")), str(accuracy.get("metric") or "—"),
+                _number(accuracy.get("value"), 4), _number(accuracy.get("drop"), 4), "yes" if accuracy.get("within_tolerance") else "no",
                 f"{regression['slowdown']:.2f}x slower" if regression.get("flagged") else "",
             )
         console.print(table)
-        console.print(device.get("reason") or "")
+        console.print(decision.get("text") or device.get("reason") or "")
+        print_decision_details(decision)
         estimate = device.get("estimate")
         if estimate and estimate.get("error") is not None:
             console.print(f"Estimated before measuring: {_number(estimate['estimated_p50_ms'])} ms, measured {_number(estimate['measured_p50_ms'])} ms "
@@ -315,6 +319,24 @@ def print_report(report: dict) -> None:
     rerun = report.get("rerun")
     if rerun:
         console.print(f"Re-run of job {rerun['job']}: " + ("; ".join(rerun.get("differences") or []) or "same toolchain."))
+
+
+def print_decision_details(decision: dict) -> None:
+    """The timing the decision rests on (noise once per device, the side-by-side rounds) and why not the others."""
+    noise = (decision.get("noise") or {}).get("text")
+    if noise:
+        console.print(f"Timing: {noise}", markup=False)
+    measurement = decision.get("measurement") or {}
+    for row in measurement.get("finalists") or []:
+        against = row.get("against_recommended")
+        ratios = ", ".join(f"{value:.2f}" for value in (against or {}).get("per_round") or [])
+        versus = f": recommended {against['ratio']:.2f}x ({against['low']:.2f}x to {against['high']:.2f}x, {against['comparison']}); per round {ratios}" if against else ""
+        console.print(f"  side by side, {measurement['rounds']} rounds · {row['label']} p50 {_number(row['p50_ms'])} ms{versus}", markup=False)
+    rows = decision.get("alternatives") or []
+    if rows:
+        console.print("Why not the others:")
+        for row in rows:
+            console.print(f"  {row['family']}: {row['label']} — {row['why']}", markup=False)
 
 
 @main.command()

@@ -296,6 +296,10 @@ BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
 BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
 BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)
 BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS", "1"))
+# The most rounds an agent times a device's finalists side by side; it stops earlier once the fastest separates at 95%.
+RETIME_MAX_ROUNDS = _env_int("KILN_RETIME_MAX_ROUNDS", 30, minimum=6)
+if RETIME_MAX_ROUNDS > 64:
+    raise ImproperlyConfigured("KILN_RETIME_MAX_ROUNDS must be at most 64 (an agent reports at most 64 rounds).")
 # Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
 BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
 

@@ -274,3 +274,59 @@ def test_a_model_the_runtime_cannot_read_fails_at_support_before_any_compile(age
     assert "OpenVINO" in result["error"] and "cannot read the model" in result["error"] and "Loop 'decoder'" in result["error"]
     assert result["support"]["verdict"] == "cannot_run" and result["support"]["unsupported"] == {"Loop": 1}
     assert "compiled in" not in result["log"]
+
+
+def _slow_model_bytes() -> bytes:
+    """A graph on the tiny CNN's input that does far more work: 30 chained 512x512 MatMuls."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["input", "shape"], ["flat"]), helper.make_node("MatMul", ["flat", "w_in"], ["h0"])]
+    initializers = [numpy_helper.from_array(np.array([-1, 64], dtype=np.int64), "shape"),
+                    numpy_helper.from_array(rng.standard_normal((64, 512)).astype(np.float32) * 0.05, "w_in")]
+    for index in range(30):
+        initializers.append(numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32) * 0.05, f"w{index}"))
+        nodes.append(helper.make_node("MatMul", [f"h{index}", f"w{index}"], [f"h{index + 1}"]))
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+                              [helper.make_tensor_value_info("h30", TensorProto.FLOAT, ["batch", 512])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_retime_task_times_the_finalists_in_quiet_rotated_rounds_until_the_leader_separates(agent_server, runner, tiny_task_files,
+                                                                                               tmp_path, monkeypatch):
+    from devices import quiet
+
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    monkeypatch.setenv(quiet.RETAKES_ENV, "0")  # re-taking busy windows has its own tests; here every round is kept once
+    files = {"validation": tiny_task_files["validation"], "retime-7": tiny_task_files["model"], "retime-8": _slow_model_bytes()}
+    task = agent_server.serve_task(40, files)
+    task["files"] = {"validation": task["files"]["validation"]}
+    task["retime"] = {"rounds": 20, "min_rounds": 6, "window": {"warmup_runs": 1, "warmup_seconds": 0.0, "min_runs": 3, "min_seconds": 0.0},
+                      "variants": [{"task": 7, "key": "fp32", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-7")},
+                                   {"task": 8, "key": "slow", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-8")}]}
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(40)
+    metrics = result["metrics"]
+    rows = {row["task"]: row["interleaved_medians_ms"] for row in metrics["retime"]}
+    # The slow graph is many times slower in every round: separated at the first round that may stop.
+    assert metrics["stopped"] == "separated" and len(rows[7]) == len(rows[8]) == 6
+    assert all(slow > fast for fast, slow in zip(rows[7], rows[8]))
+    assert len(metrics["windows"]) == 6 and all(window["before"]["loadavg"] and window["after"]["loadavg"] for window in metrics["windows"])
+    assert "interleaved round 6 (at most 20): separated" in [hit.json()["message"] for hit in agent_server.hits("POST", PROGRESS.format(40))]
+
+
+def task_files_entry(task: dict, files: dict, name: str) -> dict:
+    return {"url": f"/api/agent/v1/tasks/{task['id']}/files/{name}", "sha256": hashlib.sha256(files[name]).hexdigest(), "size_bytes": len(files[name])}
+
+
+def test_a_measure_task_reports_the_quiet_window_it_was_timed_in(agent_server, runner, tiny_task_files, tmp_path, monkeypatch):
+    from devices import quiet
+
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    monkeypatch.setenv(quiet.BUSY_CORES_ENV, "1000")
+    task = agent_server.serve_task(41, tiny_task_files)
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(41)
+    [window] = result["metrics"]["windows"]
+    assert window["retaken"] == 0 and window["busy"] is False and window["builds_paused"] is True
+    assert window["before"]["loadavg"] and window["after"]["loadavg"] and window["seconds"] > 0

@@ -65,10 +65,16 @@ def test_login_upload_deploy_report_perf_and_rerun(kiln_stack, kiln, model_files
     report = kiln("report", job_id)
     assert "cli-box" in report.stdout and "fp32" in report.stdout and "★" in report.stdout
     as_json = json.loads(kiln("report", job_id, "--json").stdout)
-    assert as_json["devices"][0]["recommended"]
+    device = as_json["devices"][0]
+    assert device["recommended"] and device["decision"]["variant"] == device["recommended"]
+    # The CLI prints the decision the server made (verdict, timing, why not the others), not one of its own.
+    assert "Why not the others:" in report.stdout
 
     rows = json.loads(kiln("perf", "--job", job_id, "--json").stdout)
     assert {row["variant_key"] for row in rows} >= {"fp32", "int8"} and all(row["agent"]["name"] == "cli-box" for row in rows)
+    # The performance database says what the decision said: one recommended row, named by what ran.
+    assert [row["device_task"] for row in rows if row["recommended"]] == [device["recommended"]]
+    assert {row["effective_precision"] for row in rows} <= {"fp32", "int8", "mixed"}
     assert "cli-box" in kiln("perf", "--model", model["id"]).stdout
 
     # A re-run repeats the job; its report names the job it repeats.

@@ -225,7 +225,7 @@ from kiln.pipeline.models import Artifact, DeviceTask, Variant
 job_id = {job_id}
 out = {{"variants": sorted((v.precision, v.status, v.build_attempts) for v in Variant.objects.filter(job_id=job_id)),
         "artifacts": sorted(a.name for a in Artifact.objects.filter(job_id=job_id, kind="variant")),
-        "tasks": sorted([t.variant.precision, t.leased_by.name, t.stage, t.status] for t in DeviceTask.objects.filter(job_id=job_id))}}
+        "tasks": sorted([t.variant.precision, t.leased_by.name, t.stage, t.status] for t in DeviceTask.objects.filter(job_id=job_id, purpose="measure"))}}
 """
 
 

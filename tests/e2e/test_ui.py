@@ -626,7 +626,7 @@ def test_live_job_rerun_performance_page_and_estimate(stack, new_page, digits_fi
     # The chart's fixed legend names only what is drawn; both FP32 builds sit at one accuracy,
     # which once froze the page on "Loading charts…" (a zero-height axis range).
     expect(page.get_by_test_id("chart-legend").first).to_have_text(re.compile("Within tolerance.*Recommended.*Tolerance"))
-    expect_named_points(page, ["fp32 · onnxruntime", "fp32 · openvino"])
+    expect_named_points(page, ["fp32 on onnxruntime", "fp32 on openvino"])
     expect_zoom_changes_the_axis_range(page)
     # The per-operator caption says what its numbers are; the per-layer view lists the agent's layers.
     caption = page.get_by_test_id("op-type-caption").first
@@ -638,7 +638,7 @@ def test_live_job_rerun_performance_page_and_estimate(stack, new_page, digits_fi
     for width in (1400, 800):
         page.set_viewport_size({"width": width, "height": 900})
         page.wait_for_function("document.querySelector('.u-over').getBoundingClientRect().right <= window.innerWidth")
-        expect_named_points(page, ["fp32 · onnxruntime", "fp32 · openvino"])
+        expect_named_points(page, ["fp32 on onnxruntime", "fp32 on openvino"])
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
         screenshot(page, f"16c-report-{width}px")
     page.set_viewport_size({"width": 1280, "height": 800})

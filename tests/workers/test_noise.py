@@ -3,7 +3,25 @@ from __future__ import annotations
 
 import pytest
 
-from workers.noise import INTERLEAVED, RUN_SPREAD, UNKNOWN, WINDOWS, Timing, latency_ratio, timing_of
+from workers.noise import FASTER, INTERLEAVED, RUN_SPREAD, SLOWER, TIE, UNKNOWN, WINDOWS, Timing, compare, latency_ratio, timing_of
+
+
+@pytest.mark.parametrize(("low", "high", "said"), [
+    (1.02, 1.30, FASTER),   # wholly above 1.0
+    (0.68, 0.99, SLOWER),   # wholly below: the "0.95x (0.68x to 0.99x) ... a tie" is slower
+    (0.97, 1.12, TIE),      # contains 1.0
+    (0.50, 2.00, TIE),      # a wide interval containing 1.0 is still a tie, not "too noisy to tell"
+    (1.00, 1.20, TIE),      # touching 1.0 is containing it
+    (0.80, 1.00, TIE),
+])
+def test_the_interval_language_is_faster_above_slower_below_and_tie_only_across_one(low, high, said):
+    assert compare(low, high) == said
+
+
+def test_a_ratio_says_its_comparison_and_a_slower_interval_is_not_a_tie():
+    slower = latency_ratio(Timing(p50=1.0, windows=(1.0, 1.0, 1.0)), Timing(p50=0.95, windows=(0.95, 0.95, 0.95)))
+    assert slower.comparison == SLOWER and not slower.beyond_noise and slower.as_dict()["comparison"] == SLOWER
+    assert "too_noisy" not in slower.as_dict()
 
 
 def test_steady_windows_make_a_ten_percent_speed_up_real():
@@ -36,11 +54,13 @@ def test_the_per_run_spread_bounds_the_median_when_there_are_no_windows():
 def test_interleaved_rounds_are_paired_so_shared_drift_cancels():
     # Both variants drift together from 1x to 3x; per round the slow one is always 1.2x the fast.
     drift = [1.0, 1.5, 2.0, 2.5, 3.0, 2.0, 1.0]
-    fast = Timing(p50=1.8, interleaved=tuple(drift), windows=(1.0, 2.0, 3.0))
-    slow = Timing(p50=2.0, interleaved=tuple(1.2 * d for d in drift), windows=(1.2, 2.4, 3.6))
+    fast = Timing(p50=2.0, interleaved=tuple(drift), windows=(1.0, 2.0, 3.0))
+    slow = Timing(p50=2.4, interleaved=tuple(1.2 * d for d in drift), windows=(1.2, 2.4, 3.6))
     ratio = latency_ratio(fast, slow)
-    assert ratio.source == INTERLEAVED
-    assert ratio.ratio == pytest.approx(1.2) and ratio.low == pytest.approx(1.2) and ratio.beyond_noise
+    assert ratio.source == INTERLEAVED and ratio.rounds == 7 and ratio.per_round == pytest.approx([1.2] * 7)
+    # The point is the ratio of the p50s a table shows; the paired interval decides.
+    # The interval is widened by what timing cannot resolve (devices.paired.RESOLUTION), here around an exact 1.2.
+    assert ratio.ratio == pytest.approx(1.2) and ratio.low == pytest.approx(1.2 / 1.02) and ratio.comparison == FASTER
     # Read as unpaired windows, the same drift would swamp the difference.
     assert not latency_ratio(Timing(p50=1.8, windows=(1.0, 2.0, 3.0)), Timing(p50=2.0, windows=(1.2, 2.4, 3.6))).beyond_noise
 

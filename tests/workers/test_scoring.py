@@ -1,9 +1,12 @@
-"""Report scoring: the Pareto set, the recommendation with its reason, and FP32's noise figure."""
+"""The decision per device: the Pareto set, the recommendation in the interval language, why not the others, noise told once."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
-from workers.scoring import fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
+from workers.noise import FASTER, latency_ratio, timing_of
+from workers.scoring import decide, fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 
@@ -13,10 +16,14 @@ def measured(value, figure="top1_agreement", reference=None):
                               "reference": {figure: reference} if reference is not None else {}, "errors": {}}}}
 
 
-def entry(id, precision, p50, value, backend="onnxruntime", windows=(), unstable=False, size=1000, key=None):
+def entry(id, precision, p50, value, backend="onnxruntime", windows=(), unstable=False, size=1000, key=None, compile=None):
     return {"id": id, "key": key or precision, "precision": precision, "backend": backend, "latency_ms": {"p50": p50},
             "accuracy": score_accuracy(TOLERANCE, measured(value)), "timing": {"window_medians_ms": list(windows)}, "unstable": unstable,
-            "size_bytes": size}
+            "size_bytes": size, "compile": compile or {}}
+
+
+def steady(p50):
+    return (p50, p50, p50)
 
 
 def test_pareto_set_drops_dominated_variants():
@@ -34,101 +41,126 @@ def test_pareto_and_fallback_rank_lower_is_better_figures_by_their_drop():
 
 
 def test_recommends_the_fastest_within_tolerance_not_the_fastest_overall():
-    entries = [entry(1, "fp32", 2.0, 1.0), entry(2, "int8", 1.0, 0.95), entry(3, "int8-dynamic", 1.5, 0.995)]
-    chosen, reason = recommend(entries, TOLERANCE)
-    assert chosen == 3
-    assert "int8-dynamic" in reason and "1.33x" in reason
+    entries = [entry(1, "fp32", 2.0, 1.0, windows=steady(2.0)), entry(2, "int8", 1.0, 0.95, windows=steady(1.0)),
+               entry(3, "int8-dynamic", 1.5, 0.995, windows=steady(1.5))]
+    decision = decide(entries, TOLERANCE)
+    assert decision["variant"] == 3 and decision["effective_precision"] == "int8"
+    assert decision["label"] == "int8 · int8-dynamic on onnxruntime"
+    assert "1.33x faster than FP32 on onnxruntime" in decision["text"] and decision["comparison"] == FASTER
+    assert decision["short"] == "1.33x faster"
 
 
-def test_slow_int8_is_never_recommended_and_the_why_not_row_says_so():
-    entries = [entry(1, "fp32", 1.0, 1.0), entry(2, "int8", 1.6, 0.999)]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 1
-    assert chosen.alternatives == [{"family": "int8", "variants": 1, "variant": 2, "label": "int8 on onnxruntime", "p50_ms": 1.6,
-                                    "drop": pytest.approx(0.001), "metric": "top1_agreement", "why": "slower: 0.62x the recommended's speed"}]
-
-
-def test_the_verdict_is_one_line_naming_the_variant_the_speed_up_and_the_cost():
+def test_the_verdict_is_one_line_naming_what_runs_the_speed_up_with_its_interval_and_the_cost():
     entries = [entry(1, "fp32", 2.0, 1.0, windows=(2.0, 2.01, 1.99)), entry(2, "int8", 1.0, 0.997, windows=(1.0, 1.01, 0.99), key="int8-mse")]
-    verdict = recommendation(entries, TOLERANCE).verdict
-    assert verdict["text"] == "Use int8-mse on onnxruntime: 2.00x faster than FP32 (1 vs 2 ms); costs 0.003 top1_agreement (0.997)."
-    assert verdict["speedup"]["beyond_noise"] and not verdict["tie"]
+    decision = decide(entries, TOLERANCE)
+    assert decision["text"] == ("Use int8 · int8-mse on onnxruntime: 2.00x faster than FP32 on onnxruntime (1.92x to 2.09x); "
+                                "costs 0.003 top1_agreement (0.997).")
+    assert decision["speedup"]["comparison"] == "faster" and decision["speedup"]["baseline"] == 1 and not decision["tie"]
+    assert decision["cost"] == "costs 0.003 top1_agreement (0.997)"
 
 
-def test_a_speed_up_inside_the_noise_is_a_tie_and_the_more_accurate_wins():
-    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
-               entry(2, "int4-weight", 0.021, 0.999, windows=(0.020, 0.021, 0.0225), unstable=True, size=800)]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 1
-    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["variant"] == 2 and not chosen.verdict["tied_with"][0]["too_noisy"]
-    assert "faster, a tie within noise" in chosen.reason and "more accurate one is recommended" in chosen.reason
-    assert chosen.alternatives[0]["why"].endswith("a tie within noise, and less accurate")
-    note = chosen.unstable[0]
-    assert note["variant"] == 2 and "0.02, 0.021, 0.0225 ms" in note["text"] and "Re-measure" in note["text"]
-    assert note["spread"] == pytest.approx((0.0225 - 0.020) / 0.021)
+def test_a_speed_up_whose_interval_lies_wholly_below_one_is_slower_not_a_tie():
+    # The issue's job: "int4-rtn measured 0.95x (0.68x to 0.99x) faster, a tie within noise, so the smaller one is
+    # recommended" while recommending FP32. The whole interval is below 1.0: INT4 is slower, FP32 wins on speed.
+    fp32 = entry(1, "fp32", 1.0, 1.0, windows=steady(1.0), size=4000)
+    int4 = entry(2, "int4-weight", 1.10, 0.999, windows=(1.09, 1.10, 1.11), size=800, key="int4-rtn")
+    decision = decide([fp32, int4], TOLERANCE)
+    assert decision["variant"] == 1 and not decision["tie"] and "tie" not in decision["text"]
+    row = next(row for row in decision["alternatives"] if row["variant"] == 2)
+    assert row["family"] == "int4 weights" and row["outcome"] == "slower"
+    assert row["why"].startswith("slower: the recommended is 1.10x faster (1.0")
 
 
-def test_a_gap_with_a_very_wide_interval_is_too_noisy_to_tell_not_a_tie_and_the_more_accurate_still_wins():
-    # The issue's small CNN: INT4 weight-only "1.10x FP32" while its own row was unstable: 0.82x to 1.46x settles nothing.
-    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
-               entry(2, "int4-weight", 0.021, 0.999, windows=(0.019, 0.021, 0.025), unstable=True, size=800)]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 1
-    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["too_noisy"]
-    assert chosen.reason == ("Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x faster, "
-                             "so the more accurate one is recommended, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device; "
-                             "no accuracy cost (top1_agreement 1).")
-    assert chosen.alternatives[0]["why"] == "less accurate, and 1.10x faster is too noisy to tell: 0.82x to 1.46x; re-run on a quieter device"
+def test_a_speed_up_inside_the_noise_is_a_tie_and_the_recommendation_says_the_fact_that_decided_it():
+    fp32 = entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000)
+    int4 = entry(2, "int4-weight", 0.021, 0.999, windows=(0.020, 0.021, 0.0225), unstable=True, size=800, key="int4-rtn")
+    decision = decide([fp32, int4], TOLERANCE)
+    assert decision["variant"] == 1 and decision["tie"]
+    tied = decision["tied_with"][0]
+    assert tied["variant"] == 2 and tied["comparison"] == "tie" and tied["low"] <= 1.0 <= tied["high"]
+    assert "a tie, and fp32 on onnxruntime is recommended because it is more accurate (top1_agreement drop 0 against 0.001)" in decision["text"]
+    row = next(row for row in decision["alternatives"] if row["variant"] == 2)
+    assert row["outcome"] == "tie" and row["why"].endswith("because it is more accurate (top1_agreement drop 0 against 0.001)")
 
 
-def test_a_speed_up_over_fp32_with_a_very_wide_interval_is_too_noisy_to_tell():
-    entries = [entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000),
-               entry(2, "int8", 0.021, 1.0, windows=(0.019, 0.021, 0.025), size=1000)]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 2 and chosen.verdict["speedup"]["too_noisy"] and not chosen.verdict["speedup"]["beyond_noise"]
-    assert chosen.reason.startswith("Use int8 on onnxruntime: 1.10x the speed of FP32, too noisy to tell: 0.82x to 1.46x; "
-                                    "re-run on a quieter device; nothing within the tolerance is faster")
-    assert "tie" not in chosen.reason
-    assert {row["family"]: row["why"] for row in chosen.alternatives}["fp32"] == (
-        "larger, and 1.10x slower is too noisy to tell: 0.82x to 1.46x; re-run on a quieter device")
+def test_a_wide_interval_containing_one_is_a_tie_never_too_noisy_and_needs_no_advice_to_find_a_quieter_device():
+    fp32 = entry(1, "fp32", 0.023, 1.0, windows=(0.023, 0.0231, 0.0229), size=4000)
+    int8 = entry(2, "int8", 0.021, 1.0, windows=(0.019, 0.021, 0.025), size=1000)
+    decision = decide([fp32, int8], TOLERANCE)
+    # Equally accurate and smaller: the INT8 build wins the tie; against FP32 it is a tie, said with its interval.
+    assert decision["variant"] == 2 and decision["comparison"] == "tie"
+    assert "as fast as FP32 on onnxruntime within noise: 1.10x (0.8" in decision["text"] and "a tie" in decision["text"]
+    assert "quieter" not in decision["text"] and "too noisy" not in decision["text"]
 
 
-def test_of_a_tie_in_speed_and_accuracy_the_smaller_wins():
-    entries = [entry(1, "int8", 1.00, 1.0, windows=(0.95, 1.0, 1.05), size=4000), entry(2, "int4-weight", 0.98, 1.0, windows=(0.93, 0.98, 1.03), size=1000),
-               entry(3, "fp32", 3.0, 1.0, windows=(3.0, 3.0, 3.0), size=16000)]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 2
-    # The faster-measured and equally accurate int8 is not preferred over a smaller one either.
-    entries[0]["latency_ms"]["p50"] = 0.97
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 2 and "so the smaller one is recommended" in chosen.reason
-    assert {row["family"]: row["why"] for row in chosen.alternatives}["int8"].endswith("a tie within noise, and larger")
+def test_of_a_tie_in_speed_and_accuracy_the_smaller_wins_and_says_so():
+    entries = [entry(1, "int8", 0.97, 1.0, windows=(0.92, 0.97, 1.02), size=4000), entry(2, "int4-weight", 0.98, 1.0, windows=(0.93, 0.98, 1.03), size=1000),
+               entry(3, "fp32", 3.0, 1.0, windows=steady(3.0), size=16000)]
+    decision = decide(entries, TOLERANCE)
+    assert decision["variant"] == 2 and "because it is smaller (1 kB against 4 kB)" in decision["text"]
+    rows = {row["family"]: row for row in decision["alternatives"]}
+    assert rows["int8"]["outcome"] == "tie" and rows["int8"]["why"].endswith("because it is smaller (1 kB against 4 kB)")
+    assert rows["fp32"]["outcome"] == "slower"
 
 
-def test_a_speed_up_beyond_the_noise_beats_the_more_accurate():
-    entries = [entry(1, "fp32", 2.0, 1.0, windows=(1.95, 2.0, 2.05)), entry(2, "int8", 1.5, 0.995, windows=(1.45, 1.5, 1.55))]
-    assert recommendation(entries, TOLERANCE).variant == 2
+def test_the_recommendation_is_never_slower_beyond_noise_than_another_variant_within_tolerance_even_when_ties_do_not_chain():
+    # A (noisy) ties with both B and C, but B beats C beyond noise. The most accurate, C, was the old pick; it must not be.
+    noisy = entry(1, "int8", 1.00, 0.995, windows=(0.9, 1.0, 1.1), size=1000, key="int8-mse")
+    steady_b = entry(2, "int8-dynamic", 1.00, 0.995, windows=steady(1.0), size=1000)
+    accurate_c = entry(3, "fp32", 1.15, 1.0, windows=steady(1.15), size=4000)
+    decision = decide([noisy, steady_b, accurate_c], TOLERANCE)
+    assert decision["variant"] in (1, 2)
+    assert latency_ratio(timing_of(steady_b), timing_of(accurate_c)).comparison == FASTER
 
 
-def test_why_not_groups_variants_by_family_with_one_row_each():
-    entries = [entry(1, "fp32", 2.0, 1.0), entry(2, "int8", 1.0, 0.999, key="int8-minmax"), entry(3, "int8", 0.9, 0.95, key="int8-mse"),
-               entry(4, "int8-dynamic", 1.4, 0.999), entry(5, "fp16", 2.1, 1.0),
-               {"id": 6, "key": "int4-weight", "precision": "int4-weight", "backend": "onnxruntime", "latency_ms": None,
-                "accuracy": {"value": None, "within_tolerance": False}, "status": "failed", "error": "Unsupported op MatMulNBits"}]
-    chosen = recommendation(entries, TOLERANCE)
-    assert chosen.variant == 2
-    rows = {row["family"]: row for row in chosen.alternatives}
-    assert list(rows) == ["fp16", "fp32", "int4", "int8"]
-    assert rows["int8"]["variants"] == 2 and rows["int8"]["label"] == "int8-dynamic on onnxruntime"
-    assert rows["int8"]["why"] == "slower: 0.71x the recommended's speed"
-    assert rows["int4"]["why"] == "failed: Unsupported op MatMulNBits"
+def test_why_not_groups_by_effective_precision_and_lists_failures_with_their_reason():
+    entries = [entry(1, "fp32", 2.0, 1.0, windows=steady(2.0)), entry(2, "int8", 1.0, 0.999, key="int8-minmax", windows=steady(1.0)),
+               entry(3, "int8", 0.9, 0.95, key="int8-mse", windows=steady(0.9)), entry(4, "int8-dynamic", 1.4, 0.999, windows=steady(1.4)),
+               entry(5, "fp32", 1.3, 1.0, backend="openvino", key="fp32+ov-bf16", compile={"inference_precision": "bf16"}, windows=steady(1.3)),
+               {"id": 6, "key": "int4-rtn", "precision": "int4-weight", "backend": "onnxruntime", "latency_ms": None,
+                "accuracy": {"value": None, "within_tolerance": False}, "status": "failed", "error": "[ONNXRuntimeError] : 10 : INVALID_GRAPH : no kernel"},
+               {"id": 7, "key": "int8-dynamic-keep1", "precision": "int8-dynamic", "backend": "onnxruntime", "latency_ms": None,
+                "options": {"nodes_to_exclude": ["fc"]}, "accuracy": {"value": None, "within_tolerance": False}, "status": "failed",
+                "error": "lease expired"}]
+    builds = [{"variant": 40, "key": "int8-entropy", "precision": "int8", "options": {}, "backends": ["onnxruntime"],
+               "error": "BuildMemoryExceeded: the int8 build used more than the build memory budget of 4096 MB (KILN_BUILD_MEMORY_MB) and was stopped"},
+              {"variant": 41, "key": "int8-nncf", "precision": "int8", "options": {"tool": "nncf"}, "backends": ["openvino"],
+               "error": "TimeoutError: the int8 build took longer than 600 s and was stopped"}]
+    decision = decide(entries, TOLERANCE, failed_builds=builds)
+    assert decision["variant"] == 2
+    rows = decision["alternatives"]
+    families = [row["family"] for row in rows if row["outcome"] not in ("failed", "build failed")]
+    assert families == ["fp32", "bf16", "int8", "int4 weights", "mixed"][: len(families)] and "bf16" in families
+    by_variant = {row["variant"]: row for row in rows if row["variant"] is not None}
+    # The bf16 run is its own family, named by what runs; the FP32 row is FP32.
+    assert by_variant[5]["label"] == "bf16 · fp32+ov-bf16 on openvino" and by_variant[5]["family"] == "bf16"
+    assert by_variant[1]["label"] == "fp32 on onnxruntime" and by_variant[1]["why"].startswith("slower")
+    assert by_variant[6]["why"].startswith("the backend cannot read this model: ")
+    assert by_variant[7]["family"] == "mixed" and by_variant[7]["why"] == "failed: lease expired"
+    failed_builds = [row for row in rows if row["outcome"] == "build failed"]
+    assert [row["build"] for row in failed_builds] == [40, 41]
+    assert "ran out of memory" in failed_builds[0]["why"] and "ran out of time" in failed_builds[1]["why"]
+
+
+def test_noise_is_told_once_per_device_not_once_per_row():
+    entries = [entry(i, "int8", 1.0 + i / 10, 0.999, key=f"int8-{i}", windows=(1.0, 1.2 + i / 10, 1.4), unstable=True) for i in range(1, 4)]
+    entries.append(entry(9, "fp32", 3.0, 1.0, windows=steady(3.0)))
+    entries[0]["timing"]["windows"] = [{"busy": False, "retaken": 2, "busiest": ["stress-ng 98%"]}]
+    entries[1]["timing"]["windows"] = [{"busy": True, "retaken": 2, "busiest": ["stress-ng 97%"], "builds_paused": False}]
+    decision = decide(entries, TOLERANCE)
+    noise = decision["noise"]
+    assert noise["unstable"] == 3 and noise["timed"] == 4 and noise["retaken"] == 4 and noise["busy"] == 1
+    assert noise["text"].startswith("3 of 4 first-pass benchmarks on this device were unstable")
+    assert "4 measurement window(s) were re-taken because other processes kept the device busy (stress-ng 98%, stress-ng 97%)" in noise["text"]
+    assert "1 window(s) were timed while a build on this host did not pause" in noise["text"] and noise["unpaused"] == 1
+    assert "quieter device" not in noise["text"]
+    assert "unstable" not in decision  # no per-row paragraphs
 
 
 def test_when_nothing_meets_the_tolerance_the_most_accurate_is_returned_with_why():
     entries = [entry(1, "int8", 1.0, 0.90), entry(2, "int4-weight", 0.8, 0.80)]
     chosen, reason = recommend(entries, TOLERANCE)
-    assert chosen == 1
-    assert reason.startswith("No variant met the tolerance")
+    assert chosen == 1 and reason.startswith("No variant met the tolerance")
 
 
 def test_nothing_measured_says_so():
@@ -143,12 +175,15 @@ def test_fp32_noise_lists_what_fp32_scores_per_backend():
     assert abs(noise[0]["drop"] - 0.0005) < 1e-12 and noise[1]["drop"] == 0.0
 
 
-def interleaved(id, key, backend, rounds, compile=None, size=4000):
-    """An entry re-timed in paired interleaved rounds (the search's final confirmation, or an agent's re-timing)."""
+def interleaved(id, key, backend, rounds, compile=None, size=4000, precision="fp32", value=1.0):
+    """An entry re-timed in paired interleaved rounds; its p50 is the median of its round medians, as the report sets it."""
     rounds = list(rounds)
-    return {"id": id, "key": key, "precision": "fp32", "backend": backend, "compile": compile or {}, "size_bytes": size,
-            "latency_ms": {"p50": sorted(rounds)[len(rounds) // 2], "cv": 0.2, "count": 50},
-            "accuracy": score_accuracy(TOLERANCE, measured(1.0)), "timing": {"interleaved_medians_ms": rounds}}
+    ordered = sorted(rounds)
+    middle = len(ordered) // 2
+    p50 = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"id": id, "key": key, "precision": precision, "backend": backend, "compile": compile or {}, "size_bytes": size,
+            "latency_ms": {"p50": p50, "cv": 0.2, "count": 50},
+            "accuracy": score_accuracy(TOLERANCE, measured(value)), "timing": {"interleaved_medians_ms": rounds}}
 
 
 # Per-round load on a shared machine: the same drift hits every contender of a round.
@@ -156,24 +191,65 @@ DRIFT = [1.0, 1.6, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7, 1.2]
 
 
 def test_a_tuned_build_that_is_not_faster_beyond_noise_loses_to_the_runtime_defaults():
-    # fp32 with static shapes measured 2% faster at the median, but its paired ratios straddle 1.0:
-    # picking it would put Kiln's pick at or below the vendor default (FP32, runtime defaults) it ties with.
     noise = [1.03, 0.97, 1.05, 0.99, 1.04, 0.96, 1.02, 1.00, 0.98]
     defaults = interleaved("fp32@onnxruntime", "fp32", "onnxruntime", [16.0 * d for d in DRIFT])
     tuned = interleaved("fp32+static@onnxruntime", "fp32+static", "onnxruntime",
                         [16.0 * 0.98 * d * n for d, n in zip(DRIFT, noise)], compile={"static_shapes": {"x": [1, 3, 48, 320]}})
     assert tuned["latency_ms"]["p50"] < defaults["latency_ms"]["p50"]
-    chosen = recommendation([tuned, defaults], TOLERANCE)
-    assert chosen.variant == "fp32@onnxruntime"
-    assert chosen.verdict["tie"] and chosen.verdict["tied_with"][0]["source"] == "interleaved re-timing"
-    assert "so the simpler (runtime defaults) one is recommended" in chosen.reason
+    decision = decide([tuned, defaults], TOLERANCE)
+    assert decision["variant"] == "fp32@onnxruntime"
+    assert decision["tie"] and decision["tied_with"][0]["source"] == "interleaved re-timing" and decision["tied_with"][0]["rounds"] == 9
+    assert "because it uses fewer compile options (closer to the runtime's defaults)" in decision["text"]
 
 
-def test_a_tuned_build_faster_beyond_the_paired_noise_wins_even_when_the_unpaired_spread_is_wide():
-    # 12% faster in every round; the rounds themselves swing 2x, so unpaired medians would call it a tie.
+def test_a_tuned_build_faster_beyond_the_paired_noise_wins_and_the_measurement_shows_each_rounds_ratio():
     defaults = interleaved("fp32@openvino", "fp32", "openvino", [50.0 * d for d in DRIFT])
     tuned = interleaved("fp32+static@openvino", "fp32+static", "openvino", [44.0 * d for d in DRIFT],
                         compile={"static_shapes": {"x": [1, 3, 320, 320]}})
-    chosen = recommendation([defaults, tuned], TOLERANCE)
-    assert chosen.variant == "fp32+static@openvino"
-    assert not chosen.verdict["tie"]
+    decision = decide([defaults, tuned], TOLERANCE, retime={"rounds": 9, "stopped": "separated"})
+    assert decision["variant"] == "fp32+static@openvino" and not decision["tie"]
+    assert decision["label"] == "fp32 +static on openvino"
+    assert decision["speedup"]["per_round"] == pytest.approx([50 / 44] * 9, rel=1e-3) and decision["speedup"]["rounds"] == 9
+    measurement = decision["measurement"]
+    assert measurement["rounds"] == 9 and measurement["stopped"] == "separated"
+    row = next(row for row in measurement["finalists"] if row["variant"] == "fp32@openvino")
+    assert row["against_recommended"]["comparison"] == "faster" and len(row["against_recommended"]["per_round"]) == 9
+    assert "The decision rests on 9 rounds of the finalists timed side by side" in decision["noise"]["text"]
+
+
+def _random_device(rng: random.Random) -> list[dict]:
+    """A device's variants as a loaded machine might measure them: some finalists paired, the rest first pass only."""
+    count = rng.randint(2, 9)
+    rounds = rng.randint(6, 14)
+    drift = [rng.uniform(0.7, 2.0) for _ in range(rounds)]
+    entries = []
+    for index in range(count):
+        precision = rng.choice(["fp32", "int8", "int8-dynamic", "int4-weight", "fp16"])
+        value = 1.0 if precision == "fp32" else rng.choice([1.0, 0.999, 0.995, 0.98])
+        speed = rng.uniform(0.3, 1.5)
+        if rng.random() < 0.6:
+            row = interleaved(index, f"{precision}-{index}", "onnxruntime", [speed * d * rng.uniform(0.95, 1.05) for d in drift],
+                              size=rng.choice([1000, 4000]), precision=precision, value=value)
+        else:
+            spread = rng.uniform(0.0, 0.3)
+            row = entry(index, precision, speed, value, key=f"{precision}-{index}", size=rng.choice([1000, 4000]),
+                        windows=(speed * (1 - spread), speed, speed * (1 + spread)))
+        entries.append(row)
+    return entries
+
+
+def test_agreement_over_many_random_devices_the_recommended_is_never_beaten_and_its_stated_ratio_is_the_tables():
+    """The agreement test at the decision's level (tests/e2e walks finished jobs the same way, see test_decision_agreement)."""
+    from tests.agreement import assert_decision_agrees
+
+    rng = random.Random(23)
+    for _ in range(300):
+        entries = _random_device(rng)
+        decision = decide(entries, TOLERANCE)
+        assert_decision_agrees({"variants": entries, "recommended": decision["variant"], "decision": decision, "alternatives": decision["alternatives"]})
+
+
+def test_recommendation_returns_the_decision_it_was_computed_from():
+    entries = [entry(1, "fp32", 2.0, 1.0, windows=steady(2.0)), entry(2, "int8", 1.0, 0.999, windows=steady(1.0))]
+    chosen = recommendation(entries, TOLERANCE)
+    assert chosen.variant == chosen.decision["variant"] == 2 and chosen.reason == chosen.decision["text"]

@@ -8,6 +8,10 @@ peak RSS (`ru_maxrss`), so every build says what it cost. Only JSON crosses the 
 
 Run as `python -m workers.quantize.isolated REQUEST.json RESULT.json` by `build_isolated` and
 `rank_nodes_isolated` (the sensitivity analysis, which runs the model over calibration batches too).
+
+While an agent on the same host times a measurement, the child is paused (devices/quiet.py
+`BuildPauser`): a build never competes with a device for its cores, and the time paused does not
+count against the build's time limit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from devices.quiet import BuildPauser
 
 DEFAULT_MEMORY_BUDGET_MB = 4096
 MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
@@ -80,6 +86,7 @@ def build_isolated(
     built = result["built"]
     built["peak_rss_mb"] = result["peak_rss_mb"]
     built["build_s"] = time.monotonic() - started
+    built["paused_s"] = result.get("paused_s", 0.0)
     return built
 
 
@@ -100,19 +107,22 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
     with tempfile.TemporaryDirectory(prefix="kiln-build-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
+        stderr_path = Path(scratch) / "stderr.txt"
         # The child runs in the scratch directory: onnxruntime.quantization writes scratch models into the cwd.
-        process = subprocess.Popen([sys.executable, "-m", "workers.quantize.isolated", str(request_path), str(result_path)],
-                                   cwd=scratch, env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with open(stderr_path, "wb") as stderr_file:
+            process = subprocess.Popen([sys.executable, "-m", "workers.quantize.isolated", str(request_path), str(result_path)],
+                                       cwd=scratch, env=_child_env(), stdout=subprocess.DEVNULL, stderr=stderr_file)
         watch = _Watchdog(process.pid, budget)
+        pauser = BuildPauser(process.pid)
         watch.start()
+        pauser.start()
         try:
-            _, stderr = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise TimeoutError(f"{what} took longer than {timeout_s:.0f} s and was stopped") from None
+            _wait_running(process, timeout_s, pauser, what)
         finally:
+            pauser.stop()
             watch.stop()
+        stderr = stderr_path.read_bytes()
+        paused_s = pauser.paused_seconds()
         if watch.exceeded:
             raise BuildMemoryExceeded(
                 f"{what} used more than the build memory budget of {budget} MB "
@@ -125,7 +135,24 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
     # a child of a large parent would report the parent's peak. ru_maxrss only fills in for a child
     # too short-lived to be sampled.
     result["peak_rss_mb"] = watch.peak_mb or result.get("peak_rss_mb") or 0.0
+    # How long the build stood paused while an agent of this host timed (devices/quiet.py).
+    result["paused_s"] = round(paused_s, 3)
     return result
+
+
+def _wait_running(process: subprocess.Popen, timeout_s: float, pauser: BuildPauser, what: str) -> None:
+    """Wait for the child; kill it once it has *run* (paused time left out) for longer than `timeout_s`."""
+    started = time.monotonic()
+    while True:
+        try:
+            process.wait(timeout=POLL_SECONDS)
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - started - pauser.paused_seconds() > timeout_s:
+                pauser.stop()
+                process.kill()
+                process.wait()
+                raise TimeoutError(f"{what} took longer than {timeout_s:.0f} s and was stopped") from None
 
 
 def _child_env() -> dict[str, str]:

@@ -44,6 +44,7 @@ from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
 from devices.cpus import usable_cores
+from devices.labels import ignored_options
 from devices.metrics import evaluate
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
@@ -65,14 +66,18 @@ _KEEP_SUFFIX = re.compile(r"^(?P<base>.+?)-keep(?P<k>\d+)$")
 _MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
 _KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
 # The cheapest member of each family: what round 1 measures for speed before any accuracy work.
-PROBES = {"int8": "int8-minmax", "int8-dynamic": "int8-dynamic", "int4-weight": "int4-rtn", "fp16": "fp16"}
+PROBES = {"int8": "int8-minmax", "int8-dynamic": "int8-dynamic", "int4-weight": "int4-rtn", "fp16": "fp16", "bf16": "bf16"}
+# bf16 is a family of its own: the FP32 graph under OpenVINO's bf16 inference precision, where the CPU has bf16 units.
+# Its members are FP32 builds whose compile options define the family; ONNX Runtime's CPU provider has no such mode.
+BF16_KEY = "bf16"
+FAMILY_COMPILE = {BF16_KEY: {"inference_precision": "bf16"}}
 # What a user gets without Kiln: onnxruntime's quantize_static and nncf.quantize called with their
 # defaults (FP32 with runtime defaults is the "fp32" spec on every backend). They are measured in
 # round 1 whatever the probes say, and re-timed beside the leader at the end, so Kiln's pick is
 # never slower than a vendor default that meets the same tolerance.
 VENDOR_DEFAULTS = ("fp32", "int8-ort-default", "int8-nncf")
 VENDOR_BUILD_TIMEOUT_S = 600.0
-FAMILY_NAMES = {"int8": "INT8", "int8-dynamic": "INT8-dynamic", "int4-weight": "INT4 weights", "fp16": "FP16"}
+FAMILY_NAMES = {"int8": "INT8", "int8-dynamic": "INT8-dynamic", "int4-weight": "INT4 weights", "fp16": "FP16", "bf16": "BF16"}
 # Below this relative gap two latencies are a tie, whatever their spread says.
 NOISE_FLOOR = 0.03
 COMPILE_SEPARATOR = "+"
@@ -150,7 +155,7 @@ def plan_round(
     if round_number <= 1:
         probes = set(PROBES.values()) | set(VENDOR_DEFAULTS)
         specs = [spec for spec in sweep if spec["key"] in probes]
-        return for_targets(specs + _registered(state), backends)
+        return for_targets(_acted_on(specs + _bf16_probe(state) + _registered(state)), backends)
     if not measured:
         return []
     state.verdicts = family_verdicts(measured)
@@ -166,7 +171,30 @@ def plan_round(
         elif known["backends"] and spec["backends"] and known["compile"] == spec["compile"]:
             # The same recipe with the same options proposed for two backends is one variant run on both.
             proposals[spec["key"]] = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
-    return for_targets([proposals[key] for key in sorted(proposals)], backends)
+    return for_targets(_acted_on([proposals[key] for key in sorted(proposals)]), backends)
+
+
+def _bf16_probe(state: SearchState) -> list[dict[str, Any]]:
+    """The bf16 family's probe: FP32 under OpenVINO's bf16 inference precision, on CPUs with bf16 units."""
+    if "openvino" not in state.backends or not has_bf16(state.device_isa):
+        return []
+    return [{**_spec(BF16_KEY, "fp32", {}, ["openvino"]), "compile": dict(FAMILY_COMPILE[BF16_KEY])}]
+
+
+def _acted_on(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each spec on the backends that act on all of its compile options; a spec no backend acts on is not proposed
+    (bf16 on ONNX Runtime's CPU provider would be FP32 measured under another name)."""
+    kept = []
+    for spec in specs:
+        backends = spec.get("backends")
+        if spec.get("compile") and backends:
+            backends = [backend for backend in backends if not ignored_options(backend, spec["compile"])]
+            if not backends:
+                continue
+        elif spec.get("compile") and any(ignored_options(backend, spec["compile"]) for backend in ("onnxruntime", "openvino")):
+            backends = [backend for backend in ("onnxruntime", "openvino") if not ignored_options(backend, spec["compile"])]
+        kept.append({**spec, "backends": backends})
+    return kept
 
 
 def _learned_family(state: SearchState) -> list[dict[str, Any]]:
@@ -339,6 +367,9 @@ def _compile_candidates(state: SearchState, thread_choices: list[int] | None) ->
         if base is None:
             continue
         singles = _single_compile_options(state, backend, thread_choices)
+        if base.get("precision") == "fp32":
+            # The bf16 family is its own probe: the hint on an FP32 base would measure it again under another name.
+            singles = [(tag, options) for tag, options in singles if "inference_precision" not in options]
         tried = []
         for tag, options in singles:
             key = f"{base['key']}{COMPILE_SEPARATOR}{tag}"
@@ -357,12 +388,17 @@ def _compile_candidates(state: SearchState, thread_choices: list[int] | None) ->
     return specs
 
 
+def _plain(entry: dict[str, Any]) -> bool:
+    """A build with no compile options beyond those that define its family (bf16's inference precision)."""
+    return (entry.get("compile") or {}) == FAMILY_COMPILE.get(str(entry.get("key")), {})
+
+
 def _compile_base(measured: list[dict[str, Any]], backend: str) -> dict[str, Any] | None:
     """The fastest passing plain build on `backend` (FP32 when nothing passes there)."""
-    plain = [entry for entry in measured if entry.get("backend") == backend and not entry.get("compile")
+    plain = [entry for entry in measured if entry.get("backend") == backend and _plain(entry)
              and _p50(entry) is not None and _accuracy(entry) is not None]
     passing = [entry for entry in plain if _passes(entry)]
-    pool = passing or [entry for entry in plain if entry.get("precision") == "fp32"]
+    pool = passing or [entry for entry in plain if entry.get("precision") == "fp32" and not entry.get("compile")]
     return min(pool, key=lambda entry: (_p50(entry), entry["key"])) if pool else None
 
 
@@ -387,7 +423,7 @@ def _single_compile_options(state: SearchState, backend: str, thread_choices: li
 
 def _compile_spec(base: dict[str, Any], key: str, options: dict[str, Any], backend: str) -> dict[str, Any]:
     return {"key": key, "precision": base["precision"], "options": dict(base.get("options") or {}),
-            "backends": [backend], "compile": dict(options)}
+            "backends": [backend], "compile": {**(base.get("compile") or {}), **options}}
 
 
 def _measured_on(measured: list[dict[str, Any]], key: str, backend: str) -> dict[str, Any] | None:
@@ -460,7 +496,7 @@ def _spec(key: str, precision: str, options: dict[str, Any], backends: list[str]
 
 def _family(key: str) -> tuple[str | None, int]:
     """(family, depth): "int8-mse-keep4" → ("int8-mse", 4); "int4-mix2" → ("int4-rtn", 2); "int8-mse" → ("int8-mse", 0)."""
-    if key in ("fp32", "fp16", "int8-ort-default") or COMPILE_SEPARATOR in key:
+    if key in ("fp32", "fp16", BF16_KEY, "int8-ort-default") or COMPILE_SEPARATOR in key:
         # The ORT-defaults baseline takes no options: keeping nodes in float is the other recipes' job.
         return None, 0
     mix = _MIX.match(key)

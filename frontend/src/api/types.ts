@@ -332,15 +332,20 @@ export interface Job {
 export interface JobOutcome {
   device: string;
   agent: number | null;
+  /** The decision's label: effective precision first ("int8 · int8-mse on onnxruntime"). */
   recommended: string | null;
   speedup: number | null;
+  /** The interval language against FP32: faster, slower or tie. */
+  comparison?: Comparison | null;
+  /** The decision's own short cell ("2.41x faster", "1.04x (tie)", "FP32 itself"); null for reports stored before decisions. */
+  speedup_text?: string | null;
   beyond_noise: boolean | null;
   tie: boolean;
-  /** The gap the verdict could not settle (speed-up over FP32, else the tie) had too wide an interval to call a tie. */
-  too_noisy?: boolean;
   accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
   verdict: string | null;
 }
+
+export type Comparison = 'faster' | 'slower' | 'tie';
 
 export interface SearchBudget {
   minutes: number;
@@ -443,12 +448,21 @@ export interface ReportVariant {
   id: number;
   task?: number;
   key?: string;
+  /** What runs, named (devices/labels.py): "bf16 · fp32+static+ov-bf16 on openvino". */
+  label?: string;
+  /** fp32, bf16, fp16, int8, int4 weights or mixed. */
+  effective_precision?: string;
   round?: number;
   options?: Record<string, unknown> | null;
   backend: string;
   precision: string;
   recipe: Record<string, unknown> | null;
+  /** The decision's latency: a finalist's is the median of its side-by-side rounds; the first pass is kept beside it. */
   latency_ms: LatencyMs | null;
+  latency_ms_first_pass?: LatencyMs | null;
+  timing?: { source?: string; window_medians_ms?: number[]; interleaved_medians_ms?: number[]; windows?: QuietWindow[] } | null;
+  /** A quiet window stayed busy after its re-takes: the figure is marked. */
+  busy?: boolean;
   throughput_per_s: number | null;
   load_ms?: number | null;
   first_inference_ms?: number | null;
@@ -498,52 +512,101 @@ export interface ReportDevice {
   estimate?: DeviceEstimate | null;
   /** What FP32 itself scores on this device, per backend: what "1%" is read against. */
   fp32_noise?: Fp32Noise[];
-  /** The one-line verdict on the recommended variant (workers/scoring.py). */
-  verdict?: Verdict | null;
-  /** Why not the others: one row per precision family. */
+  /** The one decision on this device (workers/scoring.py `decide`): every view renders it, none rewords it. */
+  decision?: Decision | null;
+  /** The decision under its earlier name. */
+  verdict?: Decision | null;
+  /** The decision's "why not the others": one row per precision family, and one per failure. */
   alternatives?: WhyNotRow[];
-  /** Each unstable measurement, in words, with its spread. */
-  unstable?: UnstableNote[];
+  /** The device's timing noise, told once. */
+  noise?: DecisionNoise | null;
+  /** The finalists timed side by side, when the device re-timed them. */
+  measurement?: DecisionMeasurement | null;
 }
 
-/** A latency ratio (slow p50 / fast p50) with its 95% interval and where the noise figure came from. */
+/** A latency ratio (slow p50 / fast p50) with its 95% interval, where it comes from, and what it says. */
 export interface LatencyRatio {
   ratio: number;
   low: number;
   high: number;
   source: string;
+  comparison?: Comparison;
   beyond_noise: boolean;
-  /** The interval is too wide to call the gap a tie (absent in reports stored before it existed). */
-  too_noisy?: boolean;
+  rounds?: number | null;
+  per_round?: number[];
 }
 
-export interface Verdict {
-  variant: number;
-  label: string;
+export interface Decision {
+  variant: number | null;
+  label: string | null;
+  effective_precision?: string | null;
   text: string;
+  /** The speed clause against FP32, and its short form for cells. */
+  speed?: string | null;
+  short?: string | null;
+  cost?: string | null;
+  comparison?: Comparison | null;
   tie: boolean;
-  tied_with: ({ variant: number; label: string } & LatencyRatio)[];
-  speedup: ({ baseline: number } & LatencyRatio) | null;
-  accuracy: { metric: string | null; value: number | null; drop: number | null };
+  tied_with: ({ variant: number; label: string; reason?: string } & LatencyRatio)[];
+  speedup: ({ baseline: number; baseline_label?: string } & LatencyRatio) | null;
+  accuracy: { metric: string | null; value: number | null; drop: number | null } | null;
+  within_tolerance?: boolean;
+  alternatives?: WhyNotRow[];
+  noise?: DecisionNoise | null;
+  measurement?: DecisionMeasurement | null;
+}
+
+/** @deprecated the decision's earlier name */
+export type Verdict = Decision;
+
+export interface DecisionNoise {
+  text: string;
+  unstable?: number;
+  timed?: number;
+  retaken?: number;
+  busy?: number;
+}
+
+export interface DecisionMeasurement {
+  source: string;
+  rounds: number;
+  stopped: string | null;
+  stopped_text?: string;
+  finalists: {
+    variant: number;
+    label: string;
+    p50_ms: number;
+    round_medians_ms: number[];
+    against_recommended?: LatencyRatio;
+  }[];
+}
+
+/** One quiet timing window (devices/quiet.py): the load around it and whether it had to be re-taken. */
+export interface QuietWindow {
+  attempt?: number;
+  seconds?: number;
+  competing_cores?: number;
+  limit_cores?: number;
+  busy?: boolean;
+  retaken?: number;
+  busiest?: string[];
+  before?: { loadavg: number[] | null; cpu_mhz: number | null };
+  after?: { loadavg: number[] | null; cpu_mhz: number | null };
 }
 
 export interface WhyNotRow {
   family: string;
   variants: number;
-  variant: number;
+  variant: number | null;
+  /** A build that never reached a device: the variant's id. */
+  build?: number;
   label: string;
   p50_ms: number | null;
   drop: number | null;
   metric: string | null;
+  /** slower, tie, outside tolerance, failed, build failed, not measured… */
+  outcome?: string;
   why: string;
-}
-
-export interface UnstableNote {
-  variant: number;
-  label: string;
-  spread: number;
-  window_medians_ms: number[];
-  text: string;
 }
 
 export interface Fp32Noise {
@@ -591,13 +654,28 @@ export interface ReportDatasets {
   calibration_used?: CalibrationUsed | null;
 }
 
+/** What the `auto` search did (reports/selectors.py `_search_summary`). */
+export interface SearchSummaryData {
+  auto?: boolean;
+  rounds: number;
+  /** Per round, the candidates it built and how each build went. */
+  tried?: { round: number; variants: { key: string; effective_precision: string; backends: string[]; status: string; error: string }[] }[];
+  sensitivity: SensitivityRow[];
+  /** Why no layers were ranked, when none were. */
+  sensitivity_note?: string;
+  budget_minutes?: number | null;
+  stopped?: string | null;
+  /** Per device target: why each family was searched or dropped, and which compile options won. */
+  notes?: Record<string, string[]>;
+}
+
 export interface Report {
   job: number;
   status: JobStatus;
   tolerance: Tolerance;
   metrics?: DeclaredMetric[];
   evaluation?: EvaluationPlan | null;
-  search?: { rounds: number; sensitivity: SensitivityRow[] };
+  search?: SearchSummaryData;
   datasets?: ReportDatasets;
   devices: ReportDevice[];
   rerun?: {

@@ -3,7 +3,7 @@ import { Link, useNavigate, useParams } from 'react-router';
 import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useReport, useRerunJob } from '../api/hooks';
 import type { Artifact, DeviceTask, Job, JobStage, JobVariant, Report } from '../api/types';
 import { variantLabel } from './report/ReportTable';
-import { costPhrase, headline, speedupPhrase, tieBadge } from './report/verdict';
+import { decisionOf, headline, tieBadge } from './report/verdict';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
@@ -244,6 +244,8 @@ export function ResultSummary({ report, jobId }: { report: Report; jobId: number
       {report.devices.map((device, index) => {
         const chosen = device.variants.find((variant) => variant.id === device.recommended);
         const name = device.agent?.name ?? device.target ?? 'Device';
+        const decision = decisionOf(device);
+        const badge = decision ? tieBadge(decision) : null;
         return (
           <div key={device.agent?.id ?? device.target ?? index} className="result-device" data-testid="result-device">
             <div>
@@ -251,17 +253,17 @@ export function ResultSummary({ report, jobId }: { report: Report; jobId: number
               <div className="result-headline">
                 {chosen ? (
                   <>
-                    <span className="badge badge-recommended">Recommended</span> <strong>{variantLabel(chosen)}</strong>
+                    <span className="badge badge-recommended">Recommended</span> <strong>{decision?.label ?? variantLabel(chosen)}</strong>
                   </>
                 ) : (
                   <strong>No recommendation</strong>
                 )}
               </div>
-              {device.verdict ? (
+              {decision?.speed || decision?.cost || badge ? (
                 <ul className="verdict-facts">
-                  <li data-testid="result-speedup">{speedupPhrase(device.verdict)}</li>
-                  <li>{costPhrase(device.verdict)}</li>
-                  {tieBadge(device.verdict) ? <li><span className="badge badge-tie">{tieBadge(device.verdict)}</span></li> : null}
+                  {decision?.speed ? <li data-testid="result-speedup">{decision.speed}</li> : null}
+                  {decision?.cost ? <li>{decision.cost}</li> : null}
+                  {badge ? <li><span className="badge badge-tie">{badge}</span></li> : null}
                 </ul>
               ) : null}
               <p className="small result-verdict">{headline(device)}</p>

@@ -6,14 +6,14 @@ import type { Column } from '../components/DataTable';
 export const OUTCOME_COLUMNS: Column[] = ['Outcome', { label: 'Speed-up vs FP32', className: 'numeric' }];
 
 /**
- * "2.41x" for a speed-up beyond the noise; "(within noise)" or "tie" inside it, "too noisy to tell" when its
- * interval was too wide to call it that; "—" when FP32 itself won or nothing was measured.
+ * The decision's own short form ("2.41x faster", "1.04x (tie)", "0.91x (slower)", "FP32 itself"); for reports stored
+ * before decisions, the bare ratio and "(within noise)" when it was not beyond it; "—" when nothing was measured.
  */
 export function speedupCell(outcome: JobOutcome): string {
-  const unsettled = outcome.too_noisy ? 'too noisy to tell' : null;
-  if (outcome.speedup === null || outcome.speedup === undefined) return outcome.tie ? (unsettled ?? 'tie within noise') : '—';
+  if (outcome.speedup_text) return outcome.speedup_text;
+  if (outcome.speedup === null || outcome.speedup === undefined) return outcome.tie ? 'tie within noise' : '—';
   if (outcome.beyond_noise) return `${outcome.speedup.toFixed(2)}x`;
-  return `${outcome.speedup.toFixed(2)}x (${unsettled ?? 'within noise'})`;
+  return `${outcome.speedup.toFixed(2)}x (within noise)`;
 }
 
 export function OutcomeCells({ outcome }: { outcome: JobOutcome[] | undefined }) {

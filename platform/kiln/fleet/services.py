@@ -23,6 +23,7 @@ from kiln.pipeline.device_tasks import (
     device_task_finish,
     device_task_requeue,
     device_task_start,
+    device_tasks_release_retimes,
     device_tasks_requeue_held_by,
 )
 from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskStatus
@@ -93,6 +94,7 @@ def agent_revoke(*, agent: Agent) -> Agent:
         agent.revoked_at = timezone.now()
         agent.save(update_fields=["revoked_at"])
         device_tasks_requeue_held_by(agent=agent, reason="agent revoked")
+        device_tasks_release_retimes(agent_ids=[agent.pk], reason=f"{agent.name} was revoked")
     # This process refuses the token from now on; the others within AGENT_AUTH_CACHE_SECONDS.
     token_cache.agent_forget(agent.pk)
     return agent
@@ -144,9 +146,11 @@ def agents_mark_offline() -> int:
     silent = Agent.objects.filter(revoked_at__isnull=True, offline_since__isnull=True, last_heartbeat_at__lt=cutoff)
     silent = silent.exclude(pk__in=[agent_id for agent_id, seen in heartbeats_pending().items() if seen >= cutoff])
     names = list(silent.values_list("name", flat=True)[:20])
+    ids = list(silent.values_list("pk", flat=True))
     count = silent.update(offline_since=timezone.now())
     if count:
         logger.info("%d agent(s) went offline: %s", count, ", ".join(names))
+        device_tasks_release_retimes(agent_ids=ids, reason="its device went offline")
     return count
 
 

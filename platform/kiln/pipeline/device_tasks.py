@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from devices.labels import ignored_options
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.services import model_version_support_record
 
@@ -47,6 +48,9 @@ def job_dispatch_device_tasks(*, job: DeploymentJob) -> None:
         for target in targets:
             for variant in variants:
                 for backend in sorted(runnable_backends(job, set(variant.backends) & target.backends)):
+                    if ignored_options(backend, variant.options.get("compile")):
+                        # The backend would not act on the variant's options: its timing would be another variant's under this name.
+                        continue
                     task, was_created = DeviceTask.objects.get_or_create(
                         job=job, variant=variant, backend=backend, target=target.key, purpose=DeviceTaskPurpose.MEASURE,
                         defaults={"organization": job.organization, "pinned_agent": target.pinned_agent, "required_labels": target.labels},
@@ -119,8 +123,11 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
                                          if task.variant.artifact_id else "")
         if task.purpose == DeviceTaskPurpose.RETIME and status == DeviceTaskStatus.SUCCEEDED:
             stored = retime_results_store(task=task, metrics=metrics)
-            job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} near-tie variant(s) re-timed side by side "
-                          "in interleaved windows", task_id=task.id)
+            retaken = sum(int(window.get("retaken") or 0) for window in metrics.get("windows") or [])
+            rounds = len((metrics.get("retime") or [{}])[0].get("interleaved_medians_ms") or [])
+            again = f"; {retaken} busy round(s) re-taken" if retaken else ""
+            job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} finalist(s) re-timed side by side in {rounds} "
+                          f"interleaved rounds ({metrics.get('stopped') or 'done'}){again}", task_id=task.id)
             device_task_after_terminal(job_id=task.job_id)
             return True
         level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"
@@ -176,6 +183,22 @@ def device_tasks_requeue_expired() -> int:
                     job_event_add(job=task.job, stage="devices", level="warning", message=f"Device task {task.id} ({task.backend}) lost its agent; requeued.", task_id=task.id)
                     wake_agents(organization_id=task.organization_id, tasks=[task])
         count += changed
+    return count
+
+
+def device_tasks_release_retimes(*, agent_ids: list[int], reason: str) -> int:
+    """Queued re-timing tasks pinned to agents that went away (offline, revoked) are canceled, so their jobs report
+    with the first pass instead of waiting for a device that may never come back; returns how many."""
+    count = 0
+    for task in DeviceTask.objects.filter(purpose=DeviceTaskPurpose.RETIME, status=DeviceTaskStatus.QUEUED, pinned_agent_id__in=agent_ids):
+        with transaction.atomic():
+            if not DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.QUEUED).update(
+                    status=DeviceTaskStatus.CANCELED, error=reason, finished_at=timezone.now()):
+                continue
+            job_event_add(job=task.job, stage="devices", level="warning", task_id=task.id,
+                          message=f"The finalists were not re-timed side by side: {reason}; the decision rests on the first pass.")
+            device_task_after_terminal(job_id=task.job_id)
+        count += 1
     return count
 
 

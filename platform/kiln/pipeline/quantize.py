@@ -27,7 +27,7 @@ from workers.quantize.search import family_verdicts, plan_round
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
-from .retime import job_retime_near_ties
+from .retime import job_retime_finalists
 from .runner import run_stage_open, scratch_dir, working_model_path
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 from .support import runnable_backends, skipped_backends
@@ -223,7 +223,8 @@ def _reuse_cached(variant: Variant, job: DeploymentJob) -> bool:
         defaults={"organization": job.organization, "blob": cached.artifact.blob, "precision": variant.precision},
     )
     variant.recipe = {**cached.recipe, "cached_from_job": cached.job_id, **_compile_recipe(variant)}
-    variant.backends = cached.backends
+    # As a fresh build would: never widen what the planner allowed (a bf16 variant shares FP32's build, not its backends).
+    variant.backends = [b for b in cached.backends if b in variant.backends] if variant.backends else cached.backends
     variant.status = VariantStatus.READY
     job_event_add(job=job, stage="quantize", message=f"{variant.key}: reused the identical build of job {cached.job_id}.")
     return True
@@ -246,7 +247,8 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
                                   precision=variant.precision)
     variant.artifact = artifact
     variant.recipe = {**built.get("recipe", {}), "peak_rss_mb": round(built.get("peak_rss_mb") or 0.0, 1),
-                      "build_s": round(built.get("build_s") or 0.0, 2), **_compile_recipe(variant)}
+                      "build_s": round(built.get("build_s") or 0.0, 2), "paused_s": round(built.get("paused_s") or 0.0, 2),
+                      **_compile_recipe(variant)}
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
     built_backends = built.get("backends", ["onnxruntime"])
     variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
@@ -361,13 +363,14 @@ def job_collect(*, job_id: int) -> None:
     job = DeploymentJob.objects.select_related("model_version", "calibration_dataset__blob", "converted_blob").filter(pk=job_id).first()
     if job is None or job.is_terminal or job.stage != "report":
         return
-    # Once near-ties were re-timed the search is over: nothing is planned after that.
+    # Once the finalists were re-timed the search is over: nothing is planned after that.
     next_specs = [] if "retimed" in job.search else _next_round_specs(job)
     if not next_specs:
         job.save(update_fields=["search", "updated_at"])
-        if job.precisions == [specs.AUTO] and "retimed" not in job.search and job_retime_near_ties(job=job):
+        if "retimed" not in job.search and job_retime_finalists(job=job):
             job_stage_start(job=job, stage="devices")
-            job_event_add(job=job, stage="devices", message="Near-ties: re-timing the closest variants side by side on their device.")
+            job_event_add(job=job, stage="devices", message="Finalists: re-timing them side by side on their device until the fastest "
+                          "separates at 95% or the round cap.")
             wake_agents(organization_id=job.organization_id)
             return
         enqueue_stage(job_id=job_id, stage="report")

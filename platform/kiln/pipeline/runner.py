@@ -10,6 +10,7 @@ from pathlib import Path
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from devices.quiet import wait_while_timing
 from kiln.registry.selectors import blob_file, model_version_onnx_path
 
 from .models import STAGES, DeploymentJob
@@ -53,10 +54,15 @@ def scratch_dir() -> Iterator[Path]:
 
 
 def run_stage(job_id: int, stage: str, body: Callable[[DeploymentJob], str | None]) -> bool:
-    """Run one stage's body with bookkeeping; returns True when the next stage may start."""
+    """Run one stage's body with bookkeeping; returns True when the next stage may start.
+
+    Host work does not start while an agent of this host times a measurement (devices/quiet.py); builds in
+    child processes are paused mid-way instead (workers.quantize.isolated).
+    """
     job = load_active_job(job_id, stage)
     if job is None:
         return False
+    wait_while_timing()
     job_stage_start(job=job, stage=stage)
     try:
         message = body(job) or ""

@@ -68,34 +68,52 @@ def legacy_package_name(target: str) -> str:
     return "kiln-package-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target).strip("-") + ".zip"
 
 
-def _why_not_table(device: dict) -> list[str]:
-    """The report's "why not the others", one row per precision family, as Markdown lines."""
-    rows = device.get("alternatives") or []
-    notes = [note["text"] for note in device.get("unstable") or []]
-    if not rows and not notes:
+def _why_not_table(decision: dict) -> list[str]:
+    """The decision's "why not the others", one row per precision family and per failure, as Markdown lines."""
+    rows = decision.get("alternatives") or []
+    if not rows:
         return []
     lines = ["Why not the others:", "", "| family | best of it | p50 (ms) | why not |", "|---|---|---|---|"]
     for row in rows:
         p50 = f"{row['p50_ms']:.3g}" if row.get("p50_ms") is not None else "-"
         count = f" (of {row['variants']})" if row.get("variants", 1) > 1 else ""
-        lines.append(f"| {row['family']} | {row['label']}{count} | {p50} | {row['why'].replace('|', '/')} |")
-    return [*(lines if rows else []), *([""] + notes if notes else []), ""]
+        lines.append(f"| {row['family']} | {row['label']}{count} | {p50} | {str(row['why']).replace('|', '/')} |")
+    return [*lines, ""]
+
+
+def _measurement_lines(decision: dict) -> list[str]:
+    """How the decision was measured: the device's noise, told once, and the side-by-side rounds when there were some."""
+    lines = []
+    noise = (decision.get("noise") or {}).get("text")
+    if noise:
+        lines += [f"Timing on this device: {noise}", ""]
+    measurement = decision.get("measurement")
+    if measurement:
+        lines += [f"Finalists timed side by side in {measurement['rounds']} rounds (p50 = median of the round medians):", ""]
+        for row in measurement.get("finalists") or []:
+            against = row.get("against_recommended")
+            versus = f"; the recommended is {against['ratio']:.2f}x its speed ({against['low']:.2f}x to {against['high']:.2f}x), {against['comparison']}" if against else ""
+            lines.append(f"- {row['label']}: p50 {row['p50_ms']:.3g} ms{versus}")
+        lines.append("")
+    return lines
 
 
 def _readme(job, device: dict, chosen: dict, model_format: str) -> str:
     latency = chosen.get("latency_ms") or {}
     accuracy = chosen.get("accuracy") or {}
     agent = device.get("agent") or {}
+    decision = device.get("decision") or {}
     return "\n".join([
-        f"# {job.model_version.model.name} v{job.model_version.number}: {chosen.get('key') or chosen['precision']} on {chosen['backend']}",
+        f"# {job.model_version.model.name} v{job.model_version.number}: {decision.get('label') or chosen.get('label') or chosen['backend']}",
         "",
         f"Kiln job {job.id} measured this variant on {agent.get('name') or device['target']}:",
         f"p50 {latency.get('p50', float('nan')):.3f} ms, p99 {latency.get('p99', float('nan')):.3f} ms, "
         f"{accuracy.get('metric')} {accuracy.get('value')} (drop {accuracy.get('drop')}).",
         "",
-        f"Verdict: {(device.get('verdict') or {}).get('text') or device['reason']}",
+        f"Verdict: {decision.get('text') or device['reason']}",
         "",
-        *_why_not_table(device),
+        *_measurement_lines(decision),
+        *_why_not_table(decision),
         "- `{}`: {}.".format(*MODEL_FILES[model_format]),
         "- `compiled/`: the engine the device built from it, when the agent uploaded one.",
         "- `report.json`: every variant measured on this device.",
@@ -152,7 +170,8 @@ def _manifest(*, job, device: dict, chosen: dict, files: list[dict], key_id: str
         "format": FORMAT,
         "job": job.id,
         "model": {"name": version.model.name, "version": version.number, "sha256": version.blob.sha256},
-        "variant": {"key": chosen.get("key"), "precision": chosen["precision"], "recipe": chosen.get("recipe") or {}},
+        "variant": {"key": chosen.get("key"), "precision": chosen["precision"], "effective_precision": chosen.get("effective_precision"),
+                    "label": chosen.get("label"), "recipe": chosen.get("recipe") or {}},
         "backend": chosen["backend"],
         # Compile options the search measured for this variant; run.py applies them (static shapes, threads, hints).
         "compile": (chosen.get("options") or {}).get("compile") or {},

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from django.core.cache import cache
 from django.urls import reverse
 
+from devices.labels import effective_precision, variant_label
+from devices.paired import median
 from kiln.core.errors import KilnError
-from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
+from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, VariantStatus
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.search import compile_winners, family_verdicts
-from workers.scoring import fp32_noise, pareto_ids, recommendation, score_accuracy
+from workers.scoring import decide, fp32_noise, pareto_ids, score_accuracy
 
 from .estimate import estimate_ms, fit_rates
 from .models import Measurement, Report
@@ -55,16 +57,43 @@ def _scored(tolerance: dict, accuracy: dict) -> dict:
     return scored
 
 
+WINDOW_FIELDS = ("attempt", "started_at", "seconds", "waited_s", "builds_paused", "before", "after", "competing_cores", "limit_cores",
+                 "busy", "busiest", "retaken")
+
+
+def _windows(raw) -> list[dict]:
+    """The quiet windows a result reports (devices/quiet.py `Window.as_dict`), kept to their known fields."""
+    return [{key: window[key] for key in WINDOW_FIELDS if key in window} for window in raw or [] if isinstance(window, dict)]
+
+
 def _timing(metrics: dict) -> dict:
-    """The samples the noise of a latency is judged by (workers/noise.py): the headline batch's
-    window medians, and per-round medians of interleaved re-timing when the device did that."""
+    """The samples the noise of a latency is judged by (workers/noise.py): the headline batch's window medians, and
+    per-round medians of the side-by-side re-timing when the device did that; with the quiet windows they were taken in."""
     rows = metrics.get("by_batch") or []
     windows = rows[0].get("window_medians_ms") if rows and isinstance(rows[0], dict) else None
-    timing = {"window_medians_ms": [float(v) for v in windows or [] if _is_number(v)]}
+    timing = {"window_medians_ms": [float(v) for v in windows or [] if _is_number(v)], "windows": _windows(metrics.get("windows")),
+              "source": "first pass"}
     interleaved = metrics.get("interleaved_medians_ms")
     if isinstance(interleaved, list):
         timing["interleaved_medians_ms"] = [float(v) for v in interleaved if _is_number(v)]
+        timing["source"] = "side by side"
     return timing
+
+
+def _decision_latency(latency: dict | None, timing: dict) -> dict | None:
+    """The latency the table, the chart and the decision all read: a finalist's p50 is the median of its side-by-side round
+    medians (the same measurement set as the verdict); everything else keeps its first pass."""
+    rounds = timing.get("interleaved_medians_ms") or []
+    if latency is None or not rounds:
+        return latency
+    return {**latency, "p50": median(rounds)}
+
+
+def _names(variant, backend: str) -> dict:
+    compile_options = variant.options.get("compile") or {}
+    return {"label": variant_label(key=variant.key, precision=variant.precision, backend=backend, compile_options=compile_options,
+                                   options=variant.options),
+            "effective_precision": effective_precision(variant.precision, compile_options, backend, variant.options)}
 
 
 def _entry(task: DeviceTask, tolerance: dict) -> dict:
@@ -73,11 +102,13 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
     variant = task.variant
     artifact = task.compiled_artifact or variant.artifact
     latency = _checked_latency(metrics) if task.status == DeviceTaskStatus.SUCCEEDED else None
+    timing = _timing(metrics)
     return {
         "id": task.id,
         "task": task.id,
         "variant": variant.id,
         "key": variant.key,
+        **_names(variant, task.backend),
         "backend": task.backend,
         "precision": variant.precision,
         "recipe": variant.recipe,
@@ -87,14 +118,16 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "status": task.status,
         "error": task.error or None,
         "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
-        "latency_ms": latency,
+        "latency_ms": _decision_latency(latency, timing),
+        "latency_ms_first_pass": latency,
         "throughput_per_s": metrics.get("throughput_per_s"),
         "load_ms": metrics.get("load_ms"),
         "first_inference_ms": metrics.get("first_inference_ms"),
         "peak_memory_mb": metrics.get("peak_memory_mb"),
         "threads": metrics.get("threads"),
         "unstable": metrics.get("unstable"),
-        "timing": _timing(metrics),
+        "busy": any(window.get("busy") for window in timing["windows"]),
+        "timing": timing,
         "size_bytes": variant.artifact.blob.size_bytes if variant.artifact else None,
         "accuracy": _scored(tolerance, accuracy),
         "profile": task.profile or {},
@@ -112,7 +145,7 @@ def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
         logger.warning("device task %s has an unreadable result: %s", task.id, exc)
         variant = task.variant
         return {
-            "id": task.id, "task": task.id, "variant": variant.id, "key": variant.key, "backend": task.backend,
+            "id": task.id, "task": task.id, "variant": variant.id, "key": variant.key, **_names(variant, task.backend), "backend": task.backend,
             "precision": variant.precision, "recipe": variant.recipe, "options": variant.options,
             "compile": variant.options.get("compile") or {}, "round": variant.round,
             "status": task.status, "error": f"The agent's result for this variant cannot be read: {exc}",
@@ -135,6 +168,32 @@ def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
     return dict(sorted(groups.items()))
 
 
+def _retimes_by_target(job) -> dict[str, DeviceTask]:
+    return {task.target: task for task in DeviceTask.objects.filter(job=job, purpose=DeviceTaskPurpose.RETIME, status=DeviceTaskStatus.SUCCEEDED)}
+
+
+def retime_summary(task: DeviceTask | None) -> dict | None:
+    """A device's side-by-side measurement (its RETIME task, kiln.pipeline.retime) as the decision reads it: rounds, why
+    they stopped, the windows re-taken."""
+    if task is None:
+        return None
+    metrics = task.metrics or {}
+    rows = metrics.get("retime") or []
+    return {"task": task.id, "rounds": len(rows[0]["interleaved_medians_ms"]) if rows else 0, "stopped": metrics.get("stopped"),
+            "windows": _windows(metrics.get("windows"))}
+
+
+def failed_builds(*, job) -> list[dict]:
+    """The job's variants whose host build failed or did not apply: they never reached a device, and the decision says why."""
+    rows = []
+    for variant in job.variants.filter(status__in=[VariantStatus.FAILED, VariantStatus.SKIPPED]).order_by("id"):
+        error = variant.error or ("not applicable" if variant.status == VariantStatus.SKIPPED else "failed")
+        rows.append({"variant": variant.id, "key": variant.key, "precision": variant.precision, "options": variant.options,
+                     "compile": variant.options.get("compile") or {}, "backends": variant.backends, "round": variant.round,
+                     "status": variant.status, "error": error if variant.status == VariantStatus.FAILED else f"not applicable: {error}"})
+    return rows
+
+
 @dataclass
 class DeviceReport:
     target: str
@@ -146,16 +205,19 @@ class DeviceReport:
 
 
 def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
-    """Score the job's device tasks per target, as they stand; also say whether any succeeded."""
+    """Score the job's device tasks per target, as they stand, into one decision each; also say whether any succeeded."""
     groups = _tasks_by_target(job)
+    retimes = _retimes_by_target(job)
+    builds = failed_builds(job=job)
     reports = []
     for target, members in groups.items():
+        summary = retime_summary(retimes.get(target))
         entries = [_entry_or_error(task, job.tolerance) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front
-        chosen = recommendation(entries, job.tolerance)
-        reports.append(DeviceReport(target, _group_agent(members), entries, chosen.variant, chosen.reason, chosen.as_dict()))
+        decision = decide(entries, job.tolerance, failed_builds=builds, retime=summary)
+        reports.append(DeviceReport(target, _group_agent(members), entries, decision["variant"], decision["text"], {"decision": decision}))
     succeeded = any(t.status == DeviceTaskStatus.SUCCEEDED for members in groups.values() for t in members)
     return reports, succeeded
 
@@ -166,13 +228,27 @@ def _agent_json(agent) -> dict | None:
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
+def stored_decision(details: dict | None) -> dict | None:
+    """The decision a report stored; a report stored before decisions existed has its verdict, why-not rows and notes instead."""
+    details = details or {}
+    if details.get("decision"):
+        return details["decision"]
+    verdict = details.get("verdict")
+    if not verdict:
+        return None
+    notes = " ".join(note.get("text", "") for note in details.get("unstable") or [])
+    return {**verdict, "alternatives": details.get("alternatives") or [], "noise": {"text": notes}, "measurement": None}
+
+
 def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None,
                 details: dict | None = None) -> dict:
-    """One device's part of the report; `details` is the recommendation's verdict, why-not rows and unstable notes."""
-    details = details or {}
+    """One device's part of the report; `details` holds its decision (workers/scoring.py `decide`), which every view renders."""
+    decision = stored_decision(details)
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
-        "verdict": details.get("verdict"), "alternatives": details.get("alternatives") or [], "unstable": details.get("unstable") or [],
+        # `verdict` is the decision under its earlier name, for scripts written against it.
+        "decision": decision, "verdict": decision, "alternatives": (decision or {}).get("alternatives") or [],
+        "noise": (decision or {}).get("noise"), "measurement": (decision or {}).get("measurement"),
         "fp32_noise": fp32_noise(variants),
         "package": {"id": package.id, "name": package.name, "sha256": package.blob.sha256,
                     "download_url": reverse("artifact-download", args=[package.id])} if package else None,
@@ -213,13 +289,46 @@ def job_report(*, job) -> dict:
 
 
 def _search_summary(job, devices: list[dict]) -> dict:
-    """Rounds, sensitivity, the time budget and, per device, why families were searched or dropped and which compile options won."""
+    """Rounds and what each tried, sensitivity (or why there is none), the time budget and, per device, why families were
+    searched or dropped and which compile options won (judged, as the search judged them, on the first-pass timings)."""
     notes = {}
+    verdicts_by_device = {}
     for device in devices:
-        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}"} for variant in device.get("variants", [])]
-        notes[device["target"]] = [verdict["reason"] for verdict in family_verdicts(measured).values()] + compile_winners(measured)
-    return {"rounds": job.search.get("round", 1), "sensitivity": job.search.get("sensitivity") or [],
+        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}",
+                     "latency_ms": variant.get("latency_ms_first_pass", variant.get("latency_ms"))} for variant in device.get("variants", [])]
+        verdicts_by_device[device["target"]] = family_verdicts(measured)
+        notes[device["target"]] = [verdict["reason"] for verdict in verdicts_by_device[device["target"]].values()] + compile_winners(measured)
+    sensitivity = job.search.get("sensitivity") or []
+    return {"auto": job.precisions == ["auto"], "rounds": job.search.get("round", 1), "tried": _rounds_tried(job), "sensitivity": sensitivity,
+            "sensitivity_note": "" if sensitivity else _no_sensitivity_note(job, verdicts_by_device),
             "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes}
+
+
+def _rounds_tried(job) -> list[dict]:
+    """Per search round, the candidates it built: each by its label's precision and recipe key, with how its build went."""
+    rounds: dict[int, list[dict]] = defaultdict(list)
+    for variant in job.variants.order_by("round", "key"):
+        compile_options = variant.options.get("compile") or {}
+        rounds[variant.round].append({"key": variant.key, "effective_precision": effective_precision(
+            variant.precision, compile_options, (variant.backends or [None])[0] if len(variant.backends or []) == 1 else None, variant.options),
+            "backends": variant.backends, "status": variant.status, "error": variant.error[:200] if variant.error else ""})
+    return [{"round": number, "variants": variants} for number, variants in sorted(rounds.items())]
+
+
+def _no_sensitivity_note(job, verdicts_by_device: dict[str, dict]) -> str:
+    """Why the search ranked no layers, in the words that fit this job."""
+    if job.precisions != ["auto"]:
+        return "Layers are ranked by sensitivity only in an auto deployment (precisions: auto)."
+    if not job.calibration_dataset_id:
+        return "Layers are ranked only with a calibration dataset; this deployment had none."
+    if "sensitivity" in job.search:
+        return "The sensitivity analysis ran but ranked no layer (see the deployment's events)."
+    int8 = [verdicts.get(precision) for verdicts in verdicts_by_device.values() for precision in ("int8", "int8-dynamic")]
+    tried = [verdict for verdict in int8 if verdict]
+    if tried and not any(verdict["paying_backends"] for verdict in tried):
+        return ("INT8 was tried and did not pay on this device (not faster than FP32 beyond noise), so no layers were ranked: "
+                "ranking only guides INT8 refinements.")
+    return "No layers were ranked: the search ended before INT8 needed refining."
 
 
 def _datasets_summary(job) -> dict:
@@ -267,6 +376,7 @@ def rerun_differences(*, job) -> dict:
 PERFORMANCE_FILTERS = {
     "model": "model_id", "model_version": "model_version_id", "model_sha256": "model_sha256", "job": "job_id", "agent": "agent_id",
     "device": "device_key", "backend": "backend", "backend_version": "backend_version", "precision": "precision", "variant": "variant_key",
+    "effective_precision": "effective_precision",
 }
 PERFORMANCE_ORDERING = {"measured_at", "-measured_at", "p50_ms", "-p50_ms", "slowdown", "-slowdown"}
 
@@ -293,7 +403,8 @@ def performance_list(*, organization, filters: dict):
 
 
 def _fp32_rows(*, organization, device_key: str | None = None, backend: str | None = None, exclude_model_sha256: str | None = None):
-    rows = Measurement.objects.filter(organization=organization, precision="fp32").exclude(op_work={})
+    # What ran in FP32: an FP32 build under a bf16 hint would teach the estimate bf16's speed.
+    rows = Measurement.objects.filter(organization=organization, precision="fp32", effective_precision__in=["fp32", ""]).exclude(op_work={})
     if device_key is not None:
         rows = rows.filter(device_key=device_key)
     if backend is not None:

@@ -27,9 +27,10 @@ def _job_op_work(job) -> dict:
         return {}
 
 
-def _measurement_values(job, task: DeviceTask, entry: dict, work: dict) -> dict:
+def _measurement_values(job, task: DeviceTask, entry: dict, work: dict, recommended: bool) -> dict:
     metrics = task.metrics or {}
-    latency = metrics.get("latency_ms") or {}
+    # The decision's latency (a finalist's side-by-side p50), so the database says what the report says.
+    latency = entry.get("latency_ms") or metrics.get("latency_ms") or {}
     agent = task.leased_by
     capabilities = agent.capabilities or {}
     variant = task.variant
@@ -37,7 +38,9 @@ def _measurement_values(job, task: DeviceTask, entry: dict, work: dict) -> dict:
         "organization": job.organization, "job": job, "model": job.model_version.model, "model_version": job.model_version,
         "model_name": job.model_version.model.name, "model_sha256": job.model_version.blob.sha256, "op_histogram": job.model_version.op_histogram,
         "op_work": work, "variant_key": variant.key, "variant_sha256": variant.artifact.blob.sha256 if variant.artifact else "",
-        "precision": variant.precision, "recipe": variant.recipe, "backend": task.backend,
+        "precision": variant.precision, "effective_precision": entry.get("effective_precision") or "", "label": (entry.get("label") or "")[:300],
+        "recommended": recommended, "timing_source": (entry.get("timing") or {}).get("source") or "",
+        "recipe": variant.recipe, "backend": task.backend,
         "backend_version": str((capabilities.get("runtimes") or {}).get(task.backend) or ""),
         "compile_options": {"options": variant.options, "threads": metrics.get("threads"), "batch_size": metrics.get("batch_size"),
                             "benchmark": metrics.get("settings") or {}},
@@ -91,7 +94,8 @@ def measurements_record(*, job, reports: list[DeviceReport]) -> list[str]:
             if task.metrics.get("emulated"):
                 emulated[task.leased_by.name] = task.metrics["emulated"]
                 continue
-            measurement, _ = Measurement.objects.update_or_create(device_task=task, defaults=_measurement_values(job, task, entry, work))
+            values = _measurement_values(job, task, entry, work, recommended=entry["id"] == report.recommended)
+            measurement, _ = Measurement.objects.update_or_create(device_task=task, defaults=values)
             entry["measurement"] = measurement.id
             message = _flag_regression(measurement)
             entry["regression"] = regression_json(measurement)
@@ -103,7 +107,8 @@ def measurements_record(*, job, reports: list[DeviceReport]) -> list[str]:
 
 def device_estimate(*, job, report: DeviceReport) -> dict | None:
     """What the performance database predicted for this device's FP32 latency, against what was measured."""
-    fp32 = next((e for e in report.variants if e["precision"] == "fp32" and e.get("latency_ms") and e.get("measurement")), None)
+    fp32 = next((e for e in report.variants if e.get("effective_precision", e["precision"]) == "fp32" and not e.get("compile")
+                 and e.get("latency_ms") and e.get("measurement")), None)
     if fp32 is None:
         return None
     measurement = Measurement.objects.get(pk=fp32["measurement"])

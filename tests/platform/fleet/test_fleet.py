@@ -226,6 +226,32 @@ def test_lease_answers_carry_the_intervals_an_idle_agent_needs(tenant, waiting_j
         assert announced == (chosen["long_poll_s"], chosen["heartbeat_interval_s"], chosen["poll_interval_s"]) and min(announced) >= 1
 
 
+def test_a_device_that_goes_offline_before_re_timing_its_finalists_does_not_hold_the_job(tenant, waiting_job, django_capture_on_commit_callbacks):
+    from kiln.fleet.services import agents_mark_offline
+    from kiln.pipeline.models import DeviceTaskPurpose
+
+    agent = register(tenant, "leaving", ORT_ONLY)
+    for _ in range(2):  # the job's two measure tasks; the re-timing task then waits, pinned to this agent
+        task = lease(agent).json()
+        result = {"attempt": task["attempt"], "status": "succeeded", "accuracy": {"cosine": 1.0, "top1_agreement": 1.0},
+                  "metrics": {"latency_ms": {"p50": 2.0 if task["variant"]["key"] == "fp32" else 1.0, "cv": 0.01, "count": 50}}}
+        with django_capture_on_commit_callbacks(execute=True):
+            assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
+    retime = DeviceTask.objects.get(job_id=waiting_job, purpose=DeviceTaskPurpose.RETIME)
+    assert retime.status == DeviceTaskStatus.QUEUED and retime.pinned_agent_id == agent.agent_id
+    from kiln.fleet import heartbeats
+
+    heartbeats.clear()  # this process noted the agent's last call in memory; it has been silent since
+    Agent.objects.filter(pk=agent.agent_id).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert agents_mark_offline() == 1
+    retime.refresh_from_db()
+    assert retime.status == DeviceTaskStatus.CANCELED
+    job = DeploymentJob.objects.get(pk=waiting_job)
+    assert job.status == JobStatus.SUCCEEDED, [event.message for event in job.events.all()]
+    assert job.events.filter(message__startswith="The finalists were not re-timed side by side: its device went offline").exists()
+
+
 def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings):
     first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
     task = lease(first).json()
@@ -396,10 +422,10 @@ def test_finished_job_offers_a_package_of_the_recommended_variant(tenant, waitin
     assert run.stdout.startswith("verified: ") and "\np50 " in run.stdout
 
 
-def test_near_ties_are_re_timed_by_the_agent_that_measured_them_and_the_report_pairs_the_windows(
-        tenant, waiting_job, django_capture_on_commit_callbacks):
+def test_finalists_are_re_timed_by_the_agent_that_measured_them_and_the_report_pairs_the_rounds(
+        tenant, waiting_job, django_capture_on_commit_callbacks, settings):
     from kiln.pipeline.models import DeviceTaskPurpose
-    from kiln.pipeline.retime import job_retime_near_ties
+    from kiln.pipeline.retime import job_retime_finalists
 
     agent = register(tenant, "box", ORT_ONLY)
     # int8-dynamic measured 3% faster than FP32 with a 10% spread: a near-tie the first pass cannot settle.
@@ -407,23 +433,22 @@ def test_near_ties_are_re_timed_by_the_agent_that_measured_them_and_the_report_p
     measured = {}
     while (response := lease(agent)).status_code == 200:
         task = response.json()
+        if task["retime"]:
+            break  # the job's next step once every measure task ended: its finalists, side by side
         p50 = latencies[task["variant"]["key"]]
         measured[task["variant"]["key"]] = task["id"]
         result = {"attempt": task["attempt"], "status": "succeeded", "accuracy": {"cosine": 1.0, "top1_agreement": 1.0},
                   "metrics": {"latency_ms": {"p50": p50, "cv": 0.1, "count": 50}}}
         assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
-    # An auto search reaches this point from job_collect once nothing is left to plan; this job named its
-    # precisions, so it finished: put it back where collect would be, with its devices still to answer.
-    DeploymentJob.objects.filter(pk=waiting_job).update(status=JobStatus.RUNNING, stage="devices")
+    # Collect created the re-timing task once the last measure task ended: a job that named its precisions is re-timed too.
     job = DeploymentJob.objects.get(pk=waiting_job)
+    assert job.status == JobStatus.RUNNING and job.stage == "devices"
     with django_capture_on_commit_callbacks(execute=True):
-        assert job_retime_near_ties(job=job) == 1
-        assert job_retime_near_ties(job=job) == 0  # once per device
+        assert job_retime_finalists(job=job) == 0  # once per device
     retime = DeviceTask.objects.get(job=job, purpose=DeviceTaskPurpose.RETIME)
     assert retime.pinned_agent_id == agent.agent_id
 
-    task = lease(agent).json()
-    assert task["id"] == retime.id and task["retime"]["rounds"] >= 3
+    assert task["id"] == retime.id and task["retime"]["rounds"] == settings.RETIME_MAX_ROUNDS and task["retime"]["min_rounds"] == 6
     # The agent times its windows as the host search's confirmation does: one definition of both.
     assert task["retime"]["window"] == INTERLEAVED_WINDOW
     rows = {row["task"]: row for row in task["retime"]["variants"]}
@@ -449,8 +474,9 @@ def test_near_ties_are_re_timed_by_the_agent_that_measured_them_and_the_report_p
     assert len(device["variants"]) == 2  # the re-timing task is not a variant of its own
     # Paired windows: 1.11x in every round, beyond noise although the rounds swing 2x.
     chosen = next(v for v in device["variants"] if v["id"] == device["recommended"])
-    assert chosen["key"] == "int8-dynamic" and not device["verdict"]["tie"]
-    assert device["verdict"]["speedup"]["source"] == "interleaved re-timing" and device["verdict"]["speedup"]["low"] > 1.0
+    assert chosen["key"] == "int8-dynamic" and not device["decision"]["tie"]
+    assert device["decision"]["speedup"]["source"] == "interleaved re-timing" and device["decision"]["speedup"]["low"] > 1.0
+    assert device["measurement"]["rounds"] == 9
 
 
 def test_a_re_timing_result_that_is_unpaired_or_names_other_tasks_changes_nothing(tenant, waiting_job):

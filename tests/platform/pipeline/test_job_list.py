@@ -27,8 +27,9 @@ def tiny_model(tenant, tmp_path: Path, name: str):
 
 
 def verdict(label: str, ratio: float) -> dict:
-    return {"recommendation": {"verdict": {"label": label, "speedup": {"ratio": ratio, "beyond_noise": True}, "text": f"Use {label}",
-                                           "accuracy": {"metric": "cosine", "value": 0.999}}},
+    return {"recommendation": {"decision": {"label": label, "speedup": {"ratio": ratio, "comparison": "faster"}, "text": f"Use {label}",
+                                            "comparison": "faster", "short": f"{ratio:.2f}x faster", "tie": False,
+                                            "accuracy": {"metric": "cosine", "value": 0.999}, "alternatives": [{"why": "x" * 100}] * 20}},
             "variants": [{"id": n, "latency_ms": {"p50": 1.0}} for n in range(20)]}
 
 
@@ -60,10 +61,11 @@ def test_each_listed_job_is_its_detail_without_the_detail_fields(tenant, jobs):
     assert first["budget"] == {"minutes": 5, "started_at": 1.0, "seconds_left": None, "stopped": "budget"}
     assert first["model"]["name"] == "model-0" and first["model"]["version"] == 1
     assert first["outcome"] == [
-        {"device": "box-0", "agent": jobs[0].reports.get(target="onnxruntime").agent_id, "recommended": "int8", "speedup": 2.0, "beyond_noise": True,
-         "tie": False, "too_noisy": False, "accuracy": {"metric": "cosine", "value": 0.999}, "verdict": "Use int8"},
-        {"device": "tensorrt", "agent": None, "recommended": None, "speedup": None, "beyond_noise": None, "tie": False, "too_noisy": False,
-         "accuracy": None, "verdict": "no device measured it"},
+        {"device": "box-0", "agent": jobs[0].reports.get(target="onnxruntime").agent_id, "recommended": "int8", "speedup": 2.0,
+         "comparison": "faster", "speedup_text": "2.00x faster", "beyond_noise": True, "tie": False,
+         "accuracy": {"metric": "cosine", "value": 0.999}, "verdict": "Use int8"},
+        {"device": "tensorrt", "agent": None, "recommended": None, "speedup": None, "comparison": None, "speedup_text": None,
+         "beyond_noise": None, "tie": False, "accuracy": None, "verdict": "no device measured it"},
     ]
 
 

@@ -53,3 +53,52 @@ def test_the_budget_setting_is_checked(monkeypatch):
         monkeypatch.setenv("KILN_BUILD_MEMORY_MB", bad)
         with pytest.raises(ValueError, match="KILN_BUILD_MEMORY_MB must"):
             memory_budget_mb()
+
+
+def test_a_build_pauses_while_an_agent_of_this_host_times_and_the_pause_is_not_held_against_its_time_limit(mlp_files, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from devices import quiet
+
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    held = threading.Event()
+    release = threading.Event()
+
+    def agent_times() -> None:
+        with quiet.QuietWindow(wait_for_builds_s=30):
+            held.set()
+            release.wait(30)
+
+    agent = threading.Thread(target=agent_times)
+    agent.start()
+    held.wait(10)
+    result = {}
+
+    def build() -> None:
+        try:
+            result["built"] = build_isolated(model_path=mlp_files.model, precision="int8", out_path=tmp_path / "p.onnx",
+                                             calibration_path=mlp_files.calibration, timeout_s=60)
+        except Exception as error:  # the assertion below names it
+            result["error"] = error
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    # The window outlasts what the build would need; the build waits it out, stopped, without being charged for it.
+    time.sleep(3.0)
+    import psutil
+
+    children = [child for child in psutil.Process().children() if "workers.quantize.isolated" in " ".join(child.cmdline())]
+    assert children and all(child.status() == psutil.STATUS_STOPPED for child in children)
+    assert builder.is_alive() and not (tmp_path / "p.onnx").exists()
+    release.set()
+    agent.join(10)
+    builder.join(120)
+    assert "error" not in result, result.get("error")
+    assert (tmp_path / "p.onnx").exists() and result["built"]["build_s"] >= 3.0
+
+
+def test_a_build_that_runs_past_its_limit_is_stopped(mlp_files, tmp_path):
+    with pytest.raises(TimeoutError, match="took longer than 0 s"):
+        build_isolated(model_path=mlp_files.model, precision="int8", out_path=tmp_path / "t.onnx",
+                       calibration_path=mlp_files.calibration, timeout_s=0.2)

@@ -197,7 +197,9 @@ def test_compile_options_are_tried_one_at_a_time_on_the_fastest_candidate_per_ba
     threaded = _keys(plan_round(round_number=2, model_facts=SHAPE_FACTS, device_isa=[*VNNI, "avx512_bf16"],
                                 backends=["openvino"], has_calibration=True, tolerance=TOLERANCE, sensitivity=None,
                                 measured=measured, thread_choices=[2, 4]))
-    assert {"fp32+threads2", "fp32+threads4", "fp32+ov-bf16"} <= set(threaded)
+    assert {"fp32+threads2", "fp32+threads4"} <= set(threaded)
+    # bf16 is a family with its own probe, not a compile option tried on FP32 under FP32's name.
+    assert "fp32+ov-bf16" not in threaded
 
 
 def test_compile_options_that_each_paid_are_combined():
@@ -381,3 +383,36 @@ def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_
         os.chdir(here)
     assert file_sha256(kiln) == file_sha256(user)
     assert "quantize_static" in str(recipe)
+
+
+def test_bf16_is_a_family_of_its_own_probed_only_where_the_cpu_and_the_runtime_act_on_it():
+    from devices.labels import effective_precision
+    from workers.quantize.search import family_verdicts
+
+    bf16_isa = [*VNNI, "avx512_bf16"]
+    first = {s["key"]: s for s in plan_round(round_number=1, model_facts=SHAPE_FACTS, device_isa=bf16_isa, backends=["onnxruntime", "openvino"],
+                                             has_calibration=True, tolerance=TOLERANCE, sensitivity=None, measured=[])}
+    assert first["bf16"]["backends"] == ["openvino"] and first["bf16"]["compile"] == {"inference_precision": "bf16"}
+    assert effective_precision(first["bf16"]["precision"], first["bf16"]["compile"], "openvino") == "bf16"
+    # Without bf16 units, or without OpenVINO (ONNX Runtime's CPU provider ignores the hint), there is nothing to probe.
+    for isa, backends in ((VNNI, ["onnxruntime", "openvino"]), (bf16_isa, ["onnxruntime"])):
+        keys = _keys(plan_round(round_number=1, model_facts=SHAPE_FACTS, device_isa=isa, backends=backends, has_calibration=True,
+                                tolerance=TOLERANCE, sensitivity=None, measured=[]))
+        assert "bf16" not in keys
+    # Its verdict is its own family's ("BF16 pays"), and once it pays its compile options build on it.
+    measured = [_measured("fp32", "fp32", 10.0, True, backend="openvino"),
+                _measured("bf16", "fp32", 5.0, True, backend="openvino", compile={"inference_precision": "bf16"})]
+    assert family_verdicts(measured)["bf16"]["reason"].startswith("BF16 pays on openvino: up to 2.00x")
+    later = {s["key"]: s for s in plan_round(round_number=2, model_facts=SHAPE_FACTS, device_isa=bf16_isa, backends=["openvino"],
+                                             has_calibration=False, tolerance=TOLERANCE, sensitivity=None, measured=measured)}
+    assert later["bf16+static"]["compile"] == {"inference_precision": "bf16", "static_shapes": {"input": [1, 1, 8, 8]}}
+
+
+def test_compile_options_a_backend_ignores_are_never_proposed_there():
+    from workers.quantize.search import _acted_on
+
+    specs = _acted_on([{"key": "fp32+x", "precision": "fp32", "options": {}, "backends": ["onnxruntime", "openvino"],
+                        "compile": {"inference_precision": "bf16"}},
+                       {"key": "fp32+y", "precision": "fp32", "options": {}, "backends": ["onnxruntime"], "compile": {"performance_hint": "THROUGHPUT"}},
+                       {"key": "fp32+z", "precision": "fp32", "options": {}, "backends": None, "compile": {"graph_optimization": "extended"}}])
+    assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]

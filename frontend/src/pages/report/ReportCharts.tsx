@@ -301,7 +301,7 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
 const LAYER_LIMIT = 15;
 
 /** Per layer: the slowest nodes of a variant beside how much INT8 hurts each (the search's sensitivity). */
-export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; sensitivity: SensitivityRow[] }) {
+export function LayerTable({ variant, sensitivity, sensitivityNote }: { variant: ReportVariant; sensitivity: SensitivityRow[]; sensitivityNote?: string }) {
   const rows = layerRows(variant, sensitivity, LAYER_LIMIT);
   if (rows.length === 0) return null;
   const matched = rows.filter((row) => row.sqnrDb !== null).length;
@@ -312,7 +312,7 @@ export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; s
           {rows.length === LAYER_LIMIT ? `The ${LAYER_LIMIT} slowest layers` : 'The layers'} of {variantLabel(variant)}, slowest first, with their part of the p50 (share of the profiled time) and
           {sensitivity.length > 0
             ? ` their quantization sensitivity: the SQNR of the layer's output under INT8, lower hurts more (${matched} of these layers were ranked by the search).`
-            : ' no quantization sensitivity: the search ranks layers only for an auto deployment that tries INT8.'}
+            : ` no quantization sensitivity. ${sensitivityNote || 'The search ranks layers only for an auto deployment that tries INT8.'}`}
         </caption>
         <thead>
           <tr>
@@ -384,7 +384,7 @@ export function OpTypeBreakdown({ device, variant, profiled, onSelect }: { devic
   );
 }
 
-export default function ReportCharts({ device, tolerance, sensitivity = [] }: { device: ReportDevice; tolerance: Tolerance; sensitivity?: SensitivityRow[] }) {
+export default function ReportCharts({ device, tolerance, sensitivity = [], sensitivityNote }: { device: ReportDevice; tolerance: Tolerance; sensitivity?: SensitivityRow[]; sensitivityNote?: string }) {
   const [selected, setSelected] = useState<number | null>(null);
   const { profiled, variant } = profiledVariants(device, selected);
   const name = device.agent?.name ?? 'device';
@@ -403,7 +403,7 @@ export default function ReportCharts({ device, tolerance, sensitivity = [] }: { 
       {variant && layerRows(variant, sensitivity).length > 0 ? (
         <section className="card" aria-label={`Per layer on ${name}`} data-testid="layer-view">
           <h3>Per layer: time and quantization sensitivity</h3>
-          <LayerTable variant={variant} sensitivity={sensitivity} />
+          <LayerTable variant={variant} sensitivity={sensitivity} sensitivityNote={sensitivityNote} />
         </section>
       ) : null}
     </>

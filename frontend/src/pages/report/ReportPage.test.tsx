@@ -43,9 +43,33 @@ describe('SearchSummary', () => {
   });
 
   it('renders nothing for a plain job without a search', () => {
-    const plain = { ...report(1, []), search: { rounds: 1, sensitivity: [] } };
+    const plain = { ...report(1, []), search: { auto: false, rounds: 1, sensitivity: [] } };
     const { container } = render(<SearchSummary report={plain} />);
     expect(container).toBeEmptyDOMElement();
+  });
+
+  it('is filled for an auto search without ranked layers: the rounds, what each tried, why families were dropped, why no ranking', () => {
+    const auto: Report = {
+      ...report(4, []),
+      search: {
+        auto: true, rounds: 4, sensitivity: [], budget_minutes: 30, stopped: null,
+        sensitivity_note: 'INT8 was tried and did not pay on this device (not faster than FP32 beyond noise), so no layers were ranked.',
+        tried: [
+          { round: 1, variants: [{ key: 'fp32', effective_precision: 'fp32', backends: [], status: 'ready', error: '' },
+                                 { key: 'int8-minmax', effective_precision: 'int8', backends: [], status: 'ready', error: '' },
+                                 { key: 'int8-nncf', effective_precision: 'int8', backends: [], status: 'failed', error: 'memory budget' }] },
+          { round: 2, variants: [{ key: 'bf16', effective_precision: 'bf16', backends: ['openvino'], status: 'ready', error: '' }] },
+        ],
+        notes: { 'agent:1': ['INT8 does not pay on this device: 0.89x the best FP32 (onnxruntime), within noise or slower; not calibrated further'] },
+      },
+    };
+    render(<SearchSummary report={auto} />);
+    expect(screen.getByText(/4 rounds of candidates/)).toBeInTheDocument();
+    const rounds = within(screen.getByTestId('search-rounds')).getAllByRole('listitem');
+    expect(rounds[0]).toHaveTextContent('Round 1: fp32, int8-minmax, int8-nncf (build failed)');
+    expect(rounds[1]).toHaveTextContent('Round 2: bf16');
+    expect(screen.getByTestId('search-notes')).toHaveTextContent('INT8 does not pay on this device');
+    expect(screen.getByTestId('sensitivity-note')).toHaveTextContent('INT8 was tried and did not pay');
   });
 });
 

@@ -8,7 +8,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../.
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
-import { costPhrase, headline, speedupPhrase, tieBadge, tiePhrase } from './verdict';
+import { decisionOf, headline, tieBadge } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
 import { CalibrationSubset } from './CalibrationSubset';
 import { LearningCurves } from './LearningCurves';
@@ -22,29 +22,29 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
   if (!variant) {
     return (
       <div className="alert alert-warn" data-testid="recommendation">
-        No recommendation for this device. {device.reason}
+        No recommendation for this device. {headline(device)}
+        <WhyNotTable device={device} />
       </div>
     );
   }
   const provisional = device.final === false;
-  const verdict = device.verdict;
-  const tie = verdict ? tiePhrase(verdict) : null;
-  const badge = verdict ? tieBadge(verdict) : null;
+  const decision = decisionOf(device);
+  const badge = decision ? tieBadge(decision) : null;
   return (
     <div className="recommendation" data-testid="recommendation">
       <div>
-        <span className="badge badge-recommended">{provisional ? 'Best so far' : 'Recommended'}</span> <strong>{variantLabel(variant)}</strong>
+        <span className="badge badge-recommended">{provisional ? 'Best so far' : 'Recommended'}</span>{' '}
+        <strong data-testid="recommended-label">{decision?.label ?? variantLabel(variant)}</strong>
         {provisional ? <span className="muted small"> · still measuring; this page updates by itself</span> : null}
       </div>
-      {verdict ? (
+      {decision?.speed || decision?.cost || badge ? (
         <ul className="verdict-facts" aria-label="Verdict">
-          <li data-testid="verdict-speedup">{speedupPhrase(verdict)}</li>
-          <li data-testid="verdict-cost">{costPhrase(verdict)}</li>
+          {decision?.speed ? <li data-testid="verdict-speedup">{decision.speed}</li> : null}
+          {decision?.cost ? <li data-testid="verdict-cost">{decision.cost}</li> : null}
           {badge ? <li><span className="badge badge-tie">{badge}</span></li> : null}
         </ul>
       ) : null}
       <p className="recommendation-reason" data-testid="verdict">{headline(device)}</p>
-      {tie ? <p className="small" data-testid="verdict-tie">{tie}</p> : null}
       <div className="button-row">
         {variant.artifact?.download_url ? (
           <a className="button button-primary button-small" href={variant.artifact.download_url} download data-testid="recommended-download">
@@ -57,44 +57,83 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
           </a>
         ) : null}
       </div>
-      <UnstableNotes device={device} onRemeasure={onRemeasure} />
+      <NoiseNote device={device} onRemeasure={onRemeasure} />
+      <SideBySide device={device} />
       <WhyNotTable device={device} />
     </div>
   );
 }
 
-/** Unstable measurements explained in words, with their spread and a way to measure again. */
-export function UnstableNotes({ device, onRemeasure }: { device: ReportDevice; onRemeasure?: () => void }) {
-  const notes = device.unstable ?? [];
-  if (notes.length === 0) return null;
+/** The device's timing noise, told once: unstable first passes, windows re-taken while the device was busy, what the decision rests on. */
+export function NoiseNote({ device, onRemeasure }: { device: ReportDevice; onRemeasure?: () => void }) {
+  const noise = decisionOf(device)?.noise ?? device.noise;
+  if (!noise?.text) return null;
+  const warn = (noise.busy ?? 0) > 0 || ((noise.unstable ?? 0) > 0 && !decisionOf(device)?.measurement);
   return (
-    <div className="alert alert-warn unstable-notes" role="note" data-testid="unstable-notes">
-      <strong>Unstable measurements.</strong> A benchmark is unstable when its windows (three consecutive parts of the same run)
-      disagree by more than 10%: the device was busy or changing clock speed, so small speed differences cannot be trusted.
-      <ul>
-        {notes.map((note) => (
-          <li key={note.variant} data-testid="unstable-note">
-            {note.text}
-          </li>
-        ))}
-      </ul>
-      {onRemeasure ? (
-        <button type="button" className="button button-small" onClick={onRemeasure} data-testid="remeasure">
-          Re-measure (run this deployment again)
-        </button>
+    <div className={`${warn ? 'alert alert-warn' : 'muted small'} noise-note`} role="note" data-testid="noise-note">
+      <strong>Timing on this device.</strong> {noise.text}
+      {warn && onRemeasure ? (
+        <>
+          {' '}
+          <button type="button" className="button button-small" onClick={onRemeasure} data-testid="remeasure">
+            Re-measure (run this deployment again)
+          </button>
+        </>
       ) : null}
     </div>
   );
 }
 
-/** Why not the others: one row per precision family, its best showing and why it lost. */
+/** The finalists timed side by side: the rounds, why they stopped, and each finalist's per-round ratio against the recommended. */
+export function SideBySide({ device }: { device: ReportDevice }) {
+  const measurement = decisionOf(device)?.measurement ?? device.measurement;
+  if (!measurement || measurement.finalists.length === 0) return null;
+  return (
+    <details className="side-by-side" data-testid="side-by-side">
+      <summary>
+        Timed side by side: {measurement.finalists.length} finalists, {measurement.rounds} rounds
+        {measurement.stopped_text ? ` (${measurement.stopped_text})` : ''}
+      </summary>
+      <div className="table-wrap">
+        <table className="table">
+          <thead>
+            <tr>
+              <th scope="col">Finalist</th>
+              <th scope="col" className="numeric">p50</th>
+              <th scope="col">Recommended against it</th>
+              <th scope="col">Per round</th>
+            </tr>
+          </thead>
+          <tbody>
+            {measurement.finalists.map((row) => (
+              <tr key={row.variant} data-testid="side-by-side-row">
+                <th scope="row">{row.label}</th>
+                <td className="numeric">{formatMs(row.p50_ms)}</td>
+                <td>
+                  {row.against_recommended
+                    ? `${row.against_recommended.ratio.toFixed(2)}x (${row.against_recommended.low.toFixed(2)}x to ${row.against_recommended.high.toFixed(2)}x): ${row.against_recommended.comparison}`
+                    : 'recommended'}
+                </td>
+                <td className="muted small">
+                  {(row.against_recommended?.per_round ?? []).map((ratio) => ratio.toFixed(2)).join(' · ')}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </details>
+  );
+}
+
+/** Why not the others: one row per precision family (its best showing) and one per failed build or task, each with why. */
 export function WhyNotTable({ device }: { device: ReportDevice }) {
-  const rows = device.alternatives ?? [];
+  const rows = decisionOf(device)?.alternatives ?? device.alternatives ?? [];
   if (rows.length === 0) return null;
   return (
     <div className="table-wrap why-not">
       <table className="table" data-testid="why-not">
-        <caption className="muted small">Why not the others (the best of each precision family)</caption>
+        <caption className="muted small">Why not the others (the best of each precision family, and every failure)</caption>
         <thead>
           <tr>
             <th scope="col">Family</th>
@@ -105,7 +144,7 @@ export function WhyNotTable({ device }: { device: ReportDevice }) {
         </thead>
         <tbody>
           {rows.map((row) => (
-            <tr key={row.family}>
+            <tr key={`${row.family}-${row.variant ?? ''}-${row.build ?? ''}`} data-outcome={row.outcome}>
               <th scope="row">{row.family}</th>
               <td>
                 {row.label}
@@ -124,7 +163,8 @@ export function WhyNotTable({ device }: { device: ReportDevice }) {
 /** What the `auto` search did: its rounds and the nodes that quantize worst. */
 export function SearchSummary({ report }: { report: Report }) {
   const search = report.search;
-  if (!search || (search.rounds <= 1 && search.sensitivity.length === 0)) return null;
+  // Filled or absent: an `auto` search always says what its rounds tried and why families were kept or dropped.
+  if (!search || (!search.auto && search.sensitivity.length === 0)) return null;
   const kept = new Set(
     report.devices.flatMap((device) => {
       const chosen = device.variants.find((variant) => variant.id === device.recommended);
@@ -132,34 +172,74 @@ export function SearchSummary({ report }: { report: Report }) {
       return Array.isArray(excluded) ? (excluded as string[]) : [];
     }),
   );
+  const notes = Object.entries(search.notes ?? {}).filter(([, lines]) => lines.length > 0);
+  const tried = search.tried ?? [];
   return (
     <section className="card" aria-labelledby="search-heading" data-testid="search-summary">
       <h2 id="search-heading">Quantization search</h2>
       <p className="muted">
-        {search.rounds} round{search.rounds === 1 ? '' : 's'} of candidates measured on the devices. Nodes ranked by how much INT8 hurts
-        their output (lowest SQNR first); the recommended variant keeps the marked ones in float.
+        {search.rounds} round{search.rounds === 1 ? '' : 's'} of candidates measured on the devices
+        {search.budget_minutes ? `, within a budget of ${search.budget_minutes} minutes` : ''}.
+        {search.stopped ? ` The search stopped early: ${search.stopped}.` : ''}
       </p>
+      {tried.length > 0 ? (
+        <ol className="search-rounds" data-testid="search-rounds">
+          {tried.map((round) => (
+            <li key={round.round}>
+              <strong>Round {round.round}:</strong>{' '}
+              {round.variants.map((variant, index) => (
+                <span key={variant.key} className={variant.status === 'failed' || variant.status === 'skipped' ? 'muted' : undefined}
+                  title={variant.error || undefined}>
+                  {index > 0 ? ', ' : ''}
+                  {variant.key}
+                  {variant.effective_precision && !variant.key.startsWith(variant.effective_precision) ? ` (${variant.effective_precision})` : ''}
+                  {variant.status === 'failed' ? ' (build failed)' : variant.status === 'skipped' ? ' (not applicable)' : ''}
+                </span>
+              ))}
+            </li>
+          ))}
+        </ol>
+      ) : null}
+      {notes.length > 0 ? (
+        <div data-testid="search-notes">
+          <h3 className="small">Why families were searched or dropped</h3>
+          {notes.map(([target, lines]) => (
+            <ul key={target} aria-label={`Search notes for ${target}`}>
+              {lines.map((line) => (
+                <li key={line}>{line}</li>
+              ))}
+            </ul>
+          ))}
+        </div>
+      ) : null}
       {search.sensitivity.length > 0 ? (
-        <table className="table" data-testid="sensitivity-table">
-          <thead>
-            <tr>
-              <th scope="col">Node</th>
-              <th scope="col">Op type</th>
-              <th scope="col" className="numeric">SQNR (dB)</th>
-              <th scope="col">In the recommendation</th>
-            </tr>
-          </thead>
-          <tbody>
-            {search.sensitivity.slice(0, 10).map((row) => (
-              <tr key={row.node}>
-                <td><code>{row.node}</code></td>
-                <td>{row.op_type}</td>
-                <td className="numeric">{row.sqnr_db.toFixed(1)}</td>
-                <td>{kept.has(row.node) ? <span className="badge">kept in float</span> : 'quantized'}</td>
+        <>
+          <p className="muted small">
+            Nodes ranked by how much INT8 hurts their output (lowest SQNR first); the recommended variant keeps the marked ones in float.
+          </p>
+          <table className="table" data-testid="sensitivity-table">
+            <thead>
+              <tr>
+                <th scope="col">Node</th>
+                <th scope="col">Op type</th>
+                <th scope="col" className="numeric">SQNR (dB)</th>
+                <th scope="col">In the recommendation</th>
               </tr>
-            ))}
-          </tbody>
-        </table>
+            </thead>
+            <tbody>
+              {search.sensitivity.slice(0, 10).map((row) => (
+                <tr key={row.node}>
+                  <td><code>{row.node}</code></td>
+                  <td>{row.op_type}</td>
+                  <td className="numeric">{row.sqnr_db.toFixed(1)}</td>
+                  <td>{kept.has(row.node) ? <span className="badge">kept in float</span> : 'quantized'}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </>
+      ) : search.sensitivity_note ? (
+        <p className="muted small" data-testid="sensitivity-note">{search.sensitivity_note}</p>
       ) : null}
     </section>
   );
@@ -272,7 +352,9 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
   );
 }
 
-function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[] }) {
+function DeviceSection({ device, tolerance, onRemeasure, sensitivity, sensitivityNote }: {
+  device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[]; sensitivityNote?: string;
+}) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
     <section className="device-report" aria-label={`Results on ${name}`} data-testid="device-report">
@@ -294,7 +376,7 @@ function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device
       </div>
       {device.variants.length > 0 ? (
         <Suspense fallback={<Loading label="Loading charts…" />}>
-          <ReportCharts device={device} tolerance={tolerance} sensitivity={sensitivity} />
+          <ReportCharts device={device} tolerance={tolerance} sensitivity={sensitivity} sensitivityNote={sensitivityNote} />
         </Suspense>
       ) : null}
       <LearningCurves variants={device.variants} />
@@ -356,7 +438,8 @@ export function ReportPage() {
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (
         report.data.devices.map((device, index) => (
-          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []} />
+          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []}
+            sensitivityNote={report.data.search?.sensitivity_note} />
         ))
       )}
       <RerunSummary report={report.data} />

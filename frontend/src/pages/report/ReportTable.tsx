@@ -16,8 +16,8 @@ interface Column {
 }
 
 export function variantLabel(variant: ReportVariant): string {
-  // The key names the recipe (int8-mse-keep1); auto searches build several of one precision.
-  return `${variant.key ?? variant.precision} · ${variant.backend}`;
+  // The server's label names what runs first (devices/labels.py); reports stored before labels name the recipe key.
+  return variant.label ?? `${variant.key ?? variant.precision} · ${variant.backend}`;
 }
 
 function formatDrop(drop: number | null | undefined): string {
@@ -34,12 +34,27 @@ export const COLUMNS: Column[] = [
     value: (v) => v.key ?? v.precision,
     render: (v) => (
       <>
-        <strong>{v.precision}</strong>
-        {v.key && v.key !== v.precision ? <div className="muted small">{v.key}{v.round && v.round > 1 ? ` · round ${v.round}` : ''}</div> : null}
+        <strong>{v.effective_precision ?? v.precision}</strong>
+        {v.key && v.key !== (v.effective_precision ?? v.precision) ? <div className="muted small">{v.key}{v.round && v.round > 1 ? ` · round ${v.round}` : ''}</div> : null}
       </>
     ),
   },
-  { key: 'p50', label: 'Latency p50', numeric: true, value: (v) => v.latency_ms?.p50, render: (v) => formatMs(v.latency_ms?.p50) },
+  {
+    key: 'p50',
+    label: 'Latency p50',
+    numeric: true,
+    value: (v) => v.latency_ms?.p50,
+    render: (v) => (
+      <>
+        {formatMs(v.latency_ms?.p50)}
+        {v.timing?.source === 'side by side' ? (
+          <span className="muted small block" title={`First pass: ${formatMs(v.latency_ms_first_pass?.p50)}`} data-testid="side-by-side-mark">
+            side by side
+          </span>
+        ) : null}
+      </>
+    ),
+  },
   { key: 'p99', label: 'Latency p99', numeric: true, value: (v) => v.latency_ms?.p99, render: (v) => formatMs(v.latency_ms?.p99) },
   {
     key: 'throughput',
@@ -149,8 +164,10 @@ export function ReportTable({
     <div className="table-tools">
       <CsvButton
         filename={`kiln-report-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`}
-        header={['variant', 'precision', 'backend', 'p50_ms', 'p99_ms', 'throughput_per_s', 'size_bytes', 'accuracy_metric', 'accuracy', 'drop', 'within_tolerance', 'unstable', 'recommended']}
-        rows={sorted.map((v) => [v.key ?? v.precision, v.precision, v.backend, v.latency_ms?.p50, v.latency_ms?.p99, v.throughput_per_s, v.size_bytes,
+        header={['variant', 'precision', 'effective_precision', 'backend', 'p50_ms', 'timing', 'first_pass_p50_ms', 'p99_ms', 'throughput_per_s', 'size_bytes',
+          'accuracy_metric', 'accuracy', 'drop', 'within_tolerance', 'unstable', 'recommended']}
+        rows={sorted.map((v) => [v.key ?? v.precision, v.precision, v.effective_precision ?? v.precision, v.backend, v.latency_ms?.p50, v.timing?.source ?? null,
+          v.latency_ms_first_pass?.p50 ?? null, v.latency_ms?.p99, v.throughput_per_s, v.size_bytes,
           v.accuracy?.metric, v.accuracy?.value, v.accuracy?.drop, v.accuracy?.within_tolerance, v.unstable ?? null, v.id === recommended])}
       />
     </div>
@@ -204,8 +221,13 @@ export function ReportTable({
                       </span>
                     ) : null}
                     {index === 0 && variant.unstable ? (
-                      <span className="badge badge-warn" title="Timing windows disagreed by more than 10%">
+                      <span className="badge badge-warn" title="Its first-pass timing windows disagreed by more than 10% (see Timing on this device)">
                         Unstable
+                      </span>
+                    ) : null}
+                    {index === 0 && variant.busy ? (
+                      <span className="badge badge-warn" title="Timed while other processes kept the device busy, after re-taking the window" data-testid="busy-badge">
+                        Busy
                       </span>
                     ) : null}
                     {index === 0 && variant.error ? <div className="field-error small">{variant.error}</div> : null}

@@ -1,108 +1,101 @@
 import { fireEvent, render, screen, within } from '@testing-library/react';
 import { describe, expect, it, vi } from 'vitest';
-import type { ReportDevice, ReportVariant, Verdict } from '../../api/types';
+import type { Decision, ReportDevice, ReportVariant } from '../../api/types';
+import { ResultSummary } from '../JobPage';
 import { Recommendation } from './ReportPage';
-import { costPhrase, speedupPhrase, tieBadge, tiePhrase } from './verdict';
+import { decisionOf, headline, tieBadge } from './verdict';
+import { MemoryRouter } from 'react-router';
 
 function variant(id: number, precision: string, p50: number): ReportVariant {
   return {
-    id, key: precision, backend: 'onnxruntime', precision, recipe: null, latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0 },
-    throughput_per_s: null, peak_memory_mb: null, size_bytes: null, accuracy: null, artifact: null, pareto: true,
+    id, key: precision, label: `${precision} on onnxruntime`, backend: 'onnxruntime', precision, recipe: null,
+    latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0 }, throughput_per_s: null, peak_memory_mb: null, size_bytes: null,
+    accuracy: null, artifact: null, pareto: true,
   } as ReportVariant;
 }
 
-const steady: Verdict = {
-  variant: 2, label: 'int8-mse on onnxruntime', tie: false, tied_with: [],
-  text: 'Use int8-mse on onnxruntime: 2.41x faster than FP32 (0.41 vs 0.98 ms); costs 0.0031 top1_agreement (0.9969).',
-  speedup: { baseline: 1, ratio: 2.41, low: 2.3, high: 2.5, source: 'benchmark windows', beyond_noise: true },
+const steady: Decision = {
+  variant: 2, label: 'int8 · int8-mse on onnxruntime', tie: false, tied_with: [], comparison: 'faster',
+  text: 'Use int8 · int8-mse on onnxruntime: 2.41x faster than FP32 on onnxruntime (2.30x to 2.50x, 12 paired rounds); costs 0.0031 top1_agreement (0.9969).',
+  speed: 'a server-chosen speed clause, shown as it is', short: '2.41x faster', cost: 'a server-chosen cost clause',
+  speedup: { baseline: 1, ratio: 2.41, low: 2.3, high: 2.5, source: 'interleaved re-timing', comparison: 'faster', beyond_noise: true, rounds: 12 },
   accuracy: { metric: 'top1_agreement', value: 0.9969, drop: 0.0031 },
+  noise: { text: '3 window(s) were re-taken because other processes kept the device busy (stress 97%).', retaken: 3, busy: 0 },
+  measurement: {
+    source: 'interleaved re-timing', rounds: 12, stopped: 'separated', stopped_text: 'stopped once the leader was faster than every rival at 95%',
+    finalists: [
+      { variant: 2, label: 'int8 · int8-mse on onnxruntime', p50_ms: 0.41, round_medians_ms: [] },
+      { variant: 1, label: 'fp32 on onnxruntime', p50_ms: 0.98, round_medians_ms: [],
+        against_recommended: { ratio: 2.41, low: 2.3, high: 2.5, source: 'interleaved re-timing', comparison: 'faster', beyond_noise: true, per_round: [2.4, 2.45, 2.38] } },
+    ],
+  },
+  alternatives: [
+    { family: 'fp32', variants: 1, variant: 1, label: 'fp32 on onnxruntime', p50_ms: 0.98, drop: 0, metric: 'top1_agreement', outcome: 'slower',
+      why: 'slower: the recommended is 2.41x faster (2.30x to 2.50x, 12 paired rounds)' },
+    { family: 'int8', variants: 1, variant: null, build: 40, label: 'int8 · int8-entropy on onnxruntime', p50_ms: null, drop: null, metric: null,
+      outcome: 'build failed', why: 'never reached the device: the build ran out of memory: the int8 build used more than the build memory budget of 4096 MB' },
+  ],
 };
 
-const tie: Verdict = {
-  variant: 1, label: 'fp32 on onnxruntime', tie: true, speedup: null,
-  text: 'Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x (0.97x to 1.24x) faster, a tie within noise, so the more accurate one is recommended; no accuracy cost (top1_agreement 1).',
-  tied_with: [{ variant: 2, label: 'int4-weight on onnxruntime', ratio: 1.0952, low: 0.971, high: 1.235, source: 'benchmark windows', beyond_noise: false, too_noisy: false }],
-  accuracy: { metric: 'top1_agreement', value: 1, drop: 0 },
+const tie: Decision = {
+  ...steady, variant: 1, label: 'fp32 on onnxruntime', tie: true, comparison: null, speedup: null, speed: 'it is the FP32 reference', short: 'FP32 itself',
+  text: 'Use fp32 on onnxruntime: it is the FP32 reference; int4 weights · int4-rtn on onnxruntime measured 1.10x faster (0.97x to 1.24x), a tie, and fp32 on onnxruntime is recommended because it is more accurate (top1_agreement drop 0 against 0.001); no accuracy cost (top1_agreement 1).',
+  tied_with: [{ variant: 2, label: 'int4 weights · int4-rtn on onnxruntime', ratio: 1.0952, low: 0.971, high: 1.235, source: 'benchmark windows', comparison: 'tie', beyond_noise: false }],
 };
 
-function device(verdict: Verdict, extra: Partial<ReportDevice> = {}): ReportDevice {
+function device(decision: Decision, extra: Partial<ReportDevice> = {}): ReportDevice {
   return {
-    agent: { id: 1, name: 'box' }, recommended: verdict.variant, reason: verdict.text, final: true, verdict,
-    variants: [variant(1, 'fp32', 0.023), variant(2, 'int8', 0.021)], ...extra,
+    agent: { id: 1, name: 'box' }, recommended: decision.variant, reason: decision.text, final: true, decision, verdict: decision,
+    variants: [variant(1, 'fp32', 0.98), variant(2, 'int8', 0.41)], ...extra,
   };
 }
 
-describe('recommendation wording', () => {
-  it('names the speed-up over FP32 and the accuracy cost', () => {
-    expect(speedupPhrase(steady)).toBe('2.41x faster than FP32');
-    expect(costPhrase(steady)).toBe('costs 0.0031 top1_agreement');
-    expect(tiePhrase(steady)).toBeNull();
-  });
-
-  it('calls a speed-up inside the noise a tie and shows its interval', () => {
-    const inside: Verdict = { ...steady, speedup: { baseline: 1, ratio: 1.1, low: 0.95, high: 1.27, source: 'benchmark windows', beyond_noise: false } };
-    expect(speedupPhrase(inside)).toBe("1.10x (0.95x–1.27x) FP32's speed: a tie within noise");
-    expect(tiePhrase(tie)).toBe(
-      'A tie within noise: int4-weight on onnxruntime measured 1.10x (0.97x–1.24x) faster, which the measured noise does not rule out being no faster at all.',
-    );
-    expect(speedupPhrase(tie)).toBe('FP32 itself');
-    expect(costPhrase(tie)).toBe('no accuracy cost');
-  });
-
-  it('calls a gap with a very wide interval too noisy to tell, in the words of the server, not a tie', () => {
-    const noisy: Verdict = {
-      ...tie,
-      text: 'Use fp32 on onnxruntime: the FP32 reference itself; int4-weight on onnxruntime measured 1.10x faster, so the more accurate one is recommended, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device; no accuracy cost (top1_agreement 1).',
-      tied_with: [{ ...tie.tied_with[0], low: 0.823, high: 1.458, too_noisy: true }],
-    };
-    const phrase = tiePhrase(noisy);
-    expect(phrase).toBe('int4-weight on onnxruntime measured 1.10x faster, but too noisy to tell: 0.82x to 1.46x; re-run on a quieter device.');
-    expect(phrase).not.toContain('tie');
-    // The same clause as the server's verdict line (workers/scoring.py).
-    expect(noisy.text).toContain('too noisy to tell: 0.82x to 1.46x; re-run on a quieter device');
-    expect(tieBadge(noisy)).toBe('Too noisy to tell');
-    expect(tieBadge(tie)).toBe('Tie within noise');
-    expect(tieBadge(steady)).toBeNull();
-    const wide: Verdict = { ...steady, speedup: { baseline: 1, ratio: 1.0952, low: 0.823, high: 1.458, source: 'benchmark windows', beyond_noise: false, too_noisy: true } };
-    expect(speedupPhrase(wide)).toBe("1.10x FP32's speed: too noisy to tell: 0.82x to 1.46x; re-run on a quieter device");
-    render(<Recommendation device={device(noisy)} />);
-    expect(screen.getByText('Too noisy to tell')).toBeInTheDocument();
-    expect(screen.queryByText('Tie within noise')).not.toBeInTheDocument();
-  });
-
-  it('renders one verdict line, a badge for the tie, and the why-not table by family', () => {
-    render(
-      <Recommendation
-        device={device(tie, {
-          alternatives: [
-            { family: 'int4', variants: 1, variant: 2, label: 'int4-weight on onnxruntime', p50_ms: 0.021, drop: 0.001, metric: 'top1_agreement', why: 'a tie within noise, and less accurate' },
-            { family: 'int8', variants: 3, variant: 3, label: 'int8-mse on onnxruntime', p50_ms: 0.03, drop: 0.002, metric: 'top1_agreement', why: "slower: 0.77x the recommended's speed" },
-          ],
-        })}
-      />,
-    );
+describe('the decision, rendered', () => {
+  it('shows the server\'s own clauses, never its own wording', () => {
+    render(<Recommendation device={device(steady)} />);
+    expect(screen.getByTestId('recommended-label')).toHaveTextContent('int8 · int8-mse on onnxruntime');
+    expect(screen.getByTestId('verdict-speedup')).toHaveTextContent('a server-chosen speed clause, shown as it is');
+    expect(screen.getByTestId('verdict-cost')).toHaveTextContent('a server-chosen cost clause');
     expect(screen.getAllByTestId('verdict')).toHaveLength(1);
-    expect(screen.getByTestId('verdict')).toHaveTextContent(tie.text);
-    expect(screen.getByText('Tie within noise')).toBeInTheDocument();
-    const rows = within(screen.getByTestId('why-not')).getAllByRole('row').slice(1);
-    expect(rows.map((row) => within(row).getByRole('rowheader').textContent)).toEqual(['int4', 'int8']);
-    expect(within(rows[1]).getByText('(best of 3)')).toBeInTheDocument();
-    expect(within(rows[1]).getByText("slower: 0.77x the recommended's speed")).toBeInTheDocument();
+    expect(screen.getByTestId('verdict')).toHaveTextContent(steady.text);
+    expect(tieBadge(steady)).toBeNull();
   });
 
-  it('explains an unstable row in words with its spread and offers a re-measure', () => {
+  it('tells the noise once, shows the side-by-side rounds, and lists failed builds in why not the others', () => {
+    render(<Recommendation device={device(steady)} />);
+    expect(screen.getAllByTestId('noise-note')).toHaveLength(1);
+    expect(screen.getByTestId('noise-note')).toHaveTextContent('3 window(s) were re-taken because other processes kept the device busy');
+    expect(screen.getByTestId('side-by-side')).toHaveTextContent('2 finalists, 12 rounds (stopped once the leader was faster than every rival at 95%)');
+    const rows = screen.getAllByTestId('side-by-side-row');
+    expect(within(rows[1]).getByText('2.41x (2.30x to 2.50x): faster')).toBeInTheDocument();
+    expect(within(rows[1]).getByText('2.40 · 2.45 · 2.38')).toBeInTheDocument();
+    const whyNot = within(screen.getByTestId('why-not')).getAllByRole('row').slice(1);
+    expect(whyNot.map((row) => row.getAttribute('data-outcome'))).toEqual(['slower', 'build failed']);
+    expect(within(whyNot[1]).getByText(/ran out of memory/)).toBeInTheDocument();
+  });
+
+  it('badges a tie and offers a re-measure only where the noise left something unsettled', () => {
     const onRemeasure = vi.fn();
-    const note = 'int4-weight on onnxruntime was unstable: its measurement windows gave 0.019, 0.021, 0.025 ms (a 29% spread around its p50 of 0.021 ms), so its speed is known only to about ±29%.';
-    render(<Recommendation device={device(tie, { unstable: [{ variant: 2, label: 'int4-weight on onnxruntime', spread: 0.29, window_medians_ms: [0.019, 0.021, 0.025], text: note }] })} onRemeasure={onRemeasure} />);
-    expect(screen.getByTestId('unstable-note')).toHaveTextContent(note);
-    expect(screen.getByTestId('unstable-notes')).toHaveTextContent('disagree by more than 10%');
+    const unsettled: Decision = { ...tie, measurement: null, noise: { text: '2 of 2 first-pass benchmarks on this device were unstable.', unstable: 2, busy: 0 } };
+    render(<Recommendation device={device(unsettled)} onRemeasure={onRemeasure} />);
+    expect(screen.getByText('Tie within noise')).toBeInTheDocument();
     fireEvent.click(screen.getByTestId('remeasure'));
     expect(onRemeasure).toHaveBeenCalledOnce();
   });
 
-  it('falls back on the stored reason for reports without a verdict', () => {
-    render(<Recommendation device={{ ...device(steady), verdict: null, reason: 'Fastest variant within tolerance.' }} />);
+  it('the job page\'s Result card renders the same decision', () => {
+    render(<MemoryRouter><ResultSummary report={{ job: 1, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [device(steady)] }} jobId={1} /></MemoryRouter>);
+    expect(screen.getByTestId('result-device')).toHaveTextContent('int8 · int8-mse on onnxruntime');
+    expect(screen.getByTestId('result-speedup')).toHaveTextContent(steady.speed as string);
+    expect(screen.getByTestId('result-device')).toHaveTextContent(steady.text);
+  });
+
+  it('reads reports stored before decisions: the verdict under its old name, else the reason', () => {
+    const legacy = { ...device(steady), decision: undefined };
+    expect(decisionOf(legacy)).toBe(steady);
+    render(<Recommendation device={{ ...device(steady), decision: null, verdict: null, reason: 'Fastest variant within tolerance.' }} />);
     expect(screen.getByTestId('verdict')).toHaveTextContent('Fastest variant within tolerance.');
     expect(screen.queryByTestId('why-not')).not.toBeInTheDocument();
+    expect(headline({ ...device(steady), decision: null, verdict: null, reason: null })).toBe('');
   });
 });

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devices.bench import INTERLEAVED_WINDOW
+from devices.paired import MIN_ROUNDS
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
@@ -92,7 +93,9 @@ def _retime_payload(task) -> dict | None:
     if task.purpose != DeviceTaskPurpose.RETIME:
         return None
     return {
-        "rounds": int((task.retime or {}).get("rounds") or RETIME_ROUNDS),
+        # `rounds` is the cap; the agent stops earlier once the leader separates (devices/paired.py).
+        "rounds": min(int((task.retime or {}).get("rounds") or RETIME_ROUNDS), settings.RETIME_MAX_ROUNDS),
+        "min_rounds": int((task.retime or {}).get("min_rounds") or MIN_ROUNDS),
         "window": INTERLEAVED_WINDOW,
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
                       "compile": other.variant.options.get("compile") or {},

@@ -181,6 +181,10 @@ class MetricsSerializer(serializers.Serializer):
     """Speed of one task (devices/bench.py `run_benchmark`), or a RETIME task's rows; unknown keys are dropped."""
 
     retime = serializers.ListField(child=RetimeRowSerializer(), max_length=16, required=False)
+    # Why a RETIME task's rounds stopped (devices/paired.py `stop_reason`).
+    stopped = serializers.ChoiceField(choices=["separated", "tie settled", "cap"], required=False, allow_null=True)
+    # The quiet windows the timing ran in (devices/quiet.py `Window.as_dict`): load before and after, re-takes.
+    windows = serializers.ListField(child=BoundedJSONField(max_bytes=2048, max_depth=3), max_length=64, required=False)
 
     latency_ms = LatencySerializer(required=False)
     throughput_per_s = _number(max_value=1e12)

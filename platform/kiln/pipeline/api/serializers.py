@@ -34,8 +34,8 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DeviceTask
-        fields = ["id", "variant", "backend", "target", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at", "finished_at",
-                  "support"]
+        fields = ["id", "variant", "backend", "target", "purpose", "agent", "status", "attempt", "stage", "message", "progress", "error", "started_at",
+                  "finished_at", "support"]
 
     def get_agent(self, task) -> dict | None:
         # A task pinned to one device names it before any agent has leased it (not "agent:1").

@@ -13,6 +13,7 @@ class MeasurementSerializer(serializers.ModelSerializer):
         model = Measurement
         fields = [
             "id", "job", "device_task", "model", "model_version", "model_sha256", "op_histogram", "variant_key", "variant_sha256", "precision",
+            "effective_precision", "label", "recommended", "timing_source",
             "recipe", "backend", "backend_version", "compile_options", "agent", "device_key", "agent_version", "capabilities", "latency_ms",
             "p50_ms", "std_ms", "runs", "throughput_per_s", "peak_memory_mb", "load_ms", "accuracy", "regression", "measured_at",
         ]

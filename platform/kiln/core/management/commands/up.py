@@ -86,7 +86,9 @@ class Command(BaseCommand):
         url = f"http://{options['bind']}"
         repo = settings.REPO_ROOT
         bin_dir = Path(sys.executable).parent
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "platform")])}
+        # The worker and the local agent share one quiet folder: the worker's builds pause while the agent times (devices/quiet.py).
+        env = {"KILN_QUIET_DIR": str(settings.DATA_DIR / "quiet"), **os.environ,
+               "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "platform")])}
         processes = [
             subprocess.Popen(web_server_command(bin_dir, bind=options["bind"], workers=options["workers"], platform_dir=repo / "platform"),
                              env={"KILN_DB_POOL_SIZE": "8", **env}),
