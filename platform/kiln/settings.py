@@ -321,3 +321,9 @@ CSRF_FAILURE_VIEW = "kiln.core.views.csrf_failure"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")
+# Where devices install the agent from (the wheels this server serves); empty: <PUBLIC_URL or the request's host>/downloads/.
+DOWNLOADS_URL = os.environ.get("KILN_DOWNLOADS_URL", "").strip()
+if DOWNLOADS_URL and not DOWNLOADS_URL.endswith("/"):
+    DOWNLOADS_URL += "/"
+# The agent's distribution name, as `pip install` takes it from the downloads above.
+AGENT_DISTRIBUTION = "kiln-agent"

@@ -200,7 +200,7 @@ def test_device_setup_steps_turn_green_on_a_real_agents_first_heartbeat(stack, n
     page.get_by_role("button", name="Create registration token").click()
     steps = page.get_by_test_id("setup-steps")
     expect(steps.locator("ol > li")).to_have_count(3)
-    expect(steps.locator("ol > li").nth(0)).to_contain_text("pip install kiln")
+    expect(page.get_by_test_id("install-command")).to_have_text(f"pip install --find-links {stack.url}/downloads/ kiln-agent onnxruntime")
     expect(page.get_by_test_id("run-command")).to_have_text("kiln-agent run")
     command = page.get_by_test_id("register-command").inner_text()
     assert command.startswith(f"kiln-agent register --server {stack.url}")

@@ -392,6 +392,20 @@ export interface RegistrationToken {
   register_command?: string;
 }
 
+/** GET agents/setup/: the server's address as devices reach it and how to install the agent there. */
+export interface AgentSetup {
+  server_url: string;
+  source: 'KILN_PUBLIC_URL' | 'request';
+  loopback: boolean;
+  warning: string | null;
+  suggested_urls: string[];
+  downloads_url: string;
+  downloads_configured: boolean;
+  agent_distribution: string;
+  install_command: string;
+  runtimes: { name: string; package: string; note: string }[];
+}
+
 export interface LatencyMs {
   p50: number | null;
   p90: number | null;
