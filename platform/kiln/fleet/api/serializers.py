@@ -270,7 +270,7 @@ class ArtifactUploadPlanSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
     size_bytes = serializers.IntegerField(min_value=0)
-    filename = serializers.CharField(max_length=255, required=False, default="")
+    filename = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
 
 
 def agent_intervals() -> dict:
