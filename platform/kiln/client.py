@@ -275,6 +275,14 @@ class Client(HttpClient):
     def agents(self) -> list[dict]:
         return list(self.paginate("agents/"))
 
+    def agent_setup(self) -> dict:
+        """The server's address as devices reach it (with a warning when loopback) and the agent's install command."""
+        return self.get("agents/setup/")
+
+    def create_registration_token(self, name: str) -> dict:
+        """A registration token for new devices (the secret is in this answer only) with its register command."""
+        return self.post("agents/registration-tokens/", {"name": name})
+
     def package_signing_key(self) -> str:
         """The server's Ed25519 public key (PEM) that signs deployment packages."""
         return self.get("packages/signing-key/")["public_key_pem"]
