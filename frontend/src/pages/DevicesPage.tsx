@@ -366,7 +366,7 @@ function RegistrationTokens() {
         <DataTable
           columns={['Name', 'Prefix', 'Created', 'Status']}
           actions
-          className="table table-compact"
+          className="table table-compact table-cards"
           caption="Registration tokens"
           testId="registration-tokens-table"
         >

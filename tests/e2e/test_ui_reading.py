@@ -1,0 +1,219 @@
+"""Browser tests of issue 27: a chart that reads, a tolerance in percent, a device set-up that works off this host,
+tables that fit at 1366, 800 and 390 px, and defaults that do not mislead.
+
+Same stack and fixtures as test_ui.py (real server, Celery worker, Chromium). Where a test is about how a report
+reads, a scripted agent answers over the real agent API with chosen timings and accuracies (a collapsed INT8
+variant cannot be chosen from a real runtime). Screenshots land in test-artifacts/screenshots/27-*.png.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import requests
+
+from tests.e2e import test_ui as ui
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+
+browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+WIDTHS = (1366, 800, 390)
+
+
+def no_sideways_scroll(page) -> bool:
+    fits = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    if not fits:
+        # Name the widest culprits, for the failure message.
+        print("wider than the window:", page.evaluate("""() => [...document.querySelectorAll('body *')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+            .slice(-6).map(e => `${e.tagName}.${e.className}[${e.dataset.testid || ''}] ${Math.round(e.getBoundingClientRect().right)}`)"""))
+    return fits
+
+
+# -- a scripted agent over the real agent API ---------------------------------------------------
+
+def scripted_agent(stack, user, name: str) -> requests.Session:
+    from tests.e2e.test_ui_guides import registration_token
+
+    body = requests.post(f"{stack.url}/api/agent/v1/register", timeout=30, json={
+        "registration_token": registration_token(stack, user), "name": name,
+        "capabilities": {"runtimes": {"onnxruntime": "1.32.0"}, "cores": 4, "cpu_model": "Scripted Cortex-A78AE", "agent_version": "0.1.0"}}).json()
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {body['agent_token']}"
+    return session
+
+
+def run_scripted_job(stack, user, agent, model: dict, answers: dict, tolerance: dict, calibration: int | None = None) -> dict:
+    """Deploy the model's first version in the precisions `answers` names ({precision: (p50 ms, top-1 agreement)})."""
+    job = api(stack, user, "POST", "jobs/", json={"model_version": model["versions"][0]["id"], "precisions": list(answers),
+                                                  "tolerance": tolerance, "calibration_dataset": calibration}).json()
+    deadline = time.monotonic() + JOB_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        response = agent.post(f"{stack.url}/api/agent/v1/tasks/lease", json={"wait_s": 1}, timeout=30)
+        if response.status_code == 200:
+            task = response.json()
+            p50, top1 = answers[task["variant"]["precision"]]
+            latency = {"p50": p50, "p90": p50, "p99": p50 * 1.05, "mean": p50, "std": 0.01 * p50, "cv": 0.01, "count": 200}
+            result = {"attempt": task["attempt"], "status": "succeeded", "error": "",
+                      "metrics": {"latency_ms": latency, "runs": 200, "unstable": False, "threads": 4, "batch_size": 1,
+                                  "by_batch": [{"batch_size": 1, "latency_ms": latency, "runs": 200, "unstable": False, "window_medians_ms": [p50] * 3}]},
+                      "accuracy": {"cosine": 0.5 + top1 / 2, "sqnr_db": 40.0 * top1, "top1_agreement": top1, "max_abs_error": 1 - top1}}
+            assert agent.post(f"{stack.url}/api/agent/v1/tasks/{task['id']}/result", json=result, timeout=30).status_code == 200
+            continue
+        current = api(stack, user, "GET", f"jobs/{job['id']}/").json()
+        if current["status"] in ("succeeded", "failed", "canceled"):
+            assert current["status"] == "succeeded", current.get("error")
+            return current
+    raise AssertionError(f"job {job['id']} did not finish")
+
+
+def upload_model(stack, user, digits_files, name: str = "digits") -> dict:
+    with open(digits_files["model"], "rb") as handle:
+        return api(stack, user, "POST", "models/", data={"name": name}, files={"file": ("digits.onnx", handle)}).json()
+
+
+# The dynamic INT8 build collapses (top-1 agreement 0.31): it must not squash the axis the other three share.
+ANSWERS = {"fp32": (4.0, 1.0), "fp16": (2.6, 0.996), "int8": (1.9, 0.992), "int8-dynamic": (1.7, 0.31)}
+
+
+def upload_calibration(stack, user, digits_files) -> int:
+    with open(digits_files["calibration"], "rb") as handle:
+        return api(stack, user, "POST", "datasets/", data={"name": "digits-calibration", "kind": "calibration"},
+                   files={"file": ("calibration.npz", handle)}).json()["id"]
+
+
+def test_report_chart_fits_the_tolerance_draws_the_front_and_zooms_within_the_data(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "chart", "Charts")
+    agent = scripted_agent(stack, user, "orin-nano")
+    model = upload_model(stack, user, digits_files)
+    job = run_scripted_job(stack, user, agent, model, ANSWERS, {"metric": "top1_agreement", "max_drop": 0.01},
+                           calibration=upload_calibration(stack, user, digits_files))
+
+    page = new_page(1366, 900)
+    sign_in(page, user)
+    page.goto(f"/jobs/{job['id']}/report")
+    chart = page.get_by_test_id("latency-accuracy-chart").first
+    expect(chart.locator("canvas").first).to_be_visible()
+    chart.scroll_into_view_if_needed()
+    # The axis is fitted to the variants within reach of the tolerance: the collapsed int4 is off the scale, marked.
+    assert float(chart.get_attribute("data-home-y-min")) > 0.9
+    assert chart.get_attribute("data-off-scale") == "1"
+    expect(page.get_by_test_id("chart-legend").first).to_contain_text("Pareto front")
+    expect(page.get_by_test_id("chart-legend").first).to_contain_text("Off the scale")
+    expect(page.get_by_test_id("scatter-caption").first).to_contain_text("drawn at the edge with a triangle")
+    labels = chart.get_by_test_id("point-label")
+    expect(chart.get_by_test_id("point-hit")).to_have_count(4)
+    expect(chart.get_by_test_id("point-label").filter(has_text="off the scale")).to_have_count(1)
+    # Visible names never overlap one another, and stay inside the plot.
+    boxes = [labels.nth(index).bounding_box() for index in range(labels.count())]
+    plot = chart.locator(".u-over").bounding_box()
+    for index, a in enumerate(boxes):
+        assert plot["x"] - 1 <= a["x"] and a["x"] + a["width"] <= plot["x"] + plot["width"] + 1
+        for b in boxes[index + 1:]:
+            assert a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"] or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"], (a, b)
+    screenshot(page, "27-01-chart-1366")
+
+    # Every point answers to keyboard focus with its name and numbers.
+    chart.get_by_test_id("point-hit").first.focus()
+    assert "ms" in page.evaluate("document.activeElement.getAttribute('aria-label')")
+
+    # A box dragged past the top of the plot is cut to the data: the y axis never goes past the home range.
+    home_y_max = float(chart.get_attribute("data-home-y-max"))
+    page.mouse.move(plot["x"] + plot["width"] * 0.3, plot["y"] + plot["height"] * 0.6)
+    page.mouse.down()
+    page.mouse.move(plot["x"] + plot["width"] * 0.7, plot["y"] - 60, steps=8)
+    page.mouse.up()
+    expect(page.get_by_test_id("zoom-reset").first).to_be_enabled()
+    assert float(chart.get_attribute("data-y-max")) <= home_y_max + 1e-9
+    page.get_by_test_id("zoom-reset").first.click()
+    # Zoom in from the keyboard lands on the recommended point, not on an empty middle.
+    page.get_by_test_id("zoom-in").first.focus()
+    page.keyboard.press("Enter")
+    x_min, x_max = float(chart.get_attribute("data-x-min")), float(chart.get_attribute("data-x-max"))
+    recommended_p50 = next(v["latency_ms"]["p50"] for v in api(stack, user, "GET", f"jobs/{job['id']}/report/").json()["devices"][0]["variants"]
+                           if v["id"] == api(stack, user, "GET", f"jobs/{job['id']}/report/").json()["devices"][0]["recommended"])
+    assert x_min <= recommended_p50 <= x_max
+    expect(chart.get_by_test_id("point-hit")).not_to_have_count(0)
+    # Zoom out never goes past the data either.
+    for _ in range(3):
+        if page.get_by_test_id("zoom-out").first.is_enabled():
+            page.get_by_test_id("zoom-out").first.click()
+    assert float(chart.get_attribute("data-y-max")) <= home_y_max + 1e-9
+    expect(page.get_by_test_id("zoom-reset").first).to_be_disabled()
+
+    for width in WIDTHS[1:]:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_function("document.querySelector('.u-over').getBoundingClientRect().right <= window.innerWidth")
+        assert no_sideways_scroll(page), f"the report scrolls sideways at {width} px"
+        screenshot(page, f"27-01-chart-{width}")
+
+
+def fully_visible(page, locator) -> bool:
+    """Inside the window and not clipped by a scrolling ancestor (a table box scrolled sideways hides columns)."""
+    return locator.evaluate("""element => {
+        const box = element.getBoundingClientRect();
+        if (box.width === 0 || box.right > window.innerWidth + 1 || box.left < -1) return false;
+        for (let parent = element.parentElement; parent; parent = parent.parentElement) {
+            const style = getComputedStyle(parent);
+            if (style.overflowX === 'visible') continue;
+            const edge = parent.getBoundingClientRect();
+            if (box.right > edge.right + 1 || box.left < edge.left - 1) return false;
+        }
+        return true;
+    }""")
+
+
+def test_report_tables_fit_at_1366_800_and_390_px(stack, new_page, digits_files):
+    """Download, accuracy, drop and tolerance stay in view without sideways scrolling; on a phone rows become cards."""
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "tables", "Tables")
+    agent = scripted_agent(stack, user, "raspberry-pi-5-with-a-long-host-name")
+    model = upload_model(stack, user, digits_files, name="resnet-ish-image-classifier-v2")
+    answers = {"fp32": (12.0, 1.0), "fp16": (9.0, 0.995), "int8-dynamic": (5.0, 0.97)}
+    job = run_scripted_job(stack, user, agent, model, answers, {"metric": "top1_agreement", "max_drop": 0.01})
+
+    page = new_page(1366, 900)
+    sign_in(page, user)
+    page.goto(f"/jobs/{job['id']}/report")
+    table = page.get_by_test_id("report-table").first
+    expect(table).to_be_visible()
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(100)
+        assert no_sideways_scroll(page), f"the report page scrolls sideways at {width} px"
+        row = table.get_by_test_id("recommended-row")
+        for what in ("variant-download",):
+            assert fully_visible(page, row.get_by_test_id(what)), f"{what} is cut off at {width} px"
+        for header in ("Accuracy", "Drop", "In tolerance"):
+            cell = row.locator(f'td[data-label="{header}"]')
+            assert fully_visible(page, cell), f"{header} is cut off at {width} px"
+        why_not = page.get_by_test_id("why-not").first
+        why_not.scroll_into_view_if_needed()
+        assert fully_visible(page, why_not.locator("td").last), f"why not is hidden at {width} px"
+        screenshot(page, f"27-05-report-{width}")
+    # On a phone each variant is a card, each value named by its column; the headers are a line of sort buttons.
+    assert table.locator("thead").evaluate("element => element.getBoundingClientRect().right <= window.innerWidth")
+    table.get_by_role("button", name=re.compile("^Accuracy")).click()
+    expect(table.get_by_role("columnheader", name=re.compile("^Accuracy"))).to_have_attribute("aria-sort", "ascending")
+    expect(table.get_by_test_id("recommended-row").locator('td[data-label="Latency p50"]')).to_be_visible()
+
+    # The other list pages fit too: no sideways page scroll at any width.
+    for path in ("/jobs", "/datasets", "/models", "/devices", "/performance", f"/models/{model['id']}"):
+        for width in WIDTHS:
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            assert no_sideways_scroll(page), f"{path} scrolls sideways at {width} px"
+            tables = page.locator("table")
+            for index in range(tables.count()):
+                cells = tables.nth(index).locator("tbody tr").first.locator("td")
+                for cell in range(cells.count()):
+                    if cells.nth(cell).is_visible():
+                        assert fully_visible(page, cells.nth(cell)), f"{path}: a column of table {index} is cut off at {width} px"
+            screenshot(page, f"27-05{path.replace('/', '-')}-{width}")
