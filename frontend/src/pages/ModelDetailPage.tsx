@@ -16,7 +16,7 @@ import { KIND_LABELS, kindLabel } from '../components/outputKinds';
 
 function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
   return (
-    <table className="table table-compact" data-testid={testId}>
+    <table className="table table-compact table-cards" data-testid={testId}>
       <caption>{caption}</caption>
       <thead>
         <tr>
@@ -35,11 +35,11 @@ function SignatureTable({ caption, tensors, testId }: { caption: string; tensors
         ) : (
           tensors.map((tensor) => (
             <tr key={tensor.name}>
-              <td>
+              <td data-label="Name">
                 <code>{tensor.name}</code>
               </td>
-              <td>{tensor.dtype}</td>
-              <td>
+              <td data-label="Type">{tensor.dtype}</td>
+              <td data-label="Shape">
                 <code>{formatShape(tensor.shape)}</code>
               </td>
             </tr>
@@ -62,7 +62,7 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
       <p className="muted small">
         Each output is judged by the metric of its kind. Kiln infers the kind from the graph; change it if it is wrong.
       </p>
-      <table className="table table-compact">
+      <table className="table table-compact table-cards">
         <thead>
           <tr>
             <th scope="col">Output</th>
@@ -76,13 +76,13 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
             const kind = info?.kind ?? null;
             return (
               <tr key={output.name} data-testid="output-kind-row">
-                <td>
+                <td data-label="">
                   <code>{output.name}</code>
                   <div className="muted small">
                     {info?.overridden ? `set by you; Kiln inferred ${kindLabel(info.inferred)}` : info?.reason}
                   </div>
                 </td>
-                <td>
+                <td data-label="Kind">
                   <select
                     aria-label={`Kind of ${output.name}`}
                     value={kind ?? ''}
@@ -108,7 +108,7 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
                     </button>
                   ) : null}
                 </td>
-                <td className="small">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
+                <td className="small" data-label="Judged by">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
               </tr>
             );
           })}
