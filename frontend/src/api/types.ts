@@ -284,7 +284,7 @@ export interface Job {
   progress: number;
   error: string | null;
   model_version: number;
-  model: { id: number; name: string; version?: number } | null;
+  model: { id: number; name: string; version?: number; sha256?: string } | null;
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
