@@ -5,7 +5,7 @@ import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
 import { IdenticalNotice } from './ModelsPage';
 import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
-import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
+import { OUTPUT_KINDS, type ModelEstimate, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
@@ -186,7 +186,9 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
             <dt>Size</dt>
             <dd data-testid="model-size">{formatBytes(version.size_bytes)}</dd>
             <dt>Parameters</dt>
-            <dd>{formatNumber(version.parameter_count, 0)}</dd>
+            <dd data-testid="parameter-count">
+              {version.parameter_count ? formatNumber(version.parameter_count, 0) : <span className="muted" title="Counted from the weights stored in the graph; this version was read before weights held in Constant nodes were counted.">not counted</span>}
+            </dd>
             <dt>Opset</dt>
             <dd>{version.opset ?? '—'}</dd>
             <dt>SHA-256</dt>
@@ -223,40 +225,84 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
   );
 }
 
-/** FP32 latency per known device, predicted from per-operator timings of other models before any job runs. */
+export interface EstimateRow {
+  key: string;
+  device: string;
+  backend: string;
+  estimateMs: number;
+  coverage: number;
+  models: number;
+  /** The newest FP32 measurement of this model on the device, when one exists: it wins over any estimate. */
+  measuredMs: number | null;
+  /** Estimate over measurement, when both exist. */
+  ratio: number | null;
+}
+
+/** How far off an estimate may be before it is called out as such beside the measurement. */
+const ESTIMATE_OFF_BY = 2;
+
+/** The estimate per device beside what was measured there, measurements first. */
+export function estimateRows(estimate: ModelEstimate): EstimateRow[] {
+  return estimate.devices
+    .map((row) => {
+      const measured = estimate.measured.find((candidate) => candidate.agent_name === row.agent.name && candidate.backend === row.backend);
+      const measuredMs = measured && Number.isFinite(measured.p50_ms) ? measured.p50_ms : null;
+      return {
+        key: `${row.device}-${row.backend}`, device: row.agent.name, backend: row.backend, estimateMs: row.p50_ms, coverage: row.coverage, models: row.models,
+        measuredMs, ratio: measuredMs ? row.p50_ms / measuredMs : null,
+      };
+    })
+    .sort((a, b) => Number(b.measuredMs !== null) - Number(a.measuredMs !== null) || a.device.localeCompare(b.device));
+}
+
+function estimateNote(row: EstimateRow): string {
+  if (row.ratio === null) return row.coverage < 0.5 ? 'rough: most operator types were never timed on this device' : 'estimate';
+  if (row.ratio > ESTIMATE_OFF_BY || row.ratio < 1 / ESTIMATE_OFF_BY) {
+    return `the estimate was ${formatNumber(row.ratio > 1 ? row.ratio : 1 / row.ratio, 1)}x ${row.ratio > 1 ? 'too slow' : 'too fast'}: trust the measurement`;
+  }
+  return `the estimate was within ${ESTIMATE_OFF_BY}x`;
+}
+
+/** FP32 latency per known device: measured where a job ran, else predicted from per-operator timings of other models. */
 function LatencyEstimate({ versionId }: { versionId: number }) {
   const estimate = useEstimate(versionId);
+  const table = estimate.data ? estimateRows(estimate.data) : [];
   return (
     <section className="card" aria-labelledby="estimate-heading" data-testid="latency-estimate">
-      <h2 id="estimate-heading">Estimated latency</h2>
+      <h2 id="estimate-heading">FP32 latency per device</h2>
       {estimate.isPending ? <Loading /> : null}
       <ErrorMessage error={estimate.error} />
-      {estimate.data && estimate.data.devices.length === 0 ? (
+      {estimate.data && table.length === 0 ? (
         <p className="muted">No device has measured another model yet; the estimate appears once one has.</p>
       ) : null}
-      {estimate.data && estimate.data.devices.length > 0 ? (
+      {table.length > 0 ? (
         <DataTable
           columns={[
             'Device',
-            'Backend',
-            { label: 'FP32 p50', className: 'numeric' },
-            { label: 'Own timings', title: "The share of this model's work whose operator types were timed on the device" },
+            { label: 'Measured p50', className: 'numeric' },
+            { label: 'Estimated p50', className: 'numeric' },
+            { label: 'Estimate from', title: "The share of this model's work whose operator types were timed on the device", className: 'col-p2' },
           ]}
         >
-          {estimate.data.devices.map((row) => (
-            <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
-              <td>{row.agent.name}</td>
-              <td>{row.backend}</td>
-              <td className="numeric">{formatNumber(row.p50_ms, 3)} ms</td>
-              <td>{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
+          {table.map((row) => (
+            <tr key={row.key} data-testid="estimate-row">
+              <td>
+                {row.device} <span className="muted small">{row.backend}</span>
+              </td>
+              <td className="numeric" data-testid="estimate-measured">{row.measuredMs === null ? '—' : `${formatNumber(row.measuredMs, 3)} ms`}</td>
+              <td className="numeric">
+                <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>
+                <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+              </td>
+              <td className="col-p2">{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
             </tr>
           ))}
         </DataTable>
       ) : null}
-      <p className="muted small">Predicted for FP32 before any job runs, from per-operator timings of other models on each device.</p>
-      {estimate.data && estimate.data.measured.length > 0 ? (
-        <p className="muted small">Measured so far: {estimate.data.measured.map((row) => `${formatNumber(row.p50_ms, 3)} ms on ${row.agent_name} (${row.backend})`).join(', ')}.</p>
-      ) : null}
+      <p className="muted small">
+        Measured: the newest FP32 p50 of this model on the device. Estimated: predicted before any job runs, from per-operator timings of
+        other models on the device, so it can be far off for a model unlike those.
+      </p>
     </section>
   );
 }
