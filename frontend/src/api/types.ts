@@ -240,6 +240,9 @@ export interface JobStage {
   started_at: string | null;
   finished_at: string | null;
   message: string | null;
+  /** Seconds over every finished run of the stage (a search runs quantize and devices once per round). */
+  seconds?: number;
+  runs?: number;
 }
 
 export interface JobEvent {

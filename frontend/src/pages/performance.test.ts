@@ -33,7 +33,7 @@ describe('performance summaries', () => {
 
 describe('defaults that compare like with like', () => {
   it('answers "which device" for the model measured on the most devices, not the fastest toy model', () => {
-    const toy = { model: { id: 9, name: 'toy', version: 1 } };
+    const toy = { model: { id: 9, name: 'toy', version: 1 }, model_sha256: 'toy' };
     const rows = [row(1, 'orin', 40), row(1, 'pi5', 90), row(2, 'orin', 0.009, toy)];
     const chosen = buyingModel(rows);
     expect(chosen?.name).toBe('digits');
@@ -41,9 +41,11 @@ describe('defaults that compare like with like', () => {
   });
 
   it('offers to compare a job only with jobs of the same model', () => {
-    const other = { model: { id: 2, name: 'encoder', version: 1 } };
+    const other = { model: { id: 2, name: 'encoder', version: 1 }, model_sha256: 'encoder' };
     const rows = [row(3, 'box', 2), row(2, 'box', 0.1, other), row(1, 'box', 2.1)];
     expect(jobsLike(rows, 3)).toEqual([3, 1]);
     expect(jobsLike(rows, 2)).toEqual([2]);
+    // A byte-identical upload under another name is the same model.
+    expect(jobsLike([...rows, row(4, 'box', 2.2, { model: { id: 5, name: 'digits-copy', version: 1 } })], 4)).toEqual([4, 3, 1]);
   });
 });

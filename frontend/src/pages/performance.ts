@@ -19,8 +19,8 @@ export function fastestPerDevice(rows: Measurement[]): { label: string; p50: num
 }
 
 function modelKey(row: Measurement): string {
-  // A model by id; a deleted model's rows keep its name and weights' digest.
-  return row.model.id === null ? `sha:${row.model_sha256}` : `id:${row.model.id}`;
+  // A model by its weights' digest: byte-identical uploads under two names are one model, and a deleted model's rows keep it.
+  return row.model_sha256 || `id:${row.model.id}`;
 }
 
 /**

@@ -272,7 +272,7 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
   );
 }
 
-function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[] }) {
+function DeviceSection({ device, tolerance, onRemeasure, sensitivity, jobId }: { device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[]; jobId?: number }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
     <section className="device-report" aria-label={`Results on ${name}`} data-testid="device-report">
@@ -289,7 +289,7 @@ function DeviceSection({ device, tolerance, onRemeasure, sensitivity }: { device
         {device.variants.length === 0 ? (
           <EmptyState title="No variant has finished on this device yet." />
         ) : (
-          <ReportTable variants={device.variants} recommended={device.recommended} deviceName={name} />
+          <ReportTable variants={device.variants} recommended={device.recommended} deviceName={name} jobId={jobId} />
         )}
       </div>
       {device.variants.length > 0 ? (
@@ -356,7 +356,7 @@ export function ReportPage() {
         <EmptyState title="No device has reported yet.">Results show up here as each device finishes its tasks.</EmptyState>
       ) : (
         report.data.devices.map((device, index) => (
-          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []} />
+          <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []} jobId={report.data.job} />
         ))
       )}
       <RerunSummary report={report.data} />

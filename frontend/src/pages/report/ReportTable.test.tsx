@@ -93,3 +93,10 @@ describe('accuracyErrors', () => {
     expect(accuracyErrors(null)).toEqual([]);
   });
 });
+
+describe('CSV name', () => {
+  it('carries the job id and the device', async () => {
+    const { reportCsvName } = await import('./ReportTable');
+    expect(reportCsvName(17, 'orin nano/lab')).toBe('kiln-report-job-17-orin-nano-lab.csv');
+  });
+});

@@ -132,14 +132,21 @@ export function sortVariants(variants: ReportVariant[], key: string, direction: 
   });
 }
 
+export function reportCsvName(jobId: number | undefined, deviceName: string): string {
+  return `kiln-report${jobId ? `-job-${jobId}` : ''}-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`;
+}
+
 export function ReportTable({
   variants,
   recommended,
   deviceName,
+  jobId,
 }: {
   variants: ReportVariant[];
   recommended: number | null;
   deviceName: string;
+  /** Names the CSV file: two exports of one device from two jobs must not overwrite each other. */
+  jobId?: number;
 }) {
   const [sort, setSort] = useState<{ key: string; direction: 'ascending' | 'descending' }>({ key: 'p50', direction: 'ascending' });
   const sorted = sortVariants(variants, sort.key, sort.direction);
@@ -157,7 +164,7 @@ export function ReportTable({
     <>
     <div className="table-tools">
       <CsvButton
-        filename={`kiln-report-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`}
+        filename={reportCsvName(jobId, deviceName)}
         header={['variant', 'precision', 'backend', 'p50_ms', 'p99_ms', 'throughput_per_s', 'size_bytes', 'accuracy_metric', 'accuracy', 'drop', 'within_tolerance', 'unstable', 'recommended']}
         rows={sorted.map((v) => [v.key ?? v.precision, v.precision, v.backend, v.latency_ms?.p50, v.latency_ms?.p99, v.throughput_per_s, v.size_bytes,
           v.accuracy?.metric, v.accuracy?.value, v.accuracy?.drop, v.accuracy?.within_tolerance, v.unstable ?? null, v.id === recommended])}
