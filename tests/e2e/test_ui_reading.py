@@ -217,3 +217,113 @@ def test_report_tables_fit_at_1366_800_and_390_px(stack, new_page, digits_files)
                     if cells.nth(cell).is_visible():
                         assert fully_visible(page, cells.nth(cell)), f"{path}: a column of table {index} is cut off at {width} px"
             screenshot(page, f"27-05{path.replace('/', '-')}-{width}")
+
+
+def test_defaults_that_do_not_mislead(stack, new_page, digits_files, tmp_path):
+    """A toy model does not answer "which device should I buy?", a job is compared with one of its own model,
+    byte-identical uploads are one model, the model page shows the measurement beside the estimate,
+    /deployments/N opens job N, and the CSV carries the job id."""
+    import onnx
+    from playwright.sync_api import expect
+
+    from tests.fixtures.models import build_transformer_like
+
+    user = new_user(stack, "defaults", "Defaults")
+    agent = scripted_agent(stack, user, "orin-nano")
+    toy_path = tmp_path / "toy.onnx"
+    onnx.save(build_transformer_like(), str(toy_path))
+    with open(toy_path, "rb") as handle:
+        toy = api(stack, user, "POST", "models/", data={"name": "toy-test-model"}, files={"file": ("toy.onnx", handle)}).json()
+    run_scripted_job(stack, user, agent, toy, {"fp32": (0.009, 1.0)}, {"metric": "top1_agreement", "max_drop": 0.01})
+    digits = upload_model(stack, user, digits_files, name="digits")
+    copy = upload_model(stack, user, digits_files, name="digits-copy")
+    first = run_scripted_job(stack, user, agent, digits, {"fp32": (40.0, 1.0)}, {"metric": "top1_agreement", "max_drop": 0.01})
+    second = run_scripted_job(stack, user, agent, copy, {"fp32": (42.0, 1.0)}, {"metric": "top1_agreement", "max_drop": 0.01})
+
+    page = new_page(1366, 900)
+    sign_in(page, user)
+    page.goto("/performance")
+    expect(page.get_by_test_id("device-chart-caption")).to_contain_text("digits")
+    expect(page.get_by_test_id("device-chart")).to_contain_text("40 ms")
+    expect(page.get_by_test_id("device-chart")).not_to_contain_text("0.009")
+    expect(page.get_by_test_id("compare-job")).to_have_value(str(second["id"]))
+    expect(page.get_by_test_id("compare-earlier")).to_have_value(str(first["id"]))
+    expect(page.get_by_test_id("job-comparison")).to_contain_text("1.05x")
+    screenshot(page, "27-07-performance-1366")
+
+    page.goto(f"/compare?a={first['id']}&b={second['id']}")
+    expect(page.get_by_test_id("compare-ground")).to_contain_text("Same model (digits and digits-copy are byte-identical uploads)")
+
+    page.goto(f"/models/{digits['id']}")
+    expect(page.get_by_test_id("parameter-count")).to_have_text("6,090")
+    estimate = page.get_by_test_id("latency-estimate")
+    # The newest FP32 measurement of these bytes: the copy's job ran last.
+    expect(estimate.get_by_test_id("estimate-measured").first).to_have_text("42 ms")
+    screenshot(page, "27-07-model-1366")
+
+    page.goto(f"/deployments/{first['id']}")
+    expect(page).to_have_url(re.compile(rf"/jobs/{first['id']}$"))
+    page.goto(f"/deployments/{first['id']}/report")
+    expect(page).to_have_url(re.compile(rf"/jobs/{first['id']}/report$"))
+    with page.expect_download() as download:
+        page.get_by_role("button", name=re.compile("Export CSV")).first.click()
+    assert download.value.suggested_filename == f"kiln-report-job-{first['id']}-orin-nano.csv"
+
+
+def test_tolerance_is_a_percentage_checked_at_the_field(stack, new_page, digits_files):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "percent", "Percent")
+    upload_model(stack, user, digits_files, name="digits")
+    for width in WIDTHS:
+        page = new_page(width, 900)
+        sign_in(page, user)
+        page.goto("/deployments/new")
+        page.get_by_label("Model", exact=True).select_option(label="digits")
+        field = page.get_by_test_id("max-drop-input")
+        field.scroll_into_view_if_needed()
+        expect(field).to_have_value("1")
+        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 0.01 points of each primary output's metric")
+        # "1%" typed as such is one percent, not 1 (which once let everything pass).
+        field.fill("1%")
+        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 0.01")
+        # 200% is refused at the field, as it is typed, in the user's terms.
+        field.fill("200%")
+        expect(page.locator("#maxDrop-error")).to_have_text("200% is more than the whole scale: at most 100%.")
+        expect(field).to_have_attribute("aria-invalid", "true")
+        page.get_by_test_id("metric-select").select_option("cosine")
+        field.fill("0.05")
+        expect(page.get_by_test_id("max-drop-warning")).to_contain_text("the field is in percent")
+        field.fill("0.5")
+        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("0.5% = 0.005 of cosine similarity")
+        assert no_sideways_scroll(page)
+        screenshot(page, f"27-02-tolerance-{width}")
+    # What the form sends is the fraction the API takes.
+    with page.expect_request(lambda request: request.url.endswith("/api/v1/jobs/") and request.method == "POST") as sent:
+        page.get_by_test_id("start-deployment").click()
+    assert sent.value.post_data_json["tolerance"] == {"metric": "cosine", "max_drop": 0.005}
+
+
+def test_devices_page_names_the_address_devices_reach_and_installs_from_this_server(stack, new_page):
+    from playwright.sync_api import expect
+
+    user = new_user(stack, "devices", "Devices")
+    for width in WIDTHS:
+        page = new_page(width, 900)
+        sign_in(page, user)
+        page.goto("/devices")
+        # The live server listens on a loopback address: the page says that a device cannot use it.
+        warning = page.get_by_test_id("loopback-warning")
+        expect(warning).to_contain_text("will not work from a device")
+        page.get_by_test_id("registration-token-name").fill(f"lab-{width}")
+        page.get_by_role("button", name="Create registration token").click()
+        expect(page.get_by_test_id("install-command")).to_have_text(f"pip install --find-links {stack.url}/downloads/ kiln-agent onnxruntime")
+        expect(page.get_by_test_id("runtime-choices")).to_contain_text("openvino")
+        expect(page.get_by_test_id("setup-steps")).not_to_contain_text("TensorRT")
+        # Typing the address the devices use rewrites every command; the warning goes.
+        page.get_by_test_id("server-address-input").fill("http://192.168.1.20:8000")
+        expect(warning).to_have_count(0)
+        expect(page.get_by_test_id("install-command")).to_have_text("pip install --find-links http://192.168.1.20:8000/downloads/ kiln-agent onnxruntime")
+        expect(page.get_by_test_id("up-command")).to_contain_text("kiln-agent up --server http://192.168.1.20:8000 --registration-token kiln_reg_")
+        assert no_sideways_scroll(page)
+        screenshot(page, f"27-04-devices-{width}")

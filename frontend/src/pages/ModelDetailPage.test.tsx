@@ -88,4 +88,10 @@ describe('estimate beside the measurement', () => {
     expect(rows.map((row) => [row.device, row.measuredMs])).toEqual([['orin', 40], ['pi5', null]]);
     expect(rows[0].ratio).toBeCloseTo(118);
   });
+
+  it('shows a measurement even where there is nothing to estimate from', async () => {
+    const { estimateRows } = await import('./ModelDetailPage');
+    const rows = estimateRows({ model_version: 1, devices: [], measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }, { agent_name: 'orin', backend: 'onnxruntime', p50_ms: 41, job_id: 4 }] });
+    expect(rows.map((row) => [row.device, row.measuredMs, row.estimateMs])).toEqual([['orin', 40, null]]);
+  });
 });

@@ -229,8 +229,9 @@ export interface EstimateRow {
   key: string;
   device: string;
   backend: string;
-  estimateMs: number;
-  coverage: number;
+  /** Null where the device measured this model but has no per-operator timings of others to estimate from. */
+  estimateMs: number | null;
+  coverage: number | null;
   models: number;
   /** The newest FP32 measurement of this model on the device, when one exists: it wins over any estimate. */
   measuredMs: number | null;
@@ -243,8 +244,17 @@ const ESTIMATE_OFF_BY = 2;
 
 /** The estimate per device beside what was measured there, measurements first. */
 export function estimateRows(estimate: ModelEstimate): EstimateRow[] {
+  const estimated = new Set(estimate.devices.map((row) => `${row.agent.name}|${row.backend}`));
+  const seen = new Set<string>();
+  // The newest measurement per device and backend (the answer is newest first) where nothing was estimated.
+  const measuredOnly = estimate.measured.filter((row) => {
+    const key = `${row.agent_name}|${row.backend}`;
+    if (estimated.has(key) || seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
   return estimate.devices
-    .map((row) => {
+    .map((row): EstimateRow => {
       const measured = estimate.measured.find((candidate) => candidate.agent_name === row.agent.name && candidate.backend === row.backend);
       const measuredMs = measured && Number.isFinite(measured.p50_ms) ? measured.p50_ms : null;
       return {
@@ -252,11 +262,16 @@ export function estimateRows(estimate: ModelEstimate): EstimateRow[] {
         measuredMs, ratio: measuredMs ? row.p50_ms / measuredMs : null,
       };
     })
+    .concat(measuredOnly.map((row) => ({
+      key: `${row.agent_name}-${row.backend}`, device: row.agent_name, backend: row.backend, estimateMs: null, coverage: null, models: 0,
+      measuredMs: row.p50_ms, ratio: null,
+    })))
     .sort((a, b) => Number(b.measuredMs !== null) - Number(a.measuredMs !== null) || a.device.localeCompare(b.device));
 }
 
 function estimateNote(row: EstimateRow): string {
-  if (row.ratio === null) return row.coverage < 0.5 ? 'rough: most operator types were never timed on this device' : 'estimate';
+  if (row.estimateMs === null) return 'no estimate: no other model was timed per operator here';
+  if (row.ratio === null) return (row.coverage ?? 0) < 0.5 ? 'rough: most operator types were never timed on this device' : 'estimate';
   if (row.ratio > ESTIMATE_OFF_BY || row.ratio < 1 / ESTIMATE_OFF_BY) {
     return `the estimate was ${formatNumber(row.ratio > 1 ? row.ratio : 1 / row.ratio, 1)}x ${row.ratio > 1 ? 'too slow' : 'too fast'}: trust the measurement`;
   }
@@ -291,10 +306,10 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
               </td>
               <td className="numeric" data-testid="estimate-measured">{row.measuredMs === null ? '—' : `${formatNumber(row.measuredMs, 3)} ms`}</td>
               <td className="numeric">
-                <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>
+                {row.estimateMs === null ? '—' : <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>}
                 <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
               </td>
-              <td className="col-p2">{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
+              <td className="col-p2">{row.coverage === null ? '—' : `${Math.round(row.coverage * 100)}% of the work, ${row.models} model${row.models === 1 ? '' : 's'}`}</td>
             </tr>
           ))}
         </DataTable>
