@@ -7,6 +7,7 @@ from django.shortcuts import get_object_or_404
 
 from . import storage
 from .models import CONVERTED_FORMATS, Dataset, Model, ModelVersion, SourceFormat, Upload
+from .recipes import propose_recipe
 
 
 def model_list(*, organization, search: str = ""):
@@ -56,3 +57,25 @@ def blob_file(blob) -> Path:
 def upload_get(*, organization, owner: str, upload_id) -> Upload:
     """An upload of this organization started by this user or agent (anyone else: 404)."""
     return get_object_or_404(Upload.objects.select_related("blob", "organization"), organization=organization, owner=owner, pk=upload_id)
+
+
+def model_version_output_kinds(*, version: ModelVersion) -> dict:
+    """Per output: the kind used (`kind`), what Kiln inferred and why, and whether the user overrode it."""
+    inferred = version.output_kinds or {}
+    overrides = version.output_kind_overrides or {}
+    kinds = {}
+    for output in (version.signature or {}).get("outputs", []):
+        name = output["name"]
+        guess = inferred.get(name) or {}
+        kinds[name] = {
+            "kind": overrides.get(name) or guess.get("kind"),
+            "inferred": guess.get("kind"),
+            "reason": guess.get("reason") or "not inferred yet: decided from FP32's outputs when a job runs",
+            "overridden": name in overrides,
+        }
+    return kinds
+
+
+def model_version_recipe(*, version: ModelVersion) -> dict:
+    """The recipe Kiln proposes for raw data fed to this version, with the reason for each choice."""
+    return propose_recipe(signature=version.signature or {}, output_kinds=model_version_output_kinds(version=version))
