@@ -150,17 +150,49 @@ def datasets_list(ctx, as_json: bool) -> None:
 
 
 @datasets.command("upload")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--kind", type=click.Choice(["calibration", "validation"]), required=True)
 @click.option("--name")
+@click.option("--recipe", help="For raw data: the recipe as JSON, or a .json file (see `kiln datasets recipe MODEL`).")
+@click.option("--for-model", "for_model", help="For raw data: propose the recipe from this model (id or name) and check the data fits it.")
+@click.option("--version", "version_number", type=int, help="With --for-model: the version (default: the latest).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def datasets_upload(ctx, path: Path, kind: str, name: str | None, as_json: bool) -> None:
+def datasets_upload(ctx, path: Path, kind: str, name: str | None, recipe: str | None, for_model: str | None, version_number: int | None,
+                    as_json: bool) -> None:
+    """Upload an .npz (or a zip of .npz samples), or raw data: a folder or zip of images or WAV files (class folders become labels)."""
     client = _client(ctx)
-    dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, name=name, progress=progress))
+    model = _resolve_model_version(client, for_model, version_number) if for_model else None
+    names = raw_files(path)
+    if names or recipe:
+        if not names and not path.is_file():
+            raise click.BadParameter(f"{path} holds no images or WAV files", param_hint="PATH")
+        dataset = (upload_raw_dataset(client, path, names, kind=kind, name=name, recipe=_load_recipe(recipe) if recipe else None, model=model)
+                   if names else _with_upload_progress(path, lambda progress: client.upload_dataset(
+                       path, kind=kind, name=name, progress=progress, recipe=_load_recipe(recipe))))
+    elif path.is_dir():
+        raise click.BadParameter(f"{path} is a folder without images or WAV files", param_hint="PATH")
+    else:
+        dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, name=name, progress=progress))
     if as_json:
         return _print_json(dataset)
     console.print(f"Dataset {dataset['id']} ({dataset['kind']}, {dataset['samples']} samples{', with labels' if dataset.get('has_labels') else ''}).")
+
+
+@datasets.command("recipe")
+@click.argument("model")
+@click.option("--version", "version_number", type=int, help="The version (default: the latest).")
+@click.pass_context
+def datasets_recipe(ctx, model: str, version_number: int | None) -> None:
+    """Print the recipe Kiln proposes for raw data fed to MODEL (JSON on stdout, the reasons on stderr), to edit and pass to --recipe."""
+    client = _client(ctx)
+    model_id, version = _resolve_model_version(client, model, version_number)
+    proposal = client.recipe_proposal(model_id, version["number"])
+    for reason in proposal.get("why") or []:
+        errors.print(f"· {reason}", markup=False, highlight=False)
+    if not proposal.get("recipe"):
+        sys.exit(EXIT_ERROR)
+    _print_json(proposal["recipe"])
 
 
 # -- deploy ------------------------------------------------------------------------------------
@@ -177,13 +209,13 @@ def parse_tolerance(text: str | None, metric: str) -> dict:
     return {"metric": metric, "min_value": value} if metric == "sqnr" else {"metric": metric, "max_drop": value}
 
 
-def _resolve_model_version(client: Client, model: str, version: int | None) -> int:
-    """MODEL is a file (uploaded now), a model id, or a model name."""
+def _resolve_model_version(client: Client, model: str, version: int | None) -> tuple[int, dict]:
+    """MODEL is a file (uploaded now), a model id, or a model name: its id and the chosen version."""
     path = Path(model)
     if path.is_file():
         created = _with_upload_progress(path, lambda progress: client.upload_model(path, progress=progress))
         errors.print(f"Uploaded {path.name} as model {created['id']}.")
-        return created["versions"][-1]["id"]
+        return created["id"], created["versions"][-1]
     if model.isdigit():
         found = client.model(int(model))
     else:
@@ -195,20 +227,98 @@ def _resolve_model_version(client: Client, model: str, version: int | None) -> i
     chosen = next((v for v in versions if v["number"] == version), None) if version else (versions[-1] if versions else None)
     if chosen is None:
         raise click.BadParameter(f"model {found['name']} has no version {version}", param_hint="--version")
-    return chosen["id"]
+    return found["id"], chosen
 
 
-def _resolve_dataset(client: Client, value: str | None, kind: str) -> int | None:
+RAW_SUFFIXES = (".jpg", ".jpeg", ".png", ".wav")
+PREVIEW_FILES = 4
+
+
+def raw_files(path: Path) -> list[str]:
+    """The images or WAV files a folder or a zip holds (relative names, so that class folders stay labels); [] for arrays."""
+    if path.is_dir():
+        return sorted(file.relative_to(path).as_posix() for file in path.rglob("*")
+                      if file.is_file() and file.suffix.lower() in RAW_SUFFIXES and not any(part.startswith(".") for part in file.relative_to(path).parts))
+    if path.suffix.lower() != ".zip":
+        return []
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(name.endswith((".npy", ".npz")) for name in names):
+        return []
+    return [name for name in names if name.lower().endswith(RAW_SUFFIXES)]
+
+
+def zip_raw_files(source: Path, names: list[str], target: Path) -> Path:
+    """A zip of `names` from a folder or a zip, stored as they are (JPEG and PNG do not compress further)."""
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as out:
+        if source.is_dir():
+            for name in names:
+                out.write(source / name, name)
+        else:
+            with zipfile.ZipFile(source) as archive:
+                for name in names:
+                    out.writestr(name, archive.read(name))
+    return target
+
+
+def _load_recipe(text: str) -> dict:
+    """--recipe takes JSON or the path of a .json file."""
+    raw = Path(text).read_text() if text.strip().endswith(".json") and Path(text).is_file() else text
+    try:
+        recipe = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON (nor a .json file): {exc}", param_hint="--recipe") from None
+    if not isinstance(recipe, dict):
+        raise click.BadParameter("a recipe is a JSON object", param_hint="--recipe")
+    return recipe
+
+
+def upload_raw_dataset(client: Client, path: Path, names: list[str], *, kind: str, name: str | None, recipe: dict | None,
+                       model: tuple[int, dict] | None) -> dict:
+    """A folder or zip of images (or WAV files) through a recipe: proposed from the model when none is given, previewed on
+    the first files and checked against the model's input before everything is uploaded."""
+    if recipe is None:
+        if model is None:
+            raise click.UsageError(f"{path.name} holds {len(names)} raw files: give --for-model MODEL (Kiln proposes the recipe) or --recipe JSON.")
+        proposal = client.recipe_proposal(model[0], model[1]["number"])
+        if not proposal.get("recipe"):
+            raise click.ClickException("; ".join(proposal.get("why") or ["no recipe fits this model"]))
+        recipe = proposal["recipe"]
+        errors.print(f"Recipe proposed from the model: {json.dumps(recipe)}", markup=False, highlight=False)
+        for reason in proposal.get("why") or []:
+            errors.print(f"  · {reason}", markup=False, highlight=False)
+    with tempfile.TemporaryDirectory(prefix="kiln-raw-") as scratch:
+        sample = zip_raw_files(path, names[:PREVIEW_FILES], Path(scratch) / "preview.zip")
+        preview = client.preview_dataset(sample, recipe=recipe, model_version=model[1]["id"] if model else None)
+        made = ", ".join(f"{key} {spec['shape']} {spec['dtype']} (values {spec['min']}..{spec['max']})" for key, spec in preview["arrays"].items())
+        labels = sorted({item["label"] for item in preview["previews"] if item.get("label")})
+        errors.print(f"Preview of {len(preview['previews'])} of {len(names)} files: each becomes {made}"
+                     + (f"; labels from folders: {', '.join(labels)}…" if labels else "") + ".", markup=False, highlight=False)
+        fits = preview.get("fits")
+        if fits and not fits["ok"]:
+            raise click.ClickException("the recipe does not fit the model: " + "; ".join(fits["problems"]) + " (change it with --recipe)")
+        archive = path if path.suffix.lower() == ".zip" and path.is_file() else zip_raw_files(path, names, Path(scratch) / f"{path.name}.zip")
+        return _with_upload_progress(archive, lambda progress: client.upload_dataset(archive, kind=kind, name=name or path.stem,
+                                                                                    progress=progress, recipe=recipe))
+
+
+def _resolve_dataset(client: Client, value: str | None, kind: str, model: tuple[int, dict] | None = None) -> int | None:
     if value is None:
         return None
     path = Path(value)
-    if path.is_file():
-        dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, progress=progress))
-        errors.print(f"Uploaded {path.name} as {kind} dataset {dataset['id']}.")
+    if path.exists():
+        names = raw_files(path)
+        if names:
+            dataset = upload_raw_dataset(client, path, names, kind=kind, name=None, recipe=None, model=model)
+        elif path.is_file():
+            dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, progress=progress))
+        else:
+            raise click.BadParameter(f"{value} is a folder without images or WAV files", param_hint=f"--{kind}")
+        errors.print(f"Uploaded {path.name} as {kind} dataset {dataset['id']} ({dataset['samples']} samples).")
         return dataset["id"]
     if value.isdigit():
         return int(value)
-    raise click.BadParameter(f"{value!r} is neither a file nor a dataset id", param_hint=f"--{kind}")
+    raise click.BadParameter(f"{value!r} is neither a file, a folder nor a dataset id", param_hint=f"--{kind}")
 
 
 def follow_job(client: Client, job_id: int, *, timeout_s: float | None = None) -> dict:
@@ -260,8 +370,8 @@ def finish_job(client: Client, job: dict, download: Path | None) -> int:
 @main.command()
 @click.argument("model")
 @click.option("--version", "version_number", type=int, help="Model version number (default: the latest).")
-@click.option("--calibration", help="Calibration .npz file or dataset id.")
-@click.option("--validation", help="Validation .npz file or dataset id.")
+@click.option("--calibration", help="Calibration data: an .npz, a folder or zip of images/WAV files (recipe proposed from the model), or a dataset id.")
+@click.option("--validation", help="Validation data: the same; class folders of images become labels.")
 @click.option("--precision", "precisions", multiple=True, help="fp32, fp16, int8, int8-dynamic, int4-weight; default auto (search).")
 @click.option("--metric", default="auto", type=click.Choice(["auto", "accuracy", "cosine", "sqnr", "top1_agreement"]))
 @click.option("--tolerance", help="Allowed accuracy drop: 1% or 0.01 (with --metric sqnr: a floor in dB).")
@@ -274,11 +384,12 @@ def finish_job(client: Client, job: dict, download: Path | None) -> int:
 def deploy(ctx, model: str, version_number, calibration, validation, precisions, metric, tolerance, targets, encrypt, wait, download, as_json) -> None:
     """Deploy MODEL (a file to upload, a model id or a name) to your devices."""
     client = _client(ctx)
-    version_id = _resolve_model_version(client, model, version_number)
+    model_id, version = _resolve_model_version(client, model, version_number)
+    version_id = version["id"]
     job = client.create_job(
         model_version=version_id, precisions=list(precisions) or ["auto"],
-        calibration_dataset=_resolve_dataset(client, calibration, "calibration"),
-        validation_dataset=_resolve_dataset(client, validation, "validation"),
+        calibration_dataset=_resolve_dataset(client, calibration, "calibration", (model_id, version)),
+        validation_dataset=_resolve_dataset(client, validation, "validation", (model_id, version)),
         targets=[int(t) if t.isdigit() else t for t in targets], tolerance=parse_tolerance(tolerance, metric),
         package={"encrypt": True} if encrypt else None,
     )

@@ -197,9 +197,26 @@ class Client(HttpClient):
     def dataset(self, dataset_id: int) -> Dataset:
         return self.get(f"datasets/{dataset_id}/")
 
-    def upload_dataset(self, path: str | Path, *, kind: str, name: str | None = None, progress: Progress | None = None) -> Dataset:
+    def upload_dataset(self, path: str | Path, *, kind: str, name: str | None = None, progress: Progress | None = None,
+                       recipe: dict | None = None) -> Dataset:
+        """An .npz (or a zip of samples), or raw data (a zip of images or WAV files, a .txt) with its `recipe`."""
         upload = self.upload(path, progress=progress)
-        return self.post("datasets/", {"name": name or Path(path).stem, "kind": kind, "upload": upload["id"]})
+        body = {"name": name or Path(path).stem, "kind": kind, "upload": upload["id"]}
+        if recipe:
+            body["recipe"] = json.dumps(recipe)
+        return self.post("datasets/", body)
+
+    def recipe_proposal(self, model_id: int, version_number: int) -> dict:
+        """The recipe Kiln proposes for raw data fed to a model version: `{"recipe", "why", "input"}`."""
+        return self.get(f"models/{model_id}/versions/{version_number}/recipe/")
+
+    def preview_dataset(self, path: str | Path, *, recipe: dict, model_version: int | None = None) -> dict:
+        """What `recipe` makes of the first files of a zip, and whether it fits the model version; nothing is kept."""
+        upload = self.upload(path)
+        body = {"upload": upload["id"], "recipe": json.dumps(recipe)}
+        if model_version:
+            body["model_version"] = model_version
+        return self.post("datasets/preview/", body)
 
     # -- jobs ----------------------------------------------------------------------------------
 

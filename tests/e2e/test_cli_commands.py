@@ -103,3 +103,54 @@ def test_devices_jobs_show_wait_and_report_while_running(kiln_stack, model_files
     assert starred and any(key in starred[0] for key in ("fp32", "int8-dynamic")), report
     assert json.loads(run_kiln(env, tmp_path, "jobs", "wait", job_id, "--json").stdout)["status"] == "succeeded"
     assert "took" in run_kiln(env, tmp_path, "jobs", "show", job_id).stdout
+
+
+def jpeg_folder(root, *, count: int = 6):
+    """A folder of JPEG photos in class folders, as a user has them (no NumPy anywhere)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for index in range(count):
+        folder = root / ("three" if index % 2 else "seven")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "RGB").save(folder / f"scan-{index}.jpg")
+    return root
+
+
+def test_a_folder_of_jpegs_becomes_a_dataset_through_the_recipe_the_model_proposes(kiln_stack, model_files, tmp_path):
+    tenant = kiln_stack.create_user("cli-photos", "a-long-password-1", "Photos")
+    env = {**kiln_stack.env, "KILN_CLIENT_CONFIG": str(tmp_path / "client.json"), "NO_COLOR": "1"}
+    env.pop("KILN_SERVER", None)
+    env.pop("KILN_TOKEN", None)
+    run_kiln(env, tmp_path, "login", "--server", kiln_stack.url, "--token", tenant.token)
+    run_kiln(env, tmp_path, "models", "upload", model_files["model"], "--name", "digits")
+    photos = jpeg_folder(tmp_path / "photos")
+
+    # The proposal on its own: JSON on stdout (to edit), the reasons on stderr.
+    proposed = run_kiln(env, tmp_path, "datasets", "recipe", "digits")
+    recipe = json.loads(proposed.stdout)
+    assert (recipe["input"], recipe["size"], recipe["color"], recipe["layout"]) == ("input", [8, 8], "L", "NCHW")
+    assert "NCHW, 1 channel" in proposed.stderr
+
+    # A folder, proposed from the model, previewed, checked and uploaded: labels from the class folders.
+    uploaded = run_kiln(env, tmp_path, "datasets", "upload", photos, "--kind", "validation", "--for-model", "digits", "--json")
+    dataset = json.loads(uploaded.stdout)
+    assert dataset["samples"] == 6 and dataset["has_labels"] is True and dataset["arrays"]["input"]["shape"] == [6, 1, 8, 8]
+    assert "Preview of 4 of 6 files: each becomes input [1, 8, 8] float32" in uploaded.stderr
+
+    # A recipe that does not fit the model is refused after the preview, before the upload, with what is wrong.
+    (tmp_path / "wrong.json").write_text(json.dumps({**recipe, "size": [16, 16]}))
+    refused = run_kiln(env, tmp_path, "datasets", "upload", photos, "--kind", "validation", "--for-model", "digits",
+                       "--recipe", tmp_path / "wrong.json", check=1)
+    assert "does not fit the model" in refused.stderr and "16 where it needs 8" in refused.stderr
+
+    # Raw files without a model or a recipe: the CLI says what to add (no NumPy).
+    bare = run_kiln(env, tmp_path, "datasets", "upload", photos, "--kind", "calibration", check=2)
+    assert "--for-model" in bare.stderr
+
+    # deploy takes the folders directly: the recipe comes from the model being deployed.
+    job = json.loads(run_kiln(env, tmp_path, "deploy", "digits", "--calibration", photos, "--validation", photos, "--precision", "fp32",
+                              "--json").stdout)
+    assert job["calibration_dataset"] and job["validation_dataset"]
+    assert len(json.loads(run_kiln(env, tmp_path, "datasets", "list", "--json").stdout)) == 3

@@ -400,9 +400,9 @@ def dataset_preview(*, upload, recipe, version=None) -> dict:
     except RecipeError as exc:
         raise KilnError(f"The recipe is not valid: {exc}.", code="invalid_recipe") from None
     filename = Path(upload.name or "").name
-    if upload.size > MAX_PREVIEW_BYTES:
-        raise KilnError(f"A preview reads at most {MAX_PREVIEW_BYTES // 1024**2} MB; send the first few files only.", code="too_large", status_code=413)
     upload_path = Path(upload.temporary_file_path())
+    if upload_path.stat().st_size > MAX_PREVIEW_BYTES:
+        raise KilnError(f"A preview reads at most {MAX_PREVIEW_BYTES // 1024**2} MB; send the first few files only.", code="too_large", status_code=413)
     try:
         preview = preview_raw_dataset(upload_path, parsed, display_name=filename)
     except RecipeError as exc:

@@ -77,8 +77,9 @@ class DatasetUploadSerializer(FileOrUploadSerializer):
     tokenizer = serializers.FileField(required=False, help_text="The model's tokenizer.json, for a text recipe.")
 
 
-class DatasetPreviewSerializer(serializers.Serializer):
-    file = serializers.FileField(help_text="A zip of images or WAV files (the first few are read).")
+class DatasetPreviewSerializer(FileOrUploadSerializer):
+    """A zip of images or WAV files (the first few are read), as `file` or a finished `upload`."""
+
     recipe = serializers.CharField(max_length=20_000, help_text="The JSON recipe to preview.")
     model_version = serializers.IntegerField(required=False, min_value=1, help_text="Check the tensors against this model version's inputs.")
 
