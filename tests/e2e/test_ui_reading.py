@@ -327,3 +327,53 @@ def test_devices_page_names_the_address_devices_reach_and_installs_from_this_ser
         expect(page.get_by_test_id("up-command")).to_contain_text("kiln-agent up --server http://192.168.1.20:8000 --registration-token kiln_reg_")
         assert no_sideways_scroll(page)
         screenshot(page, f"27-04-devices-{width}")
+
+
+def test_a_folder_of_jpegs_becomes_a_dataset_with_a_proposed_recipe_and_a_preview(stack, new_page, digits_files, tmp_path):
+    """No NumPy: choose the model, Kiln proposes the recipe; choose the folder, the page shows what each photo becomes and
+    whether it fits the model before anything is uploaded; then upload."""
+    from playwright.sync_api import expect
+
+    from tests.e2e.test_cli_commands import jpeg_folder
+
+    user = new_user(stack, "photos", "Photos")
+    upload_model(stack, user, digits_files, name="digits")
+    photos = jpeg_folder(tmp_path / "scans")
+    for width in WIDTHS:
+        page = new_page(width, 900)
+        sign_in(page, user)
+        page.goto("/datasets")
+        # A folder chosen before any recipe: the page says what to do, in place (not "numpy.savez").
+        page.get_by_test_id("dataset-upload-folder-input").set_input_files(str(photos))
+        expect(page.get_by_test_id("dataset-upload-prepare-error")).to_contain_text("choose the model they feed")
+        page.get_by_test_id("recipe-model-select").select_option(label="digits")
+        expect(page.get_by_test_id("recipe-why")).to_contain_text("NCHW, 1 channel")
+        expect(page.get_by_test_id("dataset-recipe-input")).to_have_value(re.compile(r'"input": "input"'))
+        page.get_by_test_id("dataset-kind-select").select_option("validation")
+        page.get_by_test_id("dataset-name-input").fill(f"scans-{width}")
+        page.get_by_test_id("dataset-upload-folder-input").set_input_files(str(photos))
+        preview = page.get_by_test_id("raw-preview")
+        expect(preview).to_contain_text("6 files")
+        expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("float32 [1, 8, 8]")
+        expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("Labels from the class folders: seven, three")
+        expect(preview.get_by_test_id("raw-preview-fits")).to_contain_text("Fits digits")
+        page.wait_for_function("() => [...document.querySelectorAll('[data-testid=raw-preview-samples] img')].every(i => i.complete && i.naturalWidth > 0)")
+        assert no_sideways_scroll(page)
+        screenshot(page, f"27-03-preview-{width}")
+        if width != WIDTHS[0]:
+            page.get_by_test_id("raw-preview-cancel").click()
+            expect(preview).to_have_count(0)
+            continue
+        page.get_by_test_id("raw-preview-upload").click()
+        row = page.get_by_test_id("dataset-row").filter(has_text=f"scans-{width}")
+        expect(row).to_be_visible(timeout=60_000)
+        expect(row.get_by_test_id("dataset-samples")).to_have_text("6")
+        screenshot(page, f"27-03-uploaded-{width}")
+    # A recipe edited to a size the model does not take is flagged before the upload, and the upload is held back.
+    edited = page.get_by_test_id("dataset-recipe-input").input_value().replace('"size": [8,8]', '"size": [16,16]')
+    assert '"size": [16,16]' in edited
+    page.get_by_test_id("dataset-recipe-input").fill(edited)
+    page.get_by_test_id("dataset-upload-folder-input").set_input_files(str(photos))
+    expect(page.get_by_test_id("raw-preview-misfit")).to_contain_text("16 where it needs 8")
+    expect(page.get_by_test_id("raw-preview-upload")).to_be_disabled()
+    assert len(api(stack, user, "GET", "datasets/").json()["results"]) == 1

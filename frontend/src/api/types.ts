@@ -409,6 +409,22 @@ export interface AgentSetup {
   runtimes: { name: string; package: string; note: string }[];
 }
 
+/** GET models/{id}/versions/{n}/recipe/: the recipe Kiln proposes for raw data, and why. */
+export interface RecipeProposal {
+  recipe: DatasetRecipe | null;
+  input: string | null;
+  why: string[];
+}
+
+/** POST datasets/preview/: what a recipe makes of the first files, and whether it fits the model. */
+export interface RawPreview {
+  files: number;
+  arrays: Record<string, { dtype: string; shape: number[]; min: number | null; max: number | null }>;
+  previews: (DatasetPreview & { label?: string | null })[];
+  recipe: DatasetRecipe;
+  fits: { ok: boolean; problems: string[] } | null;
+}
+
 export interface LatencyMs {
   p50: number | null;
   p90: number | null;
