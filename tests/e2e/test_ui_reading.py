@@ -60,7 +60,8 @@ def run_scripted_job(stack, user, agent, model: dict, answers: dict, tolerance: 
             result = {"attempt": task["attempt"], "status": "succeeded", "error": "",
                       "metrics": {"latency_ms": latency, "runs": 200, "unstable": False, "threads": 4, "batch_size": 1,
                                   "by_batch": [{"batch_size": 1, "latency_ms": latency, "runs": 200, "unstable": False, "window_medians_ms": [p50] * 3}]},
-                      "accuracy": {"cosine": 0.5 + top1 / 2, "sqnr_db": 40.0 * top1, "top1_agreement": top1, "max_abs_error": 1 - top1}}
+                      "accuracy": {"cosine": 0.5 + top1 / 2, "sqnr_db": 40.0 * top1, "top1_agreement": top1, "max_abs_error": 1 - top1},
+                      "profile": openvino_like_profile(p50)}
             assert agent.post(f"{stack.url}/api/agent/v1/tasks/{task['id']}/result", json=result, timeout=30).status_code == 200
             continue
         current = api(stack, user, "GET", f"jobs/{job['id']}/").json()
@@ -68,6 +69,16 @@ def run_scripted_job(stack, user, agent, model: dict, answers: dict, tolerance: 
             assert current["status"] == "succeeded", current.get("error")
             return current
     raise AssertionError(f"job {job['id']} did not finish")
+
+
+def openvino_like_profile(p50: float) -> dict:
+    """A profile as OpenVINO's agent sends it: runtime node names, each with the model's nodes it runs."""
+    nodes = [("Multiply_615451", "Convolution", 0.6, ["conv1", "relu1"]), ("conv2/WithoutBiases", "Convolution", 0.3, ["conv2", "relu2"]),
+             ("logits", "FullyConnected", 0.1, ["fc"])]
+    return {"runs": 10, "warmup_runs": 1, "total_ms": p50,
+            "by_op_type": [{"op_type": "Convolution", "time_ms": 0.9 * p50, "share": 0.9, "count": 2},
+                           {"op_type": "FullyConnected", "time_ms": 0.1 * p50, "share": 0.1, "count": 1}],
+            "by_node": [{"name": name, "op_type": op, "time_ms": share * p50, "share": share, "layers": layers} for name, op, share, layers in nodes]}
 
 
 def upload_model(stack, user, digits_files, name: str = "digits") -> dict:
@@ -117,6 +128,13 @@ def test_report_chart_fits_the_tolerance_draws_the_front_and_zooms_within_the_da
         for b in boxes[index + 1:]:
             assert a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"] or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"], (a, b)
     screenshot(page, "27-01-chart-1366")
+
+    # Per layer, under the model's own node names (the runtime's beneath), time beside quantization error.
+    layer = page.get_by_test_id("layer-table").first.get_by_test_id("layer-row").first
+    expect(layer).to_contain_text("conv1 + relu1")
+    expect(layer).to_contain_text("runtime: Multiply_615451")
+    page.get_by_test_id("layer-view").first.scroll_into_view_if_needed()
+    screenshot(page, "27-08-layers-1366")
 
     # Every point answers to keyboard focus with its name and numbers.
     chart.get_by_test_id("point-hit").first.focus()

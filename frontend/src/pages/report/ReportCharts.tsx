@@ -490,7 +490,7 @@ export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; s
   const matched = rows.filter((row) => row.sqnrDb !== null).length;
   return (
     <div className="table-wrap">
-      <table className="table table-compact" data-testid="layer-table">
+      <table className="table table-compact table-cards" data-testid="layer-table">
         <caption className="muted small">
           {rows.length === LAYER_LIMIT ? `The ${LAYER_LIMIT} slowest layers` : 'The layers'} of {variantLabel(variant)}, slowest first, with their part of the p50 (share of the profiled time) and
           {sensitivity.length > 0
@@ -503,21 +503,22 @@ export function LayerTable({ variant, sensitivity }: { variant: ReportVariant; s
             <th scope="col">Op</th>
             <th scope="col" className="numeric">Of the p50</th>
             <th scope="col" className="numeric">Share</th>
-            <th scope="col" className="numeric">Profiled</th>
+            <th scope="col" className="numeric col-p2">Profiled</th>
             <th scope="col" className="numeric">INT8 SQNR (dB)</th>
           </tr>
         </thead>
         <tbody>
           {rows.map((row) => (
-            <tr key={row.name} data-testid="layer-row">
-              <td>
+            <tr key={`${row.runtimeName ?? ''}|${row.name}`} data-testid="layer-row">
+              <td data-label="">
                 <code>{row.name}</code>
+                {row.runtimeName ? <div className="muted small" title="The runtime's name for this node">runtime: <code>{row.runtimeName}</code></div> : null}
               </td>
-              <td>{row.opType}</td>
-              <td className="numeric">{row.ofP50Ms === null ? '—' : `${formatNumber(row.ofP50Ms, 4)} ms`}</td>
-              <td className="numeric">{Math.round(row.share * 100)}%</td>
-              <td className="numeric">{formatNumber(row.profiledMs, 4)} ms</td>
-              <td className="numeric">{row.sqnrDb === null ? '—' : formatNumber(row.sqnrDb, 1)}</td>
+              <td data-label="Op">{row.opType}</td>
+              <td className="numeric" data-label="Of the p50">{row.ofP50Ms === null ? '—' : `${formatNumber(row.ofP50Ms, 4)} ms`}</td>
+              <td className="numeric" data-label="Share">{Math.round(row.share * 100)}%</td>
+              <td className="numeric col-p2" data-label="Profiled">{formatNumber(row.profiledMs, 4)} ms</td>
+              <td className="numeric" data-label="INT8 SQNR (dB)">{row.sqnrDb === null ? '—' : formatNumber(row.sqnrDb, 1)}</td>
             </tr>
           ))}
         </tbody>

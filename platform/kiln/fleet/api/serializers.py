@@ -205,6 +205,8 @@ class NodeRowSerializer(serializers.Serializer):
     op_type = serializers.CharField(max_length=200)
     time_ms = _number()
     share = _number(max_value=1.0 + 1e-6)
+    # The model's own node names a runtime node runs (OpenVINO fuses and renames them).
+    layers = serializers.ListField(child=serializers.CharField(max_length=1000), max_length=32, required=False)
 
 
 class ProfileSerializer(serializers.Serializer):
