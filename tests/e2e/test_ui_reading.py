@@ -355,8 +355,15 @@ def test_a_folder_of_jpegs_becomes_a_dataset_with_a_proposed_recipe_and_a_previe
     from tests.e2e.test_cli_commands import jpeg_folder
 
     user = new_user(stack, "photos", "Photos")
-    upload_model(stack, user, digits_files, name="digits")
+    model = upload_model(stack, user, digits_files, name="digits")
     photos = jpeg_folder(tmp_path / "scans")
+    # From the model's page, "Add data for it" opens the Datasets page with the model chosen and its recipe proposed.
+    page = new_page(1366, 900)
+    sign_in(page, user)
+    page.goto(f"/models/{model['id']}")
+    page.get_by_test_id("add-data-for-model").click()
+    expect(page.get_by_test_id("recipe-model-select")).to_have_value(str(model["id"]))
+    expect(page.get_by_test_id("recipe-why")).to_contain_text("NCHW, 1 channel")
     for width in WIDTHS:
         page = new_page(width, 900)
         sign_in(page, user)

@@ -2,6 +2,7 @@
  * audio and text through a declared recipe; upload and list with their arrays, recipe and first samples. */
 import { useEffect, useId, useState } from 'react';
 import { useQuery, useQueryClient } from '@tanstack/react-query';
+import { useSearchParams } from 'react-router';
 import { api, errorMessage, uploadWithProgress } from '../api/client';
 import { keys, PAGE_SIZE, rows, totalCount, useDatasets, useDeleteDataset, useCanWrite, useModels } from '../api/hooks';
 import type { Dataset, DatasetKind, Model, RawPreview, RecipeProposal } from '../api/types';
@@ -137,7 +138,9 @@ export function DatasetsPage() {
   const recipeType = recipeKind(recipe);
   const modelId = useId();
   const models = rows(useModels('', 1, 500).data);
-  const [forModel, setForModel] = useState<number | null>(null);
+  const [params] = useSearchParams();
+  // `?model=ID` (the model page's "Add data for it") chooses the model whose recipe is proposed.
+  const [forModel, setForModel] = useState<number | null>(Number(params.get('model')) || null);
   const model = models.find((candidate) => candidate.id === forModel) ?? null;
   const { version, proposal } = useRecipeProposal(model);
   const [pending, setPending] = useState<PendingUpload | null>(null);
@@ -194,12 +197,14 @@ export function DatasetsPage() {
       />
       <section className="card" aria-labelledby="upload-dataset-heading">
         <h2 id="upload-dataset-heading">Upload a dataset</h2>
-        <p className="muted small">
-          An <code>.npz</code> with one array per model input, named like the inputs, and an optional{' '}
-          <code>labels</code> array for task accuracy. An array with the input&apos;s rank is batch-first; one more axis
-          stacks the exact tensors fed (scalars, batch not first); two more are sequences of calls. Samples of different
-          shapes go in a <code>.zip</code> of one <code>.npz</code> per sample. Raw data (a <code>.zip</code> of images or
-          WAV files, a <code>.txt</code> of lines) needs a recipe.
+        <p className="muted small" data-testid="datasets-intro">
+          <strong>Images or recordings:</strong> choose the model they feed below, then a folder (class folders become
+          labels): Kiln proposes how each file becomes the model&apos;s input and shows a preview before uploading.{' '}
+          <strong>Arrays:</strong> an <code>.npz</code> with one array per model input, named like the inputs, and an
+          optional <code>labels</code> array for task accuracy. An array with the input&apos;s rank is batch-first; one more
+          axis stacks the exact tensors fed (scalars, batch not first); two more are sequences of calls. Samples of
+          different shapes go in a <code>.zip</code> of one <code>.npz</code> per sample. A <code>.txt</code> of lines needs a
+          text recipe and the model&apos;s tokenizer.json.
         </p>
         <div className="form-row">
           <TextField

@@ -208,6 +208,9 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
             >
               Deploy this version
             </Link>
+            <Link className="button" to={`/datasets?model=${modelId}`} data-testid="add-data-for-model">
+              Add data for it (images, WAV…)
+            </Link>
             {version.download_url ? (
               <a className="button" href={version.download_url} download>
                 Download
