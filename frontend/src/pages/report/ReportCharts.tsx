@@ -19,6 +19,7 @@ import {
   paretoFront,
   placeLabels,
   tickLabels,
+  type PlacedLabel,
   zoomAround,
   zoomWindow,
   type Range,
@@ -179,6 +180,7 @@ function drawLabels(u: uPlot, layer: HTMLDivElement, model: ScatterModel, recomm
   }
   u.ctx.restore();
   const labelFor = (x: number, y: number) => placed.find((label) => Math.abs(label.x - x) <= 3 && Math.abs(label.y - y) <= 3);
+  const emitted = new Set<PlacedLabel>();
   layer.replaceChildren(
     ...visible.flatMap(({ variant, position }) => {
       const hit = document.createElement('button');
@@ -194,8 +196,8 @@ function drawLabels(u: uPlot, layer: HTMLDivElement, model: ScatterModel, recomm
       );
       const label = labelFor(position.x, position.y);
       // A merged label belongs to the first point of its group; the others only get their button.
-      if (!label || label.x !== position.x || label.y !== position.y || (label as { shown?: boolean }).shown) return [hit];
-      (label as { shown?: boolean }).shown = true;
+      if (!label || label.x !== position.x || label.y !== position.y || emitted.has(label)) return [hit];
+      emitted.add(label);
       const element = document.createElement('span');
       element.className = label.hidden ? 'chart-point-label chart-point-label-hover' : 'chart-point-label';
       element.dataset.testid = label.hidden ? 'point-label-hover' : 'point-label';
