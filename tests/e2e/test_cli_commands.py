@@ -22,6 +22,16 @@ def run_kiln(env, tmp_path, *args, check: int | None = 0, columns: int = 200):
     return result
 
 
+def logged_in(kiln_stack, tmp_path, username: str, organization: str) -> dict:
+    """A new user's environment for `kiln`, signed in with its API token (its own config file)."""
+    tenant = kiln_stack.create_user(username, "a-long-password-1", organization)
+    env = {**kiln_stack.env, "KILN_CLIENT_CONFIG": str(tmp_path / "client.json"), "NO_COLOR": "1"}
+    env.pop("KILN_SERVER", None)
+    env.pop("KILN_TOKEN", None)
+    run_kiln(env, tmp_path, "login", "--server", kiln_stack.url, "--token", tenant.token)
+    return env
+
+
 def scripted_agent(url: str, secret: str, name: str) -> requests.Session:
     body = requests.post(f"{url}/api/agent/v1/register", timeout=30, json={
         "registration_token": secret, "name": name,
@@ -47,11 +57,7 @@ def answer_one_task(url: str, agent: requests.Session, p50_by_precision: dict) -
 
 
 def test_devices_jobs_show_wait_and_report_while_running(kiln_stack, model_files, tmp_path):
-    tenant = kiln_stack.create_user("cli-scripts", "a-long-password-1", "Scripts")
-    env = {**kiln_stack.env, "KILN_CLIENT_CONFIG": str(tmp_path / "client.json"), "NO_COLOR": "1"}
-    env.pop("KILN_SERVER", None)
-    env.pop("KILN_TOKEN", None)
-    run_kiln(env, tmp_path, "login", "--server", kiln_stack.url, "--token", tenant.token)
+    env = logged_in(kiln_stack, tmp_path, "cli-scripts", "Scripts")
 
     # No device yet: the CLI says how to add one, and prints the commands a device runs.
     assert "kiln devices add" in run_kiln(env, tmp_path, "devices").stdout
@@ -119,11 +125,7 @@ def jpeg_folder(root, *, count: int = 6):
 
 
 def test_a_folder_of_jpegs_becomes_a_dataset_through_the_recipe_the_model_proposes(kiln_stack, model_files, tmp_path):
-    tenant = kiln_stack.create_user("cli-photos", "a-long-password-1", "Photos")
-    env = {**kiln_stack.env, "KILN_CLIENT_CONFIG": str(tmp_path / "client.json"), "NO_COLOR": "1"}
-    env.pop("KILN_SERVER", None)
-    env.pop("KILN_TOKEN", None)
-    run_kiln(env, tmp_path, "login", "--server", kiln_stack.url, "--token", tenant.token)
+    env = logged_in(kiln_stack, tmp_path, "cli-photos", "Photos")
     run_kiln(env, tmp_path, "models", "upload", model_files["model"], "--name", "digits")
     photos = jpeg_folder(tmp_path / "photos")
 

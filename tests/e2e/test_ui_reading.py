@@ -11,10 +11,10 @@ import re
 import time
 
 import pytest
-import requests
 
 from tests.e2e import test_ui as ui
 from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+from tests.e2e.test_ui_guides import scripted_agent
 
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
 
@@ -34,17 +34,6 @@ def no_sideways_scroll(page) -> bool:
 
 
 # -- a scripted agent over the real agent API ---------------------------------------------------
-
-def scripted_agent(stack, user, name: str) -> requests.Session:
-    from tests.e2e.test_ui_guides import registration_token
-
-    body = requests.post(f"{stack.url}/api/agent/v1/register", timeout=30, json={
-        "registration_token": registration_token(stack, user), "name": name,
-        "capabilities": {"runtimes": {"onnxruntime": "1.32.0"}, "cores": 4, "cpu_model": "Scripted Cortex-A78AE", "agent_version": "0.1.0"}}).json()
-    session = requests.Session()
-    session.headers["Authorization"] = f"Bearer {body['agent_token']}"
-    return session
-
 
 def run_scripted_job(stack, user, agent, model: dict, answers: dict, tolerance: dict, calibration: int | None = None) -> dict:
     """Deploy the model's first version in the precisions `answers` names ({precision: (p50 ms, top-1 agreement)})."""
