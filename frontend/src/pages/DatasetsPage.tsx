@@ -322,7 +322,7 @@ export function DatasetsPage() {
           }
         >
           <DataTable
-            columns={['Name', 'Kind', 'Samples', 'Arrays', 'Made from', 'Labels', 'Size', 'Uploaded']}
+            columns={['Name', 'Kind', 'Samples', 'Arrays', 'Made from', 'Labels', { label: 'Size', className: 'col-p3' }, { label: 'Uploaded', className: 'col-p2' }]}
             actions
             testId="datasets-table"
             footer={<Pager page={page} count={totalCount(datasets.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Datasets" />}

@@ -84,7 +84,7 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
   return (
     <>
       <ErrorMessage error={revoke.error} />
-      <DataTable columns={['Device', 'Status', 'Capabilities', 'Labels', 'Current task', 'Last heartbeat']} actions testId="agents-table">
+      <DataTable columns={['Device', 'Status', 'Capabilities', { label: 'Labels', className: 'col-p3' }, { label: 'Current task', className: 'col-p2' }, 'Last heartbeat']} actions testId="agents-table">
         {agents.map((agent) => (
           <tr key={agent.id} data-testid="agent-row">
             <td>
@@ -364,7 +364,7 @@ function RegistrationTokens() {
       ) : null}
       <ListStates pending={tokens.isPending} empty={list.length === 0}>
         <DataTable
-          columns={['Name', 'Prefix', 'Created', 'Status']}
+          columns={['Name', { label: 'Prefix', className: 'col-p3' }, { label: 'Created', className: 'col-p2' }, 'Status']}
           actions
           className="table table-compact table-cards"
           caption="Registration tokens"

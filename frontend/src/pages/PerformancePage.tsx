@@ -200,11 +200,11 @@ export function PerformancePage() {
               'Model',
               'Variant',
               'Device',
-              'Runtime',
+              { label: 'Runtime', className: 'col-p3' },
               { label: 'p50', className: 'numeric' },
-              { label: 'std', className: 'numeric' },
+              { label: 'std', className: 'numeric col-p2' },
               'Accuracy',
-              'Measured',
+              { label: 'Measured', className: 'col-p3' },
             ]}
             testId="performance-table"
             footer={<Pager page={page} count={table.data?.count ?? 0} pageSize={PAGE_SIZE} onPage={setPage} label="Measurements" />}
