@@ -199,7 +199,9 @@ function ServerAddress({ setup, address, onChange }: { setup: AgentSetup; addres
           ))}
         </datalist>
         <p className="muted small">
-          {setup.source === 'KILN_PUBLIC_URL' ? (
+          {address.trim().replace(/\/+$/, '') !== setup.server_url ? (
+            <>Typed here, for this page only (the server says {setup.server_url}). Set <code>KILN_PUBLIC_URL</code> on the server to keep it.</>
+          ) : setup.source === 'KILN_PUBLIC_URL' ? (
             <>Set by the server&apos;s <code>KILN_PUBLIC_URL</code>.</>
           ) : (
             <>
