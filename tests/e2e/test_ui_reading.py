@@ -7,6 +7,7 @@ variant cannot be chosen from a real runtime). Screenshots land in test-artifact
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -24,6 +25,12 @@ WIDTHS = (1366, 800, 390)
 
 
 def no_sideways_scroll(page) -> bool:
+    """No page-level sideways scroll, once the layout has settled (the chart redraws at its new width after a resize)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    # Still too wide after the wait: the culprits are named below.
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function("document.documentElement.scrollWidth <= window.innerWidth + 1", timeout=3000)
     fits = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     if not fits:
         # Name the widest culprits, for the failure message.
