@@ -59,6 +59,7 @@ export const routes: RouteObject[] = [
       { path: 'deployments/new', element: <NewDeploymentPage /> },
       { path: 'deployments/:jobId', element: <DeploymentRedirect /> },
       { path: 'deployments/:jobId/report', element: <DeploymentRedirect report /> },
+      { path: 'jobs', element: <Navigate to="/deployments" replace /> },
       { path: 'jobs/:jobId', element: <JobPage /> },
       { path: 'jobs/:jobId/report', element: <ReportPage /> },
       { path: 'performance', element: <PerformancePage /> },

@@ -215,11 +215,12 @@ def expect_tables_fit(page, job_id: int, model_id: int) -> None:
     expect(table.get_by_test_id("recommended-row").locator('td[data-label="Latency p50"]')).to_be_visible()
 
     # The other list pages fit too: no sideways page scroll at any width.
-    for path in ("/jobs", "/datasets", "/models", "/devices", "/performance", f"/models/{model_id}"):
+    for path in ("/deployments", "/datasets", "/models", "/devices", "/performance", f"/models/{model_id}"):
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
             page.goto(path)
             page.wait_for_load_state("networkidle")
+            expect(page.get_by_text("Page not found")).to_have_count(0)
             assert no_sideways_scroll(page), f"{path} scrolls sideways at {width} px"
             tables = page.locator("table")
             for index in range(tables.count()):
@@ -274,6 +275,8 @@ def test_defaults_that_do_not_mislead(stack, new_page, digits_files, tmp_path):
 
     page.goto(f"/deployments/{first['id']}")
     expect(page).to_have_url(re.compile(rf"/jobs/{first['id']}$"))
+    page.goto("/jobs")
+    expect(page).to_have_url(re.compile(r"/deployments$"))
     page.goto(f"/deployments/{first['id']}/report")
     expect(page).to_have_url(re.compile(rf"/jobs/{first['id']}/report$"))
     with page.expect_download() as download:
