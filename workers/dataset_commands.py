@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .datasets import hdf5_to_samples, inspect_dataset
-from .raw_datasets import build_raw_dataset
+from .raw_datasets import build_raw_dataset, preview_raw_dataset
 
 HDF5_SAMPLES = "samples.zip"
 RAW_PREPARED = "prepared.npz"
@@ -28,3 +28,7 @@ def hdf5(request: dict, work: Path) -> dict:
 def raw(request: dict, work: Path) -> dict:
     return build_raw_dataset(Path(request["path"]), request["recipe"], work / RAW_PREPARED, display_name=request["display_name"],
                              tokenizer_json=request.get("tokenizer_json"), max_bytes=request.get("max_bytes"))
+
+
+def preview(request: dict, work: Path) -> dict:
+    return preview_raw_dataset(Path(request["path"]), request["recipe"], display_name=request["display_name"])

@@ -20,6 +20,7 @@ import numpy as np
 
 from devices import feeds, npzio
 from devices.npzio import ArrayHeader as _ArrayHeader
+from devices.recipes import AUDIO_SUFFIXES, IMAGE_SUFFIXES
 
 LABELS = "labels"
 # Numeric dtypes a model input (or labels) can have; anything else is refused from the header.
@@ -249,11 +250,22 @@ def _open_npz(path: Path, label: str):
     return loaded
 
 
+def _raw_files_message(names: list[str], label: str) -> str | None:
+    """A zip of images or recordings is raw data: say how it becomes a dataset, not how to write arrays."""
+    for kind, suffixes in (("images", IMAGE_SUFFIXES), ("WAV files", AUDIO_SUFFIXES)):
+        count = sum(1 for name in names if name.lower().endswith(suffixes))
+        if count:
+            return (f"{label} holds {count} {kind} and no arrays: raw data needs a recipe that says how each file becomes the model's input. "
+                    "On the Datasets page choose the model to get one proposed (with a preview), "
+                    "or run `kiln datasets upload FILE --kind … --for-model MODEL`.")
+    return None
+
+
 def _read_headers(archive: zipfile.ZipFile, label: str, *, sample_axis: bool = True) -> dict[str, _ArrayHeader]:
     """Every `.npy` header of an `.npz` archive, checked (see _check_header); no data is read."""
     members = [member for member in archive.namelist() if member.endswith(".npy")]
     if not members:
-        raise InvalidDataset(f"{label} holds no arrays; {HOW_TO_SAVE}")
+        raise InvalidDataset(_raw_files_message(archive.namelist(), label) or f"{label} holds no arrays; {HOW_TO_SAVE}")
     headers = {}
     for member in members:
         name = member[: -len(".npy")]

@@ -146,10 +146,21 @@ def dtype_name(elem_type: int) -> str:
     return np.dtype(dtype).name
 
 
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+
+
 def _parameter_count(graph: onnx.GraphProto) -> int:
+    """Weights in initializers, and in floating-point Constant nodes: some exporters store every weight as a
+    Constant (the model page once said "Parameters 0"). Integer constants are shapes and indices, not weights."""
     dense = sum(math.prod(tensor.dims) for tensor in graph.initializer)
     sparse = sum(math.prod(tensor.dims) for tensor in graph.sparse_initializer)
-    return int(dense + sparse)
+    constants = sum(
+        math.prod(attribute.t.dims)
+        for node in graph.node if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+        for attribute in node.attribute
+        if attribute.name == "value" and attribute.t.data_type in FLOAT_TYPES and attribute.t.dims
+    )
+    return int(dense + sparse + constants)
 
 
 def iter_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

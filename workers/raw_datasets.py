@@ -61,6 +61,30 @@ def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: st
             "previews": previews, "label_names": sorted(label_names, key=label_names.get)}
 
 
+def preview_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], *, display_name: str, limit: int = PREVIEWS) -> dict[str, Any]:
+    """What a recipe makes of the first `limit` files of a zip, before anything is uploaded for good: each input's
+    tensor per sample (shape and dtype), thumbnails or waveforms, and the class a folder gives each file."""
+    raw_path = Path(raw_path)
+    if recipe["type"] == "text":
+        raise RecipeError("a preview reads images or WAV files; a text recipe is checked when the dataset is uploaded")
+    try:
+        with zipfile.ZipFile(raw_path) as archive:
+            files = len(recipes.raw_members(archive.namelist(), recipe))
+    except zipfile.BadZipFile:
+        raise RecipeError(f"{display_name} is not a zip of {recipe['type']} files") from None
+    arrays, previews = {}, []
+    for _name, tensors, label, preview in _samples(raw_path, recipe, display_name, None):
+        for key, value in tensors.items():
+            arrays.setdefault(key, {"dtype": value.dtype.name, "shape": list(value.shape),
+                                    "min": round(float(value.min()), 4) if value.size else None, "max": round(float(value.max()), 4) if value.size else None})
+        previews.append({**preview(), "label": label})
+        if len(previews) >= limit:
+            break
+    if not previews:
+        raise RecipeError(f"{display_name} holds no {recipe['type']} files")
+    return {"files": files, "arrays": arrays, "previews": previews}
+
+
 Sample = tuple[str, dict[str, np.ndarray], "str | None", Any]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,14 +94,33 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"the {self.name} backend cannot report operator support")
 
 
+MAX_LAYERS_PER_NODE = 32
+# Names OpenVINO makes up for nodes its transformations create (`Multiply_615451`): no model has them.
+GENERATED_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*_\d+$")
+# Suffixes OpenVINO appends to a model node's name when it splits or wraps it.
+RUNTIME_SUFFIX = re.compile(r"(/WithoutBiases|/fq_(weights|output|input)_\d+|/sink_port_\d+|_compressed)+$")
+
+
+def model_layer_names(original_names: list[str]) -> list[str]:
+    """The model's own node names among a runtime node's original names, suffixes and made-up names removed, in order."""
+    names: list[str] = []
+    for raw in original_names:
+        name = RUNTIME_SUFFIX.sub("", raw.strip())
+        if name and not GENERATED_NAME.match(name) and name not in names:
+            names.append(name[:1000])
+    return names
+
+
 def summarize_profile(
-    node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int, warmup_runs: int = 0
+    node_times_ms: dict[str, float], node_op_types: dict[str, str], runs: int, warmup_runs: int = 0,
+    node_layers: dict[str, list[str]] | None = None,
 ) -> dict:
     """Turn total time per node over `runs` runs into the wire shape of a profile.
 
     Times are per run (total divided by `runs`); `share` is the fraction of all profiled time;
     `count` is how many nodes of that op type took time; `warmup_runs` says how many runs before
-    them were left out.
+    them were left out. `node_layers` names, per runtime node, the model's own nodes it runs (a
+    runtime fuses and renames: OpenVINO's `Multiply_615451` may be the model's `conv1` and `relu1`).
     """
     runs = max(int(runs), 1)
     total = sum(node_times_ms.values())
@@ -121,7 +141,8 @@ def summarize_profile(
     by_op_type.sort(key=lambda row: row["time_ms"], reverse=True)
     by_node = [
         {"name": node, "op_type": node_op_types.get(node, "unknown"),
-         "time_ms": time_ms / runs, "share": share(time_ms)}
+         "time_ms": time_ms / runs, "share": share(time_ms),
+         **({"layers": node_layers[node][:MAX_LAYERS_PER_NODE]} if node_layers and node_layers.get(node) else {})}
         for node, time_ms in node_times_ms.items()
     ]
     by_node.sort(key=lambda row: row["time_ms"], reverse=True)

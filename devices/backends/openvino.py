@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from devices import support
-from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
+from devices.backends.base import Backend, CompiledModel, TensorSpec, model_layer_names, summarize_profile
 from devices.backends.options import parse_compile_options
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,22 @@ def read_specialised(core, model_path: Path, options: dict[str, Any]):
     return model
 
 
+def _original_layers(compiled) -> dict[str, list[str]]:
+    """Per node of the compiled (runtime) model, the model's own nodes it runs, from OpenVINO's originalLayersNames."""
+    layers: dict[str, list[str]] = {}
+    try:
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            if "originalLayersNames" in info:
+                names = model_layer_names(info["originalLayersNames"].astype(str).split(","))
+                if names:
+                    layers[op.get_friendly_name()] = names
+    except (RuntimeError, AttributeError):
+        # An older OpenVINO without the runtime model's rt_info: the runtime's own names stay.
+        return {}
+    return layers
+
+
 class OpenVinoCompiledModel(CompiledModel):
     """A compiled model imported from the exported blob."""
 
@@ -156,7 +172,7 @@ class OpenVinoCompiledModel(CompiledModel):
                 time_ms = info.real_time.total_seconds() * 1000.0
                 node_times_ms[info.node_name] = node_times_ms.get(info.node_name, 0.0) + time_ms
                 node_op_types[info.node_name] = info.node_type
-        return summarize_profile(node_times_ms, node_op_types, runs, warmup_runs=warmup_runs)
+        return summarize_profile(node_times_ms, node_op_types, runs, warmup_runs=warmup_runs, node_layers=_original_layers(compiled))
 
     def close(self) -> None:
         self.request = None

@@ -1,6 +1,6 @@
 /** Routes of the Kiln UI. */
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { createBrowserRouter, Navigate, RouterProvider, useRouteError, type RouteObject } from 'react-router';
+import { createBrowserRouter, Navigate, RouterProvider, useParams, useRouteError, type RouteObject } from 'react-router';
 import { ApiError } from './api/client';
 import { ErrorMessage } from './components/common';
 import { Layout } from './components/Layout';
@@ -37,6 +37,12 @@ function NotFound() {
   );
 }
 
+/** A deployment is a job: `/deployments/5` (what the navigation says) opens `/jobs/5`, and its report likewise. */
+function DeploymentRedirect({ report = false }: { report?: boolean }) {
+  const { jobId } = useParams();
+  return <Navigate to={`/jobs/${jobId}${report ? '/report' : ''}`} replace />;
+}
+
 export const routes: RouteObject[] = [
   { path: '/login', element: <AuthPage mode="login" /> },
   { path: '/signup', element: <AuthPage mode="signup" /> },
@@ -51,6 +57,9 @@ export const routes: RouteObject[] = [
       { path: 'datasets', element: <DatasetsPage /> },
       { path: 'deployments', element: <JobsPage /> },
       { path: 'deployments/new', element: <NewDeploymentPage /> },
+      { path: 'deployments/:jobId', element: <DeploymentRedirect /> },
+      { path: 'deployments/:jobId/report', element: <DeploymentRedirect report /> },
+      { path: 'jobs', element: <Navigate to="/deployments" replace /> },
       { path: 'jobs/:jobId', element: <JobPage /> },
       { path: 'jobs/:jobId/report', element: <ReportPage /> },
       { path: 'performance', element: <PerformancePage /> },

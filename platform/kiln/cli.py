@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (for `deploy --wait`: every device has a variant within the tolerance),
 1 an error or a failed/canceled job, 2 usage, 3 the job finished but some device has no variant
-within the tolerance.
+within the tolerance, 4 the job has not finished (`kiln report` on a running job; `kiln jobs wait
+--timeout` ran out).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
@@ -21,7 +23,8 @@ from rich.table import Table
 from kiln.client import ApiError, Client, ClientConfig, ServerUnavailable
 from kiln.package_run import VerificationFailed, verify
 
-EXIT_OK, EXIT_ERROR, EXIT_TOLERANCE_MISSED = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_TOLERANCE_MISSED, EXIT_NOT_FINISHED = 0, 1, 3, 4
+TERMINAL_STATUSES = ("succeeded", "failed", "canceled")
 
 console = Console()
 errors = Console(stderr=True)
@@ -147,17 +150,49 @@ def datasets_list(ctx, as_json: bool) -> None:
 
 
 @datasets.command("upload")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--kind", type=click.Choice(["calibration", "validation"]), required=True)
 @click.option("--name")
+@click.option("--recipe", help="For raw data: the recipe as JSON, or a .json file (see `kiln datasets recipe MODEL`).")
+@click.option("--for-model", "for_model", help="For raw data: propose the recipe from this model (id or name) and check the data fits it.")
+@click.option("--version", "version_number", type=int, help="With --for-model: the version (default: the latest).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def datasets_upload(ctx, path: Path, kind: str, name: str | None, as_json: bool) -> None:
+def datasets_upload(ctx, path: Path, kind: str, name: str | None, recipe: str | None, for_model: str | None, version_number: int | None,
+                    as_json: bool) -> None:
+    """Upload an .npz (or a zip of .npz samples), or raw data: a folder or zip of images or WAV files (class folders become labels)."""
     client = _client(ctx)
-    dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, name=name, progress=progress))
+    model = _resolve_model_version(client, for_model, version_number) if for_model else None
+    names = raw_files(path)
+    if names or recipe:
+        if not names and not path.is_file():
+            raise click.BadParameter(f"{path} holds no images or WAV files", param_hint="PATH")
+        dataset = (upload_raw_dataset(client, path, names, kind=kind, name=name, recipe=_load_recipe(recipe) if recipe else None, model=model)
+                   if names else _with_upload_progress(path, lambda progress: client.upload_dataset(
+                       path, kind=kind, name=name, progress=progress, recipe=_load_recipe(recipe))))
+    elif path.is_dir():
+        raise click.BadParameter(f"{path} is a folder without images or WAV files", param_hint="PATH")
+    else:
+        dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, name=name, progress=progress))
     if as_json:
         return _print_json(dataset)
     console.print(f"Dataset {dataset['id']} ({dataset['kind']}, {dataset['samples']} samples{', with labels' if dataset.get('has_labels') else ''}).")
+
+
+@datasets.command("recipe")
+@click.argument("model")
+@click.option("--version", "version_number", type=int, help="The version (default: the latest).")
+@click.pass_context
+def datasets_recipe(ctx, model: str, version_number: int | None) -> None:
+    """Print the recipe Kiln proposes for raw data fed to MODEL (JSON on stdout, the reasons on stderr), to edit and pass to --recipe."""
+    client = _client(ctx)
+    model_id, version = _resolve_model_version(client, model, version_number)
+    proposal = client.recipe_proposal(model_id, version["number"])
+    for reason in proposal.get("why") or []:
+        errors.print(f"· {reason}", markup=False, highlight=False)
+    if not proposal.get("recipe"):
+        sys.exit(EXIT_ERROR)
+    _print_json(proposal["recipe"])
 
 
 # -- deploy ------------------------------------------------------------------------------------
@@ -174,13 +209,13 @@ def parse_tolerance(text: str | None, metric: str) -> dict:
     return {"metric": metric, "min_value": value} if metric == "sqnr" else {"metric": metric, "max_drop": value}
 
 
-def _resolve_model_version(client: Client, model: str, version: int | None) -> int:
-    """MODEL is a file (uploaded now), a model id, or a model name."""
+def _resolve_model_version(client: Client, model: str, version: int | None) -> tuple[int, dict]:
+    """MODEL is a file (uploaded now), a model id, or a model name: its id and the chosen version."""
     path = Path(model)
     if path.is_file():
         created = _with_upload_progress(path, lambda progress: client.upload_model(path, progress=progress))
-        console.print(f"Uploaded {path.name} as model {created['id']}.")
-        return created["versions"][-1]["id"]
+        errors.print(f"Uploaded {path.name} as model {created['id']}.")
+        return created["id"], created["versions"][-1]
     if model.isdigit():
         found = client.model(int(model))
     else:
@@ -192,23 +227,101 @@ def _resolve_model_version(client: Client, model: str, version: int | None) -> i
     chosen = next((v for v in versions if v["number"] == version), None) if version else (versions[-1] if versions else None)
     if chosen is None:
         raise click.BadParameter(f"model {found['name']} has no version {version}", param_hint="--version")
-    return chosen["id"]
+    return found["id"], chosen
 
 
-def _resolve_dataset(client: Client, value: str | None, kind: str) -> int | None:
+RAW_SUFFIXES = (".jpg", ".jpeg", ".png", ".wav")
+PREVIEW_FILES = 4
+
+
+def raw_files(path: Path) -> list[str]:
+    """The images or WAV files a folder or a zip holds (relative names, so that class folders stay labels); [] for arrays."""
+    if path.is_dir():
+        return sorted(file.relative_to(path).as_posix() for file in path.rglob("*")
+                      if file.is_file() and file.suffix.lower() in RAW_SUFFIXES and not any(part.startswith(".") for part in file.relative_to(path).parts))
+    if path.suffix.lower() != ".zip":
+        return []
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(name.endswith((".npy", ".npz")) for name in names):
+        return []
+    return [name for name in names if name.lower().endswith(RAW_SUFFIXES)]
+
+
+def zip_raw_files(source: Path, names: list[str], target: Path) -> Path:
+    """A zip of `names` from a folder or a zip, stored as they are (JPEG and PNG do not compress further)."""
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as out:
+        if source.is_dir():
+            for name in names:
+                out.write(source / name, name)
+        else:
+            with zipfile.ZipFile(source) as archive:
+                for name in names:
+                    out.writestr(name, archive.read(name))
+    return target
+
+
+def _load_recipe(text: str) -> dict:
+    """--recipe takes JSON or the path of a .json file."""
+    raw = Path(text).read_text() if text.strip().endswith(".json") and Path(text).is_file() else text
+    try:
+        recipe = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON (nor a .json file): {exc}", param_hint="--recipe") from None
+    if not isinstance(recipe, dict):
+        raise click.BadParameter("a recipe is a JSON object", param_hint="--recipe")
+    return recipe
+
+
+def upload_raw_dataset(client: Client, path: Path, names: list[str], *, kind: str, name: str | None, recipe: dict | None,
+                       model: tuple[int, dict] | None) -> dict:
+    """A folder or zip of images (or WAV files) through a recipe: proposed from the model when none is given, previewed on
+    the first files and checked against the model's input before everything is uploaded."""
+    if recipe is None:
+        if model is None:
+            raise click.UsageError(f"{path.name} holds {len(names)} raw files: give --for-model MODEL (Kiln proposes the recipe) or --recipe JSON.")
+        proposal = client.recipe_proposal(model[0], model[1]["number"])
+        if not proposal.get("recipe"):
+            raise click.ClickException("; ".join(proposal.get("why") or ["no recipe fits this model"]))
+        recipe = proposal["recipe"]
+        errors.print(f"Recipe proposed from the model: {json.dumps(recipe)}", markup=False, highlight=False)
+        for reason in proposal.get("why") or []:
+            errors.print(f"  · {reason}", markup=False, highlight=False)
+    with tempfile.TemporaryDirectory(prefix="kiln-raw-") as scratch:
+        sample = zip_raw_files(path, names[:PREVIEW_FILES], Path(scratch) / "preview.zip")
+        preview = client.preview_dataset(sample, recipe=recipe, model_version=model[1]["id"] if model else None)
+        made = ", ".join(f"{key} {spec['shape']} {spec['dtype']} (values {spec['min']}..{spec['max']})" for key, spec in preview["arrays"].items())
+        labels = sorted({item["label"] for item in preview["previews"] if item.get("label")})
+        errors.print(f"Preview of {len(preview['previews'])} of {len(names)} files: each becomes {made}"
+                     + (f"; labels from folders: {', '.join(labels)}…" if labels else "") + ".", markup=False, highlight=False)
+        fits = preview.get("fits")
+        if fits and not fits["ok"]:
+            raise click.ClickException("the recipe does not fit the model: " + "; ".join(fits["problems"]) + " (change it with --recipe)")
+        archive = path if path.suffix.lower() == ".zip" and path.is_file() else zip_raw_files(path, names, Path(scratch) / f"{path.name}.zip")
+        return _with_upload_progress(archive, lambda progress: client.upload_dataset(archive, kind=kind, name=name or path.stem,
+                                                                                    progress=progress, recipe=recipe))
+
+
+def _resolve_dataset(client: Client, value: str | None, kind: str, model: tuple[int, dict] | None = None) -> int | None:
     if value is None:
         return None
     path = Path(value)
-    if path.is_file():
-        dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, progress=progress))
-        console.print(f"Uploaded {path.name} as {kind} dataset {dataset['id']}.")
+    if path.exists():
+        names = raw_files(path)
+        if names:
+            dataset = upload_raw_dataset(client, path, names, kind=kind, name=None, recipe=None, model=model)
+        elif path.is_file():
+            dataset = _with_upload_progress(path, lambda progress: client.upload_dataset(path, kind=kind, progress=progress))
+        else:
+            raise click.BadParameter(f"{value} is a folder without images or WAV files", param_hint=f"--{kind}")
+        errors.print(f"Uploaded {path.name} as {kind} dataset {dataset['id']} ({dataset['samples']} samples).")
         return dataset["id"]
     if value.isdigit():
         return int(value)
-    raise click.BadParameter(f"{value!r} is neither a file nor a dataset id", param_hint=f"--{kind}")
+    raise click.BadParameter(f"{value!r} is neither a file, a folder nor a dataset id", param_hint=f"--{kind}")
 
 
-def follow_job(client: Client, job_id: int) -> dict:
+def follow_job(client: Client, job_id: int, *, timeout_s: float | None = None) -> dict:
     """Live stage progress and events until the job ends."""
     seen_events = 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(), console=console) as progress:
@@ -225,7 +338,7 @@ def follow_job(client: Client, job_id: int) -> dict:
             progress.update(bar, completed=1.0 if done else job.get("progress", 0.0),
                             description=f"job {job_id} · {job['status']} · {job.get('stage')}")
 
-        return client.wait_for_job(job_id, on_update=update)
+        return client.wait_for_job(job_id, on_update=update, timeout_s=timeout_s)
 
 
 def _tolerance_met_everywhere(report: dict) -> bool:
@@ -257,8 +370,8 @@ def finish_job(client: Client, job: dict, download: Path | None) -> int:
 @main.command()
 @click.argument("model")
 @click.option("--version", "version_number", type=int, help="Model version number (default: the latest).")
-@click.option("--calibration", help="Calibration .npz file or dataset id.")
-@click.option("--validation", help="Validation .npz file or dataset id.")
+@click.option("--calibration", help="Calibration data: an .npz, a folder or zip of images/WAV files (recipe proposed from the model), or a dataset id.")
+@click.option("--validation", help="Validation data: the same; class folders of images become labels.")
 @click.option("--precision", "precisions", multiple=True, help="fp32, fp16, int8, int8-dynamic, int4-weight; default auto (search).")
 @click.option("--metric", default="auto", type=click.Choice(["auto", "accuracy", "cosine", "sqnr", "top1_agreement"]))
 @click.option("--tolerance", help="Allowed accuracy drop: 1% or 0.01 (with --metric sqnr: a floor in dB).")
@@ -266,21 +379,27 @@ def finish_job(client: Client, job: dict, download: Path | None) -> int:
 @click.option("--encrypt", is_flag=True, help="Encrypt the model files of the deployment packages (AES-256-GCM).")
 @click.option("--wait/--no-wait", default=False, help="Follow the job until it ends; the exit code says whether the tolerance was met.")
 @click.option("--download", type=click.Path(file_okay=False, path_type=Path), help="With --wait: save each device's package here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job (with --wait: the report) as JSON; the exit code is the same.")
 @click.pass_context
-def deploy(ctx, model: str, version_number, calibration, validation, precisions, metric, tolerance, targets, encrypt, wait, download) -> None:
+def deploy(ctx, model: str, version_number, calibration, validation, precisions, metric, tolerance, targets, encrypt, wait, download, as_json) -> None:
     """Deploy MODEL (a file to upload, a model id or a name) to your devices."""
     client = _client(ctx)
-    version_id = _resolve_model_version(client, model, version_number)
+    model_id, version = _resolve_model_version(client, model, version_number)
+    version_id = version["id"]
     job = client.create_job(
         model_version=version_id, precisions=list(precisions) or ["auto"],
-        calibration_dataset=_resolve_dataset(client, calibration, "calibration"),
-        validation_dataset=_resolve_dataset(client, validation, "validation"),
+        calibration_dataset=_resolve_dataset(client, calibration, "calibration", (model_id, version)),
+        validation_dataset=_resolve_dataset(client, validation, "validation", (model_id, version)),
         targets=[int(t) if t.isdigit() else t for t in targets], tolerance=parse_tolerance(tolerance, metric),
         package={"encrypt": True} if encrypt else None,
     )
-    console.print(f"Job {job['id']} created: {client.server}/jobs/{job['id']}")
+    if as_json and not wait:
+        return _print_json(job)
+    (errors if as_json else console).print(f"Job {job['id']} created: {client.server}/jobs/{job['id']}")
     if not wait:
         return
+    if as_json:
+        ctx.invoke(jobs_wait, job_id=job["id"], timeout_s=None, download=download, as_json=True)
     sys.exit(finish_job(client, follow_job(client, job["id"]), download))
 
 
@@ -290,26 +409,72 @@ def _number(value, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+RECOMMENDED = "★"
+# Below this width the p99 column goes: the variant names must stay whole, so the star's row can be read.
+WIDE_REPORT_COLUMNS = 100
+
+
+def report_table(device: dict, job_id, width: int) -> Table:
+    """One device's variants, the recommended one starred and in bold; names are never cut."""
+    agent = device.get("agent") or {}
+    variants = device.get("variants") or []
+    metric = next(((v.get("accuracy") or {}).get("metric") for v in variants if (v.get("accuracy") or {}).get("metric")), None) or "accuracy"
+    wide = width >= WIDE_REPORT_COLUMNS
+    flagged = any((v.get("regression") or {}).get("flagged") for v in variants)
+    value_header = metric if wide and len(metric) <= 14 else "value"
+    table = Table(title=f"{agent.get('name') or device.get('target')} · job {job_id}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, show_edge=False, padding=(0, 1), collapse_padding=True, caption=f"recommended: {RECOMMENDED} · {value_header}: {metric} · drop: against FP32", caption_justify="left")
+    longest = max((len(_variant_name(v)) for v in variants), default=7)
+    table.add_column("", width=1, no_wrap=True)
+    table.add_column("variant", min_width=min(longest, 40), no_wrap=True, overflow="fold")
+    table.add_column("runs as", no_wrap=True)
+    table.add_column("backend", min_width=11, overflow="fold")
+    table.add_column("p50 ms", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("timed", no_wrap=True)
+        table.add_column("p99 ms", justify="right", no_wrap=True)
+    table.add_column(value_header, justify="right", no_wrap=True)
+    table.add_column("drop", justify="right", no_wrap=True)
+    table.add_column("ok", min_width=3, no_wrap=True)
+    if wide and flagged:
+        table.add_column("regression", overflow="fold")
+    for variant in variants:
+        latency = variant.get("latency_ms") or {}
+        accuracy = variant.get("accuracy") or {}
+        regression = variant.get("regression") or {}
+        starred = variant["id"] == device.get("recommended")
+        cells = [RECOMMENDED if starred else "", _variant_name(variant), variant.get("effective_precision") or variant.get("precision") or "",
+                 variant.get("backend") or "", _number(latency.get("p50"))]
+        if wide:
+            cells += [(variant.get("timing") or {}).get("source") or "", _number(latency.get("p99"))]
+        cells += [_number(accuracy.get("value"), 4), _number(accuracy.get("drop"), 4), "yes" if accuracy.get("within_tolerance") else "no"]
+        if wide and flagged:
+            cells.append(f"{regression['slowdown']:.2f}x slower" if regression.get("flagged") else "")
+        table.add_row(*cells, style="bold" if starred else None)
+    return table
+
+
+def _variant_name(variant: dict) -> str:
+    return str(variant.get("key") or variant.get("precision") or variant.get("id"))
+
+
+def regression_lines(device: dict) -> list[str]:
+    """The regressions a narrow table has no column for."""
+    return [f"{_variant_name(v)} on {v.get('backend')} is {v['regression']['slowdown']:.2f}x slower than before (regression)"
+            for v in device.get("variants") or [] if (v.get("regression") or {}).get("flagged")]
+
+
 def print_report(report: dict) -> None:
     """Each device's table, then its decision as the server stated it: the verdict, the timing behind it, why not the others."""
     for device in report.get("devices") or []:
-        agent = device.get("agent") or {}
         decision = device.get("decision") or device.get("verdict") or {}
-        table = Table(title=f"{agent.get('name') or device.get('target')} · job {report['job']}", title_justify="left")
-        for column in ("", "variant", "precision", "backend", "p50 ms", "timed", "p99 ms", "metric", "value", "drop", "ok", "regression"):
-            table.add_column(column)
-        for variant in device.get("variants") or []:
-            latency = variant.get("latency_ms") or {}
-            accuracy = variant.get("accuracy") or {}
-            regression = variant.get("regression") or {}
-            table.add_row(
-                "★" if variant["id"] == device.get("recommended") else "", variant.get("key") or variant.get("precision"),
-                variant.get("effective_precision") or variant.get("precision"), variant.get("backend"), _number(latency.get("p50")),
-                (variant.get("timing") or {}).get("source") or "", _number(latency.get("p99")), str(accuracy.get("metric") or "—"),
-                _number(accuracy.get("value"), 4), _number(accuracy.get("drop"), 4), "yes" if accuracy.get("within_tolerance") else "no",
-                f"{regression['slowdown']:.2f}x slower" if regression.get("flagged") else "",
-            )
-        console.print(table)
+        console.print(report_table(device, report["job"], console.width))
+        if console.width < WIDE_REPORT_COLUMNS:
+            for line in regression_lines(device):
+                console.print(line, style="yellow", highlight=False)
+        chosen = next((v for v in device.get("variants") or [] if v["id"] == device.get("recommended")), None)
+        if chosen:
+            console.print(f"{RECOMMENDED} {_variant_name(chosen)} on {chosen.get('backend')}", style="bold")
         console.print(decision.get("text") or device.get("reason") or "")
         print_decision_details(decision)
         estimate = device.get("estimate")
@@ -339,16 +504,31 @@ def print_decision_details(decision: dict) -> None:
             console.print(f"  {row['family']}: {row['label']} — {row['why']}", markup=False)
 
 
+def _not_finished_message(job: dict) -> str:
+    progress = f", {job['progress']:.0%}" if isinstance(job.get("progress"), int | float) else ""
+    return (f"Job {job['id']} is still {job['status']} (stage {job.get('stage') or '—'}{progress}): it has no report yet. "
+            f"Follow it with `kiln jobs wait {job['id']}`.")
+
+
 @main.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def report(ctx, job_id: int, as_json: bool) -> None:
-    """A job's report: every variant per device, the recommendation and why."""
-    answer = _client(ctx).report(job_id)
+    """A job's report: every variant per device, the recommendation and why. Exit 4 while the job runs, 1 if it failed."""
+    client = _client(ctx)
+    answer = client.report(job_id)
     if as_json:
-        return _print_json(answer)
-    print_report(answer)
+        _print_json(answer)
+    if answer.get("status") not in TERMINAL_STATUSES:
+        errors.print(_not_finished_message(client.job(job_id)))
+        sys.exit(EXIT_NOT_FINISHED)
+    if answer.get("status") != "succeeded":
+        job = client.job(job_id)
+        errors.print(f"[red]Job {job_id} {job['status']}[/red]: {job.get('error') or 'no report.'}")
+        sys.exit(EXIT_ERROR)
+    if not as_json:
+        print_report(answer)
 
 
 @main.group()
@@ -368,6 +548,70 @@ def jobs_list(ctx, as_json: bool) -> None:
         table.add_row(str(job["id"]), (job.get("model") or {}).get("name", ""), job["status"], job["stage"], f"{job['progress']:.0%}",
                       str(job.get("rerun_of") or ""), str(job.get("created_at", ""))[:19])
     console.print(table)
+
+
+def _duration(stage: dict) -> str:
+    from datetime import datetime
+
+    started, finished = stage.get("started_at"), stage.get("finished_at")
+    if not started or not finished:
+        return ""
+    seconds = (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds()
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def print_job(job: dict, *, events: int = 10) -> None:
+    model = job.get("model") or {}
+    console.print(f"[bold]Job {job['id']}[/bold] · {model.get('name', '')} v{model.get('version', '')} · {job['status']} · "
+                  f"stage {job.get('stage') or '—'} · {job.get('progress', 0):.0%}", highlight=False)
+    if job.get("error"):
+        errors.print(f"[red]{job['error']}[/red]")
+    table = Table("stage", "status", "took", "message", box=box.SIMPLE_HEAD, pad_edge=False)
+    for stage in job.get("stages") or []:
+        table.add_row(stage["name"], stage["status"], _duration(stage), stage.get("message") or "")
+    console.print(table)
+    tasks = job.get("device_tasks") or []
+    if tasks:
+        done = sum(1 for task in tasks if task.get("status") in ("succeeded", "failed", "canceled"))
+        console.print(f"Device tasks: {done} of {len(tasks)} ended.")
+    for event in (job.get("events") or [])[-events:]:
+        console.print(f"[dim]{str(event.get('created_at', ''))[:19]}[/dim] {event.get('stage', '')}: {event.get('message', '')}", highlight=False)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def jobs_show(ctx, job_id: int, as_json: bool) -> None:
+    """A job's status, stages with their times, device tasks and last events."""
+    job = _client(ctx).job(job_id)
+    if as_json:
+        return _print_json(job)
+    print_job(job)
+
+
+@jobs.command("wait")
+@click.argument("job_id", type=int)
+@click.option("--timeout", "timeout_s", type=float, help="Give up after this many seconds (exit 4).")
+@click.option("--download", type=click.Path(file_okay=False, path_type=Path), help="Save each device's package here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON instead of following the stages.")
+@click.pass_context
+def jobs_wait(ctx, job_id: int, timeout_s: float | None, download: Path | None, as_json: bool) -> None:
+    """Follow a job until it ends; the exit code is deploy --wait's (0 met, 3 tolerance missed, 1 failed, 4 timed out)."""
+    client = _client(ctx)
+    try:
+        job = client.wait_for_job(job_id, timeout_s=timeout_s) if as_json else follow_job(client, job_id, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        errors.print(f"{exc}.")
+        sys.exit(EXIT_NOT_FINISHED)
+    if as_json:
+        report = client.report(job_id)
+        _print_json(report)
+        for device in report.get("devices") or [] if download else []:
+            if device.get("package"):
+                errors.print(f"Saved {client.download_artifact(device['package'], download)}")
+        sys.exit(EXIT_ERROR if job["status"] != "succeeded" else EXIT_OK if _tolerance_met_everywhere(report) else EXIT_TOLERANCE_MISSED)
+    sys.exit(finish_job(client, job, download))
 
 
 @jobs.command("rerun")
@@ -390,6 +634,52 @@ def jobs_rerun(ctx, job_id: int, wait: bool, download: Path | None) -> None:
 def jobs_cancel(ctx, job_id: int) -> None:
     job = _client(ctx).cancel_job(job_id)
     console.print(f"Job {job['id']} {job['status']}.")
+
+
+# -- devices -----------------------------------------------------------------------------------
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def devices(ctx, as_json: bool) -> None:
+    """Your device agents (`kiln devices`), and `kiln devices add NAME` for the commands that add one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = _client(ctx).agents()
+    if as_json:
+        return _print_json(rows)
+    if not rows:
+        console.print("No devices yet. `kiln devices add lab` prints the commands that add one.")
+        return
+    table = Table("id", "name", "status", "runtimes", "labels", "last heartbeat", box=box.SIMPLE_HEAD, pad_edge=False)
+    for agent in rows:
+        status = "revoked" if agent.get("revoked") else "online" if agent.get("online") else "offline"
+        runtimes = ", ".join(f"{name} {version}" for name, version in ((agent.get("capabilities") or {}).get("runtimes") or {}).items())
+        labels = ", ".join(f"{key}={value}" for key, value in (agent.get("labels") or {}).items())
+        table.add_row(str(agent["id"]), agent["name"], status, runtimes, labels, str(agent.get("last_heartbeat_at") or "never")[:19])
+    console.print(table)
+
+
+@devices.command("add")
+@click.argument("token_name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def devices_add(ctx, token_name: str, as_json: bool) -> None:
+    """Make a registration token and print the commands to run on the device (install, register and run)."""
+    client = _client(ctx)
+    setup = client.agent_setup()
+    token = client.create_registration_token(token_name)
+    up = token["register_command"].replace("kiln-agent register", "kiln-agent up", 1)
+    if as_json:
+        return _print_json({**setup, "token": token["token"], "register_command": token["register_command"], "up_command": up})
+    if setup.get("warning"):
+        errors.print(f"[yellow]warning[/yellow]: {setup['warning']}")
+        for url in setup.get("suggested_urls") or []:
+            errors.print(f"  this server's address: {url}")
+    click.echo("On the device (the token is shown once):")
+    click.echo(f"  1. {setup['install_command']}")
+    click.echo(f"  2. {up}")
+    click.echo("  3. kiln-agent install-service   # optional: keeps it running after log-out and reboots")
 
 
 # -- performance database ----------------------------------------------------------------------

@@ -197,9 +197,26 @@ class Client(HttpClient):
     def dataset(self, dataset_id: int) -> Dataset:
         return self.get(f"datasets/{dataset_id}/")
 
-    def upload_dataset(self, path: str | Path, *, kind: str, name: str | None = None, progress: Progress | None = None) -> Dataset:
+    def upload_dataset(self, path: str | Path, *, kind: str, name: str | None = None, progress: Progress | None = None,
+                       recipe: dict | None = None) -> Dataset:
+        """An .npz (or a zip of samples), or raw data (a zip of images or WAV files, a .txt) with its `recipe`."""
         upload = self.upload(path, progress=progress)
-        return self.post("datasets/", {"name": name or Path(path).stem, "kind": kind, "upload": upload["id"]})
+        body = {"name": name or Path(path).stem, "kind": kind, "upload": upload["id"]}
+        if recipe:
+            body["recipe"] = json.dumps(recipe)
+        return self.post("datasets/", body)
+
+    def recipe_proposal(self, model_id: int, version_number: int) -> dict:
+        """The recipe Kiln proposes for raw data fed to a model version: `{"recipe", "why", "input"}`."""
+        return self.get(f"models/{model_id}/versions/{version_number}/recipe/")
+
+    def preview_dataset(self, path: str | Path, *, recipe: dict, model_version: int | None = None) -> dict:
+        """What `recipe` makes of the first files of a zip, and whether it fits the model version; nothing is kept."""
+        upload = self.upload(path)
+        body = {"upload": upload["id"], "recipe": json.dumps(recipe)}
+        if model_version:
+            body["model_version"] = model_version
+        return self.post("datasets/preview/", body)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -274,6 +291,14 @@ class Client(HttpClient):
 
     def agents(self) -> list[dict]:
         return list(self.paginate("agents/"))
+
+    def agent_setup(self) -> dict:
+        """The server's address as devices reach it (with a warning when loopback) and the agent's install command."""
+        return self.get("agents/setup/")
+
+    def create_registration_token(self, name: str) -> dict:
+        """A registration token for new devices (the secret is in this answer only) with its register command."""
+        return self.post("agents/registration-tokens/", {"name": name})
 
     def package_signing_key(self) -> str:
         """The server's Ed25519 public key (PEM) that signs deployment packages."""

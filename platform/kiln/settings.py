@@ -355,3 +355,9 @@ X_FRAME_OPTIONS = "DENY"
 PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")
 # The agent's and the client's wheels served at /downloads/ (`make wheels`, or the Docker image, puts them there).
 DOWNLOADS_DIR = Path(os.environ.get("KILN_DOWNLOADS_DIR", REPO_ROOT / "dist")).resolve()
+# Where devices install the agent from (the wheels this server serves); empty: <PUBLIC_URL or the request's host>/downloads/.
+DOWNLOADS_URL = os.environ.get("KILN_DOWNLOADS_URL", "").strip()
+if DOWNLOADS_URL and not DOWNLOADS_URL.endswith("/"):
+    DOWNLOADS_URL += "/"
+# The agent's distribution name, as `pip install` takes it from the downloads above.
+AGENT_DISTRIBUTION = "kiln-agent"

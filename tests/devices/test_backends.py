@@ -63,7 +63,7 @@ def test_profile_has_op_types_and_nodes(compiled, sample_feeds):
     assert sum(row["share"] for row in profile["by_op_type"]) == pytest.approx(1.0)
     assert all(set(row) == {"op_type", "time_ms", "share", "count"} for row in profile["by_op_type"])
     assert 0 < len(profile["by_node"]) <= 50
-    assert all(set(row) == {"name", "op_type", "time_ms", "share"} for row in profile["by_node"])
+    assert all({"name", "op_type", "time_ms", "share"} <= set(row) <= {"name", "op_type", "time_ms", "share", "layers"} for row in profile["by_node"])
     times = [row["time_ms"] for row in profile["by_op_type"]]
     assert times == sorted(times, reverse=True)
 
@@ -149,3 +149,26 @@ def test_fp16_model_with_float_io_keeps_its_declared_input_names(backend_name, t
     assert [spec.name for spec in compiled.input_specs] == [name for name in sample_feeds]
     outputs = compiled.run(sample_feeds)
     assert set(outputs) == {o.name for o in fp16.graph.output}
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed (pip install kiln[openvino])")
+def test_openvino_profile_names_the_models_own_nodes_behind_each_runtime_node(tiny_model_path, sample_feeds, tmp_path):
+    """OpenVINO renames and fuses nodes (`conv1/WithoutBiases` runs conv1 and relu1): the profile maps them back."""
+    compiled = get_backend("openvino").compile(tiny_model_path, tmp_path / "ov", threads=1)
+    try:
+        profile = compiled.profile(sample_feeds, runs=2)
+    finally:
+        compiled.close()
+    model_nodes = {node.name for node in onnx.load(str(tiny_model_path)).graph.node}
+    mapped = [row for row in profile["by_node"] if row.get("layers")]
+    assert mapped, profile["by_node"]
+    for row in mapped:
+        assert set(row["layers"]) <= model_nodes | {row["name"]}, (row, model_nodes)
+    # A convolution fused with its activation lists both.
+    assert any(len(row["layers"]) > 1 for row in mapped if row["op_type"] == "Convolution"), mapped
+
+
+def test_made_up_runtime_names_and_suffixes_are_not_model_names():
+    from devices.backends.base import model_layer_names
+
+    assert model_layer_names(["conv1/WithoutBiases", "conv1", "relu1", "Multiply_615451", "fc/fq_weights_0", ""]) == ["conv1", "relu1", "fc"]

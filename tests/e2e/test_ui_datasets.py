@@ -50,6 +50,9 @@ def test_raw_images_with_a_recipe_show_thumbnails_and_a_corrupt_one_is_named(sta
     page.get_by_test_id("dataset-kind-select").select_option("validation")
     page.get_by_test_id("dataset-recipe-input").fill(json.dumps(RECIPE))
     page.get_by_test_id("dataset-upload-input").set_input_files(str(digit_zip(tmp_path / "scans.zip")))
+    # A zip through a recipe is previewed first (issue 27); the upload starts from the preview.
+    expect(page.get_by_test_id("raw-preview")).to_contain_text("6 files")
+    page.get_by_test_id("raw-preview-upload").click()
     row = page.get_by_test_id("dataset-row").filter(has_text="digit scans")
     expect(row).to_be_visible(timeout=60_000)
     expect(row.get_by_test_id("dataset-samples")).to_have_text("6")
@@ -62,6 +65,7 @@ def test_raw_images_with_a_recipe_show_thumbnails_and_a_corrupt_one_is_named(sta
     screenshot(page, "20-datasets-recipe")
 
     page.get_by_test_id("dataset-upload-input").set_input_files(str(digit_zip(tmp_path / "broken.zip", broken=True)))
+    page.get_by_test_id("raw-preview-upload").click()
     item = page.get_by_test_id("upload-item").filter(has_text="broken.zip")
     expect(item).to_have_attribute("data-status", "error", timeout=60_000)
     expect(item.get_by_test_id("upload-error")).to_contain_text("three/scan-9.png: not an image Pillow can read")

@@ -79,6 +79,19 @@ def test_inspect_digits(digits_path):
     assert info["producer"] == "kiln-tests-digits"
 
 
+def test_weights_held_in_constant_nodes_are_counted(digits_path, tmp_path):
+    """An exporter that stores every weight as a Constant node gives a graph without initializers."""
+    model = onnx.load(str(digits_path))
+    constants = [helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in model.graph.initializer]
+    shape = helper.make_node("Constant", [], ["shape"], value=helper.make_tensor("shape", TensorProto.INT64, [2], [1, -1]))
+    del model.graph.initializer[:]
+    nodes = [*constants, shape, *model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(tmp_path / "constants.onnx"))
+    assert inspect_onnx(tmp_path / "constants.onnx")["parameter_count"] == 160 + 4640 + 1290
+
+
 def test_inspect_never_reads_external_weights(transformer, tmp_path):
     path = save_with_external_data(transformer, tmp_path)
     (tmp_path / "model.onnx.data").unlink()

@@ -24,6 +24,7 @@ COMMANDS = {
     "dataset.inspect": "workers.dataset_commands:inspect",
     "dataset.hdf5": "workers.dataset_commands:hdf5",
     "dataset.raw": "workers.dataset_commands:raw",
+    "dataset.preview": "workers.dataset_commands:preview",
     "support.check": "workers.support:check_command",
 }
 

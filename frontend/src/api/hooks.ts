@@ -4,6 +4,7 @@ import { useMutation, useQuery, useQueryClient, type Query } from '@tanstack/rea
 import { api, ApiError, apiUrl } from './client';
 import type {
   Agent,
+  AgentSetup,
   ApiToken,
   Artifact,
   Dataset,
@@ -59,6 +60,7 @@ export const keys = {
   report: (id: number) => ['jobs', id, 'report'] as const,
   agents: ['agents'] as const,
   registrationTokens: ['registration-tokens'] as const,
+  agentSetup: ['agent-setup'] as const,
   tokens: ['tokens'] as const,
   members: ['members'] as const,
 };
@@ -345,6 +347,10 @@ export function useRevokeAgent() {
     mutationFn: (id: number) => api<Agent>(`agents/${id}/revoke/`, { method: 'POST' }),
     onSuccess: () => client.invalidateQueries({ queryKey: keys.agents }),
   });
+}
+
+export function useAgentSetup() {
+  return useQuery({ queryKey: keys.agentSetup, queryFn: () => api<AgentSetup>('agents/setup/'), staleTime: Infinity });
 }
 
 export function useRegistrationTokens() {

@@ -260,6 +260,9 @@ export interface JobStage {
   started_at: string | null;
   finished_at: string | null;
   message: string | null;
+  /** Seconds over every finished run of the stage (a search runs quantize and devices once per round). */
+  seconds?: number;
+  runs?: number;
 }
 
 export interface JobEvent {
@@ -306,7 +309,7 @@ export interface Job {
   model_version: number;
   /** The support stage: every runtime's answer, and the backends it skipped with the reason. */
   support?: { answers?: SupportAnswer[]; skipped?: Record<string, string> };
-  model: { id: number; name: string; version?: number } | null;
+  model: { id: number; name: string; version?: number; sha256?: string } | null;
   precisions: string[];
   targets: (number | string)[];
   tolerance: Tolerance;
@@ -417,6 +420,36 @@ export interface RegistrationToken {
   revoked?: boolean;
   token?: string;
   register_command?: string;
+}
+
+/** GET agents/setup/: the server's address as devices reach it and how to install the agent there. */
+export interface AgentSetup {
+  server_url: string;
+  source: 'KILN_PUBLIC_URL' | 'request';
+  loopback: boolean;
+  warning: string | null;
+  suggested_urls: string[];
+  downloads_url: string;
+  downloads_configured: boolean;
+  agent_distribution: string;
+  install_command: string;
+  runtimes: { name: string; package: string; note: string }[];
+}
+
+/** GET models/{id}/versions/{n}/recipe/: the recipe Kiln proposes for raw data, and why. */
+export interface RecipeProposal {
+  recipe: DatasetRecipe | null;
+  input: string | null;
+  why: string[];
+}
+
+/** POST datasets/preview/: what a recipe makes of the first files, and whether it fits the model. */
+export interface RawPreview {
+  files: number;
+  arrays: Record<string, { dtype: string; shape: number[]; min: number | null; max: number | null }>;
+  previews: (DatasetPreview & { label?: string | null })[];
+  recipe: DatasetRecipe;
+  fits: { ok: boolean; problems: string[] } | null;
 }
 
 export interface LatencyMs {

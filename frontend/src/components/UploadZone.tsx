@@ -35,6 +35,12 @@ export interface UploadZoneProps<T> {
   testId?: string;
   /** Injected in tests; defaults to the resumable (tus) uploader. */
   uploader?: Uploader;
+  /** Turns the chosen files into the one file to upload (a folder of images into a zip, after a preview), or null to stop. */
+  prepare?: (files: File[]) => Promise<File | null>;
+  /** Offer a "Choose a folder" button too (every file under it goes to `prepare`). */
+  folder?: boolean;
+  /** Why `prepare` stopped, shown under the zone. */
+  prepareError?: string | null;
 }
 
 let nextKey = 1;
@@ -55,8 +61,13 @@ export function UploadZone<T>({
   hint,
   testId = 'upload',
   uploader = resumableUpload,
+  prepare,
+  folder = false,
+  prepareError = null,
 }: UploadZoneProps<T>) {
   const inputId = useId();
+  const folderId = useId();
+  const folderRef = useRef<HTMLInputElement>(null);
   const hintId = useId();
   const [items, setItems] = useState<UploadItem<T>[]>([]);
   const [dragging, setDragging] = useState(false);
@@ -108,8 +119,13 @@ export function UploadZone<T>({
   const startAll = (files: FileList | File[] | null) => {
     if (!files || disabled) return;
     const list = Array.from(files);
-    (multiple ? list : list.slice(0, 1)).forEach(start);
     if (inputRef.current) inputRef.current.value = '';
+    if (folderRef.current) folderRef.current.value = '';
+    if (prepare) {
+      void prepare(list).then((file) => (file ? start(file) : undefined));
+      return;
+    }
+    (multiple ? list : list.slice(0, 1)).forEach(start);
   };
 
   const onDrop = (event: DragEvent<HTMLDivElement>) => {
@@ -133,17 +149,41 @@ export function UploadZone<T>({
         onDrop={onDrop}
         data-testid={`${testId}-dropzone`}
       >
-        <p className="dropzone-title">Drop {multiple ? 'files' : 'a file'} here, or</p>
-        <label htmlFor={inputId} className="button button-primary">
-          Choose {multiple ? 'files' : 'a file'}
-        </label>
+        <p className="dropzone-title">Drop {multiple || prepare ? 'files' : 'a file'} here, or</p>
+        <div className="button-row dropzone-buttons">
+          <label htmlFor={inputId} className="button button-primary">
+            Choose {multiple || prepare ? 'files' : 'a file'}
+          </label>
+          {folder ? (
+            <label htmlFor={folderId} className="button">
+              Choose a folder
+            </label>
+          ) : null}
+        </div>
+        {folder ? (
+          <input
+            id={folderId}
+            ref={(element) => {
+              folderRef.current = element;
+              // Not a React attribute: the browser's folder picker.
+              element?.setAttribute('webkitdirectory', '');
+            }}
+            className="visually-hidden"
+            type="file"
+            multiple
+            disabled={disabled}
+            aria-label={`${label}: a folder`}
+            data-testid={`${testId}-folder-input`}
+            onChange={(event) => startAll(event.target.files)}
+          />
+        ) : null}
         <input
           id={inputId}
           ref={inputRef}
           className="visually-hidden"
           type="file"
           accept={accept.join(',')}
-          multiple={multiple}
+          multiple={multiple || !!prepare}
           disabled={disabled}
           aria-label={label}
           aria-describedby={hintId}
@@ -155,6 +195,11 @@ export function UploadZone<T>({
           {hint ? <> · {hint}</> : null}
         </p>
       </div>
+      {prepareError ? (
+        <p className="field-error" role="alert" data-testid={`${testId}-prepare-error`}>
+          {prepareError}
+        </p>
+      ) : null}
 
       {items.length > 0 ? (
         <ul className="upload-list" aria-label="Uploads">

@@ -1,9 +1,12 @@
 /** Calibration and validation datasets: arrays (.npz, or a zip of one .npz per sample) or raw images,
  * audio and text through a declared recipe; upload and list with their arrays, recipe and first samples. */
-import { useId, useState } from 'react';
-import { useQueryClient } from '@tanstack/react-query';
-import { keys, PAGE_SIZE, rows, totalCount, useDatasets, useDeleteDataset, useCanWrite } from '../api/hooks';
-import type { Dataset, DatasetKind } from '../api/types';
+import { useEffect, useId, useState } from 'react';
+import { useQuery, useQueryClient } from '@tanstack/react-query';
+import { useSearchParams } from 'react-router';
+import { api, errorMessage, uploadWithProgress } from '../api/client';
+import { keys, PAGE_SIZE, rows, totalCount, useDatasets, useDeleteDataset, useCanWrite, useModels } from '../api/hooks';
+import type { Dataset, DatasetKind, Model, RawPreview, RecipeProposal } from '../api/types';
+import { countRawFiles, entryName, isRawFile, packFiles } from '../components/zip';
 import { EmptyState, PageHeader, Pager, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { SelectField, TextField } from '../components/FormFields';
@@ -28,7 +31,85 @@ export function DatasetArrays({ dataset }: { dataset: Dataset }) {
   );
 }
 
-const RECIPE_EXAMPLE = '{"type": "image", "input": "images", "size": [224, 224], "color": "RGB", "scale": 0.00392, "layout": "NCHW"}';
+const RECIPE_EXAMPLE = 'Choose the model above and Kiln proposes one; or write it, e.g. {"type": "image", "input": "images", "size": [224, 224]}';
+/** Files read for the preview; a zip the user made is sent whole for it only up to this size. */
+const PREVIEW_FILES = 4;
+const PREVIEW_ZIP_BYTES = 16 * 1024 * 1024;
+
+interface PendingUpload {
+  file: File;
+  files: number;
+  preview: RawPreview | null;
+  error: string | null;
+  resolve: (file: File | null) => void;
+}
+
+/** The model raw data feeds: its proposal fills the recipe, and the preview checks the tensors against its input. */
+function useRecipeProposal(model: Model | null) {
+  const version = model?.latest_version ?? model?.versions?.[model.versions.length - 1] ?? null;
+  const proposal = useQuery({
+    queryKey: ['models', model?.id, 'recipe', version?.number],
+    queryFn: () => api<RecipeProposal>(`models/${model?.id}/versions/${version?.number}/recipe/`),
+    enabled: !!model && !!version,
+  });
+  return { version, proposal };
+}
+
+/** What the recipe makes of the first files, before the whole upload: thumbnails, tensors, labels, fit. */
+function PreviewPanel({ pending, modelName, onUpload, onCancel }: { pending: PendingUpload; modelName: string | null; onUpload: () => void; onCancel: () => void }) {
+  const preview = pending.preview;
+  const labels = [...new Set((preview?.previews ?? []).map((item) => item.label).filter(Boolean))];
+  return (
+    <div className="raw-preview" role="region" aria-label="Preview before upload" data-testid="raw-preview">
+      <h3>Preview: {pending.file.name}, {pending.files} file{pending.files === 1 ? '' : 's'}</h3>
+      {pending.error ? <p className="field-error" role="alert" data-testid="raw-preview-error">{pending.error}</p> : null}
+      {preview ? (
+        <>
+          <div className="dataset-previews" data-testid="raw-preview-samples">
+            {preview.previews.map((item) => (
+              <figure key={item.name} className="dataset-sample">
+                {item.thumbnail ? <img src={item.thumbnail} alt={item.name} width={72} height={72} /> : null}
+                <figcaption className="muted small">{item.label ? `${item.label} · ` : ''}{item.name.split('/').pop()}</figcaption>
+              </figure>
+            ))}
+          </div>
+          <ul className="plain-list small" data-testid="raw-preview-tensors">
+            {Object.entries(preview.arrays).map(([name, spec]) => (
+              <li key={name}>
+                Each file becomes <code>{name}</code> {spec.dtype} <code>[{spec.shape.join(', ')}]</code>, values {spec.min}…{spec.max}
+              </li>
+            ))}
+            {labels.length ? <li>Labels from the class folders: {labels.join(', ')}{preview.files > preview.previews.length ? '…' : ''}</li> : <li>No class folders: no labels.</li>}
+          </ul>
+          {preview.fits ? (
+            preview.fits.ok ? (
+              <p className="field-ok small" data-testid="raw-preview-fits">Fits {modelName ?? 'the model'}&apos;s input.</p>
+            ) : (
+              <div className="alert alert-error" role="alert" data-testid="raw-preview-misfit">
+                Does not fit {modelName ?? 'the model'}: {preview.fits.problems.join('; ')}. Change the recipe above and choose the files again.
+              </div>
+            )
+          ) : null}
+        </>
+      ) : pending.error ? null : (
+        <p className="muted small">No preview for a zip over 16 MB; the recipe is checked on every file when it uploads.</p>
+      )}
+      <div className="button-row">
+        <button type="button" className="button button-primary" onClick={onUpload} disabled={!!preview?.fits && !preview.fits.ok} data-testid="raw-preview-upload">
+          Upload {pending.files} file{pending.files === 1 ? '' : 's'}
+        </button>
+        <button type="button" className="button" onClick={onCancel} data-testid="raw-preview-cancel">
+          Cancel
+        </button>
+      </div>
+    </div>
+  );
+}
+
+/** A recipe as editable text: one field a line, lists kept on their line. */
+export function recipeText(recipe: object): string {
+  return `{\n${Object.entries(recipe).map(([key, value]) => `  ${JSON.stringify(key)}: ${JSON.stringify(value)}`).join(',\n')}\n}`;
+}
 
 /** The recipe's type while the user types it (null when empty or not JSON yet). */
 export function recipeKind(text: string): 'image' | 'audio' | 'text' | null {
@@ -55,6 +136,58 @@ export function DatasetsPage() {
   const [tokenizer, setTokenizer] = useState<File | null>(null);
   const list = rows(datasets.data);
   const recipeType = recipeKind(recipe);
+  const modelId = useId();
+  const models = rows(useModels('', 1, 500).data);
+  const [params] = useSearchParams();
+  // `?model=ID` (the model page's "Add data for it") chooses the model whose recipe is proposed.
+  const [forModel, setForModel] = useState<number | null>(Number(params.get('model')) || null);
+  const model = models.find((candidate) => candidate.id === forModel) ?? null;
+  const { version, proposal } = useRecipeProposal(model);
+  const [pending, setPending] = useState<PendingUpload | null>(null);
+  const [prepareError, setPrepareError] = useState<string | null>(null);
+
+  // A new model's proposal replaces the recipe (it is still editable).
+  useEffect(() => {
+    if (proposal.data?.recipe) setRecipe(recipeText(proposal.data.recipe));
+  }, [proposal.data]);
+
+  /** Several files or a folder become one zip; raw data is previewed through the recipe before it uploads. */
+  const prepare = async (files: File[]): Promise<File | null> => {
+    setPrepareError(null);
+    const raw = countRawFiles(files);
+    const single = files.length === 1 ? files[0] : null;
+    if (single && !isRawFile(entryName(single)) && !(recipe.trim() && single.name.toLowerCase().endsWith('.zip'))) return single;
+    if (!recipe.trim()) {
+      setPrepareError(
+        raw > 0
+          ? `These are ${raw} image or WAV files: choose the model they feed under "Raw data" and Kiln proposes the recipe (or write one).`
+          : 'Choose one .npz or .zip file, or a folder of images.',
+      );
+      return null;
+    }
+    if (recipeType === 'text') return single;
+    const file = raw > 0 ? await packFiles(files) : (single as File);
+    const sample = raw > 0 ? await packFiles(files, PREVIEW_FILES) : file.size <= PREVIEW_ZIP_BYTES ? file : null;
+    let preview: RawPreview | null = null;
+    let error: string | null = null;
+    if (sample) {
+      const form = new FormData();
+      form.append('file', sample);
+      form.append('recipe', recipe.trim());
+      if (version) form.append('model_version', String(version.id));
+      try {
+        preview = await uploadWithProgress<RawPreview>('datasets/preview/', form).promise;
+      } catch (failure) {
+        error = errorMessage(failure);
+      }
+    }
+    const count = raw > 0 ? raw : (preview?.files ?? 0);
+    return new Promise<File | null>((resolve) => setPending({ file, files: count, preview, error, resolve }));
+  };
+  const settle = (file: File | null) => {
+    pending?.resolve(file);
+    setPending(null);
+  };
 
   return (
     <>
@@ -64,12 +197,14 @@ export function DatasetsPage() {
       />
       <section className="card" aria-labelledby="upload-dataset-heading">
         <h2 id="upload-dataset-heading">Upload a dataset</h2>
-        <p className="muted small">
-          An <code>.npz</code> with one array per model input, named like the inputs, and an optional{' '}
-          <code>labels</code> array for task accuracy. An array with the input&apos;s rank is batch-first; one more axis
-          stacks the exact tensors fed (scalars, batch not first); two more are sequences of calls. Samples of different
-          shapes go in a <code>.zip</code> of one <code>.npz</code> per sample. Raw data (a <code>.zip</code> of images or
-          WAV files, a <code>.txt</code> of lines) needs a recipe.
+        <p className="muted small" data-testid="datasets-intro">
+          <strong>Images or recordings:</strong> choose the model they feed below, then a folder (class folders become
+          labels): Kiln proposes how each file becomes the model&apos;s input and shows a preview before uploading.{' '}
+          <strong>Arrays:</strong> an <code>.npz</code> with one array per model input, named like the inputs, and an
+          optional <code>labels</code> array for task accuracy. An array with the input&apos;s rank is batch-first; one more
+          axis stacks the exact tensors fed (scalars, batch not first); two more are sequences of calls. Samples of
+          different shapes go in a <code>.zip</code> of one <code>.npz</code> per sample. A <code>.txt</code> of lines needs a
+          text recipe and the model&apos;s tokenizer.json.
         </p>
         <div className="form-row">
           <TextField
@@ -90,10 +225,28 @@ export function DatasetsPage() {
           </SelectField>
         </div>
         <div className="field">
-          <label htmlFor={recipeId}>Recipe for raw data (JSON, optional)</label>
+          <label htmlFor={modelId}>Raw data (images, WAV files): the model it feeds</label>
+          <select id={modelId} value={forModel ?? ''} onChange={(event) => setForModel(event.target.value ? Number(event.target.value) : null)} data-testid="recipe-model-select">
+            <option value="">None: arrays (.npz), or a recipe I write</option>
+            {models.map((candidate) => (
+              <option key={candidate.id} value={candidate.id}>
+                {candidate.name}
+              </option>
+            ))}
+          </select>
+          {proposal.data ? (
+            <ul className="plain-list muted small" data-testid="recipe-why">
+              {proposal.data.why.map((reason) => (
+                <li key={reason}>{reason}</li>
+              ))}
+            </ul>
+          ) : null}
+        </div>
+        <div className="field">
+          <label htmlFor={recipeId}>Recipe for raw data (JSON{model ? `, proposed for ${model.name}: edit if needed` : ', optional'})</label>
           <textarea
             id={recipeId}
-            rows={3}
+            rows={recipe ? 6 : 3}
             value={recipe}
             placeholder={RECIPE_EXAMPLE}
             onChange={(event) => setRecipe(event.target.value)}
@@ -121,8 +274,17 @@ export function DatasetsPage() {
         ) : null}
         <UploadZone<Dataset>
           disabled={!canWrite}
-          label={recipeType ? (recipeType === 'text' ? 'Lines of text (.txt)' : `Zip of ${recipeType} files (.zip)`) : 'NumPy archive (.npz) or zip of samples (.zip)'}
+          label={
+            recipeType
+              ? recipeType === 'text'
+                ? 'Lines of text (.txt)'
+                : `A folder or zip of ${recipeType} files; class folders become labels`
+              : 'NumPy archive (.npz), zip of samples (.zip), or a folder of images (choose the model above)'
+          }
           accept={recipeType === 'text' ? ['.txt'] : recipeType ? ['.zip'] : ['.npz', '.zip']}
+          folder={recipeType !== 'text'}
+          prepare={prepare}
+          prepareError={prepareError}
           testId="dataset-upload"
           buildRequest={(file) => {
             const form = new FormData();
@@ -143,6 +305,7 @@ export function DatasetsPage() {
             </span>
           )}
         />
+        {pending ? <PreviewPanel pending={pending} modelName={model?.name ?? null} onUpload={() => settle(pending.file)} onCancel={() => settle(null)} /> : null}
       </section>
 
       <section className="card" aria-labelledby="dataset-list-heading">
@@ -159,7 +322,7 @@ export function DatasetsPage() {
           }
         >
           <DataTable
-            columns={['Name', 'Kind', 'Samples', 'Arrays', 'Made from', 'Labels', 'Size', 'Uploaded']}
+            columns={['Name', 'Kind', 'Samples', 'Arrays', 'Made from', 'Labels', { label: 'Size', className: 'col-p3' }, { label: 'Uploaded', className: 'col-p2' }]}
             actions
             testId="datasets-table"
             footer={<Pager page={page} count={totalCount(datasets.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Datasets" />}

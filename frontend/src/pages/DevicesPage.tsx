@@ -1,15 +1,16 @@
 /** Device agents (live) and the registration tokens that let new agents join. */
-import { useState } from 'react';
+import { useId, useState } from 'react';
 import { Link } from 'react-router';
 import {
   rows,
+  useAgentSetup,
   useAgents,
   useCreateRegistrationToken,
   useRegistrationTokens,
   useRevokeAgent,
   useRevokeRegistrationToken,
 } from '../api/hooks';
-import type { Agent, RegistrationToken } from '../api/types';
+import type { Agent, AgentSetup, RegistrationToken } from '../api/types';
 import { CopyButton, EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { InlineForm, TextField } from '../components/FormFields';
@@ -83,7 +84,7 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
   return (
     <>
       <ErrorMessage error={revoke.error} />
-      <DataTable columns={['Device', 'Status', 'Capabilities', 'Labels', 'Current task', 'Last heartbeat']} actions testId="agents-table">
+      <DataTable columns={['Device', 'Status', 'Capabilities', { label: 'Labels', className: 'col-p3' }, { label: 'Current task', className: 'col-p2' }, 'Last heartbeat']} actions testId="agents-table">
         {agents.map((agent) => (
           <tr key={agent.id} data-testid="agent-row">
             <td>
@@ -145,24 +146,123 @@ export function upCommand(registerCommand: string): string {
   return registerCommand.replace(/^kiln-agent register\b/, 'kiln-agent up');
 }
 
+/** A command the server built for its own address, with the address the devices use instead. */
+export function withServer(command: string, from: string, to: string): string {
+  if (!from || from === to) return command;
+  return command.split(from).join(to);
+}
+
+/** The address typed for devices, without a trailing slash; null when it is not an http(s) URL. */
+export function deviceAddress(text: string): string | null {
+  const value = text.trim().replace(/\/+$/, '');
+  try {
+    const url = new URL(value);
+    return (url.protocol === 'http:' || url.protocol === 'https:') && url.hostname ? value : null;
+  } catch {
+    return null;
+  }
+}
+
+const LOOPBACK = /^(localhost|127(\.\d+){3}|\[::1\]|0\.0\.0\.0)$/i;
+
+export function isLoopbackAddress(address: string): boolean {
+  try {
+    return LOOPBACK.test(new URL(address).hostname);
+  } catch {
+    return false;
+  }
+}
+
+/** The server's address as devices reach it: what the server thinks, a warning when that is loopback, and a field to correct it. */
+function ServerAddress({ setup, address, onChange }: { setup: AgentSetup; address: string; onChange: (value: string) => void }) {
+  const fieldId = useId();
+  const listId = useId();
+  const parsed = deviceAddress(address);
+  const stillLoopback = parsed !== null && isLoopbackAddress(parsed);
+  return (
+    <div className="server-address" data-testid="server-address">
+      <div className="field">
+        <label htmlFor={fieldId}>Server address, as your devices reach it</label>
+        <input
+          id={fieldId}
+          type="url"
+          value={address}
+          list={listId}
+          spellCheck={false}
+          onChange={(event) => onChange(event.target.value)}
+          aria-invalid={parsed === null || stillLoopback}
+          data-testid="server-address-input"
+        />
+        <datalist id={listId}>
+          {setup.suggested_urls.map((url) => (
+            <option key={url} value={url} />
+          ))}
+        </datalist>
+        <p className="muted small">
+          {address.trim().replace(/\/+$/, '') !== setup.server_url ? (
+            <>Typed here, for this page only (the server says {setup.server_url}). Set <code>KILN_PUBLIC_URL</code> on the server to keep it.</>
+          ) : setup.source === 'KILN_PUBLIC_URL' ? (
+            <>Set by the server&apos;s <code>KILN_PUBLIC_URL</code>.</>
+          ) : (
+            <>
+              The address this page was opened at. Set <code>KILN_PUBLIC_URL</code> on the server to fix it for everyone.
+            </>
+          )}{' '}
+          The commands below use this address.
+        </p>
+      </div>
+      {parsed === null ? (
+        <p className="field-error" role="alert" data-testid="server-address-error">
+          Type the server&apos;s URL, e.g. http://192.168.1.20:8000.
+        </p>
+      ) : stillLoopback ? (
+        <div className="alert alert-warn" role="alert" data-testid="loopback-warning">
+          <strong>{parsed} will not work from a device.</strong> {setup.warning ?? 'It is a loopback address: on a device it means the device itself.'}
+          {setup.suggested_urls.length > 0 ? (
+            <div className="button-row">
+              This server&apos;s addresses:
+              {setup.suggested_urls.map((url) => (
+                <button key={url} type="button" className="button button-small" onClick={() => onChange(url)} data-testid="suggested-address">
+                  Use {url}
+                </button>
+              ))}
+            </div>
+          ) : null}
+        </div>
+      ) : null}
+    </div>
+  );
+}
+
 export const SERVICE_COMMAND = 'kiln-agent install-service';
 
 /** Numbered steps from a fresh machine to a device that takes work, with a live check of the first heartbeat. */
-export function SetupSteps({ command, knownIds }: { command: string; knownIds: Set<number> }) {
+export function SetupSteps({ command, knownIds, setup, address }: { command: string; knownIds: Set<number>; setup: AgentSetup; address: string }) {
   const agents = useAgents();
   const joined = newAgents(rows(agents.data), knownIds);
   const online = joined.find((agent) => agent.online);
-  const up = upCommand(command);
+  const register = withServer(command, setup.server_url, address);
+  const up = upCommand(register);
+  const install = setup.downloads_configured ? setup.install_command : withServer(setup.install_command, setup.server_url, address);
   return (
     <div className="setup-steps" data-testid="setup-steps">
       <ol>
         <li>
-          <strong>Install</strong> the agent and a runtime on the device:
+          <strong>Install</strong> the agent and a runtime on the device (Python 3.11+), from this server:
           <div className="secret-row">
-            <pre className="code-block"><code>pip install kiln onnxruntime</code></pre>
-            <CopyButton text="pip install kiln onnxruntime" label="Copy" />
+            <pre className="code-block" data-testid="install-command"><code>{install}</code></pre>
+            <CopyButton text={install} label="Copy" />
           </div>
-          <span className="muted small">Add <code>openvino</code> if the device has it; the agent reports what it finds.</span>
+          <span className="muted small" data-testid="runtime-choices">
+            Runtimes the agent runs today:{' '}
+            {setup.runtimes.map((runtime, index) => (
+              <span key={runtime.name}>
+                {index > 0 ? '; ' : ''}
+                <code>{runtime.package}</code> ({runtime.note})
+              </span>
+            ))}
+            . Add more than one to the command to compare them; the agent reports what it finds.
+          </span>
         </li>
         <li>
           <strong>Register and run</strong> it, in one command. It registers once (the agent's token is saved in{' '}
@@ -173,7 +273,7 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
             <CopyButton text={up} label="Copy command" />
           </div>
           <span className="muted small">
-            The same in two steps: <code data-testid="register-command">{command}</code>, then <code data-testid="run-command">kiln-agent run</code>.
+            The same in two steps: <code data-testid="register-command">{register}</code>, then <code data-testid="run-command">kiln-agent run</code>.
           </span>
         </li>
         <li>
@@ -211,6 +311,9 @@ export function SetupSteps({ command, knownIds }: { command: string; knownIds: S
 }
 
 function RegistrationTokens() {
+  const setup = useAgentSetup();
+  const [typedAddress, setTypedAddress] = useState<string | null>(null);
+  const address = typedAddress ?? setup.data?.server_url ?? '';
   const tokens = useRegistrationTokens();
   const create = useCreateRegistrationToken();
   const revoke = useRevokeRegistrationToken();
@@ -237,6 +340,7 @@ function RegistrationTokens() {
         On the device: install the agent, then one command registers it with a token made here and runs it; a service keeps it
         running. Create a token to see the commands; this page then waits for the device's first heartbeat.
       </p>
+      {setup.data ? <ServerAddress setup={setup.data} address={address} onChange={setTypedAddress} /> : <ErrorMessage error={setup.error} />}
       <InlineForm
         label="Create registration token"
         submitLabel="Create registration token"
@@ -255,14 +359,16 @@ function RegistrationTokens() {
       <ErrorMessage error={create.error ?? revoke.error} />
       {created?.token ? (
         <SecretReveal label="Registration token" value={created.token} testId="registration-token-secret">
-          {created.register_command ? <SetupSteps command={created.register_command} knownIds={knownIds} /> : null}
+          {created.register_command && setup.data ? (
+            <SetupSteps command={created.register_command} knownIds={knownIds} setup={setup.data} address={deviceAddress(address) ?? setup.data.server_url} />
+          ) : null}
         </SecretReveal>
       ) : null}
       <ListStates pending={tokens.isPending} empty={list.length === 0}>
         <DataTable
-          columns={['Name', 'Prefix', 'Created', 'Status']}
+          columns={['Name', { label: 'Prefix', className: 'col-p3' }, { label: 'Created', className: 'col-p2' }, 'Status']}
           actions
-          className="table table-compact"
+          className="table table-compact table-cards"
           caption="Registration tokens"
           testId="registration-tokens-table"
         >

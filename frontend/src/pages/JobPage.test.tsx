@@ -1,7 +1,7 @@
 import { render, screen } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Job } from '../api/types';
-import { SearchBudgetLine } from './JobPage';
+import { durationText, SearchBudgetLine } from './JobPage';
 
 function job(budget: Job['budget']): Job {
   return { id: 1, status: 'running', stage: 'devices', progress: 0.5, error: null, model_version: 1, model: { id: 1, name: 'm' },
@@ -23,5 +23,13 @@ describe('SearchBudgetLine', () => {
   it('shows nothing for explicit precisions', () => {
     const { container } = render(<SearchBudgetLine job={job({})} />);
     expect(container).toBeEmptyDOMElement();
+  });
+});
+
+describe('stage durations', () => {
+  it('add up every search round, not only the last', () => {
+    const stage = { name: 'quantize', status: 'done', started_at: '2026-01-01T00:01:00Z', finished_at: '2026-01-01T00:01:05Z', message: null, seconds: 95, runs: 3 } as const;
+    expect(durationText(stage)).toBe('1 min 35 s over 3 rounds');
+    expect(durationText({ ...stage, seconds: undefined, runs: undefined })).toBe('5.0 s');
   });
 });

@@ -13,11 +13,20 @@ import { formatBytes, formatDate, humanize, percent } from '../format';
 /** The stage names in pipeline order, for jobs whose detail carries no stages list. */
 const PIPELINE = ['validate', 'convert', 'support', 'reference', 'quantize', 'dispatch', 'devices', 'report', 'done'];
 
-function durationText(stage: JobStage): string {
-  if (!stage.started_at) return '';
-  const end = stage.finished_at ? new Date(stage.finished_at).getTime() : Date.now();
-  const seconds = Math.max(0, (end - new Date(stage.started_at).getTime()) / 1000);
+function secondsText(seconds: number): string {
   return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+}
+
+/** A stage's time over every run of it (one per search round), plus the run in progress. */
+export function durationText(stage: JobStage, now = Date.now()): string {
+  if (!stage.started_at) return '';
+  const running = stage.status === 'running' ? Math.max(0, (now - new Date(stage.started_at).getTime()) / 1000) : 0;
+  if (stage.seconds !== undefined && stage.seconds !== null) {
+    const runs = (stage.runs ?? 1) + (stage.status === 'running' ? 1 : 0);
+    return `${secondsText(stage.seconds + running)}${runs > 1 ? ` over ${runs} rounds` : ''}`;
+  }
+  const end = stage.finished_at ? new Date(stage.finished_at).getTime() : now;
+  return secondsText(Math.max(0, (end - new Date(stage.started_at).getTime()) / 1000));
 }
 
 /** The search's time budget: minutes left while it runs, or why it stopped. */

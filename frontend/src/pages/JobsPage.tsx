@@ -40,7 +40,7 @@ export function JobsPage() {
         }
       >
         <DataTable
-          columns={['Job', 'Model', 'Status', 'Stage', 'Progress', ...OUTCOME_COLUMNS, 'Started']}
+          columns={['Job', 'Model', 'Status', { label: 'Stage', className: 'col-p3' }, { label: 'Progress', className: 'col-p2' }, ...OUTCOME_COLUMNS, { label: 'Started', className: 'col-p3' }]}
           wrapClassName="card table-wrap"
           testId="jobs-table"
           footer={<Pager page={page} count={totalCount(jobs.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Deployments" />}

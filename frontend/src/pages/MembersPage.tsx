@@ -224,7 +224,7 @@ export function MembersPage() {
           <DataTable
             columns={['Username', 'Role', 'Joined']}
             actions={isOwner}
-            className={`table${isOwner ? ' table-controls' : ''}`}
+            className={`table table-cards${isOwner ? ' table-controls' : ''}`}
             testId="members-table"
           >
             {list.map((member) => (

@@ -73,3 +73,25 @@ describe('OutputKinds', () => {
     expect(JSON.parse(String(init?.body))).toEqual({ output_kinds: { maps: null } });
   });
 });
+
+describe('estimate beside the measurement', () => {
+  it('puts the measured p50 first and says how far off the estimate was', async () => {
+    const { estimateRows } = await import('./ModelDetailPage');
+    const rows = estimateRows({
+      model_version: 1,
+      devices: [
+        { agent: { id: 1, name: 'pi5' }, device: 'pi5|arm', backend: 'onnxruntime', p50_ms: 90, coverage: 0.3, models: 1 },
+        { agent: { id: 2, name: 'orin' }, device: 'orin|arm', backend: 'onnxruntime', p50_ms: 4720, coverage: 0.9, models: 2 },
+      ],
+      measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }],
+    });
+    expect(rows.map((row) => [row.device, row.measuredMs])).toEqual([['orin', 40], ['pi5', null]]);
+    expect(rows[0].ratio).toBeCloseTo(118);
+  });
+
+  it('shows a measurement even where there is nothing to estimate from', async () => {
+    const { estimateRows } = await import('./ModelDetailPage');
+    const rows = estimateRows({ model_version: 1, devices: [], measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }, { agent_name: 'orin', backend: 'onnxruntime', p50_ms: 41, job_id: 4 }] });
+    expect(rows.map((row) => [row.device, row.measuredMs, row.estimateMs])).toEqual([['orin', 40, null]]);
+  });
+});

@@ -5,7 +5,7 @@ import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
 import { IdenticalNotice } from './ModelsPage';
 import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
-import { OUTPUT_KINDS, type ModelVersion, type TensorSpec } from '../api/types';
+import { OUTPUT_KINDS, type ModelEstimate, type ModelVersion, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { OperatorSupportTable } from '../components/OperatorSupport';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -17,7 +17,7 @@ import { KIND_LABELS, kindLabel } from '../components/outputKinds';
 
 function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
   return (
-    <table className="table table-compact" data-testid={testId}>
+    <table className="table table-compact table-cards" data-testid={testId}>
       <caption>{caption}</caption>
       <thead>
         <tr>
@@ -36,11 +36,11 @@ function SignatureTable({ caption, tensors, testId }: { caption: string; tensors
         ) : (
           tensors.map((tensor) => (
             <tr key={tensor.name}>
-              <td>
+              <td data-label="Name">
                 <code>{tensor.name}</code>
               </td>
-              <td>{tensor.dtype}</td>
-              <td>
+              <td data-label="Type">{tensor.dtype}</td>
+              <td data-label="Shape">
                 <code>{formatShape(tensor.shape)}</code>
               </td>
             </tr>
@@ -63,7 +63,7 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
       <p className="muted small">
         Each output is judged by the metric of its kind. Kiln infers the kind from the graph; change it if it is wrong.
       </p>
-      <table className="table table-compact">
+      <table className="table table-compact table-cards">
         <thead>
           <tr>
             <th scope="col">Output</th>
@@ -77,13 +77,13 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
             const kind = info?.kind ?? null;
             return (
               <tr key={output.name} data-testid="output-kind-row">
-                <td>
+                <td data-label="">
                   <code>{output.name}</code>
                   <div className="muted small">
                     {info?.overridden ? `set by you; Kiln inferred ${kindLabel(info.inferred)}` : info?.reason}
                   </div>
                 </td>
-                <td>
+                <td data-label="Kind">
                   <select
                     aria-label={`Kind of ${output.name}`}
                     value={kind ?? ''}
@@ -109,7 +109,7 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
                     </button>
                   ) : null}
                 </td>
-                <td className="small">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
+                <td className="small" data-label="Judged by">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
               </tr>
             );
           })}
@@ -187,7 +187,9 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
             <dt>Size</dt>
             <dd data-testid="model-size">{formatBytes(version.size_bytes)}</dd>
             <dt>Parameters</dt>
-            <dd>{formatNumber(version.parameter_count, 0)}</dd>
+            <dd data-testid="parameter-count">
+              {version.parameter_count ? formatNumber(version.parameter_count, 0) : <span className="muted" title="Counted from the weights stored in the graph; this version was read before weights held in Constant nodes were counted.">not counted</span>}
+            </dd>
             <dt>Opset</dt>
             <dd>{version.opset ?? '—'}</dd>
             <dt>SHA-256</dt>
@@ -206,6 +208,9 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
               data-testid="deploy-version"
             >
               Deploy this version
+            </Link>
+            <Link className="button" to={`/datasets?model=${modelId}`} data-testid="add-data-for-model">
+              Add data for it (images, WAV…)
             </Link>
             {version.download_url ? (
               <a className="button" href={version.download_url} download>
@@ -261,40 +266,99 @@ function OperatorSupport({ modelId, version }: { modelId: number; version: Model
   );
 }
 
-/** FP32 latency per known device, predicted from per-operator timings of other models before any job runs. */
+export interface EstimateRow {
+  key: string;
+  device: string;
+  backend: string;
+  /** Null where the device measured this model but has no per-operator timings of others to estimate from. */
+  estimateMs: number | null;
+  coverage: number | null;
+  models: number;
+  /** The newest FP32 measurement of this model on the device, when one exists: it wins over any estimate. */
+  measuredMs: number | null;
+  /** Estimate over measurement, when both exist. */
+  ratio: number | null;
+}
+
+/** How far off an estimate may be before it is called out as such beside the measurement. */
+const ESTIMATE_OFF_BY = 2;
+
+/** The estimate per device beside what was measured there, measurements first. */
+export function estimateRows(estimate: ModelEstimate): EstimateRow[] {
+  const estimated = new Set(estimate.devices.map((row) => `${row.agent.name}|${row.backend}`));
+  const seen = new Set<string>();
+  // The newest measurement per device and backend (the answer is newest first) where nothing was estimated.
+  const measuredOnly = estimate.measured.filter((row) => {
+    const key = `${row.agent_name}|${row.backend}`;
+    if (estimated.has(key) || seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+  return estimate.devices
+    .map((row): EstimateRow => {
+      const measured = estimate.measured.find((candidate) => candidate.agent_name === row.agent.name && candidate.backend === row.backend);
+      const measuredMs = measured && Number.isFinite(measured.p50_ms) ? measured.p50_ms : null;
+      return {
+        key: `${row.device}-${row.backend}`, device: row.agent.name, backend: row.backend, estimateMs: row.p50_ms, coverage: row.coverage, models: row.models,
+        measuredMs, ratio: measuredMs ? row.p50_ms / measuredMs : null,
+      };
+    })
+    .concat(measuredOnly.map((row) => ({
+      key: `${row.agent_name}-${row.backend}`, device: row.agent_name, backend: row.backend, estimateMs: null, coverage: null, models: 0,
+      measuredMs: row.p50_ms, ratio: null,
+    })))
+    .sort((a, b) => Number(b.measuredMs !== null) - Number(a.measuredMs !== null) || a.device.localeCompare(b.device));
+}
+
+function estimateNote(row: EstimateRow): string {
+  if (row.estimateMs === null) return 'no estimate: no other model was timed per operator here';
+  if (row.ratio === null) return (row.coverage ?? 0) < 0.5 ? 'rough: most operator types were never timed on this device' : 'estimate';
+  if (row.ratio > ESTIMATE_OFF_BY || row.ratio < 1 / ESTIMATE_OFF_BY) {
+    return `the estimate was ${formatNumber(row.ratio > 1 ? row.ratio : 1 / row.ratio, 1)}x ${row.ratio > 1 ? 'too slow' : 'too fast'}: trust the measurement`;
+  }
+  return `the estimate was within ${ESTIMATE_OFF_BY}x`;
+}
+
+/** FP32 latency per known device: measured where a job ran, else predicted from per-operator timings of other models. */
 function LatencyEstimate({ versionId }: { versionId: number }) {
   const estimate = useEstimate(versionId);
+  const table = estimate.data ? estimateRows(estimate.data) : [];
   return (
     <section className="card" aria-labelledby="estimate-heading" data-testid="latency-estimate">
-      <h2 id="estimate-heading">Estimated latency</h2>
+      <h2 id="estimate-heading">FP32 latency per device</h2>
       {estimate.isPending ? <Loading /> : null}
       <ErrorMessage error={estimate.error} />
-      {estimate.data && estimate.data.devices.length === 0 ? (
+      {estimate.data && table.length === 0 ? (
         <p className="muted">No device has measured another model yet; the estimate appears once one has.</p>
       ) : null}
-      {estimate.data && estimate.data.devices.length > 0 ? (
+      {table.length > 0 ? (
         <DataTable
           columns={[
             'Device',
-            'Backend',
-            { label: 'FP32 p50', className: 'numeric' },
-            { label: 'Own timings', title: "The share of this model's work whose operator types were timed on the device" },
+            { label: 'Measured p50', className: 'numeric' },
+            { label: 'Estimated p50', className: 'numeric' },
+            { label: 'Estimate from', title: "The share of this model's work whose operator types were timed on the device", className: 'col-p2' },
           ]}
         >
-          {estimate.data.devices.map((row) => (
-            <tr key={`${row.device}-${row.backend}`} data-testid="estimate-row">
-              <td>{row.agent.name}</td>
-              <td>{row.backend}</td>
-              <td className="numeric">{formatNumber(row.p50_ms, 3)} ms</td>
-              <td>{Math.round(row.coverage * 100)}% of the work, {row.models} model{row.models === 1 ? '' : 's'}</td>
+          {table.map((row) => (
+            <tr key={row.key} data-testid="estimate-row">
+              <td>
+                {row.device} <span className="muted small">{row.backend}</span>
+              </td>
+              <td className="numeric" data-testid="estimate-measured">{row.measuredMs === null ? '—' : `${formatNumber(row.measuredMs, 3)} ms`}</td>
+              <td className="numeric">
+                {row.estimateMs === null ? '—' : <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>}
+                <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+              </td>
+              <td className="col-p2">{row.coverage === null ? '—' : `${Math.round(row.coverage * 100)}% of the work, ${row.models} model${row.models === 1 ? '' : 's'}`}</td>
             </tr>
           ))}
         </DataTable>
       ) : null}
-      <p className="muted small">Predicted for FP32 before any job runs, from per-operator timings of other models on each device.</p>
-      {estimate.data && estimate.data.measured.length > 0 ? (
-        <p className="muted small">Measured so far: {estimate.data.measured.map((row) => `${formatNumber(row.p50_ms, 3)} ms on ${row.agent_name} (${row.backend})`).join(', ')}.</p>
-      ) : null}
+      <p className="muted small">
+        Measured: the newest FP32 p50 of this model on the device. Estimated: predicted before any job runs, from per-operator timings of
+        other models on the device, so it can be far off for a model unlike those.
+      </p>
     </section>
   );
 }

@@ -113,7 +113,7 @@ export function ModelsPage() {
           }
         >
           <DataTable
-            columns={['Name', 'Latest version', 'Inputs', 'Size', 'Opset', 'Uploaded']}
+            columns={['Name', 'Latest version', 'Inputs', { label: 'Size', className: 'col-p3' }, { label: 'Opset', className: 'col-p2' }, { label: 'Uploaded', className: 'col-p3' }]}
             testId="models-table"
             footer={<Pager page={page} count={totalCount(models.data)} pageSize={PAGE_SIZE} onPage={setPage} label="Models" />}
           >

@@ -95,11 +95,21 @@ describe('validateDeployment', () => {
     expect(validateDeployment(form({ metric: 'accuracy' }), context).errors.validationDataset).toMatch(/needs a validation dataset/);
   });
 
-  it('rejects a negative or out-of-range drop', () => {
-    expect(validateDeployment(form({ maxDrop: '-0.1' }), context).errors.maxDrop).toBeDefined();
-    expect(validateDeployment(form({ maxDrop: 'abc' }), context).errors.maxDrop).toBeDefined();
-    expect(validateDeployment(form({ metric: 'cosine', maxDrop: '2' }), context).errors.maxDrop).toMatch(/between 0 and 1/);
+  it('takes the drop in percent and refuses a negative, unreadable or over-100% value', () => {
+    expect(validateDeployment(form({ maxDrop: '-0.1' }), context).errors.maxDrop).toMatch(/cannot be negative/);
+    expect(validateDeployment(form({ maxDrop: 'abc' }), context).errors.maxDrop).toMatch(/not a percentage/);
+    expect(validateDeployment(form({ metric: 'cosine', maxDrop: '200%' }), context).errors.maxDrop).toMatch(/at most 100%/);
     expect(validateDeployment(form({ metric: 'sqnr', maxDrop: '3' }), context).errors.maxDrop).toBeUndefined();
+    expect(validateDeployment(form({ metric: 'sqnr', maxDrop: '30 dB' }), context).errors.maxDrop).toBeUndefined();
+    expect(validateDeployment(form({ maxDrop: '1%' }), context).errors.maxDrop).toBeUndefined();
+  });
+
+  it('sends "1%" and "1" alike as a drop of 0.01, and a dB floor for sqnr', () => {
+    expect(toJobCreate(form({ maxDrop: '1%' })).tolerance).toEqual({ metric: 'auto', max_drop: 0.01 });
+    expect(toJobCreate(form({ maxDrop: ' 1 ' })).tolerance).toEqual({ metric: 'auto', max_drop: 0.01 });
+    expect(toJobCreate(form({ maxDrop: '0,5 %', metric: 'cosine' })).tolerance).toEqual({ metric: 'cosine', max_drop: 0.005 });
+    expect(toJobCreate(form({ maxDrop: '0.07' })).tolerance).toEqual({ metric: 'auto', max_drop: 0.0007 });
+    expect(toJobCreate(form({ maxDrop: '35 dB', metric: 'sqnr' })).tolerance).toEqual({ metric: 'sqnr', min_value: 35 });
   });
 
   it('requires a chosen device when targeting selected devices, and warns when none is online', () => {

@@ -18,7 +18,10 @@ import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
 import { NameOptions, SelectField, TextField } from '../components/FormFields';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
+import { dropUnit, parsePercent, percentToFraction, percentWarning } from '../components/tolerance';
 import {
+  DEFAULT_DROP_PERCENT,
+  DEFAULT_SQNR_DB,
   emptyDeploymentForm,
   NEEDS_CALIBRATION,
   toJobCreate,
@@ -268,6 +271,42 @@ function FieldError({ id, message }: { id: string; message?: string }) {
   );
 }
 
+/** The allowed drop in percent, with the metric's unit named and the fraction it becomes; a dB floor for sqnr. */
+function ToleranceField({ id, metric, value, error, onChange, invalidProps }: {
+  id: string; metric: ToleranceMetric; value: string; error?: string; onChange: (value: string) => void; invalidProps: object;
+}) {
+  const sqnr = metric === 'sqnr';
+  const percent = parsePercent(value);
+  const warning = sqnr || error ? null : percentWarning(value);
+  return (
+    <div className="field">
+      <label htmlFor={id}>{sqnr ? 'Minimum SQNR' : 'Maximum drop'}</label>
+      <div className="input-with-unit">
+        <input
+          id={id}
+          type="text"
+          inputMode="decimal"
+          autoComplete="off"
+          value={value}
+          data-testid="max-drop-input"
+          onChange={(event) => onChange(event.target.value)}
+          {...invalidProps}
+        />
+        <span className="input-unit" aria-hidden="true">{sqnr ? 'dB' : '%'}</span>
+      </div>
+      <p className="muted small" data-testid="max-drop-meaning">
+        {sqnr
+          ? 'Every variant must keep at least this SQNR against FP32, in decibels (30 dB keeps the noise at about 3% of the signal).'
+          : percent !== null && !error
+            ? `${percent}% = ${percentToFraction(percent)} ${dropUnit(metric)}: a variant at FP32 ${metric === 'relative_l2' || metric === 'cer' ? '+' : '−'} ${percentToFraction(percent)} still passes.`
+            : `In percent, ${dropUnit(metric)}.`}
+      </p>
+      {warning ? <p className="field-warning small" data-testid="max-drop-warning">{warning}</p> : null}
+      <FieldError id="maxDrop-error" message={error} />
+    </div>
+  );
+}
+
 function Fieldset({ legend, children, hint }: { legend: string; children: ReactNode; hint?: ReactNode }) {
   return (
     <fieldset className="fieldset">
@@ -331,10 +370,15 @@ export function NewDeploymentPage() {
   }, [agentList]);
 
   const result = validateDeployment(form, { version, datasets: datasetList, agents: agentList });
-  // A dataset is checked against the model as soon as it is chosen, next to its field; the rest on submit.
+  // A dataset is checked against the model as soon as it is chosen, and the tolerance as it is typed, next to
+  // their fields; the rest on submit.
   const errors = submitted
     ? result.errors
-    : { calibrationDataset: form.calibrationDataset ? result.errors.calibrationDataset : undefined, validationDataset: form.validationDataset ? result.errors.validationDataset : undefined };
+    : {
+        calibrationDataset: form.calibrationDataset ? result.errors.calibrationDataset : undefined,
+        validationDataset: form.validationDataset ? result.errors.validationDataset : undefined,
+        maxDrop: result.errors.maxDrop,
+      };
   const errorCount = Object.keys(result.errors).length;
   const set = <K extends keyof DeploymentForm>(key: K, value: DeploymentForm[K]) =>
     setForm((previous) => ({ ...previous, [key]: value }));
@@ -523,7 +567,12 @@ export function NewDeploymentPage() {
                   id={ids.metric}
                   value={form.metric}
                   data-testid="metric-select"
-                  onChange={(event) => set('metric', event.target.value as ToleranceMetric)}
+                  onChange={(event) => {
+                    const metric = event.target.value as ToleranceMetric;
+                    // A dB floor and a percentage are different numbers: switching resets the field to the other's default.
+                    if ((metric === 'sqnr') !== (form.metric === 'sqnr')) set('maxDrop', metric === 'sqnr' ? DEFAULT_SQNR_DB : DEFAULT_DROP_PERCENT);
+                    set('metric', metric);
+                  }}
                 >
                   {METRICS.map((metric) => (
                     <option key={metric} value={metric}>
@@ -533,21 +582,14 @@ export function NewDeploymentPage() {
                 </select>
                 <p className="muted small">{METRIC_HELP[form.metric]}</p>
               </div>
-              <div className="field">
-                <label htmlFor={ids.maxDrop}>{form.metric === 'sqnr' ? 'Minimum SQNR (dB)' : 'Maximum drop'}</label>
-                <input
-                  id={ids.maxDrop}
-                  type="number"
-                  inputMode="decimal"
-                  step="any"
-                  min={0}
-                  value={form.maxDrop}
-                  data-testid="max-drop-input"
-                  onChange={(event) => set('maxDrop', event.target.value)}
-                  {...invalid('maxDrop')}
-                />
-                <FieldError id="maxDrop-error" message={errors.maxDrop} />
-              </div>
+              <ToleranceField
+                id={ids.maxDrop}
+                metric={form.metric}
+                value={form.maxDrop}
+                error={errors.maxDrop}
+                onChange={(value) => set('maxDrop', value)}
+                invalidProps={invalid('maxDrop')}
+              />
             </div>
           </Fieldset>
         </section>

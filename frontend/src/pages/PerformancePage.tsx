@@ -7,7 +7,7 @@ import { EmptyState, ErrorMessage, PageHeader, Pager } from '../components/commo
 import { DataTable } from '../components/DataTable';
 import { ListStates } from '../components/ListStates';
 import { formatDate, formatNumber } from '../format';
-import { compareJobs, fastestPerDevice, jobsIn, p50ByToolchain } from './performance';
+import { buyingModel, compareJobs, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 const CHART_ROWS = 500;
 
@@ -73,25 +73,39 @@ function JobComparison({ measurements }: { measurements: Parameters<typeof jobsI
   const jobs = jobsIn(measurements);
   const [picked, setPicked] = useState<{ job: number | null; earlier: number | null }>({ job: null, earlier: null });
   const job = picked.job ?? jobs[0] ?? null;
-  const earlier = picked.earlier ?? jobs.find((candidate) => candidate !== job) ?? null;
+  // Only jobs of the same model: across models the ratios (7,624x) say nothing.
+  const alike = job === null ? [] : jobsLike(measurements, job).filter((candidate) => candidate !== job);
+  const earlier = picked.earlier !== null && alike.includes(picked.earlier) ? picked.earlier : alike[0] ?? null;
   const ids = { job: useId(), earlier: useId() };
-  if (jobs.length < 2 || job === null || earlier === null) return <p className="muted">Two jobs with these filters are needed for a comparison (pick a model).</p>;
+  if (job === null) return <p className="muted">No job has measurements with these filters yet.</p>;
+  const modelName = measurements.find((row) => row.job === job)?.model.name ?? 'this model';
+  const jobPicker = (
+    <div className="field">
+      <label htmlFor={ids.job}>Job</label>
+      <select id={ids.job} value={job} onChange={(event) => setPicked({ job: Number(event.target.value), earlier: null })} data-testid="compare-job">
+        {jobs.map((id) => (
+          <option key={id} value={id}>#{id} · {measurements.find((row) => row.job === id)?.model.name}</option>
+        ))}
+      </select>
+    </div>
+  );
+  if (earlier === null) {
+    return (
+      <>
+        <div className="filters">{jobPicker}</div>
+        <p className="muted" data-testid="job-comparison-none">Job #{job} is the only job of {modelName} here: re-run it, or pick another job, to compare.</p>
+      </>
+    );
+  }
   const table = compareJobs(measurements, job, earlier);
   return (
     <>
       <div className="filters">
+        {jobPicker}
         <div className="field">
-          <label htmlFor={ids.job}>Job</label>
-          <select id={ids.job} value={job} onChange={(event) => setPicked({ ...picked, job: Number(event.target.value) })} data-testid="compare-job">
-            {jobs.map((id) => (
-              <option key={id} value={id}>#{id}</option>
-            ))}
-          </select>
-        </div>
-        <div className="field">
-          <label htmlFor={ids.earlier}>Compared with</label>
+          <label htmlFor={ids.earlier}>Compared with (jobs of {modelName})</label>
           <select id={ids.earlier} value={earlier} onChange={(event) => setPicked({ ...picked, earlier: Number(event.target.value) })} data-testid="compare-earlier">
-            {jobs.map((id) => (
+            {alike.map((id) => (
               <option key={id} value={id}>#{id}</option>
             ))}
           </select>
@@ -130,7 +144,9 @@ export function PerformancePage() {
   const all = usePerformance(filters, 1, CHART_ROWS);
   const measurements = useMemo(() => all.data?.results ?? [], [all.data]);
   const list = table.data?.results ?? [];
-  const devices = fastestPerDevice(measurements);
+  // One model's measurements: the chosen model, or the one measured on the most devices.
+  const buying = filters.model ? { name: measurements[0]?.model.name ?? 'this model', rows: measurements } : buyingModel(measurements);
+  const devices = fastestPerDevice(buying?.rows ?? []);
   const toolchains = p50ByToolchain(measurements);
 
   return (
@@ -147,7 +163,10 @@ export function PerformancePage() {
       <div className="grid-2">
         <section className="card" aria-labelledby="devices-heading">
           <h2 id="devices-heading">Fastest per device</h2>
-          <p className="muted small">Which device should I buy? The best p50 of any variant{filters.model ? ' of this model' : ''} on each device.</p>
+          <p className="muted small" data-testid="device-chart-caption">
+            Which device should I buy? The best p50 of any variant of <strong>{buying?.name ?? 'a model'}</strong> on each device
+            {filters.model ? '.' : ' (the model measured on the most devices; choose another model above).'}
+          </p>
           {devices.length ? (
             <BarList testId="device-chart" ariaLabel="Fastest p50 per device" data={devices.map((row) => ({ label: row.label, value: row.p50, display: `${formatNumber(row.p50, 3)} ms`, title: row.variant }))} />
           ) : (
@@ -181,11 +200,11 @@ export function PerformancePage() {
               'Model',
               'Variant',
               'Device',
-              'Runtime',
+              { label: 'Runtime', className: 'col-p3' },
               { label: 'p50', className: 'numeric' },
-              { label: 'std', className: 'numeric' },
+              { label: 'std', className: 'numeric col-p2' },
               'Accuracy',
-              'Measured',
+              { label: 'Measured', className: 'col-p3' },
             ]}
             testId="performance-table"
             footer={<Pager page={page} count={table.data?.count ?? 0} pageSize={PAGE_SIZE} onPage={setPage} label="Measurements" />}

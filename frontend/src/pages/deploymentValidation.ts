@@ -1,5 +1,6 @@
 /** Client-side checks for a new deployment, run before anything is sent to the server. */
 import type { Agent, Dataset, DeclaredMetric, DeclaredMetricKind, JobCreate, ModelVersion, Precision, ToleranceMetric } from '../api/types';
+import { parsePercent, percentProblem, percentToFraction } from '../components/tolerance';
 import { datasetCompatibility, mismatchMessage } from './datasetCompatibility';
 
 /** One declared metric as typed in the form (numbers still text). */
@@ -24,6 +25,7 @@ export interface DeploymentForm {
   precisionMode: 'auto' | 'explicit';
   precisions: Precision[];
   metric: ToleranceMetric;
+  /** The allowed drop in percent as typed ("1" or "1%"); for sqnr, the floor in dB. */
   maxDrop: string;
   targetMode: 'all' | 'selected';
   /** Agent ids and "label=key=value" selectors. */
@@ -55,17 +57,9 @@ export interface ValidationResult {
 
 /** Precisions that need a calibration dataset (static activation quantization). */
 export const NEEDS_CALIBRATION: Precision[] = ['int8'];
-const FRACTION_METRICS: ToleranceMetric[] = [
-  'accuracy',
-  'cosine',
-  'top1_agreement',
-  'mask_iou',
-  'relative_l2',
-  'detection_f1',
-  'mean_iou',
-  'sequence_accuracy',
-  'cer',
-];
+/** The SQNR floor a new form starts from when its metric is switched to sqnr (dB), and the drop for the rest (%). */
+export const DEFAULT_SQNR_DB = '30';
+export const DEFAULT_DROP_PERCENT = '1';
 
 export const emptyDeploymentForm: DeploymentForm = {
   modelVersion: null,
@@ -74,7 +68,7 @@ export const emptyDeploymentForm: DeploymentForm = {
   precisionMode: 'auto',
   precisions: [],
   metric: 'auto',
-  maxDrop: '0.01',
+  maxDrop: DEFAULT_DROP_PERCENT,
   targetMode: 'all',
   targets: [],
   metrics: [],
@@ -157,12 +151,8 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
     warnings.push('Without a validation dataset, accuracy is measured on calibration or synthetic inputs only.');
   }
 
-  const drop = form.maxDrop.trim() === '' ? Number.NaN : Number(form.maxDrop);
-  if (!Number.isFinite(drop) || drop < 0) {
-    errors.maxDrop = 'Enter the largest allowed drop as a number of 0 or more, e.g. 0.01.';
-  } else if (FRACTION_METRICS.includes(form.metric) && drop > 1) {
-    errors.maxDrop = `For ${form.metric} the drop is a fraction between 0 and 1 (0.01 is one point).`;
-  }
+  const toleranceError = toleranceProblem(form.metric, form.maxDrop);
+  if (toleranceError) errors.maxDrop = toleranceError;
 
   const online = context.agents.filter((agent) => agent.online && !agent.revoked);
   if (form.targetMode === 'selected') {
@@ -183,6 +173,13 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
   return { errors, warnings };
 }
 
+/** The tolerance field's problem, or null: a floor in dB for sqnr, a percentage from 0 to 100 for every other metric. */
+export function toleranceProblem(metric: ToleranceMetric, text: string): string | null {
+  if (metric !== 'sqnr') return percentProblem(text);
+  const floor = text.trim() === '' ? Number.NaN : Number(text.trim().replace(/\s*db$/i, ''));
+  return Number.isFinite(floor) ? null : 'Enter the lowest SQNR a variant may have, in dB, e.g. 30.';
+}
+
 export function toJobCreate(form: DeploymentForm): JobCreate {
   return {
     model_version: form.modelVersion as number,
@@ -191,7 +188,10 @@ export function toJobCreate(form: DeploymentForm): JobCreate {
     validation_dataset: form.validationDataset,
     targets: form.targetMode === 'all' ? [] : [...form.targets],
     // SQNR has no FP32 value to drop from (it is infinite there): the field is a floor in dB.
-    tolerance: form.metric === 'sqnr' ? { metric: 'sqnr', min_value: Number(form.maxDrop) } : { metric: form.metric, max_drop: Number(form.maxDrop) },
+    tolerance:
+      form.metric === 'sqnr'
+        ? { metric: 'sqnr', min_value: Number(form.maxDrop.trim().replace(/\s*db$/i, '')) }
+        : { metric: form.metric, max_drop: percentToFraction(parsePercent(form.maxDrop) ?? Number.NaN) },
     metrics: form.metrics.map(toDeclaredMetric),
   };
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { Measurement } from '../api/types';
-import { compareJobs, fastestPerDevice, jobsIn, p50ByToolchain } from './performance';
+import { buyingModel, compareJobs, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 function row(job: number, agent: string, p50: number, extra: Partial<Measurement> = {}): Measurement {
   return {
@@ -28,5 +28,24 @@ describe('performance summaries', () => {
     const table = compareJobs(rows, 2, 1);
     expect(table.find((cell) => cell.device === 'box')).toMatchObject({ before: 2, after: 3, ratio: 1.5 });
     expect(table.find((cell) => cell.device === 'other')).toMatchObject({ before: null, after: 1, ratio: null });
+  });
+});
+
+describe('defaults that compare like with like', () => {
+  it('answers "which device" for the model measured on the most devices, not the fastest toy model', () => {
+    const toy = { model: { id: 9, name: 'toy', version: 1 }, model_sha256: 'toy' };
+    const rows = [row(1, 'orin', 40), row(1, 'pi5', 90), row(2, 'orin', 0.009, toy)];
+    const chosen = buyingModel(rows);
+    expect(chosen?.name).toBe('digits');
+    expect(fastestPerDevice(chosen!.rows).map((entry) => entry.p50)).toEqual([40, 90]);
+  });
+
+  it('offers to compare a job only with jobs of the same model', () => {
+    const other = { model: { id: 2, name: 'encoder', version: 1 }, model_sha256: 'encoder' };
+    const rows = [row(3, 'box', 2), row(2, 'box', 0.1, other), row(1, 'box', 2.1)];
+    expect(jobsLike(rows, 3)).toEqual([3, 1]);
+    expect(jobsLike(rows, 2)).toEqual([2]);
+    // A byte-identical upload under another name is the same model.
+    expect(jobsLike([...rows, row(4, 'box', 2.2, { model: { id: 5, name: 'digits-copy', version: 1 } })], 4)).toEqual([4, 3, 1]);
   });
 });

@@ -18,6 +18,36 @@ export function fastestPerDevice(rows: Measurement[]): { label: string; p50: num
   return [...best.values()].sort((a, b) => a.p50 - b.p50);
 }
 
+function modelKey(row: Measurement): string {
+  // A model by its weights' digest: byte-identical uploads under two names are one model, and a deleted model's rows keep it.
+  return row.model_sha256 || `id:${row.model.id}`;
+}
+
+/**
+ * The model a "which device should I buy?" answer is about when none is chosen: the one measured on the most
+ * devices, then the most recently measured. Fastest-of-anything across models would crown a toy test model.
+ */
+export function buyingModel(rows: Measurement[]): { key: string; name: string; rows: Measurement[] } | null {
+  const byModel = new Map<string, Measurement[]>();
+  for (const row of rows) byModel.set(modelKey(row), [...(byModel.get(modelKey(row)) ?? []), row]);
+  const ranked = [...byModel.entries()].map(([key, group]) => ({
+    key,
+    name: group[0].model.name,
+    rows: group,
+    devices: new Set(group.map((row) => row.device_key)).size,
+    latest: group.reduce((latest, row) => (row.measured_at > latest ? row.measured_at : latest), ''),
+  }));
+  ranked.sort((a, b) => b.devices - a.devices || b.latest.localeCompare(a.latest));
+  return ranked[0] ?? null;
+}
+
+/** The jobs that measured the same model as `job` (a comparison across models reads as nonsense ratios), newest first. */
+export function jobsLike(rows: Measurement[], job: number): number[] {
+  const model = rows.find((row) => row.job === job);
+  if (!model) return [];
+  return jobsIn(rows.filter((row) => modelKey(row) === modelKey(model)));
+}
+
 /** One device across toolchain versions: median p50 per backend version (same filters, so the same models and variants). */
 export function p50ByToolchain(rows: Measurement[]): { label: string; p50: number; count: number }[] {
   const groups = new Map<string, number[]>();

@@ -18,14 +18,15 @@ from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 JOB_LIST_FIELDS = (
     "status", "stage", "progress", "error", "precisions", "targets", "tolerance", "metrics", "calibration_dataset",
     "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "search",
-    "model_version__number", "model_version__model__name",
+    "model_version__number", "model_version__model__name", "model_version__blob__sha256",
 )
 
 
 def job_list(*, organization, model_id: str | None = None):
     """The organization's deployments, newest first; with `model_id`, only that model's. A page is
     three queries: the count, the jobs with their model names, and their reports' outcomes."""
-    jobs = (DeploymentJob.objects.filter(organization=organization).select_related("model_version__model").only(*JOB_LIST_FIELDS)
+    jobs = (DeploymentJob.objects.filter(organization=organization).select_related("model_version__model", "model_version__blob")
+            .only(*JOB_LIST_FIELDS)
             .prefetch_related(job_outcome_reports()))
     if model_id not in (None, ""):
         if not str(model_id).isdigit():
@@ -47,7 +48,7 @@ def search_budget(job: DeploymentJob) -> dict:
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:
-    queryset = DeploymentJob.objects.select_related("model_version__model").prefetch_related(
+    queryset = DeploymentJob.objects.select_related("model_version__model", "model_version__blob").prefetch_related(
         "events", "variants__artifact__blob", "device_tasks__leased_by", "device_tasks__pinned_agent", "device_tasks__variant", job_outcome_reports()
     )
     return get_object_or_404(queryset, organization=organization, pk=job_id)

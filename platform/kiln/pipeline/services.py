@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -169,6 +170,16 @@ def _set_stage(job: DeploymentJob, stage: str, **changes) -> None:
             entry.update(changes)
 
 
+def _add_stage_time(job: DeploymentJob, stage: str, finished_at) -> None:
+    """A stage that runs once per search round keeps the time of every run (`seconds`, `runs`), not only the last;
+    started_at/finished_at stay the last run's."""
+    for entry in job.stages:
+        if entry["name"] == stage and entry.get("started_at") and entry.get("status") == "running":
+            elapsed = (finished_at - datetime.fromisoformat(entry["started_at"])).total_seconds()
+            entry["seconds"] = round(entry.get("seconds", 0.0) + max(elapsed, 0.0), 3)
+            entry["runs"] = entry.get("runs", 0) + 1
+
+
 def job_stage_start(*, job: DeploymentJob, stage: str) -> None:
     now = timezone.now().isoformat()
     _set_stage(job, stage, status="running", started_at=now)
@@ -180,7 +191,9 @@ def job_stage_start(*, job: DeploymentJob, stage: str) -> None:
 
 
 def job_stage_finish(*, job: DeploymentJob, stage: str, message: str = "", status: str = "done") -> None:
-    _set_stage(job, stage, status=status, finished_at=timezone.now().isoformat(), message=message)
+    now = timezone.now()
+    _add_stage_time(job, stage, now)
+    _set_stage(job, stage, status=status, finished_at=now.isoformat(), message=message)
     job.save(update_fields=["stages", "updated_at"])
 
 
@@ -192,7 +205,9 @@ def job_fail(*, job: DeploymentJob, stage: str, message: str) -> None:
     job.refresh_from_db()
     if job.is_terminal:
         return
-    _set_stage(job, stage, status="failed", finished_at=timezone.now().isoformat(), message=message)
+    now = timezone.now()
+    _add_stage_time(job, stage, now)
+    _set_stage(job, stage, status="failed", finished_at=now.isoformat(), message=message)
     job.status = JobStatus.FAILED
     job.error = f"{stage}: {message}"
     job.finished_at = timezone.now()

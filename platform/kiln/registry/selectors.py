@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from . import storage
 from .models import CONVERTED_FORMATS, Blob, Dataset, Model, ModelVersion, SourceFormat, Upload
+from .recipes import propose_recipe
 
 
 def model_list(*, organization, search: str = ""):
@@ -71,3 +72,25 @@ def organization_storage(*, organization) -> dict:
     used = stored + reserved
     return {"stored_bytes": stored, "uploads_in_flight_bytes": reserved, "used_bytes": used, "quota_bytes": quota,
             "available_bytes": max(0, quota - used) if quota else None}
+
+
+def model_version_output_kinds(*, version: ModelVersion) -> dict:
+    """Per output: the kind used (`kind`), what Kiln inferred and why, and whether the user overrode it."""
+    inferred = version.output_kinds or {}
+    overrides = version.output_kind_overrides or {}
+    kinds = {}
+    for output in (version.signature or {}).get("outputs", []):
+        name = output["name"]
+        guess = inferred.get(name) or {}
+        kinds[name] = {
+            "kind": overrides.get(name) or guess.get("kind"),
+            "inferred": guess.get("kind"),
+            "reason": guess.get("reason") or "not inferred yet: decided from FP32's outputs when a job runs",
+            "overridden": name in overrides,
+        }
+    return kinds
+
+
+def model_version_recipe(*, version: ModelVersion) -> dict:
+    """The recipe Kiln proposes for raw data fed to this version, with the reason for each choice."""
+    return propose_recipe(signature=version.signature or {}, output_kinds=model_version_output_kinds(version=version))

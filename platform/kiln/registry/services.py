@@ -444,6 +444,44 @@ def _tokenizer_text(tokenizer) -> str | None:
         raise KilnError("tokenizer.json is not UTF-8 text.", code="invalid_recipe") from None
 
 
+MAX_PREVIEW_BYTES = 64 * 1024**2
+
+
+def dataset_preview(*, upload, recipe, version=None) -> dict:
+    """What a recipe makes of the first files of a raw upload, and whether that fits the model's input; nothing is stored."""
+    try:
+        parsed = parse_recipe(recipe)
+    except RecipeError as exc:
+        raise KilnError(f"The recipe is not valid: {exc}.", code="invalid_recipe") from None
+    filename = Path(upload.name or "").name
+    upload_path = Path(upload.temporary_file_path())
+    if upload_path.stat().st_size > MAX_PREVIEW_BYTES:
+        raise KilnError(f"A preview reads at most {MAX_PREVIEW_BYTES // 1024**2} MB; send the first few files only.", code="too_large", status_code=413)
+    preview = _parse_dataset_confined("dataset.preview", upload_path, filename=filename, recipe=parsed, prefix=f"{filename}: ")
+    return {**preview, "recipe": parsed, "fits": _preview_fits(preview["arrays"], version) if version is not None else None}
+
+
+def _preview_fits(arrays: dict, version) -> dict:
+    """Each prepared tensor against the model input it feeds: rank (without the batch axis), fixed sizes, dtype."""
+    inputs = {tensor["name"]: tensor for tensor in (version.signature or {}).get("inputs", [])}
+    problems = []
+    for name, made in arrays.items():
+        expected = inputs.get(name)
+        if expected is None:
+            problems.append(f"the model has no input named {name!r} (its inputs: {', '.join(inputs) or 'none'})")
+            continue
+        per_sample = list(expected.get("shape") or [])[1:]
+        if len(per_sample) != len(made["shape"]):
+            problems.append(f"{name}: the recipe makes {made['shape']} per sample, the model takes {per_sample} after the batch axis")
+        else:
+            wrong = [f"{got} where it needs {want}" for got, want in zip(made["shape"], per_sample, strict=True) if isinstance(want, int) and want > 0 and got != want]
+            if wrong:
+                problems.append(f"{name}: {', '.join(wrong)} (shape {made['shape']}, the model takes {per_sample})")
+        if expected.get("dtype") and expected["dtype"] != made["dtype"]:
+            problems.append(f"{name}: the recipe makes {made['dtype']}, the model takes {expected['dtype']}")
+    return {"ok": not problems, "problems": problems}
+
+
 def _raw_dataset_create(*, organization, user, name: str, kind: str, upload, recipe, tokenizer) -> Dataset:
     """Prepare every raw sample by the recipe before anything is stored: one bad sample refuses the whole upload."""
     try:

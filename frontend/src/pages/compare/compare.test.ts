@@ -24,6 +24,10 @@ describe('compareReports', () => {
     ]);
     expect(sharedGround({ model: { id: 7 } }, { model: { id: 7 } }, rows)).toMatch(/^Same model on box/);
     expect(sharedGround({ model: { id: 7 } }, { model: { id: 8 } }, rows)).toMatch(/^Different models on box/);
+    expect(sharedGround({ model: { id: 7, name: 'a', sha256: 'ab' } }, { model: { id: 8, name: 'b', sha256: 'ab' } }, rows)).toMatch(
+      /^Same model \(a and b are byte-identical uploads\) on box/,
+    );
+    expect(sharedGround({ model: { id: 7, sha256: 'ab' } }, { model: { id: 8, sha256: 'cd' } }, rows)).toMatch(/^Different models/);
     expect(sharedGround({ model: { id: 7 } }, { model: { id: 8 } }, compareReports(a, report(2, 'other', [], 0)))).toMatch(/share neither/);
   });
 });

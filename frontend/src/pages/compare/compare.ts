@@ -48,9 +48,20 @@ export function compareReports(a: Report | undefined, b: Report | undefined): Co
 }
 
 /** What the two deployments share, which says what the comparison means. */
-export function sharedGround(a: { model?: { id: number } | null } | undefined, b: { model?: { id: number } | null } | undefined, rows: ComparedRow[]): string {
-  const sameModel = !!a?.model && a.model.id === b?.model?.id;
+type JobModel = { model?: { id: number; name?: string; sha256?: string } | null };
+
+export function sharedGround(a: JobModel | undefined, b: JobModel | undefined, rows: ComparedRow[]): string {
+  const sameId = !!a?.model && a.model.id === b?.model?.id;
+  // Byte-identical uploads are the same model under two names.
+  const sameBytes = !!a?.model?.sha256 && a.model.sha256 === b?.model?.sha256;
+  const sameModel = sameId || sameBytes;
   const sharedDevices = new Set(rows.filter((row) => row.a && row.b).map((row) => row.device));
+  if (sameBytes && !sameId) {
+    const names = `${a?.model?.name ?? 'one'} and ${b?.model?.name ?? 'the other'}`;
+    return sharedDevices.size > 0
+      ? `Same model (${names} are byte-identical uploads) on ${[...sharedDevices].join(', ')}: the ratio is what changed between the two runs.`
+      : `Same model (${names} are byte-identical uploads) on different devices: compare the devices.`;
+  }
   if (sameModel && sharedDevices.size > 0) return `Same model on ${[...sharedDevices].join(', ')}: the ratio is what changed between the two runs.`;
   if (sameModel) return 'Same model on different devices: compare the devices.';
   if (sharedDevices.size > 0) return `Different models on ${[...sharedDevices].join(', ')}: compare the models on one device.`;

@@ -92,9 +92,25 @@ describe('per-operator numbers', () => {
     render(<LayerTable variant={variant} sensitivity={[{ node: 'relu1', op_type: 'Conv', sqnr_db: 21.46 }]} />);
     const rows = within(screen.getByTestId('layer-table')).getAllByTestId('layer-row');
     const first = within(rows[0]).getAllByRole('cell').map((cell) => cell.textContent);
-    expect(first[0]).toBe('relu1_nchwc');
+    // Under the model's own name, the runtime's beneath it.
+    expect(first[0]).toBe('relu1runtime: relu1_nchwc');
     expect(first[5]).toBe('21.5');
     expect(within(rows[1]).getAllByRole('cell')[5]).toHaveTextContent('—');
     expect(screen.getByTestId('layer-table')).toHaveTextContent('1 of these layers were ranked by the search');
+  });
+
+  it("names an OpenVINO node by the model's nodes it runs, with the worst of their INT8 sensitivities", async () => {
+    const { LayerTable } = await charts();
+    const fused = {
+      ...variant,
+      profile: {
+        ...(variant.profile as object),
+        by_node: [{ name: 'Multiply_615451', op_type: 'Convolution', time_ms: 0.5, share: 0.9, layers: ['conv1', 'relu1'] }],
+      },
+    } as typeof variant;
+    render(<LayerTable variant={fused} sensitivity={[{ node: 'conv1', op_type: 'Conv', sqnr_db: 30 }, { node: 'relu1', op_type: 'Relu', sqnr_db: 18.2 }]} />);
+    const cells = within(screen.getAllByTestId('layer-row')[0]).getAllByRole('cell').map((cell) => cell.textContent);
+    expect(cells[0]).toBe('conv1 + relu1runtime: Multiply_615451');
+    expect(cells[5]).toBe('18.2');
   });
 });

@@ -10,27 +10,51 @@ import { BarList } from '../../components/BarList';
 import { formatNumber } from '../../format';
 import { layerRows, opTypeBars, profileCaption } from './profile';
 import { variantLabel } from './ReportTable';
-import { LABEL_HEIGHT, mergeCoincident, paddedRange, placeLabels, scaleRange, tickLabels, zoomWindow, type Range } from './scatterGeometry';
+import {
+  accuracyScale,
+  cropTo,
+  LABEL_HEIGHT,
+  mergeCoincident,
+  paddedRange,
+  paretoFront,
+  placeLabels,
+  tickLabels,
+  type PlacedLabel,
+  zoomAround,
+  zoomWindow,
+  type Range,
+} from './scatterGeometry';
 
-const COLORS = { good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259' };
+const COLORS = {
+  good: '#2f6f4f', bad: '#b04a3a', outside: '#9a8f85', recommended: '#b4532a', grid: '#ebe6df', axis: '#6b6259',
+  band: 'rgba(47, 111, 79, 0.09)', pareto: '#2d5f8a',
+};
 
 /** Figures where a smaller value is better (an error, not an agreement). */
 export const LOWER_IS_BETTER = ['relative_l2', 'cer'];
+/** Figures that live between 0 and 1: their axis never shows a tick outside that. */
+const UNBOUNDED = ['sqnr', 'sqnr_db'];
 
 function verdictMetric(device: ReportDevice, tolerance: Tolerance): string {
   return device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric;
+}
+
+/** FP32's own value of the metric, which the tolerance is read against. */
+function referenceValue(device: ReportDevice): number | null {
+  const withReference = device.variants.find(
+    (variant) => typeof variant.accuracy?.reference_value === 'number' && Number.isFinite(variant.accuracy.reference_value),
+  );
+  const fp32 = device.variants.find((variant) => variant.precision === 'fp32' && typeof variant.accuracy?.value === 'number');
+  const reference = withReference?.accuracy?.reference_value ?? fp32?.accuracy?.value ?? null;
+  return reference === null || reference === undefined || !Number.isFinite(reference) ? null : reference;
 }
 
 /** The accuracy value a variant must reach: the FP32 reference minus the allowed drop (plus, for error figures). */
 export function toleranceThreshold(device: ReportDevice, tolerance: Tolerance): number | null {
   if (tolerance.metric === 'sqnr') return tolerance.min_value ?? null;
   const lower = LOWER_IS_BETTER.includes(verdictMetric(device, tolerance));
-  const withReference = device.variants.find(
-    (variant) => typeof variant.accuracy?.reference_value === 'number' && Number.isFinite(variant.accuracy.reference_value),
-  );
-  const fp32 = device.variants.find((variant) => variant.precision === 'fp32' && typeof variant.accuracy?.value === 'number');
-  const reference = withReference?.accuracy?.reference_value ?? fp32?.accuracy?.value ?? null;
-  if (reference === null || reference === undefined || !Number.isFinite(reference)) return null;
+  const reference = referenceValue(device);
+  if (reference === null) return null;
   return lower ? reference + (tolerance.max_drop ?? 0) : reference - (tolerance.max_drop ?? 0);
 }
 
@@ -46,23 +70,102 @@ interface View {
 }
 
 const LABEL_FONT = '12px system-ui, sans-serif';
+/** Pixels above the plot's far edge at which a variant off the scale is marked. */
+const OFF_SCALE_INSET = 7;
 
-/** The recommended point first (its label gets the best spot), then fastest first. */
-function labelOrder(points: Plotted[], recommended: number | null | undefined): Plotted[] {
-  return [...points].sort((a, b) => Number(b.id === recommended) - Number(a.id === recommended) || a.latency_ms.p50 - b.latency_ms.p50);
+/** The recommended point first (its label gets the best spot), then the Pareto front, then fastest first. */
+function labelOrder(points: Plotted[], recommended: number | null | undefined, front: Set<number>): Plotted[] {
+  return [...points].sort(
+    (a, b) =>
+      Number(b.id === recommended) - Number(a.id === recommended) || Number(front.has(b.id)) - Number(front.has(a.id)) || a.latency_ms.p50 - b.latency_ms.p50,
+  );
 }
 
-/** Puts the variant names next to their points, as HTML over the canvas so that they can be read, selected and found. */
-function drawLabels(u: uPlot, layer: HTMLDivElement, points: Plotted[], recommended: number | null | undefined): void {
+interface ScatterModel {
+  points: Plotted[];
+  data: uPlot.AlignedData;
+  home: View;
+  /** Variant ids drawn at the accuracy axis's far edge with a mark: too far past the tolerance for its scale. */
+  offScale: Set<number>;
+  /** Variant ids on the Pareto front (the server's set when the report has one), fastest first. */
+  front: number[];
+  lowerIsBetter: boolean;
+  bounded: boolean;
+  reference: number | null;
+  legend: { key: string; label: string }[];
+  label: string;
+}
+
+function pointText(variant: Plotted, offScale: boolean): string {
+  return offScale ? `${variantLabel(variant)} (${formatNumber(variant.accuracy.value, 3)}, off the scale)` : variantLabel(variant);
+}
+
+/** Everything the scatter draws, from the report alone (no DOM): tested on a real agent's report. */
+export function scatterModel(device: ReportDevice, threshold: number | null, metric: string): ScatterModel | null {
+  const points = device.variants.filter(isPlotted).sort((a, b) => a.latency_ms.p50 - b.latency_ms.p50);
+  if (points.length === 0) return null;
+  const lowerIsBetter = LOWER_IS_BETTER.includes(metric);
+  const bounded = !UNBOUNDED.includes(metric);
+  const reference = referenceValue(device);
+  const scale = accuracyScale(points.map((variant) => variant.accuracy.value), threshold, reference, lowerIsBetter);
+  const offScale = new Set(scale.outliers.map((index) => points[index].id));
+  const isRecommended = (variant: ReportVariant) => variant.id === device.recommended;
+  const within = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance !== false;
+  const outside = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance === false;
+  // Off-scale points are drawn by hand at the edge, with their mark, not by uPlot at their (unseen) value.
+  const pick = (predicate: (variant: ReportVariant) => boolean) =>
+    points.map((variant) => (predicate(variant) && !offScale.has(variant.id) ? variant.accuracy.value : null));
+  const data: uPlot.AlignedData = [points.map((variant) => variant.latency_ms.p50), pick(within), pick(outside), pick(isRecommended)];
+  const latencies = points.map((variant) => variant.latency_ms.p50);
+  const home = { x: paddedRange(Math.min(...latencies), Math.max(...latencies), 0.2, 0), y: scale.range };
+  // The server marks the Pareto set; an older report without the flags gets it computed here.
+  const flagged = points.some((variant) => typeof variant.pareto === 'boolean');
+  const front = flagged
+    ? points.filter((variant) => variant.pareto).map((variant) => variant.id)
+    : paretoFront(points.map((variant) => ({ x: variant.latency_ms.p50, y: variant.accuracy.value, id: variant.id })), lowerIsBetter).map((entry) => entry.id);
+  // Only what is on this chart: a legend entry with nothing behind it is noise.
+  const legend = [
+    { key: 'within', label: 'Within tolerance', shown: points.some(within) },
+    { key: 'outside', label: 'Outside tolerance', shown: points.some(outside) },
+    { key: 'recommended', label: 'Recommended', shown: points.some(isRecommended) },
+    { key: 'tolerance', label: 'Tolerance', shown: threshold !== null },
+    { key: 'pareto', label: 'Pareto front', shown: front.length > 1 },
+    { key: 'offscale', label: 'Off the scale (value in its label)', shown: offScale.size > 0 },
+  ].filter((entry) => entry.shown);
+  const recommended = points.find(isRecommended);
+  const label =
+    `Scatter of ${points.length} variants, latency p50 against ${metric}: ` +
+    points.map((variant) => `${variantLabel(variant)} ${formatNumber(variant.latency_ms.p50, 3)} ms, ${formatNumber(variant.accuracy.value, 4)}`).join('; ') +
+    '.' +
+    (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
+    (offScale.size > 0 ? ` ${offScale.size} drawn at the edge, off the scale.` : '') +
+    (recommended ? ` Recommended: ${variantLabel(recommended)}.` : '');
+  return { points, data, home, offScale, front, lowerIsBetter, bounded, reference, legend, label };
+}
+
+/** Where a point is drawn, in CSS pixels inside the plot: off-scale ones sit at the far edge of the accuracy axis. */
+function pointPosition(u: uPlot, variant: Plotted, model: ScatterModel, height: number): { x: number; y: number } {
+  const x = u.valToPos(variant.latency_ms.p50, 'x');
+  if (!model.offScale.has(variant.id)) return { x, y: u.valToPos(variant.accuracy.value, 'y') };
+  return { x, y: model.lowerIsBetter ? OFF_SCALE_INSET : height - OFF_SCALE_INSET };
+}
+
+/** Puts the variant names next to their points, as HTML over the canvas so that they can be read, selected and found;
+ * a name with no free spot appears when its point is hovered or focused (every point is a focusable button). */
+function drawLabels(u: uPlot, layer: HTMLDivElement, model: ScatterModel, recommended: number | null | undefined): void {
   const width = u.over.clientWidth || u.bbox.width / devicePixelRatio;
   const height = u.over.clientHeight || u.bbox.height / devicePixelRatio;
   u.ctx.save();
   u.ctx.font = LABEL_FONT;
   const measure = (text: string) => Math.ceil(u.ctx.measureText(text).width) + 8;
-  const anchors = labelOrder(points, recommended)
-    .map((variant) => ({ x: u.valToPos(variant.latency_ms.p50, 'x'), y: u.valToPos(variant.accuracy.value, 'y'), text: variantLabel(variant), width: 0 }))
-    .filter((anchor) => anchor.x >= 0 && anchor.x <= width && anchor.y >= 0 && anchor.y <= height)
-    .map((anchor) => ({ ...anchor, width: measure(anchor.text) }));
+  const inside = (position: { x: number; y: number }) => position.x >= 0 && position.x <= width && position.y >= 0 && position.y <= height;
+  const visible = labelOrder(model.points, recommended, new Set(model.front))
+    .map((variant) => ({ variant, position: pointPosition(u, variant, model, height) }))
+    .filter((entry) => inside(entry.position));
+  const anchors = visible.map(({ variant, position }) => {
+    const text = pointText(variant, model.offScale.has(variant.id));
+    return { ...position, text, width: measure(text) };
+  });
   const placed = placeLabels(mergeCoincident(anchors, 3, measure), width, height);
   // Leader lines for labels pushed away from their point.
   u.ctx.strokeStyle = COLORS.axis;
@@ -76,22 +179,54 @@ function drawLabels(u: uPlot, layer: HTMLDivElement, points: Plotted[], recommen
     u.ctx.stroke();
   }
   u.ctx.restore();
+  const labelFor = (x: number, y: number) => placed.find((label) => Math.abs(label.x - x) <= 3 && Math.abs(label.y - y) <= 3);
+  const emitted = new Set<PlacedLabel>();
   layer.replaceChildren(
-    ...placed.map((label) => {
+    ...visible.flatMap(({ variant, position }) => {
+      const hit = document.createElement('button');
+      hit.type = 'button';
+      hit.className = 'chart-point-hit';
+      hit.dataset.testid = 'point-hit';
+      hit.style.left = `${position.x}px`;
+      hit.style.top = `${position.y}px`;
+      hit.setAttribute(
+        'aria-label',
+        `${variantLabel(variant)}: ${formatNumber(variant.latency_ms.p50, 3)} ms, ${formatNumber(variant.accuracy.value, 4)}` +
+          (model.offScale.has(variant.id) ? ' (off the scale)' : ''),
+      );
+      const label = labelFor(position.x, position.y);
+      // A merged label belongs to the first point of its group; the others only get their button.
+      if (!label || label.x !== position.x || label.y !== position.y || emitted.has(label)) return [hit];
+      emitted.add(label);
       const element = document.createElement('span');
-      element.className = 'chart-point-label';
-      element.dataset.testid = 'point-label';
+      element.className = label.hidden ? 'chart-point-label chart-point-label-hover' : 'chart-point-label';
+      element.dataset.testid = label.hidden ? 'point-label-hover' : 'point-label';
       element.textContent = label.text;
-      element.style.left = `${label.left}px`;
+      // A name wider than a phone's plot wraps inside it instead of widening the page.
+      const fitted = Math.min(label.width, width);
+      element.style.left = `${Math.max(0, Math.min(label.left, width - fitted))}px`;
       element.style.top = `${label.top}px`;
-      element.style.width = `${label.width}px`;
-      return element;
+      element.style.width = `${fitted}px`;
+      return [hit, element];
     }),
   );
 }
 
+/** The band a variant must stay in, from FP32's value to the tolerance: drawn first, under the grid and points. */
+function drawToleranceBand(u: uPlot, threshold: number, reference: number | null): void {
+  if (reference === null) return;
+  const { ctx, bbox } = u;
+  const clamp = (value: number) => Math.min(bbox.top + bbox.height, Math.max(bbox.top, value));
+  const edge = clamp(Math.round(u.valToPos(reference, 'y', true)));
+  const line = clamp(Math.round(u.valToPos(threshold, 'y', true)));
+  ctx.save();
+  ctx.fillStyle = COLORS.band;
+  ctx.fillRect(bbox.left, Math.min(edge, line), bbox.width, Math.abs(line - edge));
+  ctx.restore();
+}
+
+/** The tolerance as a dashed line across the whole plot (not a data series), over the grid. */
 function drawToleranceLine(u: uPlot, threshold: number): void {
-  // The tolerance is a horizontal line across the whole plot, not a data series.
   const { ctx, bbox } = u;
   const y = Math.round(u.valToPos(threshold, 'y', true));
   if (y < bbox.top || y > bbox.top + bbox.height) return;
@@ -106,45 +241,69 @@ function drawToleranceLine(u: uPlot, threshold: number): void {
   ctx.restore();
 }
 
+/** The Pareto front as a staircase through its points: what is worth paying in latency for accuracy. */
+function drawParetoFront(u: uPlot, model: ScatterModel, height: number): void {
+  const byId = new Map(model.points.map((variant) => [variant.id, variant]));
+  const positions = model.front.flatMap((id) => {
+    const variant = byId.get(id);
+    return variant ? [pointPosition(u, variant, model, height)] : [];
+  });
+  if (positions.length < 2) return;
+  const { ctx, bbox } = u;
+  const px = (value: number) => value * devicePixelRatio;
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(bbox.left, bbox.top, bbox.width, bbox.height);
+  ctx.clip();
+  ctx.strokeStyle = COLORS.pareto;
+  ctx.lineWidth = 1.5 * devicePixelRatio;
+  ctx.setLineDash([2 * devicePixelRatio, 3 * devicePixelRatio]);
+  ctx.beginPath();
+  ctx.moveTo(bbox.left + px(positions[0].x), bbox.top + px(positions[0].y));
+  for (const [index, position] of positions.slice(1).entries()) {
+    ctx.lineTo(bbox.left + px(position.x), bbox.top + px(positions[index].y));
+    ctx.lineTo(bbox.left + px(position.x), bbox.top + px(position.y));
+  }
+  ctx.stroke();
+  ctx.restore();
+}
+
+/** A triangle at the far edge pointing off the scale, in the colour the point would have. */
+function drawOffScale(u: uPlot, model: ScatterModel, recommended: number | null | undefined, height: number): void {
+  const { ctx, bbox } = u;
+  const px = (value: number) => value * devicePixelRatio;
+  ctx.save();
+  for (const variant of model.points.filter((candidate) => model.offScale.has(candidate.id))) {
+    const { x, y } = pointPosition(u, variant, model, height);
+    if (x < 0 || x > bbox.width / devicePixelRatio) continue;
+    const colour = variant.id === recommended ? COLORS.recommended : variant.accuracy.within_tolerance === false ? COLORS.outside : COLORS.good;
+    const tip = model.lowerIsBetter ? -6 : 6;
+    ctx.fillStyle = colour;
+    ctx.beginPath();
+    ctx.moveTo(bbox.left + px(x - 6), bbox.top + px(y - tip));
+    ctx.lineTo(bbox.left + px(x + 6), bbox.top + px(y - tip));
+    ctx.lineTo(bbox.left + px(x), bbox.top + px(y + tip));
+    ctx.closePath();
+    ctx.fill();
+  }
+  ctx.restore();
+}
+
 function scatterPoint(size: number, fill: string): uPlot.Series.Points {
   return { show: true, size, fill, stroke: fill, width: 1 };
 }
 
-interface ScatterModel {
-  points: Plotted[];
-  data: uPlot.AlignedData;
-  home: View;
-  legend: { key: string; label: string }[];
-  label: string;
-}
-
-/** Everything the scatter draws, from the report alone (no DOM): tested on a real agent's report. */
-export function scatterModel(device: ReportDevice, threshold: number | null, metric: string): ScatterModel | null {
-  const points = device.variants.filter(isPlotted).sort((a, b) => a.latency_ms.p50 - b.latency_ms.p50);
-  if (points.length === 0) return null;
-  const isRecommended = (variant: ReportVariant) => variant.id === device.recommended;
-  const within = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance !== false;
-  const outside = (variant: ReportVariant) => !isRecommended(variant) && variant.accuracy?.within_tolerance === false;
-  const pick = (predicate: (variant: ReportVariant) => boolean) => points.map((variant) => (predicate(variant) ? variant.accuracy.value : null));
-  const data: uPlot.AlignedData = [points.map((variant) => variant.latency_ms.p50), pick(within), pick(outside), pick(isRecommended)];
-  const latencies = points.map((variant) => variant.latency_ms.p50);
-  const values = points.map((variant) => variant.accuracy.value).concat(threshold === null ? [] : [threshold]);
-  const home = { x: paddedRange(Math.min(...latencies), Math.max(...latencies), 0.2, 0), y: paddedRange(Math.min(...values), Math.max(...values)) };
-  // Only what is on this chart: a legend entry with nothing behind it is noise.
-  const legend = [
-    { key: 'within', label: 'Within tolerance', shown: points.some(within) },
-    { key: 'outside', label: 'Outside tolerance', shown: points.some(outside) },
-    { key: 'recommended', label: 'Recommended', shown: points.some(isRecommended) },
-    { key: 'tolerance', label: 'Tolerance', shown: threshold !== null },
-  ].filter((entry) => entry.shown);
-  const recommended = points.find(isRecommended);
-  const label =
-    `Scatter of ${points.length} variants, latency p50 against ${metric}: ` +
-    points.map((variant) => `${variantLabel(variant)} ${formatNumber(variant.latency_ms.p50, 3)} ms, ${formatNumber(variant.accuracy.value, 4)}`).join('; ') +
-    '.' +
-    (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
-    (recommended ? ` Recommended: ${variantLabel(recommended)}.` : '');
-  return { points, data, home, legend, label };
+/** The point a keyboard zoom centres on: the recommended variant when in view, else the middle of the points in view. */
+function zoomFocus(model: ScatterModel, view: View, recommended: number | null | undefined): { x: number | null; y: number | null } {
+  const inView = model.points.filter(
+    (variant) => !model.offScale.has(variant.id) && variant.latency_ms.p50 >= view.x[0] && variant.latency_ms.p50 <= view.x[1] &&
+      variant.accuracy.value >= view.y[0] && variant.accuracy.value <= view.y[1],
+  );
+  const chosen = inView.find((variant) => variant.id === recommended);
+  if (chosen) return { x: chosen.latency_ms.p50, y: chosen.accuracy.value };
+  if (inView.length === 0) return { x: null, y: null };
+  const middle = inView[Math.floor((inView.length - 1) / 2)];
+  return { x: middle.latency_ms.p50, y: middle.accuracy.value };
 }
 
 function ScatterPlot({ model, threshold, metric, recommended }: { model: ScatterModel; threshold: number | null; metric: string; recommended: number | null | undefined }) {
@@ -160,6 +319,12 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
     const labels = document.createElement('div');
     labels.className = 'chart-point-labels';
     const sameView = (a: View, b: View) => a.x[0] === b.x[0] && a.x[1] === b.x[1] && a.y[0] === b.y[0] && a.y[1] === b.y[1];
+    // A share never reads above 1 or below 0, even where the axis is padded past them.
+    const ySplits = (_u: uPlot, _axis: number, min: number, max: number, increment: number) => {
+      const splits: number[] = [];
+      for (let value = Math.ceil(min / increment) * increment; value <= max + increment * 1e-9; value += increment) splits.push(Number(value.toPrecision(12)));
+      return model.bounded ? splits.filter((value) => value >= 0 && value <= 1) : splits;
+    };
     const options: uPlot.Options = {
       width: element.clientWidth || 560,
       height: 300,
@@ -177,7 +342,7 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
       },
       axes: [
         { label: 'Latency p50 (ms)', stroke: COLORS.axis, grid: { stroke: COLORS.grid }, values: (_u, splits) => tickLabels(splits) },
-        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64, values: (_u, splits) => tickLabels(splits) },
+        { label: metric, stroke: COLORS.axis, grid: { stroke: COLORS.grid }, size: 64, splits: ySplits, values: (_u, splits) => tickLabels(splits) },
       ],
       series: [
         {},
@@ -186,10 +351,14 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
         { label: 'Recommended', stroke: COLORS.recommended, paths: () => null, points: scatterPoint(16, COLORS.recommended) },
       ],
       hooks: {
+        drawClear: [(u) => (threshold !== null ? drawToleranceBand(u, threshold, model.reference) : undefined)],
         draw: [
           (u) => {
+            const height = u.over.clientHeight || u.bbox.height / devicePixelRatio;
             if (threshold !== null) drawToleranceLine(u, threshold);
-            drawLabels(u, labels, model.points, recommended);
+            drawParetoFront(u, model, height);
+            drawOffScale(u, model, recommended, height);
+            drawLabels(u, labels, model, recommended);
             const now = { x: [u.scales.x.min ?? 0, u.scales.x.max ?? 1], y: [u.scales.y.min ?? 0, u.scales.y.max ?? 1] } as View;
             setView((previous) => (sameView(previous, now) ? previous : now));
           },
@@ -199,8 +368,10 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
             const { left, top, width, height } = u.select;
             if (width < 4 && height < 4) return;
             const current = { x: [u.scales.x.min ?? 0, u.scales.x.max ?? 1], y: [u.scales.y.min ?? 0, u.scales.y.max ?? 1] } as View;
-            const x = width >= 4 ? zoomWindow(u.posToVal(left, 'x'), u.posToVal(left + width, 'x'), current.x) : null;
-            const y = height >= 4 ? zoomWindow(u.posToVal(top + height, 'y'), u.posToVal(top, 'y'), current.y) : null;
+            // A box dragged past the data is cut to it: zoom never shows more than the data's own range.
+            const within = (range: Range | null, bounds: Range) => (range ? cropTo(range, bounds) : null);
+            const x = width >= 4 ? within(zoomWindow(u.posToVal(left, 'x'), u.posToVal(left + width, 'x'), current.x), model.home.x) : null;
+            const y = height >= 4 ? within(zoomWindow(u.posToVal(top + height, 'y'), u.posToVal(top, 'y'), current.y), model.home.y) : null;
             u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
             if (x || y) applyView(u, { x: x ?? current.x, y: y ?? current.y });
           },
@@ -232,7 +403,14 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
   const zoomBy = (factor: number | null) => {
     const plot = plotRef.current;
     if (!plot) return;
-    zoom.current = factor === null ? null : { x: scaleRange(view.x, factor), y: scaleRange(view.y, factor) };
+    if (factor === null) {
+      zoom.current = null;
+    } else {
+      const focus = zoomFocus(model, view, recommended);
+      const next = { x: zoomAround(view.x, factor, focus.x, model.home.x), y: zoomAround(view.y, factor, focus.y, model.home.y) };
+      const home = next.x[0] === model.home.x[0] && next.x[1] === model.home.x[1] && next.y[0] === model.home.y[0] && next.y[1] === model.home.y[1];
+      zoom.current = home ? null : next;
+    }
     const x = zoom.current?.x ?? model.home.x;
     plot.setScale('x', { min: x[0], max: x[1] });
   };
@@ -251,19 +429,22 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
       <div
         ref={host}
         className="uplot-host"
-        role="img"
+        role="group"
         aria-label={model.label}
         data-testid="latency-accuracy-chart"
         data-x-min={view.x[0]}
         data-x-max={view.x[1]}
         data-y-min={view.y[0]}
         data-y-max={view.y[1]}
+        data-home-y-min={model.home.y[0]}
+        data-home-y-max={model.home.y[1]}
+        data-off-scale={model.offScale.size}
       />
       <div className="button-row chart-zoom" role="group" aria-label="Zoom">
         <button type="button" className="button button-small" onClick={() => zoomBy(0.5)} data-testid="zoom-in">
           Zoom in
         </button>
-        <button type="button" className="button button-small" onClick={() => zoomBy(2)} data-testid="zoom-out">
+        <button type="button" className="button button-small" onClick={() => zoomBy(2)} disabled={!zoomed} data-testid="zoom-out">
           Zoom out
         </button>
         <button type="button" className="button button-small" onClick={() => zoomBy(null)} disabled={!zoomed} data-testid="zoom-reset">
@@ -289,8 +470,12 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
     <figure className="chart">
       <figcaption data-testid="scatter-caption">
         Faster is further left, more accurate is {lower ? 'lower' : 'higher'} ({metric}). Variants must stay {lower ? 'below' : 'above'} the
-        dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 ${lower ? '+' : '−'} ${tolerance.max_drop ?? 0}`}).
-        Each point is named; drag a box across the plot to zoom in, double-click it or use Reset zoom to see everything.
+        dashed tolerance line ({tolerance.metric === 'sqnr' ? `${tolerance.min_value ?? 30} dB` : `FP32 ${lower ? '+' : '−'} ${tolerance.max_drop ?? 0}`}), in the shaded band.
+        {model.front.length > 1 ? ' The dotted staircase is the Pareto front: no variant is both faster and more accurate than one on it.' : ''}
+        {model.offScale.size > 0
+          ? ` ${model.offScale.size} variant${model.offScale.size === 1 ? ' is' : 's are'} so far past the tolerance that ${model.offScale.size === 1 ? 'it is' : 'they are'} drawn at the edge with a triangle, ${model.offScale.size === 1 ? 'its' : 'their'} value in the label.`
+          : ''}{' '}
+        Hover or focus a point for its name and numbers; drag a box to zoom in, double-click or Reset zoom to see everything.
         {unplotted > 0 ? ` ${unplotted} variant${unplotted === 1 ? ' has' : 's have'} no latency or accuracy and ${unplotted === 1 ? 'is' : 'are'} not plotted.` : ''}
       </figcaption>
       <ScatterPlot model={model} threshold={threshold} metric={metric} recommended={device.recommended} />
@@ -307,7 +492,7 @@ export function LayerTable({ variant, sensitivity, sensitivityNote }: { variant:
   const matched = rows.filter((row) => row.sqnrDb !== null).length;
   return (
     <div className="table-wrap">
-      <table className="table table-compact" data-testid="layer-table">
+      <table className="table table-compact table-cards" data-testid="layer-table">
         <caption className="muted small">
           {rows.length === LAYER_LIMIT ? `The ${LAYER_LIMIT} slowest layers` : 'The layers'} of {variantLabel(variant)}, slowest first, with their part of the p50 (share of the profiled time) and
           {sensitivity.length > 0
@@ -320,21 +505,22 @@ export function LayerTable({ variant, sensitivity, sensitivityNote }: { variant:
             <th scope="col">Op</th>
             <th scope="col" className="numeric">Of the p50</th>
             <th scope="col" className="numeric">Share</th>
-            <th scope="col" className="numeric">Profiled</th>
+            <th scope="col" className="numeric col-p2">Profiled</th>
             <th scope="col" className="numeric">INT8 SQNR (dB)</th>
           </tr>
         </thead>
         <tbody>
           {rows.map((row) => (
-            <tr key={row.name} data-testid="layer-row">
-              <td>
+            <tr key={`${row.runtimeName ?? ''}|${row.name}`} data-testid="layer-row">
+              <td data-label="">
                 <code>{row.name}</code>
+                {row.runtimeName ? <div className="muted small" title="The runtime's name for this node">runtime: <code>{row.runtimeName}</code></div> : null}
               </td>
-              <td>{row.opType}</td>
-              <td className="numeric">{row.ofP50Ms === null ? '—' : `${formatNumber(row.ofP50Ms, 4)} ms`}</td>
-              <td className="numeric">{Math.round(row.share * 100)}%</td>
-              <td className="numeric">{formatNumber(row.profiledMs, 4)} ms</td>
-              <td className="numeric">{row.sqnrDb === null ? '—' : formatNumber(row.sqnrDb, 1)}</td>
+              <td data-label="Op">{row.opType}</td>
+              <td className="numeric" data-label="Of the p50">{row.ofP50Ms === null ? '—' : `${formatNumber(row.ofP50Ms, 4)} ms`}</td>
+              <td className="numeric" data-label="Share">{Math.round(row.share * 100)}%</td>
+              <td className="numeric col-p2" data-label="Profiled">{formatNumber(row.profiledMs, 4)} ms</td>
+              <td className="numeric" data-label="INT8 SQNR (dB)">{row.sqnrDb === null ? '—' : formatNumber(row.sqnrDb, 1)}</td>
             </tr>
           ))}
         </tbody>

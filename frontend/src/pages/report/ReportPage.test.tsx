@@ -85,7 +85,7 @@ describe('Recommendation', () => {
 describe('toleranceText', () => {
   it('says a floor for SQNR and a drop for the other metrics', () => {
     expect(toleranceText({ metric: 'sqnr', min_value: 28 })).toBe('SQNR at least 28 dB');
-    expect(toleranceText({ metric: 'cosine', max_drop: 0.001 })).toBe('cosine may drop by at most 0.001');
+    expect(toleranceText({ metric: 'cosine', max_drop: 0.001 })).toBe('cosine may drop by at most 0.1%');
   });
 });
 

@@ -352,8 +352,8 @@ export function Fp32Noise({ device }: { device: ReportDevice }) {
   );
 }
 
-function DeviceSection({ device, tolerance, onRemeasure, sensitivity, sensitivityNote }: {
-  device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[]; sensitivityNote?: string;
+function DeviceSection({ device, tolerance, onRemeasure, sensitivity, sensitivityNote, jobId }: {
+  device: ReportDevice; tolerance: Tolerance; onRemeasure?: () => void; sensitivity?: SensitivityRow[]; sensitivityNote?: string; jobId?: number;
 }) {
   const name = device.agent?.name ?? device.target ?? 'Device';
   return (
@@ -371,7 +371,7 @@ function DeviceSection({ device, tolerance, onRemeasure, sensitivity, sensitivit
         {device.variants.length === 0 ? (
           <EmptyState title="No variant has finished on this device yet." />
         ) : (
-          <ReportTable variants={device.variants} recommended={device.recommended} deviceName={name} />
+          <ReportTable variants={device.variants} recommended={device.recommended} deviceName={name} jobId={jobId} />
         )}
       </div>
       {device.variants.length > 0 ? (
@@ -439,7 +439,7 @@ export function ReportPage() {
       ) : (
         report.data.devices.map((device, index) => (
           <DeviceSection key={device.agent?.id ?? device.target ?? index} device={device} tolerance={report.data.tolerance} onRemeasure={remeasure} sensitivity={report.data.search?.sensitivity ?? []}
-            sensitivityNote={report.data.search?.sensitivity_note} />
+            sensitivityNote={report.data.search?.sensitivity_note} jobId={report.data.job} />
         ))
       )}
       <RerunSummary report={report.data} />

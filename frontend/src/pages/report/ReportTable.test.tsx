@@ -29,7 +29,7 @@ const variants = [
 ];
 
 const precisionsInOrder = () =>
-  screen.getAllByRole('row').slice(1).map((row) => within(row).getAllByRole('cell')[1].textContent);
+  screen.getAllByRole('row').slice(1).map((row) => within(row).getAllByRole('cell')[0].querySelector('strong')?.textContent);
 
 describe('ReportTable', () => {
   it('sorts by latency p50, fastest first, by default, with unmeasured variants last', () => {
@@ -91,5 +91,12 @@ describe('accuracyErrors', () => {
     });
     expect(errors).toEqual(['maps plugin:f1: RuntimeError: the plugin fell over', 'labels of shape [4, 3] fit no metric of any output']);
     expect(accuracyErrors(null)).toEqual([]);
+  });
+});
+
+describe('CSV name', () => {
+  it('carries the job id and the device', async () => {
+    const { reportCsvName } = await import('./ReportTable');
+    expect(reportCsvName(17, 'orin nano/lab')).toBe('kiln-report-job-17-orin-nano-lab.csv');
   });
 });

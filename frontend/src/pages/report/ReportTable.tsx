@@ -11,8 +11,15 @@ interface Column {
   key: string;
   label: string;
   numeric?: boolean;
+  /** 2 or 3: the column hides on narrower screens (3 first), and comes back in the stacked cards of a phone. */
+  priority?: 2 | 3;
   value: (variant: ReportVariant) => SortValue;
   render: (variant: ReportVariant) => React.ReactNode;
+}
+
+export function priorityClass(column: { priority?: 2 | 3; numeric?: boolean }): string | undefined {
+  const classes = [column.numeric ? 'numeric' : '', column.priority ? `col-p${column.priority}` : ''].filter(Boolean);
+  return classes.length ? classes.join(' ') : undefined;
 }
 
 export function variantLabel(variant: ReportVariant): string {
@@ -27,15 +34,14 @@ function formatDrop(drop: number | null | undefined): string {
 }
 
 export const COLUMNS: Column[] = [
-  { key: 'backend', label: 'Backend', value: (v) => v.backend, render: (v) => v.backend },
   {
     key: 'precision',
-    label: 'Precision',
+    label: 'Variant',
     value: (v) => v.key ?? v.precision,
     render: (v) => (
       <>
-        <strong>{v.effective_precision ?? v.precision}</strong>
-        {v.key && v.key !== (v.effective_precision ?? v.precision) ? <div className="muted small">{v.key}{v.round && v.round > 1 ? ` · round ${v.round}` : ''}</div> : null}
+        <strong className="variant-precision">{v.effective_precision ?? v.precision}</strong> <span className="muted small">{v.backend}</span>
+        {v.key && v.key !== (v.effective_precision ?? v.precision) ? <div className="muted small variant-key">{v.key}{v.round && v.round > 1 ? ` · round ${v.round}` : ''}</div> : null}
       </>
     ),
   },
@@ -55,15 +61,16 @@ export const COLUMNS: Column[] = [
       </>
     ),
   },
-  { key: 'p99', label: 'Latency p99', numeric: true, value: (v) => v.latency_ms?.p99, render: (v) => formatMs(v.latency_ms?.p99) },
+  { key: 'p99', label: 'p99', numeric: true, priority: 3, value: (v) => v.latency_ms?.p99, render: (v) => formatMs(v.latency_ms?.p99) },
   {
     key: 'throughput',
     label: 'Throughput',
     numeric: true,
+    priority: 3,
     value: (v) => v.throughput_per_s,
     render: (v) => (v.throughput_per_s === null || v.throughput_per_s === undefined ? '—' : `${formatNumber(v.throughput_per_s, 1)}/s`),
   },
-  { key: 'size', label: 'Size', numeric: true, value: (v) => v.size_bytes, render: (v) => formatBytes(v.size_bytes) },
+  { key: 'size', label: 'Size', numeric: true, priority: 2, value: (v) => v.size_bytes, render: (v) => formatBytes(v.size_bytes) },
   {
     key: 'accuracy',
     label: 'Accuracy',
@@ -71,10 +78,10 @@ export const COLUMNS: Column[] = [
     value: (v) => v.accuracy?.value,
     render: (v) => <AccuracyCell accuracy={v.accuracy} />,
   },
-  { key: 'drop', label: 'Drop vs FP32', numeric: true, value: (v) => v.accuracy?.drop, render: (v) => formatDrop(v.accuracy?.drop) },
+  { key: 'drop', label: 'Drop', numeric: true, value: (v) => v.accuracy?.drop, render: (v) => formatDrop(v.accuracy?.drop) },
   {
     key: 'within',
-    label: 'Within tolerance',
+    label: 'In tolerance',
     value: (v) => v.accuracy?.within_tolerance,
     render: (v) =>
       v.accuracy?.within_tolerance === true ? (
@@ -128,7 +135,7 @@ function compare(a: SortValue, b: SortValue): number {
 
 /** Sorts variants by a column; variants without a value always go last, whatever the direction. */
 export function sortVariants(variants: ReportVariant[], key: string, direction: 'ascending' | 'descending'): ReportVariant[] {
-  const column = COLUMNS.find((candidate) => candidate.key === key) ?? COLUMNS[2];
+  const column = COLUMNS.find((candidate) => candidate.key === key) ?? COLUMNS[1];
   const sign = direction === 'ascending' ? 1 : -1;
   return [...variants].sort((left, right) => {
     const a = column.value(left);
@@ -140,17 +147,26 @@ export function sortVariants(variants: ReportVariant[], key: string, direction: 
   });
 }
 
+export function reportCsvName(jobId: number | undefined, deviceName: string): string {
+  return `kiln-report${jobId ? `-job-${jobId}` : ''}-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`;
+}
+
 export function ReportTable({
   variants,
   recommended,
   deviceName,
+  jobId,
 }: {
   variants: ReportVariant[];
   recommended: number | null;
   deviceName: string;
+  /** Names the CSV file: two exports of one device from two jobs must not overwrite each other. */
+  jobId?: number;
 }) {
   const [sort, setSort] = useState<{ key: string; direction: 'ascending' | 'descending' }>({ key: 'p50', direction: 'ascending' });
   const sorted = sortVariants(variants, sort.key, sort.direction);
+  // A column with nothing in it is only width: throughput is often not measured.
+  const columns = COLUMNS.filter((column) => column.key !== 'throughput' || variants.some((variant) => column.value(variant) !== null && column.value(variant) !== undefined));
 
   const toggle = (key: string) =>
     setSort((previous) =>
@@ -163,7 +179,7 @@ export function ReportTable({
     <>
     <div className="table-tools">
       <CsvButton
-        filename={`kiln-report-${deviceName.replace(/[^A-Za-z0-9._-]+/g, '-')}.csv`}
+        filename={reportCsvName(jobId, deviceName)}
         header={['variant', 'precision', 'effective_precision', 'backend', 'p50_ms', 'timing', 'first_pass_p50_ms', 'p99_ms', 'throughput_per_s', 'size_bytes',
           'accuracy_metric', 'accuracy', 'drop', 'within_tolerance', 'unstable', 'recommended']}
         rows={sorted.map((v) => [v.key ?? v.precision, v.precision, v.effective_precision ?? v.precision, v.backend, v.latency_ms?.p50, v.timing?.source ?? null,
@@ -172,16 +188,16 @@ export function ReportTable({
       />
     </div>
     <div className="table-wrap">
-      <table className="table report-table" data-testid="report-table">
+      <table className="table report-table table-cards" data-testid="report-table">
         <caption className="visually-hidden">Variants measured on {deviceName}. Column headers sort the table.</caption>
         <thead>
           <tr>
-            {COLUMNS.map((column) => (
+            {columns.map((column) => (
               <th
                 key={column.key}
                 scope="col"
                 aria-sort={sort.key === column.key ? sort.direction : 'none'}
-                className={column.numeric ? 'numeric' : undefined}
+                className={priorityClass(column)}
               >
                 <button type="button" className="sort-button" onClick={() => toggle(column.key)}>
                   {column.label}
@@ -207,8 +223,8 @@ export function ReportTable({
                 data-variant-id={variant.id}
                 aria-current={isRecommended ? 'true' : undefined}
               >
-                {COLUMNS.map((column, index) => (
-                  <td key={column.key} className={column.numeric ? 'numeric' : undefined}>
+                {columns.map((column, index) => (
+                  <td key={column.key} className={priorityClass(column)} data-label={index === 0 ? '' : column.label}>
                     {column.render(variant)}
                     {index === 0 && isRecommended ? (
                       <span className="badge badge-recommended" data-testid="recommended-badge">
@@ -233,7 +249,7 @@ export function ReportTable({
                     {index === 0 && variant.error ? <div className="field-error small">{variant.error}</div> : null}
                   </td>
                 ))}
-                <td>
+                <td data-label="" className="cell-actions">
                   {variant.artifact?.download_url ? (
                     <a
                       className="button button-small"

@@ -16,10 +16,15 @@ export interface ProfileNode {
   op_type: string;
   time_ms: number;
   share?: number;
+  /** The model's own node names this runtime node runs (OpenVINO fuses and renames). */
+  layers?: string[];
 }
 
 export interface LayerRow {
+  /** The model's own node name(s): what the user knows the layer by. */
   name: string;
+  /** The runtime's name, when it differs (`Multiply_615451`). */
+  runtimeName: string | null;
   opType: string;
   /** The row's part of the benchmark's p50 (share of profiled time x p50), when there is a p50. */
   ofP50Ms: number | null;
@@ -115,13 +120,19 @@ export function layerRows(variant: ReportVariant, sensitivity: SensitivityRow[],
   const sqnr = new Map(sensitivity.filter((row) => Number.isFinite(row.sqnr_db)).map((row) => [row.node, row.sqnr_db]));
   return nodes.map((node) => {
     const share = shareOf(node, total);
+    const layers = (node.layers ?? []).filter((layer) => typeof layer === 'string' && layer);
+    const modelNames = layers.length ? layers : [graphNodeName(node.name)];
+    // The worst (lowest) SQNR of the model's nodes this runtime node runs: INT8 hurts the layer that much.
+    const measured = [node.name, ...modelNames].map((name) => sqnr.get(name)).filter((value): value is number => value !== undefined);
+    const name = modelNames.join(' + ');
     return {
-      name: node.name,
+      name,
+      runtimeName: name === node.name ? null : node.name,
       opType: node.op_type,
       share,
       profiledMs: node.time_ms,
       ofP50Ms: p50 === null ? null : share * p50,
-      sqnrDb: sqnr.get(node.name) ?? sqnr.get(graphNodeName(node.name)) ?? null,
+      sqnrDb: measured.length ? Math.min(...measured) : null,
     };
   });
 }

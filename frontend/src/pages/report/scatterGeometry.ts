@@ -37,6 +37,82 @@ export function scaleRange([low, high]: Range, factor: number): Range {
   return [middle - half, middle + half];
 }
 
+/**
+ * A window moved (never stretched) to lie inside `bounds`; one wider than the bounds becomes the bounds.
+ * Zooming never shows more than the data's own range, so it never goes above an accuracy of 1.0.
+ */
+export function keepInside([low, high]: Range, bounds: Range): Range {
+  const width = high - low;
+  if (!(width > 0) || width >= bounds[1] - bounds[0]) return [bounds[0], bounds[1]];
+  if (low < bounds[0]) return [bounds[0], bounds[0] + width];
+  if (high > bounds[1]) return [bounds[1] - width, bounds[1]];
+  return [low, high];
+}
+
+/** A selection cut to the bounds, or null when nothing of it is left. */
+export function cropTo([low, high]: Range, bounds: Range): Range | null {
+  const cropped: Range = [Math.max(low, bounds[0]), Math.min(high, bounds[1])];
+  return cropped[1] > cropped[0] ? cropped : null;
+}
+
+/**
+ * `factor` of the current window around `focus` (a point worth looking at: the recommended variant, or the
+ * middle of the points in view), kept inside the bounds: the keyboard's Zoom in lands on data, not on an empty middle.
+ */
+export function zoomAround(view: Range, factor: number, focus: number | null, bounds: Range): Range {
+  const half = ((view[1] - view[0]) / 2) * factor;
+  const centre = focus !== null && Number.isFinite(focus) && focus >= view[0] && focus <= view[1] ? focus : (view[0] + view[1]) / 2;
+  return keepInside([centre - half, centre + half], bounds);
+}
+
+export interface AccuracyScale {
+  /** The y range at home: the variants within reach of the tolerance, the FP32 reference and the tolerance line. */
+  range: Range;
+  /** Indexes of the values drawn at the range's edge with a mark: too far beyond the tolerance to share the scale. */
+  outliers: number[];
+}
+
+/** How far past the tolerance line a variant still shares the scale, in widths of the tolerance band. */
+export const REACH_BANDS = 3;
+
+/**
+ * The accuracy axis fitted to the variants that matter: those within reach of the tolerance. One collapsed INT8
+ * variant at 0.3 would otherwise stretch the axis to 0–1 and put every useful point on one line.
+ */
+export function accuracyScale(values: number[], threshold: number | null, reference: number | null, lowerIsBetter: boolean): AccuracyScale {
+  const finite = values.filter(Number.isFinite);
+  if (threshold === null || !Number.isFinite(threshold) || finite.length === 0) {
+    const extra = threshold !== null && Number.isFinite(threshold) ? [threshold] : [];
+    return { range: paddedRange(Math.min(...finite, ...extra), Math.max(...finite, ...extra)), outliers: [] };
+  }
+  const top = reference !== null && Number.isFinite(reference) ? reference : lowerIsBetter ? Math.min(...finite) : Math.max(...finite);
+  // A zero tolerance still has a band worth drawing: a hundredth of the reference, or 0.01.
+  const band = Math.abs(top - threshold) || Math.abs(top) * 0.01 || 0.01;
+  const limit = lowerIsBetter ? threshold + REACH_BANDS * band : threshold - REACH_BANDS * band;
+  const inReach = (value: number) => (lowerIsBetter ? value <= limit : value >= limit);
+  const outliers = values.flatMap((value, index) => (Number.isFinite(value) && !inReach(value) ? [index] : []));
+  const kept = finite.filter(inReach).concat([threshold, top]);
+  const [low, high] = paddedRange(Math.min(...kept), Math.max(...kept), 0.12);
+  // Room at the far edge for the outliers' marks.
+  const room = outliers.length ? (high - low) * 0.08 : 0;
+  return { range: lowerIsBetter ? [low, high + room] : [low - room, high], outliers };
+}
+
+export interface ScatterPointXY {
+  x: number;
+  y: number;
+}
+
+/**
+ * The Pareto front: the points no other point beats on both latency (lower) and accuracy (higher, or lower
+ * for an error figure), fastest first. Ties on both are kept.
+ */
+export function paretoFront<T extends ScatterPointXY>(points: T[], lowerIsBetter = false): T[] {
+  const better = (a: number, b: number) => (lowerIsBetter ? a < b : a > b);
+  const dominated = (p: T) => points.some((q) => q !== p && q.x <= p.x && !better(p.y, q.y) && (q.x < p.x || better(q.y, p.y)));
+  return points.filter((p) => !dominated(p)).sort((a, b) => a.x - b.x || (better(a.y, b.y) ? -1 : 1));
+}
+
 export interface LabelAnchor {
   /** Point position in CSS pixels inside the plotting area. */
   x: number;
@@ -54,6 +130,8 @@ export interface PlacedLabel {
   leader: boolean;
   x: number;
   y: number;
+  /** No free spot was left: the label is shown only on hover or keyboard focus of its point. */
+  hidden: boolean;
 }
 
 interface Box {
@@ -111,7 +189,8 @@ function candidates(anchor: LabelAnchor): { left: number; top: number; leader: b
 /**
  * Places one label per anchor inside a `width` x `height` plotting area, greedily, in the given
  * order (put the most important first): the first spot that overlaps no placed label, no point and
- * stays inside wins; when none does, the least crowded spot is used so that no label is dropped.
+ * stays inside wins. When none does, the label is `hidden` (shown on hover or focus of its point) at the
+ * least crowded spot, so that visible labels never overlap.
  */
 export function placeLabels(anchors: LabelAnchor[], width: number, height: number): PlacedLabel[] {
   const pointBoxes: Box[] = anchors.map((anchor) => ({
@@ -131,9 +210,10 @@ export function placeLabels(anchors: LabelAnchor[], width: number, height: numbe
       }
       if (best === null || clashes < best.clashes) best = { ...spot, clashes };
     }
-    const spot = best ?? { left: Math.max(0, Math.min(width - anchor.width, anchor.x + POINT_RADIUS)), top: Math.max(0, Math.min(height - LABEL_HEIGHT, anchor.y)), leader: false };
-    placed.push({ text: anchor.text, left: spot.left, top: spot.top, width: anchor.width, leader: spot.leader, x: anchor.x, y: anchor.y });
-    placedBoxes.push({ left: spot.left, top: spot.top, right: spot.left + anchor.width, bottom: spot.top + LABEL_HEIGHT });
+    const spot = best ?? { left: Math.max(0, Math.min(width - anchor.width, anchor.x + POINT_RADIUS)), top: Math.max(0, Math.min(height - LABEL_HEIGHT, anchor.y)), leader: false, clashes: 1 };
+    const hidden = spot.clashes > 0;
+    placed.push({ text: anchor.text, left: spot.left, top: spot.top, width: anchor.width, leader: spot.leader && !hidden, x: anchor.x, y: anchor.y, hidden });
+    if (!hidden) placedBoxes.push({ left: spot.left, top: spot.top, right: spot.left + anchor.width, bottom: spot.top + LABEL_HEIGHT });
   }
   return placed;
 }

@@ -214,6 +214,8 @@ class NodeRowSerializer(serializers.Serializer):
     op_type = serializers.CharField(max_length=200)
     time_ms = _number()
     share = _number(max_value=1.0 + 1e-6)
+    # The model's own node names a runtime node runs (OpenVINO fuses and renames them).
+    layers = serializers.ListField(child=serializers.CharField(max_length=1000), max_length=32, required=False)
 
 
 class ProfileSerializer(serializers.Serializer):
@@ -297,5 +299,5 @@ class ArtifactUploadPlanSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
     sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
     size_bytes = serializers.IntegerField(min_value=0)
-    filename = serializers.CharField(max_length=255, required=False, default="")
+    filename = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
 

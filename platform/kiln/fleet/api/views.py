@@ -1,21 +1,15 @@
 """User-facing fleet API: agents and registration tokens."""
 from __future__ import annotations
 
-from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kiln.accounts.permissions import IsOrganizationFleetOwner
 
-from .. import selectors, services
+from .. import selectors, services, setup
 from .serializers import AgentSerializer, RegistrationTokenCreateSerializer, RegistrationTokenSerializer
-
-
-def register_command(request, secret: str) -> str:
-    server = settings.PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
-    return f"kiln-agent register --server {server} --registration-token {secret} --name $(hostname)"
 
 
 class AgentListView(generics.ListAPIView):
@@ -24,6 +18,14 @@ class AgentListView(generics.ListAPIView):
 
     def get_queryset(self):
         return selectors.agent_list(organization=self.request.organization)
+
+
+class AgentSetupView(APIView):
+    """The server's address as devices reach it (with a warning when it is loopback) and the agent's install command."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        return Response(setup.agent_setup(request))
 
 
 class AgentDetailView(APIView):
@@ -54,7 +56,7 @@ class RegistrationTokenListView(APIView):
         data = RegistrationTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         token, secret = services.registration_token_create(organization=request.organization, user=request.user, name=data.validated_data["name"])
-        body = {**RegistrationTokenSerializer(token).data, "token": secret, "register_command": register_command(request, secret)}
+        body = {**RegistrationTokenSerializer(token).data, "token": secret, "register_command": setup.register_command(setup.server_url(request)[0], secret)}
         return Response(body, status=status.HTTP_201_CREATED)
 
 

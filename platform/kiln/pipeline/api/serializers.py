@@ -65,7 +65,8 @@ class JobListSerializer(serializers.ModelSerializer):
 
     def get_model(self, job) -> dict:
         version = job.model_version
-        return {"id": version.model_id, "name": version.model.name, "version": version.number}
+        # The weights' digest: two uploads of the same bytes are one model to compare, whatever their names.
+        return {"id": version.model_id, "name": version.model.name, "version": version.number, "sha256": version.blob.sha256}
 
 
 class JobSerializer(JobListSerializer):

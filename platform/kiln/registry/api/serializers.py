@@ -2,6 +2,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from ..models import Dataset, Model, ModelVersion
+from ..selectors import model_version_output_kinds
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
@@ -20,19 +21,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
 
     def get_output_kinds(self, version) -> dict:
         """Per output: the kind used (`kind`), what Kiln inferred and why, and whether the user overrode it."""
-        inferred = version.output_kinds or {}
-        overrides = version.output_kind_overrides or {}
-        kinds = {}
-        for output in (version.signature or {}).get("outputs", []):
-            name = output["name"]
-            guess = inferred.get(name) or {}
-            kinds[name] = {
-                "kind": overrides.get(name) or guess.get("kind"),
-                "inferred": guess.get("kind"),
-                "reason": guess.get("reason") or "not inferred yet: decided from FP32's outputs when a job runs",
-                "overridden": name in overrides,
-            }
-        return kinds
+        return model_version_output_kinds(version=version)
 
     def get_download_url(self, version) -> str:
         return reverse("model-version-download", args=[version.model_id, version.number])
@@ -86,6 +75,13 @@ class DatasetUploadSerializer(FileOrUploadSerializer):
     recipe = serializers.CharField(max_length=20_000, required=False, allow_blank=True,
                                    help_text="JSON preprocessing recipe that turns raw images, WAV files or text lines into the model's inputs.")
     tokenizer = serializers.FileField(required=False, help_text="The model's tokenizer.json, for a text recipe.")
+
+
+class DatasetPreviewSerializer(FileOrUploadSerializer):
+    """A zip of images or WAV files (the first few are read), as `file` or a finished `upload`."""
+
+    recipe = serializers.CharField(max_length=20_000, help_text="The JSON recipe to preview.")
+    model_version = serializers.IntegerField(required=False, min_value=1, help_text="Check the tensors against this model version's inputs.")
 
 
 class OutputKindsSerializer(serializers.Serializer):

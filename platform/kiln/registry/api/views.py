@@ -6,7 +6,7 @@ import re
 from django.conf import settings
 from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -18,6 +18,7 @@ from kiln.core.parsers import BoundedJSONParser
 from .. import selectors, services, storage
 from ..uploads import parse_metadata
 from .serializers import (
+    DatasetPreviewSerializer,
     DatasetSerializer,
     DatasetUploadSerializer,
     ModelSerializer,
@@ -160,6 +161,27 @@ class DatasetListView(StreamingUploadMixin, generics.ListAPIView):
                 recipe=data.get("recipe") or None, tokenizer=data.get("tokenizer"),
             )
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+
+class DatasetPreviewView(StreamingUploadMixin, APIView):
+    """What a recipe makes of the first files of a zip (tensors, thumbnails, labels), checked against a model; nothing is stored."""
+
+    @extend_schema(request=DatasetPreviewSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        data = self.parsed_upload(request, DatasetPreviewSerializer)
+        version = None
+        if data.get("model_version"):
+            version = selectors.model_version_get(organization=request.organization, version_id=data["model_version"])
+        with services.upload_released_on_error(upload=data["file"]):
+            return Response(services.dataset_preview(upload=data["file"], recipe=data["recipe"], version=version))
+
+
+class ModelVersionRecipeView(APIView):
+    """The preprocessing recipe Kiln proposes for raw data (images, WAV files, text) fed to this version, with its reasons."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, pk: int, number: int):
+        return Response(selectors.model_version_recipe(version=_version(request, pk, number)))
 
 
 class DatasetDetailView(APIView):
