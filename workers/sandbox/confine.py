@@ -155,8 +155,8 @@ def _drop_identity(granted: Granted, plan: Plan, *, privileged: bool) -> None:
                                  "and no mount namespace could show it")
         elif privileged:
             os.chown(plan.work, plan.uid, plan.uid)
-            for entry in Path(plan.work).iterdir():
-                os.chown(entry, plan.uid, plan.uid)
+            for entry in Path(plan.work).iterdir():  # never through a link: it could name any file of the host
+                os.chown(entry, plan.uid, plan.uid, follow_symlinks=False)
             namespaces.drop_to_user(plan.uid, plan.uid)
             granted.user = f"uid {plan.uid}"
         elif granted.network_namespace:

@@ -7,6 +7,7 @@ back as a dict or as SandboxFailed with a readable reason.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -24,9 +25,13 @@ DEFAULT_MEMORY_MB = 6144
 DEFAULT_CPU_SECONDS = 600
 DEFAULT_WALL_SECONDS = 900
 MAX_FILE_BYTES = 8 << 30
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The project's packages a child may import; the project root itself (data folder, secret key, .git) stays out.
 CHILD_PACKAGES = ("workers", "devices")
+
+
+def package_folder(name: str) -> Path:
+    """Where a package of the project is on this host (a checkout, or site-packages in an installed server)."""
+    return Path(importlib.util.find_spec(name).origin).resolve().parent
 _KEPT_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "VIRTUAL_ENV")
 
 
@@ -42,11 +47,23 @@ class Unconfined(SandboxFailed):
     """This host's kernel granted none of the OS confinements, and running unconfined was not allowed."""
 
 
-def _environment(private: Path) -> dict[str, str]:
+def _environment(private: Path, packages: Path) -> dict[str, str]:
     env = {key: os.environ[key] for key in _KEPT_ENVIRONMENT if key in os.environ}
-    env.update(HOME=str(private), TMPDIR=str(private), PYTHONPATH=str(PROJECT_ROOT), PYTHONDONTWRITEBYTECODE="1",
+    env.update(HOME=str(private), TMPDIR=str(private), PYTHONPATH=str(packages), PYTHONDONTWRITEBYTECODE="1",
                OMP_NUM_THREADS="1", NO_PROXY="*", PYTHONNOUSERSITE="1")
     return env
+
+
+def _package_links(folder: Path) -> Path:
+    """A folder holding only links to the project's packages, for the child's PYTHONPATH.
+
+    Python lists each folder on its path; the project root itself is neither shown in the sandbox nor readable
+    under Landlock, so the child imports through this folder (readable) and the links (to readable trees).
+    """
+    folder.mkdir()
+    for name in CHILD_PACKAGES:
+        (folder / name).symlink_to(package_folder(name), target_is_directory=True)
+    return folder
 
 
 def _secret_folders() -> list[str]:
@@ -57,7 +74,7 @@ def _secret_folders() -> list[str]:
 
 
 def plan_for(work: Path, new_root: Path, *, uid: int) -> Plan:
-    packages = [str(PROJECT_ROOT / name) for name in CHILD_PACKAGES]
+    packages = [str(package_folder(name)) for name in CHILD_PACKAGES]
     return Plan(work=str(work), readable=readable_paths(packages=packages), hidden=_secret_folders(), new_root=str(new_root), uid=uid)
 
 
@@ -77,16 +94,17 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
     private.mkdir()
     new_root.mkdir()
     os.chmod(scratch, 0o755)
+    packages = _package_links(scratch / "packages")
     try:
         staged = {**request, "command": command, "require_os_confinement": not allow_unconfined,
                   "limits": {"memory_mb": memory_mb, "cpu_seconds": cpu_seconds, "file_bytes": MAX_FILE_BYTES},
-                  "plan": _plan_dict(plan_for(private, new_root, uid=uid), layers=layers, shared=shared)}
+                  "plan": _plan_dict(plan_for(private, new_root, uid=uid), layers=layers, shared=shared, packages=packages)}
         for key, source in (files or {}).items():
             target = private / f"{key}{Path(source).suffix}"
             shutil.copyfile(source, target)
             staged[key] = str(target)
         (private / "request.json").write_text(json.dumps(staged))
-        output, returncode = _run_child(private, wall_seconds=wall_seconds)
+        output, returncode = _run_child(private, packages, wall_seconds=wall_seconds)
         result = _read_result(private, returncode, output, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
         if "error" in result:
             message = str(result["error"]).replace(str(private) + os.sep, "").replace(str(private), "")
@@ -98,10 +116,10 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _plan_dict(plan: Plan, *, layers: tuple[str, ...], shared: tuple[Path, ...]) -> dict:
+def _plan_dict(plan: Plan, *, layers: tuple[str, ...], shared: tuple[Path, ...], packages: Path) -> dict:
     for path in shared:
         _let_anyone_read(Path(path))
-    plan.readable = sorted({*plan.readable, *(str(Path(path).resolve()) for path in shared)})
+    plan.readable = sorted({*plan.readable, str(packages), *(str(Path(path).resolve()) for path in shared)})
     return {**asdict(plan), "layers": list(layers)}
 
 
@@ -122,9 +140,9 @@ def _move_out(path: Path, destination: Path) -> None:
         shutil.move(str(side), destination.with_name(destination.name + ".data"))
 
 
-def _run_child(private: Path, *, wall_seconds: int) -> tuple[str, int]:
+def _run_child(private: Path, packages: Path, *, wall_seconds: int) -> tuple[str, int]:
     command = [sys.executable, "-m", "workers.sandbox.child", str(private / "request.json")]
-    process = subprocess.Popen(command, cwd=private, env=_environment(private), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=private, env=_environment(private, packages), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=wall_seconds)
