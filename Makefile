@@ -64,7 +64,7 @@ test-python: install
 	else KILN_DATA_DIR=$${KILN_DATA_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS); fi
 
 lint: install
-	$(VENV)/bin/ruff check platform workers devices tests benchmarks
+	$(VENV)/bin/ruff check platform workers devices tests benchmarks docs/hooks
 
 bench: install
 	$(PY) benchmarks/agent_overhead.py
