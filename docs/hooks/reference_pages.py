@@ -63,7 +63,8 @@ def rest_page(schema: dict) -> str:
         "[API contract](../api.md); the same calls from a shell are in [the REST API with curl](curl.md).",
         "",
         "Scripts authenticate with `Authorization: Bearer kiln_pat_…` (an API token); the browser UI uses its session and "
-        "CSRF. Errors are JSON `{\"error\", \"code\"}` with a 4xx status for bad input.",
+        "CSRF. Errors are JSON `{\"error\", \"code\"}` with a 4xx status for bad input. Where a field's type reads *any "
+        "JSON*, the schema leaves its shape open; the API contract gives it (the report's, for one).",
     ]
     return render_page(schema, REST_PREFIX, intro)
 
