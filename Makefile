@@ -12,7 +12,7 @@ WHEELHOUSE := var/wheelhouse
 CLIENT_SOURCES := platform/kiln/__init__.py platform/kiln/client.py platform/kiln/cli.py platform/kiln/package_run.py
 WHEEL_SOURCES := $(shell find devices distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null) $(CLIENT_SOURCES) setup.py
 
-.PHONY: up test install wheels frontend test-python test-frontend lint bench clean
+.PHONY: up test install wheels frontend docs test-python test-frontend lint bench clean
 
 # Three installables from this repository, editable: kiln-agent (devices), kiln-client (kiln.Client and `kiln`),
 # and kiln-server (platform and workers), which requires the other two.
@@ -40,12 +40,19 @@ $(WHEELHOUSE)/.downloaded: distributions/agent/pyproject.toml | $(WHEELS)/.built
 frontend: $(STAMP)
 	bash frontend/build.sh
 
-# Without Node the API, worker and agent still run; the page at / says how to build the UI.
+# The documentation site (MkDocs Material) from docs/ into site/, served at /docs/. --strict: a broken link or anchor
+# fails the build. Its REST reference is rendered from the OpenAPI schema of this checkout (docs/hooks/).
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: install
+	$(MKDOCS) build --strict
+
+# Without Node the API, worker and agent still run; the page at / says how to build the UI (and /docs/ the docs).
 up: install
 	bash frontend/build.sh || echo "warning: the web UI was not built (needs Node 18+); the API still runs."
+	$(MKDOCS) build || echo "warning: the documentation at /docs/ was not built; the platform still runs."
 	$(PY) platform/manage.py up
 
-test: install frontend lint test-frontend test-python
+test: install frontend docs lint test-frontend test-python
 
 test-frontend: frontend
 	cd frontend && . .nodeenv/bin/activate && npm test
@@ -57,7 +64,7 @@ test-python: install
 	else KILN_DATA_DIR=$${KILN_DATA_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS); fi
 
 lint: install
-	$(VENV)/bin/ruff check platform workers devices tests benchmarks
+	$(VENV)/bin/ruff check platform workers devices tests benchmarks docs/hooks
 
 bench: install
 	$(PY) benchmarks/agent_overhead.py
@@ -66,4 +73,4 @@ bench: install
 	$(PY) benchmarks/litert.py
 
 clean:
-	rm -rf var/test frontend/dist $(WHEELS)
+	rm -rf var/test frontend/dist site $(WHEELS)

@@ -166,6 +166,8 @@ FRONTEND_DIST = REPO_ROOT / "frontend" / "dist"
 # The built UI is served at / by WhiteNoise (assets) and a catch-all view (index.html).
 WHITENOISE_ROOT = FRONTEND_DIST if FRONTEND_DIST.exists() else None
 WHITENOISE_USE_FINDERS = True
+# The documentation site `make docs` builds from docs/ (MkDocs), served at /docs/ by kiln.core.docs_site.
+DOCS_SITE = REPO_ROOT / "site"
 
 # Blob storage: content-addressed; a folder under KILN_DATA_DIR/blobs unless S3 is configured (below).
 BLOB_ROOT = Path(os.environ.get("KILN_BLOB_ROOT", DATA_DIR / "blobs")).resolve()

@@ -1,8 +1,10 @@
-"""URL map: REST API, agent protocol, OpenAPI, admin, and the single-page UI."""
+"""URL map: REST API, agent protocol, OpenAPI, admin, the documentation site, and the single-page UI."""
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from kiln.core.docs_site import docs_page
 from kiln.core.downloads import download_wheel, downloads_index, downloads_json
 from kiln.core.metrics_view import metrics
 from kiln.core.views import health, spa_index
@@ -26,7 +28,9 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("downloads/", downloads_index, name="downloads"),
     path("downloads/<str:name>", download_wheel, name="download-wheel"),
-    re_path(r"^(?!api/|admin/|static/|downloads/|metrics$).*$", spa_index, name="spa"),
+    path("docs", RedirectView.as_view(url="/docs/", permanent=True)),
+    re_path(r"^docs/(?P<path>.*)$", docs_page, name="docs-site"),
+    re_path(r"^(?!api/|admin/|static/|downloads/|docs/|metrics$).*$", spa_index, name="spa"),
 ]
 
 handler400 = "kiln.core.views.bad_request"

@@ -100,6 +100,7 @@ class Command(BaseCommand):
             processes.append(self._start_agent(url, credentials, bin_dir, env))
         self.stdout.write(self.style.SUCCESS(f"\nKiln is running at {url}/"))
         self.stdout.write(f"  sign in as {credentials['username']} / {credentials['password']}")
+        self.stdout.write(f"  documentation: {url}/docs/")
         self.stdout.write(f"  API docs: {url}/api/docs/")
         self.stdout.write(f"  API token: {credentials['token']}")
         self.stdout.write(f"  devices install the agent from: {url}/downloads/")
