@@ -423,7 +423,7 @@ def report_table(device: dict, job_id, width: int) -> Table:
     flagged = any((v.get("regression") or {}).get("flagged") for v in variants)
     value_header = metric if wide and len(metric) <= 14 else "value"
     table = Table(title=f"{agent.get('name') or device.get('target')} · job {job_id}", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, show_edge=False, padding=(0, 1), collapse_padding=True, caption=f"recommended: {RECOMMENDED} · {value_header}: {metric} · drop: against FP32", caption_justify="left")
+                  pad_edge=False, show_edge=False, padding=0, caption=f"recommended: {RECOMMENDED} · {value_header}: {metric} · drop: against FP32", caption_justify="left")
     longest = max((len(_variant_name(v)) for v in variants), default=7)
     table.add_column("", width=1, no_wrap=True)
     table.add_column("variant", min_width=min(longest, 40), no_wrap=True, overflow="fold")

@@ -4,6 +4,7 @@ from django.urls import register_converter
 
 from .converters import IdConverter
 from .metrics import count_queries
+from .revocations import connect_signals
 
 
 class CoreConfig(AppConfig):
@@ -14,8 +15,6 @@ class CoreConfig(AppConfig):
         # Every URLconf says <id:pk>; registered before the first request loads them.
         register_converter(IdConverter, "id")
         # A revocation anywhere reaches every server process's token caches at once.
-        from .revocations import connect_signals
-
         connect_signals()
         # kiln_db_queries on /metrics: what a fleet costs the database (benchmarks/fleet_load.py reads it).
         connection_created.connect(count_queries, dispatch_uid="kiln-count-queries")

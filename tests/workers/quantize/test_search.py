@@ -10,6 +10,7 @@ import pytest
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
 from workers.noise import latency_ratio, timing_of
 from workers.quantize import PRECISIONS, search
+from workers.scoring import label_of
 from workers.quantize.search import (
     InvalidTolerance,
     _leader_is_clear,
@@ -280,7 +281,8 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_pat
     # The fastest within tolerance, or one it does not beat beyond the measured noise (workers/noise.py).
     fastest = min((e for e in by_id.values() if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
     assert best is fastest or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
-    assert result["reason"].startswith(f"Use {best['key']} on onnxruntime")
+    # Named as every table names it: effective precision first (devices/labels.py), then the recipe.
+    assert result["reason"].startswith(f"Use {label_of(best)}:") and label_of(best).endswith(" on onnxruntime")
     # Off the Pareto set only as a tie within noise with what is on it (then the more accurate, then the smaller wins).
     assert result["recommended"] in result["pareto"] or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
     # Speed first: INT8's other calibration methods are built only when its cheapest build paid, and the notes say which.
