@@ -148,12 +148,20 @@ def _cpu_mhz(cores: list[int]) -> float | None:
 
 
 def _process_cpu() -> dict[tuple[int, float], tuple[str, float]]:
-    """CPU seconds so far of every process this user may read, by (pid, start time): a reused pid is another process."""
+    """CPU seconds so far of every process this user may read, by (pid, start time): a reused pid is another process.
+
+    Empty where the process table cannot be listed (QEMU user-mode emulation with a /proc of its own, a locked-down
+    Android): only the names of the busiest processes are lost, not the window's measure of competing CPU (/proc/stat).
+    """
     table = {}
-    for process in psutil.process_iter(["name", "cpu_times", "create_time"]):
-        times = process.info.get("cpu_times")
-        if times is not None:
-            table[(process.pid, process.info.get("create_time") or 0.0)] = (process.info.get("name") or "?", times.user + times.system)
+    try:
+        for process in psutil.process_iter(["name", "cpu_times", "create_time"]):
+            times = process.info.get("cpu_times")
+            if times is not None:
+                table[(process.pid, process.info.get("create_time") or 0.0)] = (process.info.get("name") or "?", times.user + times.system)
+    except (psutil.Error, OSError, IndexError) as error:  # psutil.pids() indexes an empty listing
+        logger.debug("the process table cannot be read (%s); a busy window will not name its processes", error)
+        return {}
     return table
 
 

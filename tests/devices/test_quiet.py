@@ -168,3 +168,24 @@ def test_the_quiet_folder_follows_the_data_folder_unless_set(monkeypatch, tmp_pa
     assert quiet.quiet_dir() == tmp_path / "data" / "quiet"
     monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "shared"))
     assert quiet.quiet_dir() == tmp_path / "shared" and (tmp_path / "shared").is_dir()
+
+
+def test_a_process_table_that_cannot_be_listed_still_measures_the_competition(tmp_path, burner_binary, monkeypatch):
+    # As under QEMU user-mode emulation, whose -L prefix holds a /proc with no process folders: psutil.pids() fails.
+    def unlistable(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(quiet.psutil, "process_iter", unlistable)
+    monkeypatch.setenv(quiet.BUSY_CORES_ENV, "0.2")
+    cores = sorted(os.sched_getaffinity(0))
+    burners = [spawn([str(burner_binary), "-c", BURN]) for _ in cores]
+    for burner in burners:
+        psutil.Process(burner.pid).cpu_affinity(cores)
+    try:
+        time.sleep(0.2)
+        result, window = quiet.measure_quietly(lambda: time.sleep(0.4) or "measured", retakes=0, directory=tmp_path)
+    finally:
+        for burner in burners:
+            stop(burner)
+    # The competing CPU comes from /proc/stat, so the window is still known to be busy; only the names are missing.
+    assert result == "measured" and window.busy and window.competing_cores > 0.2 and window.busiest == []
