@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e import test_ui as ui
 from tests.e2e.test_stateful_stack import STEPS
-from tests.e2e.test_ui import api, new_user, screenshot, select_containing, sign_in
+from tests.e2e.test_ui import api, new_user, screenshot, select_containing, sign_in, wait_for_page
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import SILERO_VAD
 
@@ -61,7 +61,7 @@ def test_raw_images_with_a_recipe_show_thumbnails_and_a_corrupt_one_is_named(sta
     thumbnails = row.get_by_test_id("dataset-previews").locator("img")
     expect(thumbnails).to_have_count(4)
     # The thumbnails really render under the server's Content-Security-Policy (data: images).
-    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=dataset-previews] img')].every(i => i.complete && i.naturalWidth > 0)")
+    wait_for_page(page, "() => [...document.querySelectorAll('[data-testid=dataset-previews] img')].every(i => i.complete && i.naturalWidth > 0)")
     screenshot(page, "20-datasets-recipe")
 
     page.get_by_test_id("dataset-upload-input").set_input_files(str(digit_zip(tmp_path / "broken.zip", broken=True)))

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.e2e import test_ui as ui
-from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in
+from tests.e2e.test_ui import JOB_TIMEOUT_MS, api, new_user, screenshot, sign_in, wait_for_page
 from tests.e2e.test_ui_guides import scripted_agent
 
 browser, new_page, stack, ui_dist, digits_files = ui.browser, ui.new_page, ui.stack, ui.ui_dist, ui.digits_files
@@ -26,11 +26,9 @@ WIDTHS = (1366, 800, 390)
 
 def no_sideways_scroll(page) -> bool:
     """No page-level sideways scroll, once the layout has settled (the chart redraws at its new width after a resize)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
     # Still too wide after the wait: the culprits are named below.
-    with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function("document.documentElement.scrollWidth <= window.innerWidth + 1", timeout=3000)
+    with contextlib.suppress(AssertionError):
+        wait_for_page(page, "document.documentElement.scrollWidth <= window.innerWidth + 1", timeout_ms=3000)
     fits = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     if not fits:
         # Name the widest culprits, for the failure message.
@@ -163,7 +161,7 @@ def test_report_chart_fits_the_tolerance_draws_the_front_zooms_within_the_data_a
 
     for width in WIDTHS[1:]:
         page.set_viewport_size({"width": width, "height": 900})
-        page.wait_for_function("document.querySelector('.u-over').getBoundingClientRect().right <= window.innerWidth")
+        wait_for_page(page, "document.querySelector('.u-over').getBoundingClientRect().right <= window.innerWidth")
         assert no_sideways_scroll(page), f"the report scrolls sideways at {width} px"
         screenshot(page, f"27-01-chart-{width}")
 
@@ -378,7 +376,7 @@ def test_a_folder_of_jpegs_becomes_a_dataset_with_a_proposed_recipe_and_a_previe
         expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("float32 [1, 8, 8]")
         expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("Labels from the class folders: seven, three")
         expect(preview.get_by_test_id("raw-preview-fits")).to_contain_text("Fits digits")
-        page.wait_for_function("() => [...document.querySelectorAll('[data-testid=raw-preview-samples] img')].every(i => i.complete && i.naturalWidth > 0)")
+        wait_for_page(page, "() => [...document.querySelectorAll('[data-testid=raw-preview-samples] img')].every(i => i.complete && i.naturalWidth > 0)")
         assert no_sideways_scroll(page)
         screenshot(page, f"27-03-preview-{width}")
         if width != WIDTHS[0]:

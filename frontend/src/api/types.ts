@@ -290,6 +290,8 @@ export interface DeviceTask {
   id: number;
   variant: number;
   backend: string;
+  /** measure: one variant compiled, timed and evaluated; retime: the device's finalists timed again side by side. */
+  purpose: 'measure' | 'retime';
   agent: { id: number; name: string } | null;
   target: string | null;
   status: 'queued' | 'leased' | 'succeeded' | 'failed' | 'canceled';

@@ -1,6 +1,7 @@
 /** Which operators each runtime runs natively, which fall back and which it cannot run, in the runtimes' own words. */
 import type { SupportAnswer } from '../api/types';
 import { StatusBadge } from './common';
+import { DataTable } from './DataTable';
 
 const VERDICTS: Record<SupportAnswer['verdict'], { status: string; label: string }> = {
   runs: { status: 'succeeded', label: 'Runs' },
@@ -23,18 +24,12 @@ export function opList(counts: Record<string, number> | undefined, limit = 6): s
 
 export function OperatorSupportTable({ answers, showWhere }: { answers: SupportAnswer[]; showWhere?: boolean }) {
   return (
-    <table className="table table-compact" data-testid="operator-support">
-      <thead>
-        <tr>
-          <th scope="col">Runtime</th>
-          {showWhere ? <th scope="col">Answered by</th> : null}
-          <th scope="col">Verdict</th>
-          <th scope="col">Native</th>
-          <th scope="col">Falls back</th>
-          <th scope="col">Cannot run</th>
-        </tr>
-      </thead>
-      <tbody>
+    // Cards on a phone, each figure named by its column, like every other table (components/DataTable).
+    <DataTable
+      className="table table-compact table-cards"
+      testId="operator-support"
+      columns={['Runtime', ...(showWhere ? ['Answered by'] : []), 'Verdict', 'Native', 'Falls back', 'Cannot run']}
+    >
         {answers.map((answer) => {
           const verdict = VERDICTS[answer.verdict] ?? VERDICTS.unknown;
           return (
@@ -56,7 +51,6 @@ export function OperatorSupportTable({ answers, showWhere }: { answers: SupportA
             </tr>
           );
         })}
-      </tbody>
-    </table>
+    </DataTable>
   );
 }

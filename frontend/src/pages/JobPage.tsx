@@ -100,9 +100,9 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
       testId="device-tasks"
     >
       {tasks.map((task) => (
-        <tr key={task.id} data-testid="device-task-row">
+        <tr key={task.id} data-testid="device-task-row" data-purpose={task.purpose}>
           <td>{task.agent?.name ?? task.target ?? 'Unassigned'}</td>
-          <td>{variantName(task.variant)}</td>
+          <td>{task.purpose === 'retime' ? 'Finalists re-timed side by side' : variantName(task.variant)}</td>
           {searched ? <td>{variantOf(task.variant)?.round ?? 1}</td> : null}
           <td>{task.backend}</td>
           <td>

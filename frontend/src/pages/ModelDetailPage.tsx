@@ -141,6 +141,7 @@ function OpHistogram({ histogram }: { histogram: Record<string, number> }) {
 function VersionDetail({ modelId, version }: { modelId: number; version: ModelVersion }) {
   const validation = version.validation;
   return (
+    <>
     <div className="grid-2">
       <section className="card" aria-labelledby="signature-heading" data-testid="signature">
         <h2 id="signature-heading">Signature</h2>
@@ -223,10 +224,12 @@ function VersionDetail({ modelId, version }: { modelId: number; version: ModelVe
           <h2 id="ops-heading">Operators</h2>
           <OpHistogram histogram={version.op_histogram} />
         </section>
-        <OperatorSupport modelId={modelId} version={version} />
-        <LatencyEstimate versionId={version.id} />
       </div>
     </div>
+    {/* Full width: five or four columns of operator lists, figures and notes do not fit half of a 1366 px window. */}
+    <OperatorSupport modelId={modelId} version={version} />
+    <LatencyEstimate versionId={version.id} />
+    </>
   );
 }
 

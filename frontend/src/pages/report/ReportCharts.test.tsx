@@ -57,6 +57,18 @@ describe('latency-accuracy scatter on a real agent report', () => {
     expect(width()).toBeCloseTo(before, 6);
   });
 
+  it('leaves " on <backend>" off the chart names when every point runs on one backend, and the caption says which', async () => {
+    const { pointText, scatterModel, toleranceThreshold } = await charts();
+    const one = (variant: ReportVariant, id: number, label: string) => ({ ...variant, id, backend: 'onnxruntime', label });
+    const shared = { ...device, variants: [one(device.variants[0], 1, 'fp32 on onnxruntime'), one(device.variants[0], 2, 'int8 · int8-dynamic on onnxruntime')] };
+    const model = scatterModel(shared, toleranceThreshold(shared, report.tolerance), 'top1_agreement')!;
+    expect(model.sharedBackend).toBe('onnxruntime');
+    expect(model.points.map((variant) => pointText(variant, false, model.sharedBackend)).sort()).toEqual(['fp32', 'int8 · int8-dynamic']);
+    expect(pointText(model.points[1], true, model.sharedBackend)).toMatch(/^int8 · int8-dynamic \(1, off the scale\)$|^fp32 \(1, off the scale\)$/);
+    // Two backends: the names keep them (the real report's two FP32 builds).
+    expect(scatterModel(device, toleranceThreshold(device, report.tolerance), 'top1_agreement')!.sharedBackend).toBeNull();
+  });
+
   it('says how many variants are not plotted instead of labelling a point that has no accuracy', async () => {
     const { LatencyAccuracyScatter } = await charts();
     const unmeasured = { ...device.variants[1], id: 99, accuracy: null } as ReportVariant;

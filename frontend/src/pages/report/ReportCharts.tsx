@@ -94,10 +94,21 @@ interface ScatterModel {
   reference: number | null;
   legend: { key: string; label: string }[];
   label: string;
+  /** The one backend every point runs on, or null when they differ. */
+  sharedBackend: string | null;
 }
 
-function pointText(variant: Plotted, offScale: boolean): string {
-  return offScale ? `${variantLabel(variant)} (${formatNumber(variant.accuracy.value, 3)}, off the scale)` : variantLabel(variant);
+/** The name on the chart: without " on <backend>" when every point runs on that one backend (the caption says which). */
+export function pointText(variant: Plotted, offScale: boolean, sharedBackend: string | null): string {
+  const full = variantLabel(variant);
+  const suffix = sharedBackend ? ` on ${sharedBackend}` : '';
+  const name = suffix && full.endsWith(suffix) ? full.slice(0, -suffix.length) : full;
+  return offScale ? `${name} (${formatNumber(variant.accuracy.value, 3)}, off the scale)` : name;
+}
+
+function sharedBackendOf(points: Plotted[]): string | null {
+  const backends = new Set(points.map((variant) => variant.backend));
+  return backends.size === 1 && points[0].backend ? points[0].backend : null;
 }
 
 /** Everything the scatter draws, from the report alone (no DOM): tested on a real agent's report. */
@@ -140,7 +151,7 @@ export function scatterModel(device: ReportDevice, threshold: number | null, met
     (threshold !== null ? ` Tolerance line at ${formatNumber(threshold, 4)}.` : '') +
     (offScale.size > 0 ? ` ${offScale.size} drawn at the edge, off the scale.` : '') +
     (recommended ? ` Recommended: ${variantLabel(recommended)}.` : '');
-  return { points, data, home, offScale, front, lowerIsBetter, bounded, reference, legend, label };
+  return { points, data, home, offScale, front, lowerIsBetter, bounded, reference, legend, label, sharedBackend: sharedBackendOf(points) };
 }
 
 /** Where a point is drawn, in CSS pixels inside the plot: off-scale ones sit at the far edge of the accuracy axis. */
@@ -163,7 +174,7 @@ function drawLabels(u: uPlot, layer: HTMLDivElement, model: ScatterModel, recomm
     .map((variant) => ({ variant, position: pointPosition(u, variant, model, height) }))
     .filter((entry) => inside(entry.position));
   const anchors = visible.map(({ variant, position }) => {
-    const text = pointText(variant, model.offScale.has(variant.id));
+    const text = pointText(variant, model.offScale.has(variant.id), model.sharedBackend);
     return { ...position, text, width: measure(text) };
   });
   const placed = placeLabels(mergeCoincident(anchors, 3, measure), width, height);
@@ -475,7 +486,7 @@ export function LatencyAccuracyScatter({ device, tolerance }: { device: ReportDe
         {model.offScale.size > 0
           ? ` ${model.offScale.size} variant${model.offScale.size === 1 ? ' is' : 's are'} so far past the tolerance that ${model.offScale.size === 1 ? 'it is' : 'they are'} drawn at the edge with a triangle, ${model.offScale.size === 1 ? 'its' : 'their'} value in the label.`
           : ''}{' '}
-        Hover or focus a point for its name and numbers; drag a box to zoom in, double-click or Reset zoom to see everything.
+        {model.sharedBackend ? `All on ${model.sharedBackend}. ` : ''}Hover or focus a point for its name and numbers; drag a box to zoom in, double-click or Reset zoom to see everything.
         {unplotted > 0 ? ` ${unplotted} variant${unplotted === 1 ? ' has' : 's have'} no latency or accuracy and ${unplotted === 1 ? 'is' : 'are'} not plotted.` : ''}
       </figcaption>
       <ScatterPlot model={model} threshold={threshold} metric={metric} recommended={device.recommended} />
