@@ -10,7 +10,6 @@ import pytest
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
 from workers.noise import latency_ratio, timing_of
 from workers.quantize import PRECISIONS, search
-from workers.scoring import label_of
 from workers.quantize.search import (
     InvalidTolerance,
     _leader_is_clear,
@@ -23,6 +22,7 @@ from workers.quantize.search import (
     search_locally,
     unregister_family,
 )
+from workers.scoring import label_of
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TRANSFORMER_FACTS = {"op_histogram": {"MatMul": 8, "Add": 10, "LayerNormalization": 2, "Softmax": 1}}
