@@ -54,7 +54,8 @@ def main(extra: list[str]) -> int:
         Path(env["KILN_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         log = Path(env["KILN_DATA_DIR"]) / "pytest.log"
         handle = log.open("w")
-        command = [sys.executable, "-m", "pytest", *paths, *extra]
+        # The slowest tests in every log: what to look at first when the suite grows past its time.
+        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", *extra]
         processes.append((index, paths, log, handle, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
                                                                                         stderr=subprocess.STDOUT)))
         print(f"shard {index}: {' '.join(paths)} (log: {log})", flush=True)
