@@ -58,7 +58,7 @@ test-frontend: frontend
 	cd frontend && . .nodeenv/bin/activate && npm test
 
 # KILN_DATA_DIR keeps test blobs and the SQLite test database away from a running `make up`. Without PYTEST_ARGS the
-# suite runs as two parallel shards, each with its own data folder, database and Redis db (tests/run_shards.py).
+# suite runs as parallel shards, each with its own data folder, database and Redis db (tests/run_shards.py).
 test-python: install
 	if [ -z "$(PYTEST_ARGS)" ]; then KILN_DATA_DIR=$${KILN_DATA_DIR:-$(CURDIR)/var/test} $(PY) tests/run_shards.py; \
 	else KILN_DATA_DIR=$${KILN_DATA_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS); fi

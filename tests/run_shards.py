@@ -1,13 +1,15 @@
 """Run the test suite as parallel shards, each with its own database, Redis db and data folder; print each shard's log.
 
 `make test-python` calls this when no PYTEST_ARGS are given. The machine has two cores and much of the suite waits
-on real processes (servers, workers, agents, a browser), so two pytest processes side by side finish well before one.
+on real processes (servers, workers, agents, a browser), so pytest processes side by side finish well before one: the
+end-to-end files dealt over two by their recorded durations, everything else in a third.
 Each shard gets `KILN_DATA_DIR=var/test/shard-N` (its own SQLite and queue on the embedded default), and, where
 DATABASE_URL / REDIS_URL are set, a database of its own (`<name>_shard_N`: pytest-django makes `test_<that>`) and a
 Redis database of its own (the given number minus N), so that no shard's Celery worker takes another's tasks.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,11 +18,32 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# Shards by measured wall time (see `--durations`): the real-process end-to-end tests on one side, the rest on the other.
-SHARDS = (
-    ["tests/e2e"],
-    ["tests", "--ignore=tests/e2e"],
-)
+# Seconds each end-to-end file took in a CI run (`--durations`, summed per file): the files are dealt out over
+# E2E_SHARDS shards, longest first, each to the shard with the least so far. A file not listed counts as the median.
+DURATIONS = REPO / "tests" / "e2e_durations.json"
+E2E_SHARDS = 2
+
+
+def e2e_files() -> list[str]:
+    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests" / "e2e").glob("test_*.py"))
+
+
+def deal(files: list[str], durations: dict[str, float], shards: int) -> list[list[str]]:
+    """Longest-processing-time-first: each file to the shard that has the least work so far."""
+    known = sorted(durations.values())
+    default = known[len(known) // 2] if known else 60.0
+    loads = [[0.0, []] for _ in range(shards)]
+    for name in sorted(files, key=lambda name: (-durations.get(name, default), name)):
+        lightest = min(loads, key=lambda load: load[0])
+        lightest[0] += durations.get(name, default)
+        lightest[1].append(name)
+    return [sorted(names) for _, names in loads if names]
+
+
+def shards() -> list[list[str]]:
+    """The end-to-end files (real servers, workers, agents, a browser) over E2E_SHARDS shards; the rest in one more."""
+    durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    return [*deal(e2e_files(), durations, E2E_SHARDS), ["tests", "--ignore=tests/e2e"]]
 
 
 def shard_environment(index: int, base: dict[str, str]) -> dict[str, str]:
@@ -49,7 +72,7 @@ def _redis(url: str, index: int) -> str:
 
 def main(extra: list[str]) -> int:
     processes = []
-    for index, paths in enumerate(SHARDS):
+    for index, paths in enumerate(shards()):
         env = shard_environment(index, os.environ)
         Path(env["KILN_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         log = Path(env["KILN_DATA_DIR"]) / "pytest.log"

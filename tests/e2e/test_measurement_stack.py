@@ -80,6 +80,7 @@ class HostBuilds(threading.Thread):
 
 def test_two_auto_jobs_run_together_on_one_local_agent_recommend_what_each_does_alone(kiln_stack, tmp_path, settings):
     settings.RETIME_MAX_ROUNDS = 8  # the serving cap: a tie that will not settle stops here (CI time)
+    kiln_stack.env["KILN_AGENT_RETAKES"] = "2"  # this test is about re-takes: the default, not the other tests' 0
     tenant = kiln_stack.create_user("tess", "a-long-password-1", "Trusted Timing")
     api = Api(kiln_stack.url, tenant.token)
     version = api.upload("/api/v1/models/", static_mlp(tmp_path / "mlp.onnx"), name="mlp")["versions"][0]["id"]

@@ -28,7 +28,7 @@ from kiln.pipeline.models import (
     Variant,
     VariantStatus,
 )
-from tests.conftest import REPO, LiveStack, _database_url_for_children, make_tenant, wait_until
+from tests.conftest import REPO, SHORT_MEASUREMENT_ENV, LiveStack, _database_url_for_children, make_tenant, wait_until
 from tests.e2e.test_pipeline_stack import Api, upload_digits
 from tests.e2e.test_service_restarts import OwnRedis
 from tests.fixtures.balancer import Balancer
@@ -45,7 +45,7 @@ HOSTS_ENV = {
     "KILN_AGENT_LONG_POLL_SECONDS": "60", "KILN_WAKE_PROBE_SECONDS": "120", "KILN_AGENT_OFFLINE_AFTER_SECONDS": "120",
     "KILN_AGENT_LEASE_SECONDS": "20", "KILN_AGENT_HEARTBEAT_SECONDS": "2", "KILN_HOUSEKEEPING_SECONDS": "1",
     "KILN_BENCHMARK_MIN_RUNS": "20", "KILN_BENCHMARK_MIN_SECONDS": "0.3", "KILN_BENCHMARK_WARMUP_RUNS": "3",
-    "KILN_BENCHMARK_WARMUP_SECONDS": "0.05", "KILN_METRICS": "true", "KILN_DB_POOL_SIZE": "4",
+    "KILN_BENCHMARK_WARMUP_SECONDS": "0.05", "KILN_METRICS": "true", "KILN_DB_POOL_SIZE": "4", **SHORT_MEASUREMENT_ENV,
 }
 
 

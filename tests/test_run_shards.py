@@ -1,0 +1,30 @@
+"""The suite's shards: every end-to-end file in exactly one, dealt so that no shard waits on another for long."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location("run_shards", Path(__file__).resolve().parent / "run_shards.py")
+run_shards = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(run_shards)
+
+
+def test_each_file_lands_in_one_shard_and_the_long_ones_are_spread():
+    durations = {"a.py": 300, "b.py": 280, "c.py": 100, "d.py": 90, "e.py": 10}
+    dealt = run_shards.deal([*durations, "new.py"], durations, 2)
+    assert sorted(name for shard in dealt for name in shard) == sorted([*durations, "new.py"])
+    # The two longest never share a shard; an unlisted file counts as the median (100 s).
+    assert not any({"a.py", "b.py"} <= set(shard) for shard in dealt)
+    totals = [sum(durations.get(name, 100) for name in shard) for shard in dealt]
+    assert max(totals) - min(totals) <= 100, totals
+
+
+def test_the_real_suite_is_dealt_whole_with_the_rest_in_a_shard_of_its_own():
+    shards = run_shards.shards()
+    e2e = [name for shard in shards[:-1] for name in shard]
+    assert sorted(e2e) == run_shards.e2e_files() and len(e2e) == len(set(e2e))
+    assert shards[-1] == ["tests", "--ignore=tests/e2e"]
+    # Each shard gets its own database and Redis database.
+    base = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres", "REDIS_URL": "redis://127.0.0.1:6379/15", "KILN_DATA_DIR": "/x"}
+    environments = [run_shards.shard_environment(index, base) for index in range(len(shards))]
+    assert len({env["DATABASE_URL"] for env in environments}) == len({env["REDIS_URL"] for env in environments}) == len(shards)
