@@ -398,6 +398,8 @@ class TaskRunner:
             raise
         speed["windows"] = [window.as_dict()]
         speed["size_bytes"] = compiled.artifact_path.stat().st_size
+        if compiled.float_precision:
+            speed["float_precision"] = compiled.float_precision
         emulated = arm.emulation()
         if emulated:
             logger.warning("timings taken under emulation are not this device's speed: %s", emulated)

@@ -37,6 +37,10 @@ QUANTIZED_OPS = frozenset({"FakeQuantize"})
 QUANTIZED_WEIGHT_TYPES = frozenset({"u8", "i8", "u4", "i4", "nf4"})
 
 
+# OpenVINO's element types as the labels (devices.labels) name precisions.
+FLOAT_PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+
 def is_quantized(model) -> bool:
     """Whether an OpenVINO model holds quantized operations or integer-compressed weights."""
     for op in model.get_ordered_ops():
@@ -189,6 +193,9 @@ class OpenVinoCompiledModel(CompiledModel):
         self.input_specs = [_spec(port, declared_inputs) for port in self.compiled.inputs]
         self.output_names = [_port_name(port, declared_outputs) for port in self.compiled.outputs]
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
+        # Without a hint (a quantized model) the plugin picks the float precision itself: say which it took.
+        precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        self.float_precision = FLOAT_PRECISION_NAMES.get(precision, precision)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.request.infer(feeds)

@@ -82,6 +82,8 @@ def test_a_quantized_model_compiles_in_the_plugins_default_precision_and_fp32_in
         compiled = OpenVinoBackend().compile(path, tmp_path / path.stem, threads=1)
         try:
             assert compiled.compiled.get_property("INFERENCE_PRECISION_HINT") == expected
+            # What the float remainder runs in is reported, in the labels' words.
+            assert compiled.float_precision == {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}[expected.get_type_name()]
         finally:
             compiled.close()
 
