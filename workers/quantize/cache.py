@@ -40,14 +40,18 @@ def toolchain_versions() -> dict[str, str | None]:
 
     import onnxruntime
 
-    try:
-        nncf_version = metadata.version("nncf")
-    except metadata.PackageNotFoundError:
-        nncf_version = None
+    def installed(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
     return {
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "nncf": nncf_version,
+        "nncf": installed("nncf"),
+        # OpenVINO's ONNX frontend and save_model shape an OpenVINO IR build.
+        "openvino": installed("openvino"),
         "kiln_build": source_digest(WORKERS_ROOT),
     }
 
