@@ -19,6 +19,7 @@ import numpy as np
 
 from devices.artifacts import ONNX, artifact_format
 from devices.backends.base import BackendUnavailable, CompiledModel
+from devices.backends.registry import get_backend
 from devices.metrics import cosine_similarity
 
 logger = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ def cross_check(compiled: CompiledModel, model_path: str | Path, feeds: dict[str
     """
     if not applies(backend_name, model_path):
         return None
-    from devices.backends.registry import get_backend
-
     rows = {name: np.ascontiguousarray(array) for name, array in feeds.items()}
     try:
         with tempfile.TemporaryDirectory(prefix="kiln-crosscheck-") as scratch:
