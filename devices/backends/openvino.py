@@ -43,13 +43,15 @@ FLOAT_PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 def is_quantized(model) -> bool:
     """Whether an OpenVINO model holds quantized operations or integer-compressed weights."""
-    for op in model.get_ordered_ops():
-        kind = op.get_type_name()
-        if kind in QUANTIZED_OPS:
-            return True
-        if kind == "Constant" and op.get_output_element_type(0).get_type_name() in QUANTIZED_WEIGHT_TYPES:
-            return True
-    return False
+    return any(op.get_type_name() in QUANTIZED_OPS or _compressed_weight(op) for op in model.get_ordered_ops())
+
+
+def _compressed_weight(op) -> bool:
+    # A compressed weight is an 8- or 4-bit constant decompressed by a Convert; an integer lookup table
+    # (a Gather's data) is not, and an FP32 model holding one must keep its f32 hint.
+    if op.get_type_name() != "Constant" or op.get_output_element_type(0).get_type_name() not in QUANTIZED_WEIGHT_TYPES:
+        return False
+    return any(target.get_node().get_type_name() == "Convert" for target in op.output(0).get_target_inputs())
 
 
 def _config(threads: int | None, *, options: dict[str, Any] | None = None, quantized: bool = False) -> dict:

@@ -105,3 +105,21 @@ def test_a_quantized_model_the_default_precision_cannot_compile_falls_back_to_f3
         compiled.close()
     reference = reference_logits(tiny_model_path, sample_feeds["input"])
     assert np.corrcoef(outputs.ravel(), reference.ravel())[0, 1] > 0.9
+
+
+@needs_openvino
+def test_an_fp32_model_with_an_integer_lookup_table_is_not_quantized(tmp_path):
+    import onnx
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+
+    from devices.backends.openvino import is_quantized, read_artifact
+
+    table = numpy_helper.from_array(np.arange(40, dtype=np.uint8).reshape(10, 4), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"]), helper.make_node("Cast", ["rows"], ["out"], to=TensorProto.FLOAT)],
+        "lookup", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [3, 4])], [table])
+    path = tmp_path / "lookup.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert not is_quantized(read_artifact(ov.Core(), path))
