@@ -421,3 +421,15 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
                        {"key": "fp32+y", "precision": "fp32", "options": {}, "backends": ["onnxruntime"], "compile": {"performance_hint": "THROUGHPUT"}},
                        {"key": "fp32+z", "precision": "fp32", "options": {}, "backends": None, "compile": {"graph_optimization": "extended"}}])
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
+
+
+def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_files, tmp_path):
+    result = search_locally(model_path=digits_files.model, calibration_path=digits_files.calibration,
+                            validation_path=digits_files.validation, tolerance="accuracy:2%", backends=("openvino",),
+                            work_dir=tmp_path, max_rounds=1,
+                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
+    by_id = {entry["id"]: entry for entry in result["variants"]}
+    assert {"fp32@openvino", "ov-int8@openvino"} <= set(by_id)
+    # Static INT8 on OpenVINO is NNCF's IR alone (issue 24): no QDQ recipe was measured there.
+    assert [key for key, entry in by_id.items() if entry["precision"] == "int8"] == ["ov-int8@openvino"]
+    assert by_id["ov-int8@openvino"]["accuracy"]["within_tolerance"]
