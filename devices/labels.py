@@ -4,7 +4,10 @@ A build's precision says how its weights were stored (`fp32`, `int8`, …); what
 also depends on the compile options (OpenVINO's `inference_precision: bf16` runs an FP32 graph in
 bfloat16) and on what the recipe left in float. The report, the search's families, the CLI, the
 package README and the performance database all name a variant by `effective_precision`, so an
-FP32 build that runs in bf16 is never called FP32. Pure; the agent, the workers and the server import it.
+FP32 build that runs in bf16 is never called FP32. A quantized model on OpenVINO compiles without a
+precision hint: its quantized operations run in INT8 and its float remainder in the CPU's default
+(bf16 where it has bf16 units); the label names the INT8, and the device's measurement says what the
+remainder ran in (`float_precision`, from the compiled model). Pure; the agent, the workers and the server import it.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, feeds, metrics, paired, quiet, support
+from devices import bench, crosscheck, feeds, metrics, paired, quiet, support
 from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
@@ -388,6 +388,12 @@ class TaskRunner:
         else:
             batch_sizes = benchmark_batch_sizes(compiled.input_specs, settings.batch_sizes)
             feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
+        # Before anything is timed or judged: a runtime that misreads the file fails the task as the runtime's fault.
+        try:
+            runtime_check = crosscheck.cross_check(compiled, paths["model"], feeds_by_batch[batch_sizes[0]],
+                                                   backend_name=task.get("backend") or "onnxruntime")
+        except crosscheck.RuntimeFault as fault:
+            raise TaskFailed(str(fault)) from None
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
         try:
             speed, window = quiet.measure_quietly(
@@ -398,6 +404,10 @@ class TaskRunner:
             raise
         speed["windows"] = [window.as_dict()]
         speed["size_bytes"] = compiled.artifact_path.stat().st_size
+        if compiled.float_precision:
+            speed["float_precision"] = compiled.float_precision
+        if runtime_check:
+            speed["runtime_check"] = runtime_check
         emulated = arm.emulation()
         if emulated:
             logger.warning("timings taken under emulation are not this device's speed: %s", emulated)

@@ -41,6 +41,8 @@ class CompiledModel(abc.ABC):
     threads: int
     input_specs: list[TensorSpec]
     output_names: list[str]
+    # What the runtime computes the float (not quantized) operations in, when it says: "fp32", "bf16", "fp16".
+    float_precision: str | None = None
 
     @property
     def input_names(self) -> list[str]:

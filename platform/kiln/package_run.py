@@ -83,11 +83,17 @@ def read_model_file(root: Path, entry: dict, key: bytes | None) -> bytes:
         raise SystemExit(f"{entry['path']} does not open with this key (wrong key, or another organization's package).") from None
 
 
-def _ov_config(options: dict) -> dict:
-    # The settings Kiln measured (devices/backends/options.py, restated here because this script
-    # runs without Kiln installed): the LATENCY hint and f32 unless the search chose otherwise.
-    config = {"PERFORMANCE_HINT": options.get("performance_hint", "LATENCY"),
-              "INFERENCE_PRECISION_HINT": options.get("inference_precision", "f32")}
+FLOAT_PRECISIONS = ("fp32", "fp16")
+
+
+def _ov_config(options: dict, precision: str = "fp32") -> dict:
+    # The settings Kiln measured (devices/backends/openvino.py `_config`, restated here because this
+    # script runs without Kiln installed): the LATENCY hint, and f32 for a float model unless the
+    # search chose otherwise; a quantized model gets OpenVINO's default, which runs its INT8 kernels.
+    config = {"PERFORMANCE_HINT": options.get("performance_hint", "LATENCY")}
+    hint = options.get("inference_precision") or ("f32" if str(precision).split("-")[0] in FLOAT_PRECISIONS else None)
+    if hint:
+        config["INFERENCE_PRECISION_HINT"] = hint
     if options.get("threads"):
         config["INFERENCE_NUM_THREADS"] = int(options["threads"])
     return config
@@ -122,6 +128,17 @@ def _litert(model_bytes: bytes, threads: int | None):
     return list(dtypes), lambda feeds: runner(**{name: np.ascontiguousarray(feeds[name], dtype=dtypes[name]) for name in dtypes})
 
 
+def _ov_model(core, ov, root: Path, files: dict, key: bytes | None):
+    """OpenVINO's model of the package's model file: the ONNX file, or the IR's model.xml and model.bin from their tar."""
+    if "model.openvino.tar" not in files:
+        return core.read_model(read_model_file(root, files["model.onnx"], key))
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(read_model_file(root, files["model.openvino.tar"], key)), mode="r:") as archive:
+        xml, weights = (archive.extractfile(name).read() for name in ("model.xml", "model.bin"))
+    return core.read_model(xml, ov.Tensor(np.frombuffer(weights, dtype=np.uint8)))
+
+
 def load(root: Path, manifest: dict, key: bytes | None, backend: str):
     """A callable `run(feeds) -> outputs`, on the backend asked for, from the engine Kiln measured when there is one,
     with the compile options Kiln measured (static shapes, threads, hints)."""
@@ -134,19 +151,22 @@ def load(root: Path, manifest: dict, key: bytes | None, backend: str):
         # The thread count the device measured with, unless the search chose one.
         threads = options.get("threads") or (manifest.get("measured") or {}).get("threads")
         return _litert(read_model_file(root, files["model.tflite"], key), int(threads) if threads else None)
+    if "model.openvino.tar" in files and backend != "openvino":
+        raise SystemExit(f"This package's model is an OpenVINO IR (model.openvino.tar): it runs on openvino, not {backend}.")
     if compiled is not None and manifest["backend"] != backend:
         compiled = None
     if backend == "openvino":
         import openvino as ov
 
         core = ov.Core()
+        config = _ov_config(options, (manifest.get("variant") or {}).get("precision") or "fp32")
         if compiled is not None:
-            engine = core.import_model(io.BytesIO(read_model_file(root, compiled, key)), "CPU", _ov_config(options))
+            engine = core.import_model(io.BytesIO(read_model_file(root, compiled, key)), "CPU", config)
         else:
-            model = core.read_model(read_model_file(root, files["model.onnx"], key))
+            model = _ov_model(core, ov, root, files, key)
             if options.get("static_shapes"):
                 model.reshape(options["static_shapes"])
-            engine = core.compile_model(model, "CPU", _ov_config(options))
+            engine = core.compile_model(model, "CPU", config)
         request = engine.create_infer_request()
         return [port.get_any_name() for port in engine.inputs], request.infer
     import onnxruntime as ort

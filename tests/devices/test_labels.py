@@ -18,6 +18,9 @@ from devices.labels import effective_precision, ignored_options, variant_label
     ("int4-weight", {}, "onnxruntime", {"block_size": 32}, "int4 weights"),
     ("int4-weight", {}, "onnxruntime", {"int8_nodes": ["fc"]}, "mixed"),
     ("int4-weight", {}, "openvino", {"ratio": 0.8}, "mixed"),
+    # NNCF's OpenVINO IR runs its quantized operations in INT8 whatever the float remainder runs in (never "fp32").
+    ("int8", {}, "openvino", {"runtime": "openvino"}, "int8"),
+    ("int8", {"inference_precision": "bf16"}, "openvino", {"runtime": "openvino"}, "int8"),
 ])
 def test_the_effective_precision_is_what_the_device_computes_in(precision, compile_options, backend, options, effective):
     assert effective_precision(precision, compile_options, backend, options) == effective
@@ -32,6 +35,7 @@ def test_labels_lead_with_the_effective_precision_and_end_with_the_compile_optio
     assert variant_label(key="int8-mse-keep4", precision="int8", backend="onnxruntime",
                          options={"nodes_to_exclude": ["a", "b", "c", "d"]}) == "mixed · int8-mse-keep4 on onnxruntime"
     assert variant_label(key=None, precision="fp32", backend="onnxruntime") == "fp32 on onnxruntime"
+    assert variant_label(key="ov-int8", precision="int8", backend="openvino", options={"runtime": "openvino"}) == "int8 · ov-int8 on openvino"
 
 
 def test_options_a_backend_does_not_act_on_are_named():

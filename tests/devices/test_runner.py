@@ -52,6 +52,12 @@ def test_task_runs_end_to_end(agent_server, runner, tiny_task_files, backend, tm
     assert {"p50", "p90", "p99", "mean", "std", "cv"} <= set(speed["latency_ms"])
     assert speed["load_ms"] > 0 and speed["first_inference_ms"] > 0 and speed["peak_memory_mb"] > 0
     assert speed["threads"] == 1 and speed["size_bytes"] > 0
+    # Another runtime than ONNX Runtime is checked against it on the same file before anything is judged.
+    if backend == "openvino":
+        assert speed["runtime_check"]["against"] == "onnxruntime" and speed["runtime_check"]["fault"] is False
+        assert speed["float_precision"] == "fp32"  # an FP32 model runs as built
+    else:
+        assert "runtime_check" not in speed
     accuracy = result["accuracy"]
     assert accuracy["cosine"] > 0.9999
     assert accuracy["top1_agreement"] == 1.0
@@ -330,3 +336,19 @@ def test_a_measure_task_reports_the_quiet_window_it_was_timed_in(agent_server, r
     [window] = result["metrics"]["windows"]
     assert window["retaken"] == 0 and window["busy"] is False and window["builds_paused"] is True
     assert window["before"]["loadavg"] and window["after"]["loadavg"] and window["seconds"] > 0
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_a_runtime_that_disagrees_with_onnx_runtime_on_the_same_file_fails_as_a_runtime_fault(
+        agent_server, runner, tiny_task_files, monkeypatch):
+    from devices.backends.openvino import OpenVinoCompiledModel
+
+    real_run = OpenVinoCompiledModel.run
+    # OpenVINO misreading a file (issue 24's QDQ detector): outputs unrelated to what the file computes.
+    monkeypatch.setattr(OpenVinoCompiledModel, "run", lambda self, feeds: {k: -v for k, v in real_run(self, feeds).items()})
+    task = agent_server.serve_task(41, tiny_task_files, backend="openvino")
+    assert runner.run(task) == "failed"
+    [result] = agent_server.results(41)
+    assert result["error"].startswith("runtime fault: openvino and onnxruntime disagree on the same file")
+    assert not {"profile", "evaluate"} & set(_stages(agent_server, 41))  # it stopped before any timing or judging
+    assert not agent_server.hits("POST", "/api/agent/v1/tasks/41/artifact")

@@ -6,7 +6,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from devices.artifacts import TFLITE, artifact_format
+from devices.artifacts import OPENVINO_IR, TFLITE, artifact_format
 
 logger = logging.getLogger(__name__)
 
@@ -14,11 +14,13 @@ logger = logging.getLogger(__name__)
 def runnable_backends(path: str | Path) -> list[str]:
     """Return the backends ("onnxruntime", "openvino", "litert") that load and compile this model on the host CPU.
 
-    A LiteRT flatbuffer is LiteRT's alone; an ONNX file is tried on the ONNX runtimes.
+    A LiteRT flatbuffer is LiteRT's alone, an OpenVINO IR OpenVINO's alone; an ONNX file is tried on the ONNX runtimes.
     """
     path = Path(path)
     if artifact_format(path) == TFLITE:
         return ["litert"] if _litert_loads(path) else []
+    if artifact_format(path) == OPENVINO_IR:
+        return ["openvino"] if _openvino_compiles(path) else []
     backends = []
     if _onnxruntime_loads(path):
         backends.append("onnxruntime")
@@ -58,10 +60,12 @@ def _openvino_compiles(path: Path) -> bool:
         import openvino
     except ImportError:  # OpenVINO is an optional extra; without it nothing can be claimed.
         return False
+    from devices.backends.openvino import compile_model, read_artifact
+
     core = openvino.Core()
     try:
-        # read_model alone accepts some graphs the CPU plugin then rejects, so compile too.
-        core.compile_model(core.read_model(str(path)), "CPU")
+        # read_model alone accepts some graphs the CPU plugin then rejects, so compile too, as the agent will.
+        compile_model(core, read_artifact(core, path), threads=None, options={})
     except Exception as error:
         logger.info("openvino cannot compile %s: %s", path.name, error)
         return False

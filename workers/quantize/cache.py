@@ -40,14 +40,18 @@ def toolchain_versions() -> dict[str, str | None]:
 
     import onnxruntime
 
-    try:
-        nncf_version = metadata.version("nncf")
-    except metadata.PackageNotFoundError:
-        nncf_version = None
+    def installed(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
     return {
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "nncf": nncf_version,
+        "nncf": installed("nncf"),
+        # OpenVINO's ONNX frontend and save_model shape an OpenVINO IR build.
+        "openvino": installed("openvino"),
         "kiln_build": source_digest(WORKERS_ROOT),
     }
 
@@ -139,13 +143,13 @@ def _store(entry: Path, built: Path, result: dict[str, Any]) -> None:
 
 
 def _materialize(source: Path, target: Path) -> None:
-    from devices.artifacts import TFLITE, artifact_format
+    from devices.artifacts import ONNX, artifact_format
     from workers.convert import save_model
     from workers.inspect import model_files
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    # A LiteRT flatbuffer is one self-contained file; an ONNX model may have external data.
-    if artifact_format(source) == TFLITE or len(model_files(source)) == 1:
+    # A LiteRT flatbuffer or a packed OpenVINO IR is one self-contained file; an ONNX model may have external data.
+    if artifact_format(source) != ONNX or len(model_files(source)) == 1:
         shutil.copyfile(source, target)
     else:
         # External data is referenced by file name; re-save so the copy points at `<target>.data`.

@@ -14,31 +14,11 @@ from workers.quantize.litert import RUNTIME
 from workers.quantize.schemes import has_fast_fp16
 
 KEYS = {"fp32": "litert-fp32", "fp16": "litert-fp16", "int8": "litert-int8"}
-# The runtimes that read an ONNX variant.
-ONNX_RUNTIMES = ("onnxruntime", "openvino")
 
 
 def litert_spec(precision: str) -> dict[str, Any]:
     """The spec of the LiteRT build of `precision` (fp32, fp16 or int8)."""
     return {"key": KEYS[precision], "precision": precision, "options": {"runtime": RUNTIME}, "backends": [RUNTIME], "compile": {}}
-
-
-def spec_runtimes(spec: dict[str, Any]) -> tuple[str, ...]:
-    """The runtimes a planned spec can run on: LiteRT for a LiteRT build, the ONNX runtimes for the rest, narrowed
-    to the spec's own list when it has one (a planner may name every target backend for an ONNX recipe)."""
-    readers = (RUNTIME,) if (spec.get("options") or {}).get("runtime") == RUNTIME else ONNX_RUNTIMES
-    return tuple(backend for backend in spec.get("backends") or readers if backend in readers)
-
-
-def for_targets(specs: list[dict[str, Any]], backends: list[str] | set[str]) -> list[dict[str, Any]]:
-    """Only the specs some target runtime can run, each on those runtimes only: nothing is built for a runtime no target has."""
-    offered = set(backends)
-    kept = []
-    for spec in specs:
-        runtimes = [backend for backend in spec_runtimes(spec) if backend in offered]
-        if runtimes:
-            kept.append({**spec, "backends": runtimes} if spec.get("backends") else spec)
-    return kept
 
 
 def explicit_specs(precisions: list[str], *, backends: list[str] | set[str], has_calibration: bool) -> list[dict[str, Any]]:

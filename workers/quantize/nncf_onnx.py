@@ -19,7 +19,15 @@ from typing import Any
 
 import onnx
 
-from workers.datasets import dataset_samples, iter_batches
+from workers.quantize.nncf_common import (
+    DEFAULT_SUBSET,
+    calibration_dataset,
+    ignored_scope,
+    int8_recipe,
+    model_type,
+    quantization_preset,
+    smooth_quant_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,18 +39,6 @@ NNCF_INT4_OPTIONS = {
     "tool", "ratio", "block_size", "symmetric", "nodes_to_exclude", "sensitivity_metric", "awq",
     "scale_estimation", "max_calibration_samples",
 }
-DEFAULT_SUBSET = 300
-
-
-class _Batches:
-    """A re-iterable view of an .npz (NNCF may pass over the data more than once)."""
-
-    def __init__(self, path: str | Path, input_names: list[str], limit: int):
-        self.path, self.input_names, self.limit = Path(path), input_names, limit
-
-    def __iter__(self):
-        # One sample per item: NNCF counts `subset_size` in items and assumes batch 1.
-        return iter_batches(self.path, input_names=self.input_names, batch_size=1, limit=self.limit)
 
 
 def _feed_names(model: onnx.ModelProto) -> list[str]:
@@ -51,71 +47,35 @@ def _feed_names(model: onnx.ModelProto) -> list[str]:
 
 
 def _dataset(model: onnx.ModelProto, calibration_path: str | Path, limit: int | None):
-    import nncf
-
-    samples = dataset_samples(calibration_path)
-    limit = min(samples, limit) if limit else samples
-    return nncf.Dataset(_Batches(calibration_path, _feed_names(model), limit)), limit
-
-
-def _ignored_scope(options: dict[str, Any]):
-    import nncf
-
-    names = list(options.get("nodes_to_exclude") or [])
-    types = list(options.get("ignored_types") or [])
-    if not names and not types:
-        return None
-    # strict=False: a keep-in-float list from the sensitivity ranking may name nodes NNCF never quantizes.
-    return nncf.IgnoredScope(names=names, types=types, validate=False)
+    return calibration_dataset(_feed_names(model), calibration_path, limit)
 
 
 def build_int8(model_path: Path, out_path: Path, *, calibration_path: str | Path, options: dict[str, Any]) -> dict[str, Any]:
     """nncf.quantize on the ONNX model; return the recipe."""
     import nncf
-    from nncf.quantization.advanced_parameters import (
-        AdvancedQuantizationParameters,
-        AdvancedSmoothQuantParameters,
-    )
 
     from workers.convert import save_model
 
     model = onnx.load(str(model_path))
     dataset, subset = _dataset(model, calibration_path, options.get("max_calibration_samples") or DEFAULT_SUBSET)
-    preset_name = options.get("preset")
-    preset = {"performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED,
-              None: None}[preset_name]
-    model_type = nncf.ModelType.TRANSFORMER if options.get("model_type") == "transformer" else None
-    advanced = None
+    transformer = model_type(options)
     alpha = options.get("smooth_quant_alpha")
     fast_bias_correction = bool(options.get("fast_bias_correction", True))
     smooth_quant_note = None
-    if not fast_bias_correction and (model_type is not None or (alpha is not None and alpha >= 0)):
+    if not fast_bias_correction and (transformer is not None or (alpha is not None and alpha >= 0)):
         # nncf 3.4 (ONNX): full BiasCorrection after SmoothQuant inserts a tensor name twice and
         # the model no longer loads ("Duplicate definition-site ... nncf_smooth_quant_output").
         alpha = -1
         smooth_quant_note = "off: nncf 3.4's ONNX BiasCorrection breaks SmoothQuant models"
-    if alpha is not None:
-        advanced = AdvancedQuantizationParameters(
-            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=float(alpha), convolution=-1)
-        )
     quantized = nncf.quantize(
-        model, dataset, preset=preset, model_type=model_type, subset_size=subset,
-        fast_bias_correction=fast_bias_correction, ignored_scope=_ignored_scope(options),
-        advanced_parameters=advanced,
+        model, dataset, preset=quantization_preset(options), model_type=transformer, subset_size=subset,
+        fast_bias_correction=fast_bias_correction, ignored_scope=ignored_scope(options),
+        advanced_parameters=smooth_quant_parameters(alpha),
     )
     save_model(quantized, out_path)
-    return {
-        "method": "static",
-        "tool": f"nncf {nncf.__version__} (ONNX backend)",
-        "quant_format": "QDQ",
-        "preset": preset_name or "nncf default (performance)",
-        "model_type": options.get("model_type") or "default",
-        "fast_bias_correction": fast_bias_correction,
-        "smooth_quant_alpha": smooth_quant_note or alpha if alpha is not None else ("nncf default (0.95 for transformer)" if model_type else "off"),
-        "samples": subset,
-        "nodes_excluded": list(options.get("nodes_to_exclude") or []),
-        "ignored_types": list(options.get("ignored_types") or []),
-    }
+    alpha_note = (smooth_quant_note or alpha) if alpha is not None else None
+    return {**int8_recipe(options, tool=f"nncf {nncf.__version__} (ONNX backend)", alpha_note=alpha_note, samples=subset),
+            "quant_format": "QDQ"}
 
 
 def build_int4(model_path: Path, out_path: Path, *, calibration_path: str | Path | None, options: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +102,7 @@ def build_int4(model_path: Path, out_path: Path, *, calibration_path: str | Path
     if metric_name:
         metric = nncf.SensitivityMetric(metric_name)
     compressed = nncf.compress_weights(
-        model, mode=mode, ratio=ratio, group_size=group_size, ignored_scope=_ignored_scope(options),
+        model, mode=mode, ratio=ratio, group_size=group_size, ignored_scope=ignored_scope(options),
         dataset=dataset, sensitivity_metric=metric, awq=awq or None, scale_estimation=scale_estimation or None,
         all_layers=True,
     )

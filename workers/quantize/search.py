@@ -49,8 +49,10 @@ from devices.metrics import evaluate
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.learned.search import learned_proposals
+from workers.quantize import openvino_family
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
-from workers.quantize.litert_family import for_targets, search_proposals
+from workers.quantize.litert_family import search_proposals
+from workers.quantize.runtimes import for_targets
 from workers.quantize.schemes import (
     TRANSFORMER_INT8_OPS,
     has_fast_fp16,
@@ -75,7 +77,7 @@ FAMILY_COMPILE = {BF16_KEY: {"inference_precision": "bf16"}}
 # defaults (FP32 with runtime defaults is the "fp32" spec on every backend). They are measured in
 # round 1 whatever the probes say, and re-timed beside the leader at the end, so Kiln's pick is
 # never slower than a vendor default that meets the same tolerance.
-VENDOR_DEFAULTS = ("fp32", "int8-ort-default", "int8-nncf")
+VENDOR_DEFAULTS = ("fp32", "int8-ort-default", "int8-nncf", openvino_family.DEFAULT_KEY)
 VENDOR_BUILD_TIMEOUT_S = 600.0
 FAMILY_NAMES = {"int8": "INT8", "int8-dynamic": "INT8-dynamic", "int4-weight": "INT4 weights", "fp16": "FP16", "bf16": "BF16"}
 # Below this relative gap two latencies are a tie, whatever their spread says.
@@ -248,6 +250,7 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
 register_family(_smoothed_family)
 # LiteRT (workers.quantize.litert_family): its own builds, for targets that offer the runtime.
 register_family(search_proposals)
+register_family(openvino_family.search_proposals)
 
 
 def _registered(state: SearchState) -> list[dict[str, Any]]:
@@ -474,7 +477,8 @@ def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has
         specs.append(_spec("int8-mse", "int8", {"calibration_method": "mse", "per_channel": True, **scheme_options}))
         specs.append(_spec("int8-entropy", "int8", {"calibration_method": "entropy", "calibrator": "kiln",
                                                     "per_channel": True, **scheme_options}))
-        # NNCF with its defaults: the OpenVINO vendor baseline.
+        # NNCF's ONNX backend with its defaults (a QDQ file for ONNX Runtime; OpenVINO's own baseline is NNCF on the
+        # OpenVINO model, workers.quantize.openvino_family).
         specs.append(_spec("int8-nncf", "int8", {"tool": "nncf"}))
         if transformer:
             # NNCF's transformer type keeps LayerNorm/Softmax-adjacent patterns in float and adds SmoothQuant.

@@ -11,7 +11,7 @@ from typing import Any
 
 import onnx
 
-from devices.artifacts import TFLITE, artifact_format
+from devices.artifacts import ONNX, artifact_format
 from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
@@ -104,21 +104,25 @@ def build_variant(
         backends = runnable_backends(out_path)
         if not backends:
             raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
-        size_bytes = out_path.stat().st_size if artifact_format(out_path) == TFLITE else model_size_bytes(out_path)
+        # Only an ONNX model may have an external-data file beside it; the other formats are one file.
+        size_bytes = model_size_bytes(out_path) if artifact_format(out_path) == ONNX else out_path.stat().st_size
     except BaseException:
         # A half-written artifact must not look like a finished one to a retried task.
         _remove_outputs(out_path)
         raise
-    # What the file holds (`onnx`, `tflite`): the pipeline names and packages the artifact by it.
+    # What the file holds (`onnx`, `tflite`, `openvino-ir`): the pipeline names and packages the artifact by it.
     return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes, "format": artifact_format(out_path)}
 
 
 def _runtime_builder(precision: str, options: dict[str, Any]) -> Callable[..., dict[str, Any]]:
-    """The builder of a variant made in another runtime's own format (today LiteRT's `.tflite`)."""
-    from workers.quantize import litert
+    """The builder of a variant made in another runtime's own format (LiteRT's `.tflite`, OpenVINO's IR)."""
+    from workers.quantize import litert, nncf_openvino
 
+    if options["runtime"] == nncf_openvino.RUNTIME:
+        return _openvino_builder(precision, options)
     if options["runtime"] != litert.RUNTIME:
-        raise ValueError(f"unknown runtime {options['runtime']!r}; the one built in its own format is {litert.RUNTIME!r}")
+        raise ValueError(f"unknown runtime {options['runtime']!r}; the ones built in their own format are "
+                         f"{litert.RUNTIME!r} and {nncf_openvino.RUNTIME!r}")
     unknown = sorted(set(options) - litert.OPTIONS)
     if unknown:
         raise ValueError(f"a LiteRT {precision} build takes no {', '.join(unknown)}")
@@ -130,6 +134,46 @@ def _runtime_builder(precision: str, options: dict[str, Any]) -> Callable[..., d
             raise QuantizationError(f"LiteRT {precision}: {error}") from error
 
     return build
+
+
+def _openvino_builder(precision: str, options: dict[str, Any]) -> Callable[..., dict[str, Any]]:
+    """The builder of an OpenVINO IR variant: INT8 quantized by NNCF on OpenVINO's own model (workers.quantize.nncf_openvino)."""
+    from workers.quantize import nncf_openvino
+
+    if precision not in nncf_openvino.PRECISIONS:
+        raise ValueError(f"an OpenVINO IR build makes {', '.join(nncf_openvino.PRECISIONS)}, not {precision}")
+    unknown = sorted(set(options) - nncf_openvino.OPTIONS)
+    if unknown:
+        raise ValueError(f"an OpenVINO {precision} build takes no {', '.join(unknown)}")
+    if options.get("tool", "nncf") != "nncf":
+        raise ValueError("an OpenVINO int8 build is NNCF's (tool: nncf)")
+
+    def build(model_path: Path, out_path: Path, *, calibration_path: str | Path | None, options: dict[str, Any]) -> dict[str, Any]:
+        usable = _usable_calibration_samples(calibration_path, options.get("max_calibration_samples"))
+        try:
+            return nncf_openvino.build_int8_ir(model_path, out_path, calibration_path=calibration_path,
+                                               options={**options, "max_calibration_samples": usable})
+        except Exception as error:
+            raise QuantizationError(f"NNCF int8 quantization (OpenVINO backend) failed: {error}") from error
+
+    return build
+
+
+def _usable_calibration_samples(calibration_path: str | Path | None, limit: int | None) -> int:
+    """How many calibration samples an INT8 build uses; QuantizationError when there is no set or too few samples."""
+    if calibration_path is None:
+        raise QuantizationError("int8 needs a calibration dataset")
+    try:
+        available = dataset_samples(calibration_path)
+    except InvalidDataset as error:
+        raise QuantizationError(f"calibration dataset unusable: {error}") from error
+    usable = min(available, limit) if limit else available
+    if usable < MIN_CALIBRATION_SAMPLES:
+        raise QuantizationError(
+            f"calibration set has {usable} samples; int8 needs at least {MIN_CALIBRATION_SAMPLES} "
+            "to estimate activation ranges"
+        )
+    return usable
 
 
 def _learned_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -235,16 +279,7 @@ def _build_int8_static(
     if tool not in ("onnxruntime", "onnxruntime-defaults", "nncf"):
         raise ValueError(f"unknown tool {tool!r}; choose onnxruntime, onnxruntime-defaults or nncf")
     limit = options.get("max_calibration_samples")
-    try:
-        available = dataset_samples(calibration_path)
-    except InvalidDataset as error:
-        raise QuantizationError(f"calibration dataset unusable: {error}") from error
-    usable = min(available, limit) if limit else available
-    if usable < MIN_CALIBRATION_SAMPLES:
-        raise QuantizationError(
-            f"calibration set has {usable} samples; int8 needs at least {MIN_CALIBRATION_SAMPLES} "
-            "to estimate activation ranges"
-        )
+    usable = _usable_calibration_samples(calibration_path, limit)
     method_key = str(options.get("calibration_method", "minmax")).lower()
     if method_key not in _CALIBRATION_METHODS and method_key not in _KILN_ONLY_METHODS:
         choices = ", ".join([*_CALIBRATION_METHODS, *_KILN_ONLY_METHODS])

@@ -21,7 +21,8 @@ from workers.quantize.cache import variant_cache_key
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
-from workers.quantize.litert_family import for_targets
+from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
+from workers.quantize.runtimes import for_targets
 from workers.quantize.search import family_verdicts, plan_round
 
 from . import specs
@@ -176,9 +177,12 @@ def _plan_variants(job) -> str:
         return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
     precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
     _, backends, _ = _target_facts(job)
-    # One ONNX build per precision serves ONNX Runtime and OpenVINO; LiteRT targets get LiteRT's own builds.
+    # One ONNX build per precision serves ONNX Runtime and OpenVINO, but static INT8's QDQ file is ONNX Runtime's:
+    # OpenVINO targets get NNCF's OpenVINO IR instead, LiteRT targets LiteRT's own builds.
+    has_calibration = job.calibration_dataset_id is not None
     planned = for_targets([{"key": p, "precision": p} for p in precisions], backends)
-    planned += litert_explicit_specs(precisions, backends=backends, has_calibration=job.calibration_dataset_id is not None)
+    planned += litert_explicit_specs(precisions, backends=backends, has_calibration=has_calibration)
+    planned += openvino_explicit_specs(precisions, backends=backends, has_calibration=has_calibration)
     if not planned:
         raise NotApplicable(f"no target device runs {', '.join(precisions)}: the targets offer {', '.join(backends)} "
                             f"(LiteRT builds {', '.join(LITERT_PRECISIONS)})")

@@ -31,7 +31,9 @@ FORMAT = "kiln-package/1"
 ZIP64_FROM_BYTES = 1 << 31
 # The model file a package carries, by what the variant's file holds, and what the README says of it.
 MODEL_FILES = {artifacts.ONNX: ("model.onnx", "the variant (runs on ONNX Runtime; OpenVINO reads it too)"),
-               artifacts.TFLITE: ("model.tflite", "the variant as a LiteRT flatbuffer (runs on LiteRT: `pip install ai-edge-litert`)")}
+               artifacts.TFLITE: ("model.tflite", "the variant as a LiteRT flatbuffer (runs on LiteRT: `pip install ai-edge-litert`)"),
+               artifacts.OPENVINO_IR: ("model.openvino.tar", "the variant as an OpenVINO IR, `model.xml` and `model.bin` in a tar "
+                                       "(runs on OpenVINO: `pip install openvino`)")}
 
 
 def dataset_recipe(job) -> dict:

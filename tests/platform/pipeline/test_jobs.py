@@ -5,6 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from devices.artifacts import OPENVINO_IR, artifact_format
 from kiln.pipeline.models import Artifact, DeploymentJob, DeviceTask, JobStatus, Variant
 from kiln.registry.selectors import blob_file
 from tests.conftest import upload
@@ -98,6 +99,12 @@ def test_host_stages_build_every_variant_then_wait_for_devices(tenant, uploaded,
     fp32 = ort.InferenceSession(str(model_files["model"]), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     quantized = session.run(None, {"input": x})[0]
     assert (fp32.argmax(1) == quantized.argmax(1)).mean() >= 0.95
+    # INT8 is built for each runtime: the QDQ file for ONNX Runtime, NNCF's IR on OpenVINO's own model for OpenVINO.
+    assert Variant.objects.get(job_id=job["id"], key="int8").backends == ["onnxruntime"]
+    ov_int8 = Variant.objects.get(job_id=job["id"], key="ov-int8")
+    assert (ov_int8.status, ov_int8.precision, ov_int8.backends) == ("ready", "int8", ["openvino"])
+    assert ov_int8.artifact.name == "ov-int8.openvino.tar"
+    assert artifact_format(blob_file(ov_int8.artifact.blob)) == OPENVINO_IR
 
 
 def test_conversion_steps_are_recorded_and_a_skipped_one_is_not_fatal(tenant, uploaded, django_capture_on_commit_callbacks):
@@ -189,8 +196,9 @@ def test_a_different_calibration_set_is_a_different_build(tenant, uploaded, mode
     with django_capture_on_commit_callbacks(execute=True):
         first = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=uploaded["calibration"]).json()["id"]
         second = create_job(tenant, model_version=uploaded["version"], precisions=["int8"], calibration_dataset=other).json()["id"]
-    assert Variant.objects.get(job_id=first).cache_key != Variant.objects.get(job_id=second).cache_key
-    assert "cached_from_job" not in Variant.objects.get(job_id=second).recipe
+    for key in ("int8", "ov-int8"):
+        assert Variant.objects.get(job_id=first, key=key).cache_key != Variant.objects.get(job_id=second, key=key).cache_key
+        assert "cached_from_job" not in Variant.objects.get(job_id=second, key=key).recipe
 
 
 def test_a_stray_stage_message_for_a_job_elsewhere_in_its_pipeline_changes_nothing(tenant, uploaded):

@@ -45,5 +45,29 @@ def test_run_py_without_compile_options_keeps_the_dynamic_batch(tmp_path):
 
 def test_run_py_passes_the_openvino_hints():
     assert package_run._ov_config({}) == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    # As on the device: a quantized model runs in OpenVINO's default precision, which takes its INT8 kernels.
+    assert package_run._ov_config({}, "int8") == {"PERFORMANCE_HINT": "LATENCY"}
+    assert package_run._ov_config({"inference_precision": "bf16"}, "int8")["INFERENCE_PRECISION_HINT"] == "bf16"
     assert package_run._ov_config({"performance_hint": "THROUGHPUT", "inference_precision": "bf16", "threads": 2}) == {
         "PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": 2}
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_run_py_runs_an_openvino_ir_package_on_openvino_only(tmp_path):
+    import openvino as ov
+
+    from devices.artifacts import pack_openvino_ir
+
+    source = tmp_path / "source.onnx"
+    onnx.save(build_tiny_cnn(), str(source))
+    ov.save_model(ov.Core().read_model(str(source)), str(tmp_path / "ir.xml"), compress_to_fp16=False)
+    packed = pack_openvino_ir(tmp_path / "ir.xml", tmp_path / "ir.bin", tmp_path / "model.openvino.tar")
+    entry = {"path": packed.name, "original_path": packed.name, "role": "model",
+             "sha256": hashlib.sha256(packed.read_bytes()).hexdigest(), "encrypted": False}
+    manifest = {"files": [entry], "backend": "openvino", "compile": {}, "variant": {"precision": "int8"}}
+    names, run = package_run.load(tmp_path, manifest, None, "openvino")
+    assert names == ["input"]
+    outputs = run({"input": np.zeros((2, 1, 8, 8), np.float32)})
+    assert next(iter(outputs.values())).shape == (2, 10)
+    with pytest.raises(SystemExit, match="OpenVINO IR"):
+        package_run.load(tmp_path, manifest, None, "onnxruntime")

@@ -44,7 +44,7 @@ def test_key_changes_with_model_precision_options_calibration_and_toolchain():
 
 
 def test_toolchain_versions_name_every_tool():
-    assert set(toolchain_versions()) == {"onnx", "onnxruntime", "nncf", "kiln_build"}
+    assert set(toolchain_versions()) == {"onnx", "onnxruntime", "nncf", "openvino", "kiln_build"}
 
 
 def test_build_code_version_is_the_digest_of_the_build_sources():

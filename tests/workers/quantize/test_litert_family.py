@@ -1,7 +1,8 @@
 """The LiteRT family is planned only for targets that offer LiteRT: explicit precisions and the `auto` search."""
 from __future__ import annotations
 
-from workers.quantize.litert_family import explicit_specs, for_targets, litert_spec
+from workers.quantize.litert_family import explicit_specs, litert_spec
+from workers.quantize.runtimes import for_targets
 from workers.quantize.search import plan_round
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "Gemm": 1}, "dynamic_inputs": ["input"], "data_shapes": {"input": [1, 1, 8, 8]}}

@@ -58,9 +58,12 @@ def _plain(specs):
 
 def test_round_one_measures_fp32_the_vendor_defaults_and_the_cheapest_member_of_each_family_only():
     specs = _plan()
-    assert _keys(specs) == ["fp32", "int8-dynamic", "int8-minmax", "int8-ort-default", "int8-nncf", "int4-rtn"]
+    assert _keys(specs) == ["fp32", "int8-dynamic", "int8-minmax", "int8-ort-default", "int8-nncf", "int4-rtn", "ov-int8"]
     assert all(spec["precision"] in PRECISIONS for spec in specs)
     by_key = {spec["key"]: spec for spec in specs}
+    # Static INT8's QDQ files are ONNX Runtime's; OpenVINO measures NNCF's INT8 built on its own model (issue 24).
+    assert all(by_key[key]["backends"] == ["onnxruntime"] for key in ("int8-minmax", "int8-ort-default", "int8-nncf"))
+    assert (by_key["ov-int8"]["options"], by_key["ov-int8"]["backends"]) == ({"runtime": "openvino"}, ["openvino"])
     # The INT8 probe is per-tensor MinMax (the fastest to build) in the device's integer scheme.
     assert by_key["int8-minmax"]["options"]["calibration_method"] == "minmax"
     assert by_key["int8-minmax"]["options"]["per_channel"] is False
@@ -418,3 +421,15 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
                        {"key": "fp32+y", "precision": "fp32", "options": {}, "backends": ["onnxruntime"], "compile": {"performance_hint": "THROUGHPUT"}},
                        {"key": "fp32+z", "precision": "fp32", "options": {}, "backends": None, "compile": {"graph_optimization": "extended"}}])
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
+
+
+def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_files, tmp_path):
+    result = search_locally(model_path=digits_files.model, calibration_path=digits_files.calibration,
+                            validation_path=digits_files.validation, tolerance="accuracy:2%", backends=("openvino",),
+                            work_dir=tmp_path, max_rounds=1,
+                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
+    by_id = {entry["id"]: entry for entry in result["variants"]}
+    assert {"fp32@openvino", "ov-int8@openvino"} <= set(by_id)
+    # Static INT8 on OpenVINO is NNCF's IR alone (issue 24): no QDQ recipe was measured there.
+    assert [key for key, entry in by_id.items() if entry["precision"] == "int8"] == ["ov-int8@openvino"]
+    assert by_id["ov-int8@openvino"]["accuracy"]["within_tolerance"]
