@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parent.parent
 # Seconds each end-to-end file took in a CI run (`--durations`, summed per file): the files are dealt out over
@@ -78,7 +79,7 @@ def main(extra: list[str]) -> int:
         log = Path(env["KILN_DATA_DIR"]) / "pytest.log"
         handle = log.open("w")
         # The slowest tests in every log: what to look at first when the suite grows past its time.
-        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", *extra]
+        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", f"--junitxml={Path(env['KILN_DATA_DIR']) / 'junit.xml'}", *extra]
         processes.append((index, paths, log, handle, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
                                                                                         stderr=subprocess.STDOUT)))
         print(f"shard {index}: {' '.join(paths)} (log: {log})", flush=True)
@@ -89,7 +90,31 @@ def main(extra: list[str]) -> int:
         print(f"\n===== shard {index}: {' '.join(paths)}: exit {code} after {time.monotonic() - started:.0f} s =====", flush=True)
         sys.stdout.write(log.read_text(errors="replace"))
         failed = failed or code
+    print_e2e_durations([Path(shard_environment(index, os.environ)["KILN_DATA_DIR"]) / "junit.xml" for index, *_ in processes])
     return failed
+
+
+def e2e_durations(reports: list[Path]) -> dict[str, float]:
+    """Seconds per end-to-end file (setup, call and teardown of its tests) from the shards' JUnit reports."""
+    totals: dict[str, float] = {}
+    for report in reports:
+        if not report.exists():
+            continue
+        for case in ElementTree.parse(report).iter("testcase"):
+            # "tests.e2e.test_ui" or, for a test class, "tests.e2e.test_ui.TestPages": the file is up to the test_ module.
+            parts = case.get("classname", "").split(".")
+            module = next((index for index, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+            name = "/".join(parts[:module + 1]) + ".py"
+            if name.startswith("tests/e2e/"):
+                totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0.0)
+    return {name: round(seconds) for name, seconds in sorted(totals.items())}
+
+
+def print_e2e_durations(reports: list[Path]) -> None:
+    """What this run measured, in the form of tests/e2e_durations.json, to deal the next runs by."""
+    durations = e2e_durations(reports)
+    if durations:
+        print(f"\nend-to-end seconds per file (for {DURATIONS.relative_to(REPO)}):\n{json.dumps(durations, indent=2)}", flush=True)
 
 
 if __name__ == "__main__":

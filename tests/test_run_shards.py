@@ -28,3 +28,12 @@ def test_the_real_suite_is_dealt_whole_with_the_rest_in_a_shard_of_its_own():
     base = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres", "REDIS_URL": "redis://127.0.0.1:6379/15", "KILN_DATA_DIR": "/x"}
     environments = [run_shards.shard_environment(index, base) for index in range(len(shards))]
     assert len({env["DATABASE_URL"] for env in environments}) == len({env["REDIS_URL"] for env in environments}) == len(shards)
+
+
+def test_a_run_reports_seconds_per_end_to_end_file_from_the_junit_reports(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text("""<testsuites><testsuite>
+      <testcase classname="tests.e2e.test_ui" name="a" time="10.5"/><testcase classname="tests.e2e.test_ui" name="b" time="4.0"/>
+      <testcase classname="tests.e2e.test_faults.TestKills" name="c" time="7.2"/>
+      <testcase classname="tests.platform.test_jobs" name="d" time="99"/></testsuite></testsuites>""")
+    assert run_shards.e2e_durations([report, tmp_path / "missing.xml"]) == {"tests/e2e/test_faults.py": 7, "tests/e2e/test_ui.py": 14}
