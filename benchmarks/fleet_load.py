@@ -634,13 +634,14 @@ def main(args) -> None:
     print(f"fleet_load: {args.agents} agents x {args.seconds:.0f} s ({args.protocol}), database {'PostgreSQL' if args.database_url else 'SQLite'}, "
           f"broker {'Redis' if args.redis_url else 'filesystem'}; {psutil.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           + (f"; server from {args.server_checkout}" if args.server_checkout else ""))
-    results = []
+    results, failed = [], []
     for kind in args.servers.split(","):
         # Each server kind in a fresh process: Django is set up once per process.
         child = subprocess.run([sys.executable, __file__, *child_arguments(args, kind)], env=env, capture_output=True, text=True, check=False)
         sys.stdout.write(child.stdout)
         if child.returncode != 0:
             sys.stderr.write(child.stderr[-3000:])
+            failed.append(kind)
         results += [json.loads(line.split(" ", 1)[1]) for line in child.stdout.splitlines() if line.startswith("summary ")]
     shutil.rmtree(scratch, ignore_errors=True)
     by_kind = {result["kind"]: result for result in results}
@@ -649,6 +650,9 @@ def main(args) -> None:
         print(f"\nratios WSGI/ASGI (> 1: ASGI better): user p99 {wsgi['user_p99_ms'] / asgi['user_p99_ms']:.1f}x, "
               f"server CPU per agent-minute {wsgi['after_enrolment']['cpu_ms_per_agent_minute'] / asgi['after_enrolment']['cpu_ms_per_agent_minute']:.1f}x, "
               f"errors {wsgi['errors']} vs {asgi['errors']}")
+    if failed:
+        # A run that could not start (a database that does not exist, a port taken) is not a result.
+        sys.exit(f"fleet_load: the {', '.join(failed)} run(s) failed; see above")
 
 
 def main_one(args) -> None:
