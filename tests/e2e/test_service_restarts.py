@@ -19,7 +19,7 @@ from django.conf import settings
 
 from kiln.core.management.commands.up import web_server_command
 from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskStatus, Variant, VariantStatus
-from tests.conftest import REPO, LiveStack, _database_url_for_children, celery_worker_command, wait_until
+from tests.conftest import REPO, SHORT_MEASUREMENT_ENV, LiveStack, _database_url_for_children, celery_worker_command, wait_until
 from tests.e2e.test_pipeline_stack import Api, upload_digits
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -34,7 +34,7 @@ STACK_ENV = {
     "KILN_AGENT_OFFLINE_AFTER_SECONDS": "30", "KILN_BENCHMARK_MIN_RUNS": "20", "KILN_BENCHMARK_MIN_SECONDS": "0.3",
     "KILN_BENCHMARK_WARMUP_RUNS": "3", "KILN_BENCHMARK_WARMUP_SECONDS": "0.05", "KILN_HOUSEKEEPING_SECONDS": "1",
     # A build message lost with the broker's memory is sent again once its offered lease lapses.
-    "KILN_WORK_LEASE_SECONDS": "3", "KILN_WORK_QUEUE_GRACE_SECONDS": "20",
+    "KILN_WORK_LEASE_SECONDS": "3", "KILN_WORK_QUEUE_GRACE_SECONDS": "20", **SHORT_MEASUREMENT_ENV,
 }
 
 
