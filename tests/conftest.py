@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,3 +285,27 @@ def s3_storage(s3_server, settings, tmp_path):
     settings.BLOB_ROOT = tmp_path / "blobs"
     use_s3(settings, s3_server)
     return s3_server
+
+
+# The session's exit status, for pytest_unconfigure below.
+_SESSION = {}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SESSION["exitstatus"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Exit with the session's status once every report is written, even if a thread would keep the process alive.
+
+    A CI shard once printed "32 passed" and then never exited: the interpreter's shutdown waited on a non-daemon thread
+    (an event loop one of the in-process servers had started) that nothing would stop, and the suite would have hung
+    until CI's limit. The threads left behind are named here, so that the one that leaked can be found and stopped."""
+    stuck = [thread for thread in threading.enumerate() if thread is not threading.main_thread() and thread.is_alive() and not thread.daemon]
+    if stuck and "exitstatus" in _SESSION:
+        sys.stdout.flush()
+        sys.stderr.write(f"pytest: {len(stuck)} non-daemon thread(s) still running at exit, not waited for: "
+                         f"{', '.join(thread.name for thread in stuck)}\n")
+        sys.stderr.flush()
+        os._exit(_SESSION["exitstatus"])
