@@ -19,7 +19,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parent.parent
-# Seconds each end-to-end file took in a CI run (`--durations`, summed per file): the files are dealt out over
+# Seconds each end-to-end file took in a CI run (what the run prints from its JUnit reports): the files are dealt out over
 # E2E_SHARDS shards, longest first, each to the shard with the least so far. A file not listed counts as the median.
 DURATIONS = REPO / "tests" / "e2e_durations.json"
 E2E_SHARDS = 2
@@ -79,18 +79,19 @@ def main(extra: list[str]) -> int:
         log = Path(env["KILN_DATA_DIR"]) / "pytest.log"
         handle = log.open("w")
         # The slowest tests in every log: what to look at first when the suite grows past its time.
-        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", f"--junitxml={Path(env['KILN_DATA_DIR']) / 'junit.xml'}", *extra]
-        processes.append((index, paths, log, handle, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
-                                                                                        stderr=subprocess.STDOUT)))
+        junit = Path(env["KILN_DATA_DIR"]) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", f"--junitxml={junit}", *extra]
+        processes.append((index, paths, log, handle, junit, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
+                                                                                               stderr=subprocess.STDOUT)))
         print(f"shard {index}: {' '.join(paths)} (log: {log})", flush=True)
     failed = 0
-    for index, paths, log, handle, started, process in processes:
+    for index, paths, log, handle, _junit, started, process in processes:
         code = process.wait()
         handle.close()
         print(f"\n===== shard {index}: {' '.join(paths)}: exit {code} after {time.monotonic() - started:.0f} s =====", flush=True)
         sys.stdout.write(log.read_text(errors="replace"))
         failed = failed or code
-    print_e2e_durations([Path(shard_environment(index, os.environ)["KILN_DATA_DIR"]) / "junit.xml" for index, *_ in processes])
+    print_e2e_durations([junit for _index, _paths, _log, _handle, junit, *_ in processes])
     return failed
 
 
