@@ -44,7 +44,7 @@ def convert_model(src_path: str | Path, dst_path: str | Path, *, target_opset: i
         current = _stage_source(src, work)
         candidates: list[tuple[str, Path]] = [("the uploaded model", current)]
         pipeline: list[tuple[str, StepFunction]] = [
-            ("opset_upgrade", _upgrade_opset),
+            ("opset_upgrade", upgrade_opset),
             ("shape_inference", _infer_shapes),
             ("simplify", _simplify),
         ]
@@ -72,7 +72,7 @@ def _run_step(name: str, step: StepFunction, source: Path, output: Path, *, targ
     return {"name": name, "status": status, "reason": reason, "seconds": round(time.perf_counter() - started, 4)}
 
 
-def _upgrade_opset(source: Path, output: Path, *, target_opset: int) -> str | None:
+def upgrade_opset(source: Path, output: Path, *, target_opset: int) -> str | None:
     """Raise the default-domain opset to at least 13, since runtimes and quantizers assume it."""
     model = load_graph_only(source)
     current = default_opset(model)

@@ -96,6 +96,24 @@ def test_int8_keeps_top1_agreement_with_fp32(digits, digits_path, digits_calibra
     assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(out)
 
 
+def test_per_channel_int8_of_an_old_opset_model_loads_and_agrees(digits, digits_path, digits_calibration, tmp_path):
+    # ddddocr's models are at opsets 11 and 12: a per-channel DequantizeLinear (its `axis`) needs opset 13.
+    old = onnx.load(str(digits_path))
+    del old.opset_import[:]
+    old.opset_import.append(helper.make_opsetid("", 11))
+    onnx.checker.check_model(old)
+    old_path = tmp_path / "opset11.onnx"
+    onnx.save(old, str(old_path))
+    out = tmp_path / "int8.onnx"
+    result = build_variant(model_path=old_path, precision="int8", out_path=out, calibration_path=digits_calibration,
+                           options={"per_channel": True})
+    assert "onnxruntime" in result["backends"]
+    assert max(o.version for o in onnx.load(str(out)).opset_import if o.domain in ("", "ai.onnx")) >= 13
+    (quantized,) = run_model(out, {"input": digits.x_val})
+    (reference,) = run_model(digits_path, {"input": digits.x_val})
+    assert float((quantized.argmax(1) == reference.argmax(1)).mean()) >= 0.98
+
+
 def test_int8_options_are_honoured(digits_path, digits_calibration, tmp_path):
     out = tmp_path / "int8.onnx"
     result = build_variant(

@@ -12,7 +12,7 @@ from typing import Any
 import onnx
 
 from devices.artifacts import ONNX, artifact_format
-from workers.convert import LARGE_MODEL_BYTES, save_model
+from workers.convert import LARGE_MODEL_BYTES, save_model, upgrade_opset
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
 from workers.quantize.backends import runnable_backends
@@ -317,6 +317,8 @@ def _build_int8_static(
 
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".int8-") as scratch:
         source, preprocess = preprocess_for_quantization(model_path, Path(scratch), skip=bool(options.get("skip_preprocess")), large=large)
+        if per_channel:
+            source = per_channel_opset(source, Path(scratch))
         batch_size, static = _calibration_batch_size(model, options)
         if static:
             # A fixed-batch model cannot take a short last batch; calibrate on whole batches only.
@@ -460,6 +462,23 @@ def preprocess_for_quantization(model_path: Path, scratch: Path, *, skip: bool, 
         logger.info("quant_pre_process failed on %s: %s", model_path.name, error)
         return model_path, f"skipped: {type(error).__name__}: {error}"
     return output, "applied"
+
+
+# DequantizeLinear takes a per-channel `axis` from opset 13 on; below it, a per-channel QDQ graph is invalid and no runtime loads it.
+PER_CHANNEL_OPSET = 13
+
+
+def per_channel_opset(source: Path, scratch: Path) -> Path:
+    """`source` at opset 13 or later, converted when older (three real models of the zoo are at opsets 11 and 12): ORT's
+    quantizer writes per-channel DequantizeLinear nodes with `axis` whatever the model's opset, into a graph nothing loads.
+    (An upload's conversion stage already raises the opset; a model handed to `build_variant` directly may not have had it.)"""
+    output = scratch / f"opset{PER_CHANNEL_OPSET}.onnx"
+    try:
+        skipped = upgrade_opset(source, output, target_opset=PER_CHANNEL_OPSET)
+    except Exception as error:
+        raise QuantizationError(f"per-channel int8 needs ONNX opset {PER_CHANNEL_OPSET}, and converting this model failed "
+                                f"({type(error).__name__}: {error}); set per_channel to false") from error
+    return source if skipped else output
 
 
 def _build_int8_dynamic(model_path: Path, out_path: Path, *, options: dict[str, Any], **_: Any) -> dict[str, Any]:
