@@ -70,6 +70,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
 from devices import contract
 from devices.artifacts import pack_openvino_ir
+from devices.backends.options import has_bf16
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 from devices.bench import BenchmarkSettings, interleaved_window_medians
@@ -83,7 +84,7 @@ from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
-from workers.quantize.search import COMPILE_SEPARATOR, SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS, search_locally
+from workers.quantize.search import COMPILE_SEPARATOR, SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS, host_isa, search_locally
 from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
 
 WINDOW = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
@@ -211,6 +212,10 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
     # `equivalent`: the search's key for the same configuration (workers.quantize.search.VENDOR_DEFAULTS).
     rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime", "equivalent": "fp32"},
             {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino", "equivalent": "fp32"}]
+    if has_bf16(host_isa()):
+        # OpenVINO's own default on a CPU with bf16 units runs an FP32 model in bf16 (Kiln compiles FP32 as f32 unless asked).
+        rows.append({"tool": "FP32 model, OpenVINO defaults (bf16 here)", "path": path, "backend": "openvino",
+                     "compile": {"inference_precision": "bf16"}, "vendor": True})
     static = work / f"{name}-ort-static.onnx"
     dynamic = work / f"{name}-ort-dynamic.onnx"
     nncf_path = work / f"{name}-nncf.onnx"
@@ -342,6 +347,40 @@ def compare_with_kiln(rows: list[dict], kiln: dict) -> None:
     for row in rows:
         row["same_as"] = same_build(row, kiln)
         row["ratio"] = ratio_interval(row["windows"], kiln["windows"]) if row is not kiln else (1.0, 1.0, 1.0)
+
+
+# What the per-backend table calls Kiln's families: the float model as built, under bf16, the runtime's own INT8, learned INT8.
+FAMILY_ROWS = ("FP32", "bf16", "INT8 (runtime-native)", "INT8 learned")
+
+
+def family_of(entry: dict) -> str | None:
+    """Which of FAMILY_ROWS a search measurement belongs to (None: FP16, INT4, INT8-dynamic, ...)."""
+    options, compile_options = entry.get("options") or {}, entry.get("compile") or {}
+    if compile_options.get("inference_precision") == "bf16":
+        return "bf16"
+    if entry.get("precision") == "fp32":
+        return "FP32"
+    if entry.get("precision") != "int8":
+        return None
+    return "INT8 learned" if options.get("learn") else "INT8 (runtime-native)"
+
+
+def family_rows(search: dict, pick: dict) -> list[dict]:
+    """Kiln's best measurement of each family on each runtime (the passing one if any passed, else the fastest), as
+    table rows beside the vendor defaults; the pick itself is the table's last row."""
+    rows = []
+    for backend in ("onnxruntime", "openvino"):
+        for family in FAMILY_ROWS:
+            entries = [e for e in search["variants"] if e["backend"] == backend and e.get("latency_ms") and family_of(e) == family]
+            if not entries:
+                continue
+            passing = [e for e in entries if e["accuracy"].get("within_tolerance")]
+            best = min(passing or entries, key=lambda e: e["latency_ms"]["p50"])
+            if best["id"] == pick["id"]:
+                continue
+            rows.append({"tool": f"Kiln {family}: {best['key']}", "path": Path(best["path"]), "backend": backend,
+                         "kiln_backend_best": True, "compile": best.get("compile"), "key": best["key"].split(COMPILE_SEPARATOR)[0]})
+    return rows
 
 
 def is_vendor_default(row: dict) -> bool:
@@ -644,15 +683,7 @@ def main(argv: list[str] | None = None) -> None:
                                     max_rounds=5, build_workers=arguments.build_workers)
             search_s = time.monotonic() - search_started
             pick = next(entry for entry in search["variants"] if entry["id"] == search["recommended"])
-            extra = []
-            for backend in ("onnxruntime", "openvino"):
-                ours = [e for e in search["variants"] if e["backend"] == backend and e.get("latency_ms")
-                        and e["accuracy"].get("within_tolerance")]
-                best = min(ours, key=lambda e: e["latency_ms"]["p50"]) if ours else None
-                if best is not None and best["id"] != pick["id"]:
-                    extra.append({"tool": f"Kiln best on {backend}: {best['key']}", "path": Path(best["path"]),
-                                  "backend": backend, "kiln_backend_best": True, "compile": best.get("compile"),
-                                  "key": best["key"].split(COMPILE_SEPARATOR)[0]})
+            extra = family_rows(search, pick)
             rows = [*build_competitors(model, work), *compile_option_rows(model), *extra,
                     {"tool": f"Kiln auto: {pick['key']}", "path": Path(pick["path"]), "backend": pick["backend"], "kiln": True,
                      "key": pick["key"].split(COMPILE_SEPARATOR)[0], "compile": pick.get("compile")}]
@@ -679,7 +710,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\nWall time and memory per model")
     for line in costs:
         print("  " + line)
-    print("\nPer runtime (Kiln's best on that runtime vs the runtime's fastest passing default)")
+    print("\nPer runtime (Kiln's best on that runtime vs the runtime's fastest passing default; then each family's and vendor row)")
     for line in backend_lines:
         print("  " + line)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
@@ -784,6 +815,9 @@ def per_backend(rows: list[dict], model: dict) -> list[str]:
         figure = f"same build ({same})" if same else f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
         lines.append(f"{model['name']} on {backend}: {best['tool']} {best['p50']:.3f} ms vs {vendor['tool']} "
                      f"{vendor['p50']:.3f} ms: {figure}")
+        lines.extend(f"    {row['tool']:<58} {row['p50']:>9.3f} ms  {row['accuracy']['metric']} {row['accuracy']['value']:.4f}"
+                     f"{'' if row['accuracy']['within_tolerance'] else ' (misses)'}"
+                     for row in rows if row["backend"] == backend and (is_vendor_default(row) or row.get("kiln") or row.get("kiln_backend_best")))
     return lines
 
 
