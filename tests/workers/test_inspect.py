@@ -224,3 +224,15 @@ def test_per_token_outputs_of_an_encoder_fed_an_attention_mask_name_it():
     other_length = build_masked_encoder(seq_len=6)
     other_length.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 7
     assert "mask" not in infer_output_kinds(other_length)["last_hidden_state"]
+
+
+def test_per_pixel_probabilities_over_axis_one_are_class_scores_not_a_probability_map():
+    import numpy as np
+
+    from workers.inspect import infer_output_kinds
+
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, 4, 4])],
+                         input_shape=("b", 3, 4, 4))
+    logits = np.random.default_rng(2).standard_normal((2, 3, 4, 4))
+    inferred = infer_output_kinds(model, {"y": np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)})["y"]
+    assert inferred["kind"] == "class_scores" and inferred["axis"] == 1
