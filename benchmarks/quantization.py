@@ -295,7 +295,7 @@ def evaluate(rows: list[dict], model: dict, work: Path) -> None:
             reference = outputs
             plan = contract.evaluation_plan(output_kinds=infer_output_kinds(model["path"], reference), output_order=list(reference),
                                             declared=[], has_labels=labels is not None)
-        row["accuracy"] = contract.score_accuracy(model["tolerance"], evaluate_outputs(outputs, reference, plan, labels))
+        row["accuracy"] = contract.score_accuracy(model["tolerance"], evaluate_outputs(outputs, reference, plan, labels, inputs=inputs))
         row["compiled"] = compiled
         row["bound"] = compiled.bind({name: np.ascontiguousarray(value[:1]) for name, value in inputs.items()})
 

@@ -28,6 +28,8 @@ TIE_ATOL = 1e-6
 # Probabilities this close to the mask or score threshold fall either way with rounding alone.
 THRESHOLD_TOLERANCE = 1e-3
 MAX_DETECTIONS = 300
+# FP32 softmax rows sum to 1 within about 1e-6 even over thousands of classes; a regression rarely comes this close.
+PROBABILITY_SUM_TOLERANCE = 1e-3
 PLUGIN_GROUP = "kiln.metrics"
 
 
@@ -175,6 +177,61 @@ def vector_cosines(output, reference) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         cosines = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 0.0)
     return np.clip(np.where(both_zero, 1.0, cosines), -1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token masks: an encoder's padding positions do not count
+
+
+def kept_positions(mask, positions: int) -> np.ndarray:
+    """Which token positions an attention mask keeps, flat, one bool per position.
+
+    A 0/1 (or bool) mask keeps its 1s; an additive mask (0 on tokens, a negative bias on padding,
+    as some exports take it) keeps its 0s, so an all-zero mask keeps everything. Any shape whose
+    values are the output's positions in order fits ([N, T], [N, 1, 1, T]).
+    """
+    values = np.asarray(mask)
+    if values.size != positions:
+        raise ValueError(f"the mask has {values.size} values for {positions} token positions")
+    values = values.reshape(-1)
+    if values.dtype == np.bool_:
+        return values.copy()
+    values = values.astype(np.float64)
+    if np.isin(values, (0.0, 1.0)).all() and (values == 1.0).any():
+        return values == 1.0
+    if (values <= 0.0).all():
+        return values == 0.0
+    raise ValueError("the mask is neither 0/1 nor additive (0 on tokens, negative on padding)")
+
+
+def mean_pooled(array, keep: np.ndarray, tokens: int) -> np.ndarray:
+    """The mask-weighted mean of each sequence's token vectors, [sequences, H]: sentence-transformers' mean pooling."""
+    array = np.asarray(array, np.float64)
+    vectors = array.reshape(-1, tokens, array.shape[-1])
+    weights = keep.reshape(-1, tokens, 1).astype(np.float64)
+    return (vectors * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+
+
+def token_view(kind: str, output: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, mask
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict[str, Any]]:
+    """Output and reference as [kept tokens, H] rows, the labels of those tokens (when there is one
+    per position), and the figures only the mask gives: the kept count and, for token vectors, the
+    cosine of the mean-pooled sentence embeddings.
+
+    Every other figure of the output is then computed on the kept rows alone, so a variant that
+    differs from FP32 only on padding matches it exactly. Which figure is the headline is
+    contract.KIND_METRICS' decision (the kept tokens' `cosine_p5`).
+    """
+    positions = int(np.prod(output.shape[:-1]))
+    keep = kept_positions(mask, positions)
+    figures: dict[str, Any] = {"kept_tokens": int(keep.sum())}
+    if kind == "embedding":
+        tokens = int(np.asarray(mask).shape[-1])
+        cosines = vector_cosines(mean_pooled(output, keep, tokens), mean_pooled(reference, keep, tokens))
+        figures.update(sentence_cosine_mean=float(np.mean(cosines)), sentence_cosine_p5=float(np.percentile(cosines, 5)))
+    if labels is not None and labels.size == positions:
+        labels = labels.reshape(-1)[keep]
+    return output.reshape(positions, -1)[keep], reference.reshape(positions, -1)[keep], labels, figures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,6 +495,15 @@ def run_plugin(name: str, output: np.ndarray, reference: np.ndarray, labels: np.
 # Kinds from values, for outputs nobody described
 
 
+def rows_sum_to_one(values, axis: int = -1) -> bool:
+    """Whether every row along `axis` is non-negative and sums to 1 (within PROBABILITY_SUM_TOLERANCE):
+    class probabilities, whichever ops computed them (Softmax, or Exp / ReduceSum / Div)."""
+    array = np.asarray(values, np.float64)
+    if array.ndim < 2 or array.shape[axis] < 2 or array.size == 0 or not np.isfinite(array).all() or array.min() < 0.0:
+        return False
+    return bool(np.all(np.abs(array.sum(axis=axis) - 1.0) <= PROBABILITY_SUM_TOLERANCE))
+
+
 def guess_kind(reference: np.ndarray) -> str:
     """A kind from the values alone (the agent's fallback when the task carries no plan)."""
     reference = np.asarray(reference)
@@ -516,8 +582,13 @@ def _label_metric(kind: str, declared: dict[str, Any] | None, output: np.ndarray
     return None
 
 
-def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> dict[str, Any]:
-    """Figures of one output by its plan entry; each failing metric is recorded, the rest stand."""
+def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.ndarray, labels: np.ndarray | None,
+                    mask: np.ndarray | None = None) -> dict[str, Any]:
+    """Figures of one output by its plan entry; each failing metric is recorded, the rest stand.
+
+    An entry whose options name an attention mask input (`"mask"`) is judged on the tokens `mask`
+    (that input's values) keeps; without a usable mask, on every position, with the reason in errors.
+    """
     kind, options = entry["kind"], dict(entry.get("options") or {})
     declared = entry.get("declared") or []
     for item in declared:
@@ -526,6 +597,14 @@ def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.nda
     result: dict[str, Any] = {"kind": kind, "primary": bool(entry.get("primary")), "metrics": {}, "reference": {}, "errors": {},
                               "primary_metric": contract.KIND_METRICS[kind][0]}
     _check_shapes(output, reference)
+    if options.get("mask"):
+        try:
+            if mask is None:
+                raise ValueError(f"the evaluation has no input {options['mask']!r} to read the attention mask from")
+            output, reference, labels, token_figures = token_view(kind, output, reference, labels, mask)
+            result["metrics"].update(token_figures)
+        except ValueError as error:
+            result["errors"]["mask"] = f"{error}; padding positions counted"
     try:
         result["metrics"].update(kind_figures(kind, output, reference, options))
     except Exception as error:  # one kind's metric failing must not hide the others
@@ -552,6 +631,8 @@ def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.nda
             elif item["kind"] in ("top1_agreement", "top5_agreement") and "top1_agreement" not in result["metrics"]:
                 result["metrics"].update(top1_agreement=top1_agreement(output, reference, int(options.get("axis", -1))),
                                          top5_agreement=topk_agreement(output, reference, 5, int(options.get("axis", -1))))
+            elif item["kind"] == "sentence_cosine" and "sentence_cosine_p5" not in result["metrics"]:
+                raise ValueError("sentence_cosine needs token vectors [N, T, H] and the attention mask input named in the plan")
             elif item["kind"] == "id_agreement" and "id_agreement" not in result["metrics"]:
                 result["metrics"]["id_agreement"] = float(np.mean(np.asarray(output) == np.asarray(reference)))
             elif item["kind"] == "mask_iou":
@@ -580,8 +661,12 @@ def evaluate(
     reference: Mapping[str, np.ndarray],
     plan: dict[str, Any] | None = None,
     labels: np.ndarray | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Compare every reference output with the device's output of the same name, by the plan.
+
+    `inputs` are the feeds the outputs came from (sample for sample); an output whose plan entry
+    names an attention mask input is judged on the tokens that input keeps.
 
     Returns `{"samples", "outputs": {name: {"kind", "primary", "primary_metric", "metrics",
     "reference", "errors"}}, "labels"}` plus, for a quick look, the primary outputs' worst cosine,
@@ -606,7 +691,9 @@ def evaluate(
         name = entry["name"]
         entry = {**entry, "label_auto": name == label_output, "declared_primary": plan.get("declared_primary", False)}
         ours, theirs = _joined_head(entry, outputs, reference)
-        per_output[name] = evaluate_output(entry, ours, theirs, labels)
+        mask_input = (entry.get("options") or {}).get("mask")
+        mask = np.asarray(inputs[mask_input]) if inputs is not None and mask_input in inputs else None
+        per_output[name] = evaluate_output(entry, ours, theirs, labels, mask)
     primaries = [result for result in per_output.values() if result["primary"]] or list(per_output.values())
     first = np.asarray(next(iter(reference.values())))
     summary = {

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
+from devices.metrics import rows_sum_to_one
+
 # Legacy models (IR < 3) carry no opset_import; the spec says they mean opset 1.
 _LEGACY_OPSET = 1
 
@@ -197,7 +199,8 @@ def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str,
     the shape and, when given, FP32's reference values (`[samples, ...]` per output).
 
     Each value is `{"kind", "reason", "source"}` plus what the kind's metric needs (the class
-    axis of per-pixel scores; a detection head's layout and grid).
+    axis of per-pixel scores; a detection head's layout and grid; the attention mask input whose
+    kept tokens per-token outputs are judged on).
     """
     if not isinstance(model, onnx.ModelProto):
         model = load_graph_only(model)
@@ -217,7 +220,34 @@ def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str,
                                         values=None if reference is None else reference.get(value.name))
         shapes[value.name] = shape
     _pair_boxes_and_scores(kinds, shapes)
+    _attach_token_mask(kinds, shapes, inputs)
     return kinds
+
+
+def _token_mask_input(inputs) -> tuple[str, int | str] | None:
+    """An attention mask input: named like `attention_mask`, `[N, T]` (or `[N, 1, 1, T]`); its name and T."""
+    for value in inputs:
+        shape = _describe_value(value)["shape"]
+        if "mask" in value.name.lower() and shape and 2 <= len(shape) <= 4 and all(dim == 1 for dim in shape[1:-1]):
+            return value.name, shape[-1]
+    return None
+
+
+def _attach_token_mask(kinds: dict[str, dict[str, Any]], shapes: dict[str, list | None], inputs) -> None:
+    """Per-token outputs of an encoder fed an attention mask (`[N, T, H]` hidden states, `[N, T, C]`
+    token scores) are judged on the tokens the mask keeps: the plan names the mask input for the agent."""
+    found = _token_mask_input(inputs)
+    if found is None:
+        return
+    mask, tokens = found
+    for name, shape in shapes.items():
+        kind = kinds[name]
+        if kind["kind"] not in ("embedding", "class_scores") or "axis" in kind or not shape or len(shape) < 3:
+            continue
+        if isinstance(shape[-2], int) and isinstance(tokens, int) and shape[-2] != tokens:
+            continue
+        kind["mask"] = mask
+        kind["reason"] += f"; judged on the tokens input {mask!r} keeps, padding left out"
 
 
 def _pair_boxes_and_scores(kinds: dict[str, dict[str, Any]], shapes: dict[str, list | None]) -> None:
@@ -289,6 +319,9 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
     detection = _detection(node, shape, producers, ops, inputs)
     if detection is not None:
         return detection
+    probabilities = _class_probabilities(op, rank, values)
+    if probabilities is not None:
+        return probabilities
     if op == "Sigmoid":
         return _kind("probability_map", "Sigmoid output: independent probabilities" + (" per pixel" if rank and rank >= 4 else ""))
     if op in ("LpNormalization", "LayerNormalization") or any(hint in name.lower() for hint in _EMBEDDING_NAMES):
@@ -305,6 +338,19 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
         if rank and rank >= 4 and finite.size and finite.min() >= 0.0 and finite.max() <= 1.0:
             return _kind("probability_map", f"spatial output of {op} with every FP32 value in [0, 1]", source="reference")
     return guessed
+
+
+def _class_probabilities(op: str | None, rank: int | None, values) -> dict[str, Any] | None:
+    """Class scores known from FP32's values: rows that are non-negative and sum to 1 (a softmax
+    written out as Exp / ReduceSum / Div), over the last axis or, per pixel, over axis 1."""
+    if values is None or not rank or rank < 2:
+        return None
+    if rows_sum_to_one(values, -1):
+        return _kind("class_scores", f"{op} output whose FP32 rows are non-negative and sum to 1: class probabilities", source="reference")
+    if rank >= 3 and rows_sum_to_one(values, 1):
+        return _kind("class_scores", f"{op} output whose FP32 values over axis 1 are non-negative and sum to 1: class probabilities "
+                     "per position", source="reference", axis=1)
+    return None
 
 
 def _producer_output(name: str, producers, node: onnx.NodeProto) -> str:

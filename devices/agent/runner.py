@@ -189,16 +189,19 @@ def evaluate_calls(compiled: CompiledModel, validation_path: Path, plan: dict, r
                    evaluation: dict | None, check: Callable[[], None] | None = None) -> dict:
     """Run the validation set sample by sample (sequences call by call, carrying state) and compare with FP32.
 
-    Sequences also get per-step figures, so a drift that builds up over the steps shows.
+    Sequences also get per-step figures, so a drift that builds up over the steps shows. The inputs
+    the plan's metrics read (attention masks) are stacked call by call beside the outputs.
     """
     stack = feeds.OutputStack(compiled.output_names)
+    read = feeds.OutputStack([name for name in metric_inputs(evaluation) if name in compiled.input_names])
     try:
-        for sample, step, _, outputs in feeds.iter_calls(compiled.run, validation_path, plan, input_names=compiled.input_names,
-                                                         dtypes=_dtypes(compiled), check=check):
+        for sample, step, fed, outputs in feeds.iter_calls(compiled.run, validation_path, plan, input_names=compiled.input_names,
+                                                           dtypes=_dtypes(compiled), check=check):
             stack.add(sample, step, outputs)
+            read.add(sample, step, fed)
         outputs = stack.arrays()
         labels_array = _call_labels(validation_path, plan) if evaluation and evaluation.get("labels") else None
-        accuracy = metrics.evaluate(outputs, reference, evaluation, labels_array)
+        accuracy = metrics.evaluate(outputs, reference, evaluation, labels_array, inputs=read.arrays())
     except feeds.FeedError as exc:
         raise TaskFailed(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
@@ -208,6 +211,12 @@ def evaluate_calls(compiled: CompiledModel, validation_path: Path, plan: dict, r
         accuracy["sequences"] = len(set(stack.samples))
         accuracy["per_step"] = feeds.per_step_figures(outputs, reference, stack.steps)
     return accuracy
+
+
+def metric_inputs(evaluation: dict | None) -> list[str]:
+    """The inputs whose values the plan's metrics read: attention masks of per-token outputs."""
+    outputs = (evaluation or {}).get("outputs") or []
+    return list(dict.fromkeys(entry["options"]["mask"] for entry in outputs if (entry.get("options") or {}).get("mask")))
 
 
 def _call_labels(validation_path: Path, plan: dict) -> np.ndarray | None:
@@ -434,7 +443,7 @@ class TaskRunner:
                 compiled, validation, check=lambda: self._check(task_id, cancel, "evaluate")
             )
             try:
-                accuracy = metrics.evaluate(outputs, reference, task.get("evaluation"), labels)
+                accuracy = metrics.evaluate(outputs, reference, task.get("evaluation"), labels, inputs=validation)
             except (ValueError, KeyError, TypeError) as exc:
                 raise TaskFailed(f"outputs do not match the reference: {exc}") from None
             for name, result in accuracy["outputs"].items():

@@ -273,3 +273,33 @@ def agent_server():
     yield server
     server.httpd.shutdown()
     server.httpd.server_close()
+
+
+@pytest.fixture
+def masked_encoder_case(tmp_path):
+    """A masked encoder, its inputs with padding, its plan (as a task carries it, through JSON) and an FP32
+    reference whose padded positions hold other values than the device will produce."""
+    from devices import contract
+    from devices.agent.runner import evaluate_outputs
+    from devices.backends import get_backend
+    from tests.fixtures.models import build_masked_encoder, padded_mask
+    from workers.inspect import infer_output_kinds
+
+    path = tmp_path / "encoder.onnx"
+    onnx.save(build_masked_encoder(), path)
+    inputs = {"input": np.random.default_rng(4).standard_normal((3, 6, 8)).astype(np.float32), "attention_mask": padded_mask([6, 4, 2], 6)}
+    hidden = get_backend("onnxruntime").compile(path, tmp_path / "fp32", threads=1)
+    try:
+        reference = evaluate_outputs(hidden, inputs)
+    finally:
+        hidden.close()
+    plan = contract.evaluation_plan(output_kinds=infer_output_kinds(path, reference), output_order=["last_hidden_state"], declared=[],
+                                    has_labels=False)
+    reference["last_hidden_state"][inputs["attention_mask"] == 0] = 5.0
+    files = {"model": path.read_bytes()}
+    for name, arrays in (("validation", inputs), ("reference", reference)):
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        files[name] = buffer.getvalue()
+    return files, json.loads(json.dumps(plan)), inputs, reference
+

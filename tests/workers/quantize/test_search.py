@@ -433,3 +433,21 @@ def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_fil
     # Static INT8 on OpenVINO is NNCF's IR alone (issue 24): no QDQ recipe was measured there.
     assert [key for key, entry in by_id.items() if entry["precision"] == "int8"] == ["ov-int8@openvino"]
     assert by_id["ov-int8@openvino"]["accuracy"]["within_tolerance"]
+
+
+def test_the_search_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(tmp_path):
+    import onnx
+
+    from devices.metrics import evaluate
+    from tests.fixtures.models import build_masked_encoder, padded_mask, write_npz
+
+    onnx.save(build_masked_encoder(), tmp_path / "encoder.onnx")
+    mask = padded_mask([6, 4, 2, 1, 5], 6)
+    data = write_npz(tmp_path / "validation.npz", input=np.random.default_rng(5).standard_normal((5, 6, 8)).astype(np.float32),
+                     attention_mask=mask)
+    validation = search._Validation(tmp_path / "encoder.onnx", data, limit=4, declared=[])
+    assert validation.plan["outputs"][0]["options"]["mask"] == "attention_mask"
+    scrambled = validation.reference["last_hidden_state"].copy()
+    scrambled[mask[:4] == 0] = 5.0  # what a variant puts on padding does not count
+    hidden = evaluate({"last_hidden_state": scrambled}, validation.reference, validation.plan, inputs=validation.inputs)["outputs"]
+    assert hidden["last_hidden_state"]["errors"] == {} and hidden["last_hidden_state"]["metrics"]["max_abs_error"] == 0.0
