@@ -322,6 +322,9 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
     probabilities = _class_probabilities(op, rank, values)
     if probabilities is not None:
         return probabilities
+    if op == "Div" and _is_written_out_softmax(node, producers):
+        # Without FP32's values (which also tell the axis), the graph's own pattern: Magika's JAX export ends this way.
+        return _kind("class_scores", "a softmax written out as Exp / ReduceSum / Div: class probabilities over the last axis")
     if op == "Sigmoid":
         return _kind("probability_map", "Sigmoid output: independent probabilities" + (" per pixel" if rank and rank >= 4 else ""))
     if op in ("LpNormalization", "LayerNormalization") or any(hint in name.lower() for hint in _EMBEDDING_NAMES):
@@ -338,6 +341,23 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
         if rank and rank >= 4 and finite.size and finite.min() >= 0.0 and finite.max() <= 1.0:
             return _kind("probability_map", f"spatial output of {op} with every FP32 value in [0, 1]", source="reference")
     return guessed
+
+
+# Ops that only move or broadcast a ReduceSum's result back to its input's shape (JAX and TF exports reshape and expand it).
+_BROADCASTS = {"Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity", "Cast"}
+
+
+def _is_written_out_softmax(div: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Div(Exp(x), broadcast(ReduceSum(Exp(x)))): the numerator's Exp is the very tensor the denominator sums."""
+    numerator = producers.get(div.input[0])
+    if numerator is None or numerator.op_type != "Exp":
+        return False
+    denominator = producers.get(div.input[1])
+    for _ in range(8):
+        if denominator is None or denominator.op_type not in _BROADCASTS:
+            break
+        denominator = producers.get(denominator.input[0])
+    return denominator is not None and denominator.op_type == "ReduceSum" and denominator.input[0] == numerator.output[0]
 
 
 def _class_probabilities(op: str | None, rank: int | None, values) -> dict[str, Any] | None:
