@@ -35,18 +35,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
-from devices import crosscheck  # noqa: E402
-from devices.agent.runner import TaskFailed, benchmark_batch_sizes, first_samples_outputs, load_npz, make_feeds, self_check  # noqa: E402
-from devices.backends.registry import get_backend  # noqa: E402
-from devices.metrics import cosine_similarity  # noqa: E402
-from tests.fixtures.models import write_npz  # noqa: E402
-from tests.fixtures.zoo import MINILM_L3, available_zoo  # noqa: E402
-from workers.quantize.openvino_family import openvino_spec  # noqa: E402
-from workers.quantize.runtimes import spec_runtimes  # noqa: E402
-from workers.quantize.schemes import ort_int8_scheme  # noqa: E402
-from workers.quantize.search import host_isa  # noqa: E402
-from workers.quantize.variants import NotApplicable, build_variant  # noqa: E402
-from workers.reference import compute_reference_outputs  # noqa: E402
+from devices import crosscheck
+from devices.agent.runner import TaskFailed, benchmark_batch_sizes, first_samples_outputs, load_npz, make_feeds, self_check
+from devices.backends.registry import get_backend
+from devices.metrics import cosine_similarity
+from tests.fixtures.models import write_npz
+from tests.fixtures.zoo import MINILM_L3, available_zoo
+from workers.quantize.openvino_family import openvino_spec
+from workers.quantize.runtimes import spec_runtimes
+from workers.quantize.schemes import ort_int8_scheme
+from workers.quantize.search import host_isa
+from workers.quantize.variants import NotApplicable, build_variant
+from workers.reference import compute_reference_outputs
 
 CALIBRATION_SAMPLES = 16
 CALIBRATION_SEED, VALIDATION_SEED = 11, 23
