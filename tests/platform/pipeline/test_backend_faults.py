@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from devices.agent.client import AgentClient, RetryPolicy
 from devices.agent.runner import TaskRunner
 from kiln.pipeline.models import DeviceTask
+from tests.agreement import assert_decision_agrees
 from tests.conftest import upload
 from tests.fixtures.models import build_loop_decoder, write_npz
 
@@ -88,6 +89,7 @@ def finished_report(tenant, job_id: int) -> dict:
     [device] = report["devices"]
     [chosen] = [v for v in device["variants"] if v["id"] == device["recommended"]]
     assert chosen["backend"] == "onnxruntime"
+    assert_decision_agrees(device)
     return device
 
 
