@@ -19,10 +19,12 @@ from devices.contract import quality, score_accuracy
 from devices.labels import EFFECTIVE_PRECISIONS, effective_precision, variant_label
 from workers.noise import FASTER, INTERLEAVED, SLOWER, TIE, LatencyRatio, latency_ratio, timing_of
 
-__all__ = ["decide", "failure_reason", "fp32_noise", "label_of", "pareto_ids", "quality", "recommend", "recommendation",
+__all__ = ["REFUSED", "decide", "failure_reason", "fp32_noise", "label_of", "pareto_ids", "quality", "recommend", "recommendation",
            "score_accuracy"]
 
 FAILED_ROWS_SHOWN = 20
+# A built variant a target runtime refused on the host (a failed build's status otherwise): it never reached a device there.
+REFUSED = "refused"
 
 
 def pareto_ids(entries: list[dict]) -> set:
@@ -255,9 +257,11 @@ def _failure_rows(entries: list[dict], family_rows: list[dict], failed_builds: l
                          "drop": None, "metric": None, "outcome": "failed", "why": failure_reason(entry["error"])})
     for build in failed_builds:
         label = label_of({**build, "backend": ", ".join(build.get("backends") or []) or "the host"})
+        refused = build.get("status") == REFUSED
+        why = failure_reason(build.get("error") or "")
         rows.append({"family": effective_of(build), "variants": 1, "variant": None, "build": build.get("variant"), "label": label,
-                     "p50_ms": None, "drop": None, "metric": None, "outcome": "build failed",
-                     "why": f"never reached the device: the build {failure_reason(build.get('error') or '')}"})
+                     "p50_ms": None, "drop": None, "metric": None, "outcome": REFUSED if refused else "build failed",
+                     "why": f"never reached the device: {why}" if refused else f"never reached the device: the build {why}"})
     return rows[:FAILED_ROWS_SHOWN]
 
 

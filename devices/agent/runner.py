@@ -50,7 +50,11 @@ class AgentStopping(Exception):
 
 
 class TaskFailed(Exception):
-    """The task cannot succeed; the message is the reason reported to the server."""
+    """The task cannot succeed; the message is the reason reported to the server, `metrics` what was measured on the way."""
+
+    def __init__(self, message: str, metrics: dict | None = None):
+        super().__init__(message)
+        self.metrics = metrics or {}
 
 
 class TaskLogCapture(logging.Handler):
@@ -219,6 +223,47 @@ def metric_inputs(evaluation: dict | None) -> list[str]:
     return list(dict.fromkeys(entry["options"]["mask"] for entry in outputs if (entry.get("options") or {}).get("mask")))
 
 
+def self_check(task: dict, compiled: CompiledModel, paths: dict, fed: dict[str, np.ndarray], *, plan: dict | None,
+               validation: dict[str, np.ndarray] | None, reference: dict[str, np.ndarray] | None) -> dict | None:
+    """The runtime self-check (devices/crosscheck.py) against the reference the artifact has; None when none is run.
+
+    Raises TaskFailed, carrying the check as `metrics.runtime_check`, on a runtime fault.
+    """
+    backend_name = task.get("backend") or "onnxruntime"
+    against = crosscheck.reference_for(backend_name, paths["model"])
+    try:
+        if against == crosscheck.REFERENCE_BACKEND:
+            return crosscheck.cross_check(compiled, paths["model"], fed, backend_name=backend_name)
+        if against != crosscheck.FLOAT_SOURCE:
+            return None
+        if reference is None or (validation is None and not feeds.needs_calls(plan)):
+            logger.info("runtime self-check skipped: no FP32 reference outputs for the validation samples")
+            return None
+        try:
+            outputs, samples = first_samples_outputs(compiled, validation, paths["validation"], plan, crosscheck.SOURCE_SAMPLES)
+        except (feeds.FeedError, TaskFailed) as exc:  # the evaluation reports what does not fit, with its figures
+            logger.info("runtime self-check skipped: %s", exc)
+            return None
+        return crosscheck.source_check(outputs, reference, paths["model"], backend_name=backend_name, samples=samples,
+                                       precision=(task.get("variant") or {}).get("precision") or "")
+    except crosscheck.RuntimeFault as fault:
+        raise TaskFailed(str(fault), metrics={"runtime_check": fault.check}) from None
+
+
+def first_samples_outputs(compiled: CompiledModel, validation: dict[str, np.ndarray] | None, validation_path: Path,
+                          plan: dict | None, samples: int) -> tuple[dict[str, np.ndarray], int]:
+    """The compiled model's outputs for the first `samples` validation samples, stacked as the reference stacks them
+    (sample by sample, or call by call for a plan that needs calls), and how many samples that was."""
+    if feeds.needs_calls(plan):
+        stack = feeds.OutputStack(compiled.output_names)
+        for sample, step, _, outputs in feeds.iter_calls(compiled.run, validation_path, plan, input_names=compiled.input_names,
+                                                         dtypes=_dtypes(compiled), limit=samples):
+            stack.add(sample, step, outputs)
+        return stack.arrays(), len(set(stack.samples))
+    outputs = evaluate_outputs(compiled, {name: array[:samples] for name, array in validation.items()})
+    return outputs, min((len(value) for value in outputs.values()), default=0)
+
+
 def _call_labels(validation_path: Path, plan: dict) -> np.ndarray | None:
     rows = [row[feeds.LABELS] for row in feeds.iter_rows(validation_path, [feeds.LABELS]) if feeds.LABELS in row]
     return np.stack(rows) if rows and plan.get("mode") != feeds.SEQUENCES else None
@@ -307,7 +352,8 @@ class TaskRunner:
                 reason = str(exc) if isinstance(exc, TaskFailed) else f"{type(exc).__name__}: {exc}"
                 logger.error("task %s failed in %s: %s", task["id"], self.stage, reason,
                              exc_info=not isinstance(exc, TaskFailed))
-                return self._post(task, self._failure(task, reason, capture), "failed")
+                measured = exc.metrics if isinstance(exc, TaskFailed) else {}
+                return self._post(task, self._failure(task, reason, capture, measured), "failed")
             payload["log"] = capture.text()
             return self._post(task, payload, "succeeded")
         finally:
@@ -323,8 +369,8 @@ class TaskRunner:
         return {"attempt": task["attempt"], "status": "handed_back", "error": STOPPING_REASON, "metrics": {},
                 "accuracy": None, "profile": None, "log": log}
 
-    def _failure(self, task: dict, reason: str, capture: TaskLogCapture) -> dict:
-        return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": {},
+    def _failure(self, task: dict, reason: str, capture: TaskLogCapture, metrics: dict | None = None) -> dict:
+        return {"attempt": task["attempt"], "status": "failed", "error": reason, "metrics": metrics or {},
                 "accuracy": None, "profile": None, "log": capture.text(), "support": self.support}
 
     def _post(self, task: dict, payload: dict, outcome: str) -> str:
@@ -398,11 +444,8 @@ class TaskRunner:
             batch_sizes = benchmark_batch_sizes(compiled.input_specs, settings.batch_sizes)
             feeds_by_batch = {size: make_feeds(compiled.input_specs, size, validation) for size in batch_sizes}
         # Before anything is timed or judged: a runtime that misreads the file fails the task as the runtime's fault.
-        try:
-            runtime_check = crosscheck.cross_check(compiled, paths["model"], feeds_by_batch[batch_sizes[0]],
-                                                   backend_name=task.get("backend") or "onnxruntime")
-        except crosscheck.RuntimeFault as fault:
-            raise TaskFailed(str(fault)) from None
+        runtime_check = self_check(task, compiled, paths, feeds_by_batch[batch_sizes[0]], plan=plan, validation=validation,
+                                   reference=reference)
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
         try:
             speed, window = quiet.measure_quietly(

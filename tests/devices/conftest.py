@@ -75,6 +75,18 @@ def static_batch_model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_ir_path(tiny_model_path, tmp_path_factory) -> Path:
+    """The tiny CNN as a packed OpenVINO IR (FP32), a file ONNX Runtime cannot read."""
+    import openvino as ov
+
+    from devices.artifacts import pack_openvino_ir
+
+    root = tmp_path_factory.mktemp("ir")
+    ov.save_model(ov.Core().read_model(str(tiny_model_path)), str(root / "model.xml"), compress_to_fp16=False)
+    return pack_openvino_ir(root / "model.xml", root / "model.bin", root / "tiny.openvino.tar")
+
+
+@pytest.fixture(scope="session")
 def tiny_task_files(tmp_path_factory, tiny_model_path) -> dict[str, bytes]:
     """Bytes of the three task files: model, validation npz (with labels), reference npz."""
     rng = np.random.default_rng(1)

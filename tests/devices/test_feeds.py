@@ -10,8 +10,9 @@ import onnxruntime as ort
 import pytest
 
 from devices import feeds
-from devices.agent.runner import evaluate_calls, first_call_feeds
+from devices.agent.runner import evaluate_calls, first_call_feeds, first_samples_outputs
 from devices.backends.registry import get_backend
+from devices.crosscheck import source_check
 from tests.fixtures.feeds_models import MIXED_SIGNATURE, RUNNING_SUM_SIGNATURE, mixed_inputs_model, running_sum_model
 from tests.fixtures.models import write_npz
 from workers.datasets import inspect_dataset
@@ -114,6 +115,24 @@ def test_agent_evaluates_sequences_call_by_call_with_per_step_figures(tmp_path):
     errors = [row["outputs"]["total"]["max_abs_error"] for row in accuracy["per_step"]]
     assert errors[:5] == pytest.approx([0.0] * 5, abs=1e-6) and errors[5] == pytest.approx(1.0, abs=1e-5)
     assert all(row["outputs"]["carryN"]["max_abs_error"] < 1e-5 for row in accuracy["per_step"])
+
+
+def test_the_self_check_of_sequences_runs_the_first_samples_call_by_call_against_the_same_rows_of_the_reference(tmp_path):
+    model = running_sum_model(tmp_path / "sum.onnx")
+    steps = np.random.default_rng(4).standard_normal((4, 6, 1, 4)).astype(np.float32)
+    data = write_npz(tmp_path / "seq.npz", x=steps)
+    plan = feeds.resolve_plan(inspect_dataset(data), RUNNING_SUM_SIGNATURE, state={"carryN": "carry"})
+    totals = np.cumsum(steps, axis=1).reshape(24, 1, 4)
+    compiled = get_backend("onnxruntime").compile(model, tmp_path / "compiled", threads=1)
+    try:
+        outputs, samples = first_samples_outputs(compiled, None, data, plan, 2)
+    finally:
+        compiled.close()
+    # Two sequences of six calls, state carried: the reference's first twelve rows, in the reference's order.
+    assert samples == 2 and outputs["total"].shape == (12, 1, 4)
+    np.testing.assert_allclose(outputs["total"], totals[:12], atol=1e-5)
+    check = source_check(outputs, {"total": totals, "carryN": totals}, model, backend_name="litert", samples=samples)
+    assert check["samples"] == 2 and check["min_cosine"] > 0.9999 and set(check["cosine"]) == {"total", "carryN"}
 
 
 def test_stacked_int_and_bool_inputs_keep_their_dtypes_through_the_agent(tmp_path):

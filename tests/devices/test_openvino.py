@@ -39,17 +39,6 @@ def _qdq_model(model_path, root, activation_type: str):
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_ir_path(tiny_model_path, tmp_path_factory):
-    import openvino as ov
-
-    from devices.artifacts import pack_openvino_ir
-
-    root = tmp_path_factory.mktemp("ir")
-    ov.save_model(ov.Core().read_model(str(tiny_model_path)), str(root / "model.xml"), compress_to_fp16=False)
-    return pack_openvino_ir(root / "model.xml", root / "model.bin", root / "tiny.openvino.tar")
-
-
 @needs_openvino
 def test_a_packed_ir_compiles_with_the_models_names_and_outputs(tiny_ir_path, tiny_model_path, tmp_path, sample_feeds):
     from devices.backends.openvino import OpenVinoBackend

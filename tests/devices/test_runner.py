@@ -364,3 +364,32 @@ def test_the_agent_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(agen
     assert hidden["errors"] == {} and hidden["metrics"]["kept_tokens"] == 12
     assert hidden["metrics"]["cosine_p5"] == pytest.approx(1.0) and hidden["metrics"]["sentence_cosine_p5"] == pytest.approx(1.0)
     assert hidden["metrics"]["max_abs_error"] < 1e-5  # the padded positions, 5.0 in the reference, are left out
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_an_ir_onnx_runtime_cannot_read_is_checked_against_its_fp32_source_before_it_is_timed(agent_server, runner, tiny_task_files, tiny_ir_path):
+    files = {**tiny_task_files, "model": tiny_ir_path.read_bytes()}
+    task = agent_server.serve_task(44, files, backend="openvino")
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(44)
+    check = result["metrics"]["runtime_check"]
+    assert check["against"] == "fp32 source on onnxruntime" and check["samples"] == 4
+    assert check["fault"] is False and check["min_cosine"] > 0.999
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_an_ir_far_from_its_fp32_source_fails_as_a_runtime_fault_with_the_check_recorded(
+        agent_server, runner, tiny_task_files, tiny_ir_path, monkeypatch):
+    from devices.backends.openvino import OpenVinoCompiledModel
+
+    real_run = OpenVinoCompiledModel.run
+    monkeypatch.setattr(OpenVinoCompiledModel, "run", lambda self, feeds: {k: -v for k, v in real_run(self, feeds).items()})
+    task = agent_server.serve_task(45, {**tiny_task_files, "model": tiny_ir_path.read_bytes()}, backend="openvino")
+    task["variant"]["precision"] = "int8"
+    assert runner.run(task) == "failed"
+    [result] = agent_server.results(45)
+    assert result["error"].startswith("runtime fault: openvino INT8 IR disagrees with its FP32 source on ONNX Runtime: cosine -1.000")
+    assert result["metrics"]["runtime_check"]["fault"] is True and result["metrics"]["runtime_check"]["min_cosine"] < 0
+    assert result["accuracy"] is None  # the disagreement is not counted as the variant's accuracy
+    assert not {"profile", "evaluate"} & set(_stages(agent_server, 45))  # stopped before any timing or judging
+    assert not agent_server.hits("POST", "/api/agent/v1/tasks/45/artifact")

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.fixtures.models import save_with_external_data, save_with_static_batch, write_npz
+from tests.fixtures.models import build_loop_decoder, save_with_external_data, save_with_static_batch, write_npz
 from tests.workers.helpers import run_model
 from workers.inspect import model_size_bytes
 from workers.quantize import (
@@ -18,6 +18,7 @@ from workers.quantize import (
     build_variant,
     runnable_backends,
 )
+from workers.quantize.backends import load_check
 
 
 def _ops(path) -> set[str]:
@@ -208,6 +209,16 @@ def test_runnable_backends_reports_nothing_for_an_unknown_op(tmp_path):
 def test_runnable_backends_lists_both_for_a_plain_model(digits_path):
     pytest.importorskip("openvino")
     assert runnable_backends(digits_path) == ["onnxruntime", "openvino"]
+    assert load_check(digits_path) == (["onnxruntime", "openvino"], {})
+
+
+def test_a_runtime_that_refuses_a_built_variant_is_named_with_its_reason_and_costs_only_itself(tmp_path):
+    pytest.importorskip("openvino")
+    onnx.save(build_loop_decoder(), str(tmp_path / "decoder.onnx"))
+    built = build_variant(model_path=tmp_path / "decoder.onnx", precision="fp32", out_path=tmp_path / "fp32.onnx")
+    assert built["backends"] == ["onnxruntime"] and set(built["refused_backends"]) == {"openvino"}
+    # OpenVINO's own words, as the agent's support check tells them, naming the Loop its reader refused.
+    assert built["refused_backends"]["openvino"].startswith("OpenVINO 2026.4") and "cannot read the model (inside Loop 'decoder')" in built["refused_backends"]["openvino"]
 
 
 def test_int8_on_a_static_batch_model_calibrates_on_whole_batches(digits, digits_calibration, tmp_path):
@@ -219,7 +230,7 @@ def test_int8_on_a_static_batch_model_calibrates_on_whole_batches(digits, digits
 def test_failed_build_leaves_no_artifact(digits_path, tmp_path, monkeypatch):
     from workers.quantize import variants
 
-    monkeypatch.setattr(variants, "runnable_backends", lambda path: [])
+    monkeypatch.setattr(variants, "load_check", lambda path: ([], {}))
     out = tmp_path / "fp16.onnx"
     with pytest.raises(QuantizationError, match="no runtime"):
         build_variant(model_path=digits_path, precision="fp16", out_path=out)

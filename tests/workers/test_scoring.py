@@ -6,7 +6,7 @@ import random
 import pytest
 
 from workers.noise import FASTER, latency_ratio, timing_of
-from workers.scoring import decide, fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
+from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, recommend, recommendation, score_accuracy
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 
@@ -125,11 +125,13 @@ def test_why_not_groups_by_effective_precision_and_lists_failures_with_their_rea
     builds = [{"variant": 40, "key": "int8-entropy", "precision": "int8", "options": {}, "backends": ["onnxruntime"],
                "error": "BuildMemoryExceeded: the int8 build used more than the build memory budget of 4096 MB (KILN_BUILD_MEMORY_MB) and was stopped"},
               {"variant": 41, "key": "int8-nncf", "precision": "int8", "options": {"tool": "nncf"}, "backends": ["openvino"],
-               "error": "TimeoutError: the int8 build took longer than 600 s and was stopped"}]
+               "error": "TimeoutError: the int8 build took longer than 600 s and was stopped"},
+              {"variant": 42, "key": "fp32", "precision": "fp32", "options": {}, "backends": ["openvino"], "status": REFUSED,
+               "error": "OpenVINO 2026.4.1 cannot read the model (inside Loop 'decoder'): the loop-carried sequence pattern is not supported."}]
     decision = decide(entries, TOLERANCE, failed_builds=builds)
     assert decision["variant"] == 2
     rows = decision["alternatives"]
-    families = [row["family"] for row in rows if row["outcome"] not in ("failed", "build failed")]
+    families = [row["family"] for row in rows if row["outcome"] not in ("failed", "build failed", REFUSED)]
     assert families == ["fp32", "bf16", "int8", "int4 weights", "mixed"][: len(families)] and "bf16" in families
     by_variant = {row["variant"]: row for row in rows if row["variant"] is not None}
     # The bf16 run is its own family, named by what runs; the FP32 row is FP32.
@@ -140,6 +142,11 @@ def test_why_not_groups_by_effective_precision_and_lists_failures_with_their_rea
     failed_builds = [row for row in rows if row["outcome"] == "build failed"]
     assert [row["build"] for row in failed_builds] == [40, 41]
     assert "ran out of memory" in failed_builds[0]["why"] and "ran out of time" in failed_builds[1]["why"]
+    # A built variant a target runtime refused is that runtime's row, with the runtime's reason: not a failed build.
+    [refused] = [row for row in rows if row["outcome"] == REFUSED]
+    assert refused["build"] == 42 and refused["label"].endswith("on openvino")
+    assert refused["why"] == ("never reached the device: the backend cannot read this model: OpenVINO 2026.4.1 cannot read the model "
+                              "(inside Loop 'decoder'): the loop-carried sequence pattern is not supported.")
 
 
 def test_noise_is_told_once_per_device_not_once_per_row():

@@ -15,7 +15,7 @@ from devices.artifacts import ONNX, artifact_format
 from workers.convert import LARGE_MODEL_BYTES, save_model, upgrade_opset
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
-from workers.quantize.backends import runnable_backends
+from workers.quantize.backends import load_check
 from workers.workdir import working_directory
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def build_variant(
         builder = _smoothed_builder(builder)
     try:
         recipe = builder(model_path, out_path, calibration_path=calibration_path, options=options)
-        backends = runnable_backends(out_path)
+        backends, refused = load_check(out_path)
         if not backends:
             raise QuantizationError(f"the {precision} variant was built but no runtime on this host can load it")
         # Only an ONNX model may have an external-data file beside it; the other formats are one file.
@@ -111,7 +111,9 @@ def build_variant(
         _remove_outputs(out_path)
         raise
     # What the file holds (`onnx`, `tflite`, `openvino-ir`): the pipeline names and packages the artifact by it.
-    return {"precision": precision, "recipe": recipe, "backends": backends, "size_bytes": size_bytes, "format": artifact_format(out_path)}
+    # A runtime that refuses the file is told with its reason (`refused_backends`), so that the job can say why it was not measured there.
+    return {"precision": precision, "recipe": recipe, "backends": backends, "refused_backends": refused, "size_bytes": size_bytes,
+            "format": artifact_format(out_path)}
 
 
 def _runtime_builder(precision: str, options: dict[str, Any]) -> Callable[..., dict[str, Any]]:

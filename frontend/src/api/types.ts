@@ -639,7 +639,7 @@ export interface WhyNotRow {
   p50_ms: number | null;
   drop: number | null;
   metric: string | null;
-  /** slower, tie, outside tolerance, failed, build failed, not measured… */
+  /** slower, tie, outside tolerance, failed, build failed, refused (a runtime that cannot read the built variant), not measured… */
   outcome?: string;
   why: string;
 }

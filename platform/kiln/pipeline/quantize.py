@@ -255,7 +255,12 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
                       **_compile_recipe(variant)}
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
     built_backends = built.get("backends", ["onnxruntime"])
+    planned = variant.backends or _target_facts(job)[1]
     variant.backends = [b for b in built_backends if b in variant.backends] if variant.backends else built_backends
+    # A target runtime that refuses the file costs that runtime only: the variant goes on without it, and says why.
+    refused = {backend: reason for backend, reason in (built.get("refused_backends") or {}).items() if backend in planned}
+    if refused:
+        variant.recipe["refused_backends"] = refused
     variant.status = VariantStatus.READY
 
 
@@ -275,6 +280,8 @@ def variant_build(*, variant_id: int) -> None:
         _build_variant_artifact(variant, job)
         if "cached_from_job" not in variant.recipe:
             job_event_add(job=job, stage="quantize", message=f"Built {variant.key} ({variant.artifact.blob.size_bytes} bytes).")
+        for backend, reason in (variant.recipe.get("refused_backends") or {}).items():
+            job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} is not measured on {backend}: {reason}")
     except NotApplicable as exc:
         variant.status, variant.error = VariantStatus.SKIPPED, str(exc)
         job_event_add(job=job, stage="quantize", level="warning", message=f"{variant.key} skipped: {exc}")

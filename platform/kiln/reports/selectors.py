@@ -16,7 +16,7 @@ from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, De
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.search import compile_winners, family_verdicts
-from workers.scoring import decide, fp32_noise, pareto_ids, score_accuracy
+from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
 from .estimate import estimate_ms, fit_rates
 from .models import Measurement, Report
@@ -184,13 +184,18 @@ def retime_summary(task: DeviceTask | None) -> dict | None:
 
 
 def failed_builds(*, job) -> list[dict]:
-    """The job's variants whose host build failed or did not apply: they never reached a device, and the decision says why."""
+    """The job's variants whose host build failed or did not apply, and each target runtime that refused a built one
+    (status `refused`, one row per runtime): they never reached a device there, and the decision says why."""
     rows = []
-    for variant in job.variants.filter(status__in=[VariantStatus.FAILED, VariantStatus.SKIPPED]).order_by("id"):
+    for variant in job.variants.filter(status__in=[VariantStatus.FAILED, VariantStatus.SKIPPED, VariantStatus.READY]).order_by("id"):
+        row = {"variant": variant.id, "key": variant.key, "precision": variant.precision, "options": variant.options,
+               "compile": variant.options.get("compile") or {}, "backends": variant.backends, "round": variant.round, "status": variant.status}
+        if variant.status == VariantStatus.READY:
+            rows += [{**row, "backends": [backend], "status": REFUSED, "error": reason}
+                     for backend, reason in ((variant.recipe or {}).get("refused_backends") or {}).items()]
+            continue
         error = variant.error or ("not applicable" if variant.status == VariantStatus.SKIPPED else "failed")
-        rows.append({"variant": variant.id, "key": variant.key, "precision": variant.precision, "options": variant.options,
-                     "compile": variant.options.get("compile") or {}, "backends": variant.backends, "round": variant.round,
-                     "status": variant.status, "error": error if variant.status == VariantStatus.FAILED else f"not applicable: {error}"})
+        rows.append({**row, "error": error if variant.status == VariantStatus.FAILED else f"not applicable: {error}"})
     return rows
 
 

@@ -177,6 +177,17 @@ class RetimeRowSerializer(serializers.Serializer):
     interleaved_medians_ms = serializers.ListField(child=serializers.FloatField(min_value=0, max_value=MAX_MS), min_length=1, max_length=64)
 
 
+class RuntimeCheckSerializer(serializers.Serializer):
+    """The runtime self-check before timing (devices/crosscheck.py): what the outputs were compared with, on how many samples,
+    each output's cosine, the lowest, and whether that is a runtime fault."""
+
+    against = _text(64)
+    samples = _count(max_value=1_000_000)
+    cosine = BoundedDictField(child=serializers.FloatField(min_value=-1.0, max_value=1.0), max_items=64, max_key_length=200, required=False)
+    min_cosine = _number(min_value=-1.0, max_value=1.0)
+    fault = serializers.BooleanField(required=False, allow_null=True)
+
+
 class MetricsSerializer(serializers.Serializer):
     """Speed of one task (devices/bench.py `run_benchmark`), or a RETIME task's rows; unknown keys are dropped."""
 
@@ -200,6 +211,9 @@ class MetricsSerializer(serializers.Serializer):
     settings = BoundedJSONField(max_bytes=4096, max_depth=3, required=False)
     # The agent ran under a user-mode emulator: these are the emulator's timings (kept out of the performance database).
     emulated = _text(500)
+    # The precision the runtime ran the float part in ("fp32", "bf16"), and the self-check before timing (kept with a failure too).
+    float_precision = _text(16)
+    runtime_check = RuntimeCheckSerializer(required=False)
 
 
 class OpTypeRowSerializer(serializers.Serializer):
