@@ -15,6 +15,7 @@ The flags are the agent's (`devices.agent.capabilities`: /proc/cpuinfo's x86 "fl
 - FP16 builds are tried only with native FP16 arithmetic (avx512_fp16, AMX-FP16, Arm fphp/asimdhp);
   elsewhere an FP16 model only converts back and forth.
 
+Each reason starts with the family and a colon ("INT8: ..."), unlike the measured verdicts ("INT8 pays on ...").
 Pure: flags in, `FamilyChoice`s out; nothing here measures.
 """
 
@@ -73,7 +74,7 @@ def int8_choice(isa: Iterable[str]) -> FamilyChoice:
     if arm:
         return FamilyChoice("int8", True, f"INT8: Arm integer dot products ({', '.join(arm)}): s8 activations (S8S8), "
                                           "as ONNX Runtime's Arm kernels take them", (S8,))
-    return FamilyChoice("int8", False, "INT8 pruned: no integer dot-product instructions (no VNNI/AMX, no Arm dotprod): "
+    return FamilyChoice("int8", False, "INT8: pruned, no integer dot-product instructions (no VNNI/AMX, no Arm dotprod): "
                                        "INT8 rarely beats FP32 here; only the vendor defaults are measured to confirm, "
                                        "and INT8 is searched further only where one of them beats FP32")
 
