@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.quantize.litert import RUNTIME
 from workers.quantize.isa_families import fp16_choice
+from workers.quantize.litert import RUNTIME
 
 KEYS = {"fp32": "litert-fp32", "fp16": "litert-fp16", "int8": "litert-int8"}
 

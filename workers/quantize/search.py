@@ -73,9 +73,11 @@ PROBES = {"int8": "int8-minmax", "int8-dynamic": "int8-dynamic", "int4-weight": 
 # Where VNNI/AMX make both ONNX Runtime schemes worth timing, the INT8 probe has a twin with s8 activations (S8S8);
 # the family's verdict takes the faster of the two.
 S8_PROBE = "int8-minmax-s8"
-PROBE_CHOICES = {precision: (probe, S8_PROBE) if precision == "int8" else (probe,) for precision, probe in PROBES.items()}
-# The families that need integer dot products to pay (`isa_families.int8_choice`).
+PROBE_CHOICES = {**{precision: (probe,) for precision, probe in PROBES.items()}, "int8": (PROBES["int8"], S8_PROBE)}
+# The families that need integer dot products to pay (`isa_families.int8_choice`); where the ISA has none, their verdict
+# rests on the vendor INT8 defaults' evidence instead of their probe's (`family_verdicts`).
 INT8_FAMILIES = ("int8", "int8-dynamic")
+PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
 # bf16 is a family of its own: the FP32 graph under OpenVINO's bf16 inference precision, where the CPU has bf16 units.
 # Its members are FP32 builds whose compile options define the family; ONNX Runtime's CPU provider has no such mode.
 BF16_KEY = "bf16"
@@ -340,9 +342,6 @@ def relative_noise(*entries: dict[str, Any]) -> float:
     return max(NOISE_FLOOR, 2.0 * math.sqrt(variance))
 
 
-PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
-
-
 def _all_probe_keys() -> set[str]:
     return {key for keys in PROBE_CHOICES.values() for key in keys}
 
@@ -511,7 +510,7 @@ def compile_winners(measured: list[dict[str, Any]]) -> list[str]:
 
 
 def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has_calibration: bool,
-           measured: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+           measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ops = dict(model_facts.get("op_histogram") or {})
     transformer = is_transformer(ops)
     scheme = ort_int8_scheme(isa)

@@ -8,7 +8,6 @@ import pytest
 from rich.console import Console
 
 from kiln import cli
-
 from kiln.pipeline.models import DeploymentJob, Variant
 from tests.conftest import upload
 
