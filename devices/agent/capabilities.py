@@ -15,12 +15,14 @@ from devices.cpus import usable_cores
 
 logger = logging.getLogger(__name__)
 
-# /proc/cpuinfo flags worth a scheduler's attention (x86 and Arm spellings).
+# /proc/cpuinfo flags worth a scheduler's attention (x86 "flags" and Arm "Features"/HWCAP spellings): among them every
+# flag the search's chip → families decision reads (workers.quantize.isa_families): integer dot products (VNNI, AMX-INT8,
+# Arm dotprod/i8mm), bf16 units and native FP16 arithmetic.
 INTERESTING_FLAGS = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx_vnni_int8",
     "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_bf16", "amx_int8",
-    "asimd", "asimdhp", "asimddp", "sve", "sve2", "i8mm", "bf16", "sme",
+    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "asimd", "fphp", "asimdhp", "asimddp", "asimdfhm", "sve", "sve2", "i8mm", "svei8mm", "bf16", "svebf16", "sme",
 )
 
 
@@ -39,6 +41,11 @@ def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
     if any(flag.startswith("amx") for flag in flags):
         isa.append("amx")
     return model, isa
+
+
+def cpu_isa() -> list[str]:
+    """This CPU's interesting ISA flags, as the agent reports them."""
+    return _cpu()[1]
 
 
 def _cpu() -> tuple[str | None, list[str]]:

@@ -9,7 +9,8 @@ gets the speed Kiln measured. One parser here keeps the three in agreement.
 - `threads`: intra-op threads (the device's physical or logical core count).
 - `graph_optimization` (ONNX Runtime): `basic`, `extended` or `all` (ORT's default).
 - `performance_hint` (OpenVINO): `LATENCY` (the default here) or `THROUGHPUT`.
-- `inference_precision` (OpenVINO): `f32` (the default here) or `bf16`, only on CPUs with bf16 units.
+- `inference_precision` (OpenVINO): `f32` (the default here) or `bf16`, only on CPUs with bf16 units
+  (which CPUs: `workers.quantize.isa_families`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ MAX_INPUTS = 64
 GRAPH_OPTIMIZATION_LEVELS = ("basic", "extended", "all")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
 INFERENCE_PRECISIONS = ("f32", "bf16")
-# ISA flags (as /proc/cpuinfo and the agent's capabilities spell them) that give a CPU bf16 units.
-BF16_ISA = ("avx512_bf16", "amx_bf16")
 
 
 class InvalidCompileOptions(ValueError):
@@ -68,11 +67,6 @@ def _static_shapes(raw: Any) -> dict[str, list[int]]:
             raise InvalidCompileOptions(f"static_shapes[{name!r}]: every dimension must be an integer from 1 to {MAX_DIM}")
         shapes[name] = list(dims)
     return shapes
-
-
-def has_bf16(isa: list[str] | set[str]) -> bool:
-    """Whether the CPU has bf16 arithmetic units (AVX512-BF16 or AMX-BF16)."""
-    return any(flag in set(isa) for flag in BF16_ISA)
 
 
 def describe(options: dict[str, Any]) -> str:

@@ -477,6 +477,7 @@ def print_report(report: dict) -> None:
             console.print(f"{RECOMMENDED} {_variant_name(chosen)} on {chosen.get('backend')}", style="bold")
         console.print(decision.get("text") or device.get("reason") or "")
         print_decision_details(decision)
+        print_search_notes(((report.get("search") or {}).get("notes") or {}).get(device.get("target")) or [])
         estimate = device.get("estimate")
         if estimate and estimate.get("error") is not None:
             console.print(f"Estimated before measuring: {_number(estimate['estimated_p50_ms'])} ms, measured {_number(estimate['measured_p50_ms'])} ms "
@@ -484,6 +485,14 @@ def print_report(report: dict) -> None:
     rerun = report.get("rerun")
     if rerun:
         console.print(f"Re-run of job {rerun['job']}: " + ("; ".join(rerun.get("differences") or []) or "same toolchain."))
+
+
+def print_search_notes(notes: list[str]) -> None:
+    """Why the `auto` search proposed or dropped each family on this device: the chip's reasons, then the measured verdicts."""
+    if notes:
+        console.print("Search:")
+        for note in notes:
+            console.print(f"  {note}", markup=False, highlight=False)
 
 
 def print_decision_details(decision: dict) -> None:

@@ -39,6 +39,40 @@ def test_parse_cpuinfo_reads_arm_features():
     assert {"asimd", "asimddp", "sve", "i8mm"} <= set(isa)
 
 
+# An AWS Graviton3 (Neoverse V1) core as its kernel prints it: Arm names no "model name", and says "Features".
+GRAVITON3 = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd40
+CPU revision\t: 1
+"""
+
+
+def test_parse_cpuinfo_reports_arm_dot_products_bf16_and_fp16():
+    _, isa = parse_cpuinfo(GRAVITON3)
+    assert {"asimddp", "i8mm", "svei8mm", "bf16", "svebf16", "fphp", "asimdhp", "sve"} <= set(isa)
+    assert not {"aes", "sha3", "evtstrm"} & set(isa)
+
+
+def test_parse_cpuinfo_reports_x86_vnni_amx_bf16_and_fp16():
+    _, isa = parse_cpuinfo("model name : Xeon\nflags : fpu avx2 avx_vnni avx_vnni_int8 avx512_vnni avx512_bf16 avx512_fp16 "
+                           "amx_tile amx_int8 amx_bf16 amx_fp16\n")
+    assert {"avx_vnni", "avx_vnni_int8", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16", "amx_fp16"} <= set(isa)
+
+
+def test_every_flag_the_family_decision_reads_is_reported():
+    """What the search decides from (workers.quantize.isa_families) must survive the agent's filter, on x86 and Arm."""
+    from workers.quantize.isa_families import ALIASES, DECISION_FLAGS
+
+    wanted = [flag for flag in DECISION_FLAGS if flag not in ALIASES and flag != "amx"]
+    _, isa = parse_cpuinfo("flags : " + " ".join(wanted) + "\n")
+    assert sorted(set(wanted) - set(isa)) == []
+    assert "amx" in isa  # the agent's summary of any AMX flag
+
+
 def test_capabilities_have_the_protocol_shape(monkeypatch):
     monkeypatch.delenv("KILN_AGENT_BACKENDS", raising=False)
     capabilities = collect_capabilities()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices.backends.options import InvalidCompileOptions, describe, has_bf16, parse_compile_options
+from devices.backends.options import InvalidCompileOptions, describe, parse_compile_options
 from devices.backends.registry import get_backend
 from tests.devices.conftest import reference_logits
 from tests.devices.test_backends import BACKENDS, HAS_OPENVINO
@@ -36,11 +36,6 @@ def test_options_parse_to_a_canonical_form():
 def test_bad_options_are_refused_with_the_key_named(raw, message):
     with pytest.raises(InvalidCompileOptions, match=message):
         parse_compile_options(raw)
-
-
-def test_bf16_only_where_the_isa_has_it():
-    assert has_bf16(["avx2", "avx512_bf16"]) and has_bf16(["amx_bf16"])
-    assert not has_bf16(["avx2", "avx512f", "avx512_vnni"])
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

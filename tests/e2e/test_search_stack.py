@@ -91,7 +91,7 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
         # (the vendor defaults, ORT's and NNCF's, are round 1's whatever the probe says). INT8-dynamic has a probe and a
         # verdict of its own: where it pays, its refinements (`int8-dynamic-keep1`) are searched (CI, 2026-12-01).
         dynamic_pays = any(note.startswith("INT8-dynamic pays") for note in notes)
-        assert not [key for key in variants if key.startswith("int8-") and key not in ("int8-minmax", "int8-dynamic", "int8-ort-default", "int8-nncf")
+        assert not [key for key in variants if key.startswith("int8-") and key not in ("int8-minmax", "int8-minmax-s8", "int8-dynamic", "int8-ort-default", "int8-nncf")
                     and "+" not in key and not (dynamic_pays and key.startswith("int8-dynamic-"))], (sorted(variants), notes)
         if not dynamic_pays:
             assert report["search"]["sensitivity"] == []

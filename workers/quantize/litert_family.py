@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.quantize.isa_families import fp16_choice
 from workers.quantize.litert import RUNTIME
-from workers.quantize.schemes import has_fast_fp16
 
 KEYS = {"fp32": "litert-fp32", "fp16": "litert-fp16", "int8": "litert-int8"}
 
@@ -36,6 +36,6 @@ def search_proposals(state) -> list[dict[str, Any]]:
     precisions = ["fp32"]
     if state.has_calibration:
         precisions.append("int8")
-    if has_fast_fp16(state.device_isa):
+    if fp16_choice(state.device_isa).proposed:
         precisions.append("fp16")
     return [litert_spec(precision) for precision in precisions]

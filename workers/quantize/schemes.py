@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-VNNI_FLAGS = {"avx512_vnni", "avx_vnni", "avxvnni", "amx", "amx_int8", "amx_tile", "avx_vnni_int8"}
-ARM_FLAGS = {"neon", "asimd", "asimddp", "dotprod", "i8mm", "sve"}
+from workers.quantize.isa_families import ARM_INT8_DOT, ARM_SIMD, X86_INT8_DOT
+
+VNNI_FLAGS = set(X86_INT8_DOT)
+ARM_FLAGS = set(ARM_SIMD) | set(ARM_INT8_DOT)
 TRANSFORMER_OPS = {"LayerNormalization", "Softmax", "Attention", "MultiHeadAttention", "SkipLayerNormalization"}
 # Ops the transformer recipe keeps in float: quantizing them costs accuracy and buys no speed on CPU.
 TRANSFORMER_FLOAT_OPS = ("LayerNormalization", "Softmax", "SkipLayerNormalization", "Erf", "Gelu")
 TRANSFORMER_INT8_OPS = ["MatMul", "Gemm", "Conv"]
-FP16_FLAGS = {"avx512_fp16", "amx_fp16", "fphp", "asimdhp"}
 
 
 def ort_int8_scheme(isa: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -38,7 +39,3 @@ def is_transformer(op_histogram: dict[str, int]) -> bool:
     """Whether a model looks like a transformer (attention softmax or layer norms)."""
     return any(op in op_histogram for op in TRANSFORMER_OPS)
 
-
-def has_fast_fp16(isa: list[str] | tuple[str, ...]) -> bool:
-    """Whether the CPU computes in FP16 natively (otherwise an FP16 model only converts back and forth)."""
-    return bool({flag.lower() for flag in isa} & FP16_FLAGS)

@@ -3,8 +3,14 @@
 `plan_round` is pure and deterministic: the pipeline calls it with what the devices measured, and
 `search_locally` calls it with what this host measured (the benchmark uses that). Speed comes first:
 
-- Round 1 measures FP32 on every backend and the cheapest member of each family (one INT8 build
-  per backend with per-tensor MinMax, INT8-dynamic and INT4 weights where the graph has MatMuls).
+- Round 1 measures FP32 on every backend and the cheapest member of each family the CPU's ISA
+  proposes (`workers.quantize.isa_families`): one INT8 build per backend with per-tensor MinMax
+  (beside it the same build with s8 activations where VNNI/AMX makes both schemes worth timing;
+  the faster one sets the activations of the family's later recipes), INT8-dynamic and INT4
+  weights where the graph has MatMuls, FP16 with native FP16 arithmetic, BF16 on bf16 units.
+  Without integer dot products Kiln's INT8 recipes wait: only the vendor INT8 defaults are
+  measured, and where one of them beats FP32 beyond noise the INT8 families are reopened (their
+  probes and other recipes proposed in round 2, on those backends): evidence beats the prior.
 - A family whose cheapest member is not faster than the best FP32 on the device, beyond the
   measured noise, is pruned on that backend (`family_verdicts` says why, "INT8 does not pay on this
   device: 0.89x"); a family that pays gets its other recipes (calibration methods, tools) there.
@@ -39,7 +45,6 @@ import onnxruntime as ort
 
 from devices import contract
 from devices.backends.options import describe as describe_compile_options
-from devices.backends.options import has_bf16
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
@@ -50,15 +55,11 @@ from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.learned.search import learned_proposals
 from workers.quantize import openvino_family
+from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice, isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.litert_family import search_proposals
 from workers.quantize.runtimes import for_targets
-from workers.quantize.schemes import (
-    TRANSFORMER_INT8_OPS,
-    has_fast_fp16,
-    is_transformer,
-    ort_int8_scheme,
-)
+from workers.quantize.schemes import TRANSFORMER_INT8_OPS, is_transformer, ort_int8_scheme
 from workers.scoring import pareto_ids, recommend
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,14 @@ _MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
 _KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
 # The cheapest member of each family: what round 1 measures for speed before any accuracy work.
 PROBES = {"int8": "int8-minmax", "int8-dynamic": "int8-dynamic", "int4-weight": "int4-rtn", "fp16": "fp16", "bf16": "bf16"}
+# Where VNNI/AMX make both ONNX Runtime schemes worth timing, the INT8 probe has a twin with s8 activations (S8S8);
+# the family's verdict takes the faster of the two.
+S8_PROBE = "int8-minmax-s8"
+PROBE_CHOICES = {**{precision: (probe,) for precision, probe in PROBES.items()}, "int8": (PROBES["int8"], S8_PROBE)}
+# The families that need integer dot products to pay (`isa_families.int8_choice`); where the ISA has none, their verdict
+# rests on the vendor INT8 defaults' evidence instead of their probe's (`family_verdicts`).
+INT8_FAMILIES = ("int8", "int8-dynamic")
+PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
 # bf16 is a family of its own: the FP32 graph under OpenVINO's bf16 inference precision, where the CPU has bf16 units.
 # Its members are FP32 builds whose compile options define the family; ONNX Runtime's CPU provider has no such mode.
 BF16_KEY = "bf16"
@@ -150,17 +159,17 @@ def plan_round(
     worth trying (the device's physical and logical cores); None when the caller pins threads.
     """
     parse_tolerance(tolerance)
-    sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration)
+    sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration, measured)
     state = SearchState(round_number=round_number, model_facts=model_facts, device_isa=list(device_isa),
                         backends=list(backends), has_calibration=has_calibration, sensitivity=list(sensitivity or []),
                         measured=list(measured), sweep=sweep)
     if round_number <= 1:
-        probes = set(PROBES.values()) | set(VENDOR_DEFAULTS)
+        probes = _round_one_keys(device_isa)
         specs = [spec for spec in sweep if spec["key"] in probes]
         return for_targets(_acted_on(specs + _bf16_probe(state) + _registered(state)), backends)
     if not measured:
         return []
-    state.verdicts = family_verdicts(measured)
+    state.verdicts = family_verdicts(measured, isa=device_isa)
     tried = {entry["key"] for entry in measured}
     proposals: dict[str, dict[str, Any]] = {}
     for spec in [*_paying_recipes(state), *_refinements(state), *_compile_candidates(state, thread_choices),
@@ -176,9 +185,16 @@ def plan_round(
     return for_targets(_acted_on([proposals[key] for key in sorted(proposals)]), backends)
 
 
+def _round_one_keys(isa: list[str]) -> set[str]:
+    """What round 1 measures of the sweep: the vendor defaults always, the probes of the families the ISA proposes."""
+    pruned = set() if int8_choice(isa).proposed else set(INT8_FAMILIES)
+    probes = {key for precision, keys in PROBE_CHOICES.items() if precision not in pruned for key in keys}
+    return probes | set(VENDOR_DEFAULTS)
+
+
 def _bf16_probe(state: SearchState) -> list[dict[str, Any]]:
     """The bf16 family's probe: FP32 under OpenVINO's bf16 inference precision, on CPUs with bf16 units."""
-    if "openvino" not in state.backends or not has_bf16(state.device_isa):
+    if "openvino" not in state.backends or not bf16_choice(state.device_isa).proposed:
         return []
     return [{**_spec(BF16_KEY, "fp32", {}, ["openvino"]), "compile": dict(FAMILY_COMPILE[BF16_KEY])}]
 
@@ -266,8 +282,11 @@ def _registered(state: SearchState) -> list[dict[str, Any]]:
 def _paying_recipes(state: SearchState) -> list[dict[str, Any]]:
     """The other recipes of each family whose probe paid, on the backends where it paid."""
     specs = []
+    # A family reopened by the vendor defaults' evidence never had its probe measured: the probe joins its recipes.
+    reopened = {key for precision, verdict in state.verdicts.items() if verdict.get("evidence") == VENDOR_EVIDENCE
+                for key in PROBE_CHOICES[precision]}
     for spec in state.sweep:
-        if spec["key"] in VENDOR_DEFAULTS or spec["key"] in PROBES.values():
+        if spec["key"] in VENDOR_DEFAULTS or (spec["key"] in _all_probe_keys() and spec["key"] not in reopened):
             continue
         paying = state.paying_backends(spec["precision"])
         if paying:
@@ -323,42 +342,75 @@ def relative_noise(*entries: dict[str, Any]) -> float:
     return max(NOISE_FLOOR, 2.0 * math.sqrt(variance))
 
 
-def family_verdicts(measured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _all_probe_keys() -> set[str]:
+    return {key for keys in PROBE_CHOICES.values() for key in keys}
+
+
+def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per family (by precision): its probe's speed-up over the device's best FP32, per backend, and whether it pays.
 
-    `{precision: {"family", "speedup": {backend: x}, "paying_backends": [...], "reason"}}`; a family
-    whose probe failed to build or measure pays nowhere.
+    `{precision: {"family", "probe", "evidence", "speedup": {backend: x}, "paying_backends": [...], "reason"}}`; a
+    family whose probe failed to build or measure pays nowhere. Where `isa` has no integer dot products, the INT8
+    families' probes were never proposed: their evidence is then the vendor INT8 defaults measured beside FP32
+    (`evidence` "vendor defaults"), and where one of those pays the family is reopened on that backend.
     """
     fp32 = [entry for entry in measured if entry.get("precision") == "fp32" and _p50(entry) is not None
             and not entry.get("compile")]
     if not fp32:
         return {}
     best_fp32 = min(fp32, key=_p50)
+    pruned = isa is not None and not int8_choice(isa).proposed
+    vendor_int8 = [entry for entry in measured if is_vendor_default(entry) and entry.get("precision") == "int8"]
     verdicts: dict[str, dict[str, Any]] = {}
     for precision, probe in PROBES.items():
-        entries = [entry for entry in measured if entry.get("key") == probe]
+        entries = [entry for entry in measured if entry.get("key") in PROBE_CHOICES[precision]]
+        evidence = PROBE_EVIDENCE
+        if not entries and pruned and precision in INT8_FAMILIES:
+            entries, evidence = vendor_int8, VENDOR_EVIDENCE
         if not entries:
             continue
-        speedup: dict[str, float] = {}
-        paying: list[str] = []
-        for entry in sorted(entries, key=lambda e: str(e.get("backend"))):
-            if _p50(entry) is None:
-                continue
-            ratio = _p50(best_fp32) / _p50(entry)
-            speedup[entry["backend"]] = ratio
-            if ratio > 1.0 + relative_noise(entry, best_fp32):
-                paying.append(entry["backend"])
+        speedup, paying = _speedups(entries, best_fp32)
         name = FAMILY_NAMES[precision]
-        best = max(speedup.values()) if speedup else None
-        if paying:
-            reason = f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {best_fp32.get('backend')}"
-        elif best is None:
-            reason = f"{name} could not be measured on this device; not searched further"
-        else:
-            reason = (f"{name} does not pay on this device: {best:.2f}x the best FP32 "
-                      f"({best_fp32.get('backend')}), within noise or slower; not calibrated further")
-        verdicts[precision] = {"family": name, "probe": probe, "speedup": speedup, "paying_backends": paying, "reason": reason}
+        reason = _verdict_reason(name, evidence, speedup, paying, best_fp32)
+        verdicts[precision] = {"family": name, "probe": probe, "evidence": evidence, "speedup": speedup,
+                               "paying_backends": paying, "reason": reason}
     return verdicts
+
+
+def _speedups(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """Per backend, the fastest entry's speed-up over the best FP32, and the backends where it is beyond noise."""
+    fastest: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        backend = entry.get("backend")
+        if _p50(entry) is not None and (backend not in fastest or _p50(entry) < _p50(fastest[backend])):
+            fastest[backend] = entry
+    speedup: dict[str, float] = {}
+    paying: list[str] = []
+    for backend in sorted(fastest, key=str):
+        entry = fastest[backend]
+        speedup[backend] = _p50(best_fp32) / _p50(entry)
+        if speedup[backend] > 1.0 + relative_noise(entry, best_fp32):
+            paying.append(backend)
+    return speedup, paying
+
+
+def _verdict_reason(name: str, evidence: str, speedup: dict[str, float], paying: list[str], best_fp32: dict[str, Any]) -> str:
+    best = max(speedup.values()) if speedup else None
+    fp32_on = best_fp32.get("backend")
+    if evidence == VENDOR_EVIDENCE:
+        if paying:
+            return (f"{name} reopened on {', '.join(paying)}: without integer dot products it was not proposed, but a vendor "
+                    f"INT8 default ran up to {best:.2f}x the best FP32 ({fp32_on}), so Kiln's recipes are tried there")
+        if best is None:
+            return f"{name} not searched: no integer dot products, and no vendor INT8 default could be measured"
+        return (f"{name} not searched: no integer dot products, and the vendor INT8 defaults confirm it: "
+                f"{best:.2f}x the best FP32 ({fp32_on}), within noise or slower")
+    if paying:
+        return f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {fp32_on}"
+    if best is None:
+        return f"{name} could not be measured on this device; not searched further"
+    return (f"{name} does not pay on this device: {best:.2f}x the best FP32 "
+            f"({fp32_on}), within noise or slower; not calibrated further")
 
 
 def _compile_candidates(state: SearchState, thread_choices: list[int] | None) -> list[dict[str, Any]]:
@@ -419,7 +471,7 @@ def _single_compile_options(state: SearchState, backend: str, thread_choices: li
         singles.append(("ort-extended", {"graph_optimization": "extended"}))
     if backend == "openvino":
         singles.append(("ov-throughput", {"performance_hint": "THROUGHPUT"}))
-        if has_bf16(state.device_isa):
+        if bf16_choice(state.device_isa).proposed:
             singles.append(("ov-bf16", {"inference_precision": "bf16"}))
     return singles
 
@@ -457,21 +509,27 @@ def compile_winners(measured: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has_calibration: bool) -> list[dict[str, Any]]:
+def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has_calibration: bool,
+           measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ops = dict(model_facts.get("op_histogram") or {})
     transformer = is_transformer(ops)
     scheme = ort_int8_scheme(isa)
-    scheme_options = {"activation_type": scheme["activation_type"], "weight_type": scheme["weight_type"],
-                      "reduce_range": scheme["reduce_range"]}
+    probe_options = {"activation_type": scheme["activation_type"], "weight_type": scheme["weight_type"],
+                     "reduce_range": scheme["reduce_range"]}
+    activation = _int8_activation(scheme, measured)
+    # The later recipes follow the probe twin that won on this device (the ISA's scheme unless s8 was faster).
+    scheme_options = probe_options if activation == scheme["activation_type"] else _S8_OPTIONS
     specs = [_spec("fp32", "fp32", {})]
-    if has_fast_fp16(isa):
+    if fp16_choice(isa).proposed:
         specs.append(_spec("fp16", "fp16", {}))
     if "MatMul" in ops or "Gemm" in ops:
         specs.append(_spec("int8-dynamic", "int8-dynamic", {}))
     if has_calibration:
         # What onnxruntime's quantize_static gives with its defaults (per-tensor MinMax QDQ), in the
         # device's integer scheme: the vendor baseline every other candidate must beat.
-        specs.append(_spec("int8-minmax", "int8", {"calibration_method": "minmax", "per_channel": False, **scheme_options}))
+        specs.append(_spec("int8-minmax", "int8", {"calibration_method": "minmax", "per_channel": False, **probe_options}))
+        if S8 in int8_choice(isa).activations and scheme["activation_type"] != S8:
+            specs.append(_spec(S8_PROBE, "int8", {"calibration_method": "minmax", "per_channel": False, **_S8_OPTIONS}))
         # quantize_static exactly as a user calls it (its own integer types and symmetry, no preprocessing).
         specs.append(_spec("int8-ort-default", "int8", {"tool": "onnxruntime-defaults"}))
         specs.append(_spec("int8-mse", "int8", {"calibration_method": "mse", "per_channel": True, **scheme_options}))
@@ -492,6 +550,22 @@ def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has
             int4_options["gemm_to_matmul"] = True
         specs.append(_spec("int4-rtn", "int4-weight", int4_options))
     return specs
+
+
+# ONNX Runtime's S8S8: signed activations and weights, full 8-bit range (VNNI and Arm accumulate without saturation).
+_S8_OPTIONS = {"activation_type": S8, "weight_type": "int8", "reduce_range": False}
+
+
+def _int8_activation(scheme: dict[str, Any], measured: list[dict[str, Any]]) -> str:
+    """The activation type of Kiln's later INT8 recipes: the ISA scheme's, unless the s8 probe beat the scheme's probe
+    beyond noise on a backend of this device."""
+    for backend in sorted({str(entry.get("backend")) for entry in measured}):
+        u8, s8 = _measured_on(measured, PROBES["int8"], backend), _measured_on(measured, S8_PROBE, backend)
+        if u8 is None or s8 is None or _p50(u8) is None or _p50(s8) is None:
+            continue
+        if _p50(s8) * (1.0 + relative_noise(u8, s8)) < _p50(u8):
+            return S8
+    return scheme["activation_type"]
 
 
 def _spec(key: str, precision: str, options: dict[str, Any], backends: list[str] | None = None) -> dict[str, Any]:
@@ -589,15 +663,10 @@ def _accuracy(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def host_isa() -> list[str]:
-    """ISA flags of this CPU from /proc/cpuinfo (empty where unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return sorted(set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return []
+    """ISA flags of this CPU as the agent reports them (x86 flags, Arm features or HWCAP; empty where unreadable)."""
+    from devices.agent.capabilities import cpu_isa
+
+    return cpu_isa()
 
 
 def search_locally(
@@ -655,7 +724,7 @@ def search_locally(
     rounds = 0
     stopped = "search complete: tolerance met with no faster candidate left"
     for round_number in range(1, max_rounds + 2):
-        if round_number > 1 and sensitivity is None and calibration_path is not None and _int8_pays(entries):
+        if round_number > 1 and sensitivity is None and calibration_path is not None and _int8_pays(entries, isa):
             # Sensitivity feeds only INT8's refinements: computed once INT8 has shown it can win.
             sensitivity = _rank_nodes_safely(model_path, calibration_path, sensitivity_samples, memory_budget_mb, failures)
         specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
@@ -693,7 +762,7 @@ def search_locally(
             break
 
     # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
-    notes = [verdict["reason"] for verdict in family_verdicts(entries).values()] + compile_winners(entries)
+    notes = isa_notes(isa) + [verdict["reason"] for verdict in family_verdicts(entries, isa=isa).values()] + compile_winners(entries)
     _confirm_fastest(entries, validation, threads, work, confirm_windows)
     recommended, reason = recommend(entries, tolerance)
     pareto = pareto_ids(entries)
@@ -726,8 +795,8 @@ def host_thread_choices() -> list[int]:
     return sorted(set(usable_cores()))
 
 
-def _int8_pays(entries: list[dict[str, Any]]) -> bool:
-    verdicts = family_verdicts(entries)
+def _int8_pays(entries: list[dict[str, Any]], isa: list[str]) -> bool:
+    verdicts = family_verdicts(entries, isa=isa)
     return any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic"))
 
 

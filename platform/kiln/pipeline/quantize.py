@@ -18,6 +18,7 @@ from kiln.reports.selectors import device_reports
 from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
+from workers.quantize.isa_families import isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
@@ -111,7 +112,7 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
     """Rank nodes by quantization error once per job, and only once INT8 has shown it can win on speed."""
     if "sensitivity" in job.search or not job.calibration_dataset_id:
         return job.search.get("sensitivity")
-    verdicts = family_verdicts(measured)
+    verdicts = family_verdicts(measured, isa=job.search.get("isa"))
     if not any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic")):
         return None
     try:
@@ -128,6 +129,8 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
 
 def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]:
     isa, backends, threads = _target_facts(job)
+    # The chip → families decision is made once per job, on the ISA of its targets at round 1 (the notes say why).
+    isa = job.search.setdefault("isa", isa)
     version = job.model_version
     return plan_round(
         round_number=round_number,
@@ -173,6 +176,7 @@ def _plan_variants(job) -> str:
         job.search.setdefault("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
         planned = _search_specs(job, round_number=1, measured=[])
         job.save(update_fields=["search", "updated_at"])
+        _log_isa_families(job)
         created = _create_variants(job, planned, round_number=1)
         return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
     precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
@@ -332,11 +336,21 @@ def _budget_spent(job) -> bool:
     return time.time() - started > job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60
 
 
+def _log_isa_families(job) -> None:
+    """Say once per target which families its chip makes worth searching and why ("INT8: VNNI … u8 and s8 …"); the
+    ISA is the one the plan used (the flags every target agent shares), and the report's search notes repeat it."""
+    targets, _ = targets_resolve(job=job)
+    notes = isa_notes(job.search.get("isa") or [])
+    for target in sorted(target.key for target in targets) or [""]:
+        for note in notes:
+            job_event_add(job=job, stage="quantize", message=f"{target}: {note}." if target else f"{note}.")
+
+
 def _log_verdicts(job, measured_by_target: dict[str, list[dict]]) -> None:
     """Say once per family and target why the search went on with it or dropped it ("INT8 does not pay …")."""
     said = set(job.search.get("verdicts_said", []))
     for target, entries in sorted(measured_by_target.items()):
-        for verdict in family_verdicts(entries).values():
+        for verdict in family_verdicts(entries, isa=job.search.get("isa")).values():
             if f"{target}:{verdict['family']}" in said:
                 continue
             said.add(f"{target}:{verdict['family']}")

@@ -15,6 +15,7 @@ from kiln.core.errors import KilnError
 from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, VariantStatus
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
+from workers.quantize.isa_families import isa_notes
 from workers.quantize.search import compile_winners, family_verdicts
 from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
@@ -298,11 +299,15 @@ def _search_summary(job, devices: list[dict]) -> dict:
     searched or dropped and which compile options won (judged, as the search judged them, on the first-pass timings)."""
     notes = {}
     verdicts_by_device = {}
+    # Which families the targets' chip made worth searching (recorded when round 1 was planned), before the verdicts.
+    isa = job.search.get("isa")
+    chip_notes = isa_notes(isa) if isa is not None else []
     for device in devices:
         measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}",
                      "latency_ms": variant.get("latency_ms_first_pass", variant.get("latency_ms"))} for variant in device.get("variants", [])]
-        verdicts_by_device[device["target"]] = family_verdicts(measured)
-        notes[device["target"]] = [verdict["reason"] for verdict in verdicts_by_device[device["target"]].values()] + compile_winners(measured)
+        verdicts_by_device[device["target"]] = family_verdicts(measured, isa=isa)
+        notes[device["target"]] = (chip_notes + [verdict["reason"] for verdict in verdicts_by_device[device["target"]].values()]
+                                   + compile_winners(measured))
     sensitivity = job.search.get("sensitivity") or []
     return {"auto": job.precisions == ["auto"], "rounds": job.search.get("round", 1), "tried": _rounds_tried(job), "sensitivity": sensitivity,
             "sensitivity_note": "" if sensitivity else _no_sensitivity_note(job, verdicts_by_device),

@@ -58,11 +58,13 @@ def _plain(specs):
 
 def test_round_one_measures_fp32_the_vendor_defaults_and_the_cheapest_member_of_each_family_only():
     specs = _plan()
-    assert _keys(specs) == ["fp32", "int8-dynamic", "int8-minmax", "int8-ort-default", "int8-nncf", "int4-rtn", "ov-int8"]
+    # On VNNI the INT8 probe has its s8-activation twin (workers.quantize.isa_families; tests/workers/quantize/test_isa_families.py).
+    assert _keys(specs) == ["fp32", "int8-dynamic", "int8-minmax", "int8-minmax-s8", "int8-ort-default", "int8-nncf", "int4-rtn",
+                            "ov-int8"]
     assert all(spec["precision"] in PRECISIONS for spec in specs)
     by_key = {spec["key"]: spec for spec in specs}
     # Static INT8's QDQ files are ONNX Runtime's; OpenVINO measures NNCF's INT8 built on its own model (issue 24).
-    assert all(by_key[key]["backends"] == ["onnxruntime"] for key in ("int8-minmax", "int8-ort-default", "int8-nncf"))
+    assert all(by_key[key]["backends"] == ["onnxruntime"] for key in ("int8-minmax", "int8-minmax-s8", "int8-ort-default", "int8-nncf"))
     assert (by_key["ov-int8"]["options"], by_key["ov-int8"]["backends"]) == ({"runtime": "openvino"}, ["openvino"])
     # The INT8 probe is per-tensor MinMax (the fastest to build) in the device's integer scheme.
     assert by_key["int8-minmax"]["options"]["calibration_method"] == "minmax"
@@ -103,11 +105,15 @@ def test_a_family_that_does_not_pay_beyond_noise_is_pruned_with_the_reason():
     assert "INT8-dynamic does not pay on this device: 0.33x" in verdicts["int8-dynamic"]["reason"]
 
 
-def test_round_one_picks_the_integer_scheme_from_isa_flags():
+def test_the_int8_probe_uses_the_integer_scheme_of_the_isa_flags():
     vnni = {s["key"]: s for s in _plan(isa=VNNI)}["int8-minmax"]["options"]
-    avx2 = {s["key"]: s for s in _plan(isa=["avx2", "fma"])}["int8-minmax"]["options"]
-    sse = {s["key"]: s for s in _plan(isa=["sse4_2"])}["int8-minmax"]["options"]
+    arm = {s["key"]: s for s in _plan(isa=["asimd", "asimddp"])}["int8-minmax"]["options"]
     assert (vnni["activation_type"], vnni["weight_type"], vnni["reduce_range"]) == ("uint8", "int8", False)
+    assert (arm["activation_type"], arm["weight_type"], arm["reduce_range"]) == ("int8", "int8", False)
+    # Without integer dot products the probe waits for a vendor default to pay; reopened, it is in the ISA's scheme.
+    fp32, vendor = _measured("fp32", "fp32", 10.0, True), _measured("int8-ort-default", "int8", 5.0, True)
+    avx2 = {s["key"]: s for s in _plan(2, isa=["avx2", "fma"], measured=[fp32, vendor])}["int8-minmax"]["options"]
+    sse = {s["key"]: s for s in _plan(2, isa=["sse4_2"], measured=[fp32, vendor])}["int8-minmax"]["options"]
     assert (avx2["activation_type"], avx2["weight_type"], avx2["reduce_range"]) == ("uint8", "int8", True)
     assert (sse["activation_type"], sse["weight_type"]) == ("uint8", "uint8")
 
