@@ -1,8 +1,10 @@
 """Learned INT8 variants: calibrate as usual, then learn the weights' rounding on the calibration set.
 
-`build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. The
-result is the calibrated variant's own QDQ graph with learned integer weights: the same operators,
-scales and speed, so agents run it like any other INT8 variant. Time and memory are bounded: the
+`build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. For
+ONNX Runtime the result is the calibrated variant's own QDQ graph with learned integer weights: the
+same operators, scales and speed, so agents run it like any other INT8 variant. For OpenVINO
+(`runtime: openvino`) it is NNCF's IR of the FP32 model with the learned weights on NNCF's grid
+(`workers.learned.openvino`): OpenVINO's own pipeline, carrying the learned rounding. Time and memory are bounded: the
 whole learning stops at `learn_seconds`, and the activations kept for it at `learn_memory_mb`.
 """
 from __future__ import annotations
@@ -21,7 +23,8 @@ from onnx import numpy_helper
 
 from workers.convert import LARGE_MODEL_BYTES
 from workers.inspect import model_size_bytes
-from workers.quantize.variants import preprocess_for_quantization
+from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
+from workers.quantize.variants import LEARN_OPTIONS, preprocess_for_quantization
 
 from .adaround import learn_layer, nearest_error
 from .layers import (
@@ -34,6 +37,7 @@ from .layers import (
     replace_integer_weights,
     write_tuned_weights,
 )
+from .openvino import GRID_CALIBRATION, NNCF_OPTIONS, ir_weight_agreement, on_grid_weights, write_float_weights
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
 
@@ -46,7 +50,6 @@ MAX_STEPS_PER_LAYER = 3000
 # passes take at most GATHER_SHARE of the budget; fewer, longer runs when they would take more).
 ORDER_RUNS = 256
 GATHER_SHARE = 0.5
-LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 
 
 class LearningNotApplicable(Exception):
@@ -175,14 +178,20 @@ def _learn_layers(layers, weights, inputs, targets, *, budget: float, started: f
         results.append(result.summary())
 
 
-def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder) -> dict[str, Any]:
-    """Calibrated INT8 with `base_builder`, then learned rounding of every quantized weight layer."""
+def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder,
+                       calibrator=None) -> dict[str, Any]:
+    """Calibrated INT8 with `base_builder`, then learned rounding of every quantized weight layer, built for the spec's
+    runtime: into ONNX Runtime's QDQ graph, or (`runtime: openvino`) handed to NNCF's OpenVINO pipeline as on-grid float
+    weights, learned on a QDQ graph that `calibrator` (ONNX Runtime's static INT8 builder) calibrates on NNCF's grid."""
     calibration_options, learn = split_options(options)
     method = learn.get("learn")
     if method not in METHODS:
         raise ValueError(f"unknown learning method {method!r}; choose {', '.join(METHODS)}")
-    if calibration_options.get("tool", "onnxruntime") != "onnxruntime":
-        raise LearningNotApplicable("learned rounding works on ONNX Runtime's QDQ graphs only")
+    for_openvino = calibration_options.get("runtime") == OPENVINO
+    if not for_openvino and calibration_options.get("tool", "onnxruntime") != "onnxruntime":
+        raise LearningNotApplicable("learned rounding works on ONNX Runtime's QDQ graphs and OpenVINO's NNCF IR only")
+    if for_openvino and calibrator is None:
+        raise ValueError("a learned OpenVINO build needs ONNX Runtime's static INT8 builder to learn on")
     started = time.perf_counter()
     budget = float(learn.get("learn_seconds", DEFAULT_SECONDS))
     with tempfile.TemporaryDirectory(prefix="kiln-learn-") as scratch:
@@ -191,11 +200,37 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         source, preprocess = preprocess_for_quantization(Path(model_path), Path(scratch), skip=bool(calibration_options.get("skip_preprocess")),
                                                          large=model_size_bytes(Path(model_path)) > LARGE_MODEL_BYTES)
         calibrated = Path(scratch) / "calibrated.onnx"
-        recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
+        if for_openvino:
+            recipe = calibrator(source, calibrated, calibration_path=calibration_path, options={**GRID_CALIBRATION, "skip_preprocess": True})
+        else:
+            recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
         recipe = {**recipe, "preprocess": preprocess}
         qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(source))
-        return _learn(source, out_path, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn, calibration_path=Path(calibration_path),
-                      budget=budget, started=started)
+        learned_out = Path(scratch) / "learned.onnx" if for_openvino else out_path
+        built = _learn(source, learned_out, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
+                       calibration_path=Path(calibration_path), budget=budget, started=started)
+        if not for_openvino:
+            return built
+        return _hand_to_openvino(source, learned_out, out_path, learned=built["learned"], calibration_path=calibration_path,
+                                 options=calibration_options, base_builder=base_builder, scratch=Path(scratch))
+
+
+def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, learned: dict[str, Any], calibration_path, options: dict[str, Any],
+                      base_builder, scratch: Path) -> dict[str, Any]:
+    """NNCF's OpenVINO IR of the FP32 model whose learned layers' weights are the learned integers x their scales (on NNCF's
+    weight grid, so NNCF's own quantization keeps them); the recipe says how many of the IR's weights are the learned ones."""
+    qdq, fp32 = onnx.load(str(learned_qdq)), onnx.load(str(source))
+    layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
+    weights, pinned = on_grid_weights(qdq, layers)
+    # QAT also tunes the weights the QDQ graph keeps in float: they go to NNCF as trained.
+    weights.update({name: value for name, value in fp32_weights(qdq, list(_float_weights(qdq, [t.name for t in fp32.graph.initializer]))).items()
+                    if name not in weights})
+    on_grid = scratch / "on-grid.onnx"
+    write_float_weights(source, weights, on_grid)
+    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options={**options, **NNCF_OPTIONS})
+    written = {"runtime": OPENVINO, "written": "as float weights on NNCF's OpenVINO grid (per channel max|w|/127), quantized by NNCF",
+               "learned_on": GRID_CALIBRATION, "channels_pinned": pinned, "ir_weights_learned": ir_weight_agreement(out_path, weights)}
+    return {**recipe, "learned": {**learned, **written}}
 
 
 def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method: str, learn: dict, calibration_path: Path, budget: float,

@@ -1,0 +1,139 @@
+"""Learned INT8 for OpenVINO: the learned rounding is handed to NNCF's own OpenVINO pipeline as float weights on its grid.
+
+OpenVINO's INT8 variant is NNCF's IR (`workers.quantize.nncf_openvino`), not a QDQ file, so the learned
+integers cannot be written into it the way they are written into ONNX Runtime's QDQ graph. NNCF's
+OpenVINO weight scheme is per output channel, symmetric, narrow range: scale = max|w| / 127 and
+integers in [-127, 127], rounded to nearest (read back from a built IR: its int8 constants and
+their Multiply scales). So learning runs on a calibrated QDQ graph with exactly that weight grid
+(`GRID_CALIBRATION`), and its integers are written back as FLOAT weights that lie on the grid
+(`on_grid_weights`): NNCF then finds the same max|w| per channel, hence the same scale, and its
+rounding to nearest of an on-grid value is the value itself. The IR carries the learned rounding;
+`ir_weight_agreement` reads the IR back and says how many of its weights are the learned ones.
+
+Two NNCF steps would move weights off the grid after learning and are turned off for a learned
+build: SmoothQuant (it rescales MatMul weights per input channel; `smooth_quant_alpha: -1`).
+Its bias correction only changes biases, which stay float in the IR, and is kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .layers import Layer
+
+# ORT's calibration whose weight grid is NNCF's OpenVINO one: per-channel symmetric int8 in [-127, 127], scale max|w| / 127
+# (no reduced range); only the weight layers' inputs quantized, as NNCF quantizes them (other tensors stay float there).
+GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activation_type": "uint8", "weight_type": "int8",
+                    "reduce_range": False, "op_types_to_quantize": ["Conv", "Gemm", "MatMul"]}
+# What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
+NNCF_OPTIONS = {"smooth_quant_alpha": -1}
+NNCF_QMAX = 127
+# Two weights are the same grid value when they differ by float rounding only: far below one step (>= 1/127 relative).
+EQUAL_RELATIVE = 1e-4
+
+
+def on_grid_weights(qdq: onnx.ModelProto, layers: list[Layer]) -> tuple[dict[str, np.ndarray], int]:
+    """({FP32 weight name: the learned integers x their scale, float32}, channels pinned) of the learned layers of a QDQ graph.
+
+    NNCF derives each channel's scale from its largest weight, so a channel whose learned integers all stay below 127 in
+    magnitude would get a smaller scale and be rounded again; its largest weight is pinned to +-127 (one step at most:
+    its value was 127 before rounding). The count of such channels is returned."""
+    initializers = {tensor.name: tensor for tensor in qdq.graph.initializer}
+    weights, pinned = {}, 0
+    for layer in layers:
+        integers = numpy_helper.to_array(initializers[layer.quantized_weight_name]).astype(np.int32)
+        scale = numpy_helper.to_array(initializers[layer.weight_scale_name]).astype(np.float32)
+        axis = None if scale.size == 1 else layer.weight.axis % integers.ndim
+        integers, count = _pin_channel_maxima(integers, axis)
+        pinned += count
+        shape = [1] * integers.ndim
+        if axis is not None:
+            shape[axis] = -1
+        weights[layer.weight_name] = (integers.astype(np.float32) * scale.reshape(shape)).astype(np.float32)
+    return weights, pinned
+
+
+def _pin_channel_maxima(integers: np.ndarray, axis: int | None) -> tuple[np.ndarray, int]:
+    """The integers with each channel's largest magnitude set to +-NNCF_QMAX where it fell below; and how many were."""
+    moved = np.moveaxis(integers, axis, 0).reshape(integers.shape[axis], -1).copy() if axis is not None else integers.reshape(1, -1).copy()
+    pinned = 0
+    for row in moved:
+        largest = int(np.argmax(np.abs(row)))
+        if row[largest] != 0 and abs(int(row[largest])) < NNCF_QMAX:
+            row[largest] = NNCF_QMAX * np.sign(row[largest])
+            pinned += 1
+    if axis is None:
+        return moved.reshape(integers.shape), pinned
+    restored = moved.reshape((integers.shape[axis], *np.delete(integers.shape, axis)))
+    return np.moveaxis(restored, 0, axis), pinned
+
+
+def write_float_weights(model_path: Path, weights: dict[str, np.ndarray], out_path: Path) -> None:
+    """The FP32 model at `model_path` with `weights` written over its initializers of the same names, saved to `out_path`."""
+    model = onnx.load(str(model_path))
+    for index, tensor in enumerate(model.graph.initializer):
+        if tensor.name in weights:
+            value = weights[tensor.name].reshape(tuple(tensor.dims)).astype(numpy_helper.to_array(tensor).dtype)
+            model.graph.initializer[index].CopyFrom(numpy_helper.from_array(value, tensor.name))
+    onnx.save(model, str(out_path))
+
+
+def ir_int8_weights(ir_path: Path) -> list[np.ndarray]:
+    """The dequantized int8 weights of a packed IR: each int8 Constant -> Convert -> (Subtract) -> Multiply(scale), as floats."""
+    import openvino as ov
+
+    from devices.artifacts import read_openvino_ir
+
+    xml, weights = read_openvino_ir(ir_path)
+    model = ov.Core().read_model(xml.decode() if isinstance(xml, bytes) else xml, ov.Tensor(np.frombuffer(weights, np.uint8)))
+    found = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Multiply":
+            continue
+        values = _dequantized(op)
+        if values is not None:
+            found.append(values)
+    return found
+
+
+def _dequantized(multiply) -> np.ndarray | None:
+    """The float values of a weight decompression Multiply, or None when it is not one."""
+    source, scale = (value.get_node() for value in multiply.input_values())
+    if scale.get_type_name() != "Constant":
+        return None
+    zero = 0.0
+    if source.get_type_name() == "Subtract":
+        source, point = (value.get_node() for value in source.input_values())
+        if point.get_type_name() == "Convert":
+            point = point.input_value(0).get_node()
+        if point.get_type_name() != "Constant":
+            return None
+        zero = point.get_data().astype(np.float32)
+    if source.get_type_name() != "Convert" or source.input_value(0).get_node().get_type_name() != "Constant":
+        return None
+    constant = source.input_value(0).get_node()
+    if constant.get_output_element_type(0).get_type_name() not in ("i8", "u8"):
+        return None
+    return ((constant.get_data().astype(np.float32) - zero) * scale.get_data().astype(np.float32)).astype(np.float32)
+
+
+def ir_weight_agreement(ir_path: Path, learned: dict[str, np.ndarray]) -> dict[str, Any]:
+    """How many of the IR's int8 weights are the learned on-grid values: per learned weight, the IR weight with as many
+    elements (OpenVINO may reshape a grouped convolution's) nearest to it, and the share of its elements equal to the
+    learned value up to float rounding (one grid step apart, 1/|integer| relative at least, is a different rounding)."""
+    candidates = ir_int8_weights(ir_path)
+    shares = {}
+    for name, value in learned.items():
+        same = [weight.reshape(value.shape) for weight in candidates if weight.size == value.size]
+        if not same:
+            continue
+        weight = min(same, key=lambda candidate: float(np.max(np.abs(candidate - value))))
+        shares[name] = float(np.mean(np.abs(weight - value) <= EQUAL_RELATIVE * np.maximum(np.abs(weight), np.abs(value))))
+    values = list(shares.values())
+    return {"layers_found": len(shares), "layers_learned": len(learned),
+            "equal_share_min": round(min(values), 6) if values else None,
+            "equal_share_mean": round(float(np.mean(values)), 6) if values else None}
