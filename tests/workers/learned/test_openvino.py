@@ -1,0 +1,86 @@
+"""Learned INT8 built for OpenVINO: learned on NNCF's weight grid, quantized by NNCF's OpenVINO pipeline, and the IR carries
+the learned rounding (its int8 weights are the learned integers, not the FP32 weights rounded to nearest)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from devices import metrics
+from devices.backends.registry import get_backend
+from tests.fixtures.models import write_npz
+from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
+from workers.learned.openvino import NNCF_QMAX, _pin_channel_maxima, ir_int8_weights
+from workers.quantize import build_variant
+
+pytestmark = pytest.mark.timeout(300)
+OPENVINO = {"runtime": "openvino"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learned-openvino")
+    model = root / "model.onnx"
+    onnx.save(build_rounding_sensitive_mlp(), model)
+    calibration = write_npz(root / "calibration.npz", input=rounding_inputs(samples=128, seed=1))
+    plain, learned = root / "plain.openvino.tar", root / "learned.openvino.tar"
+    build_variant(model_path=model, precision="int8", out_path=plain, calibration_path=calibration, options=OPENVINO)
+    result = build_variant(model_path=model, precision="int8", out_path=learned, calibration_path=calibration,
+                           options={**OPENVINO, "learn": "adaround", "learn_seconds": 6})
+    return {"root": root, "model": model, "plain": plain, "learned": learned, "result": result,
+            "validation": rounding_inputs(samples=64, seed=2)}
+
+
+def run(backend: str, path, inputs) -> np.ndarray:
+    compiled = get_backend(backend).compile(path, path.parent / f"{path.name}-compiled", threads=1)
+    try:
+        return compiled.run({"input": inputs})[compiled.output_names[0]]
+    finally:
+        compiled.close()
+
+
+def ir_integers(path, shape) -> tuple[np.ndarray, np.ndarray]:
+    """(integers, per-column scale) of the IR's int8 weight of `shape` (a MatMul's [in, out]: NNCF's channels are columns)."""
+    weight = next(value for value in ir_int8_weights(path) if value.shape == shape)
+    scale = np.abs(weight).max(axis=0, keepdims=True) / NNCF_QMAX
+    return weight / scale, scale
+
+
+def test_the_openvino_ir_carries_the_learned_rounding_not_rounding_to_nearest(built):
+    assert built["result"]["format"] == "openvino-ir" and built["result"]["backends"] == ["openvino"]
+    fp32 = {tensor.name: numpy_helper.to_array(tensor) for tensor in onnx.load(str(built["model"])).graph.initializer}["w_first"]
+    learned, scale = ir_integers(built["learned"], fp32.shape)
+    plain, plain_scale = ir_integers(built["plain"], fp32.shape)
+    # Both on NNCF's grid (max|w| / 127 per output channel) with the FP32 model's scales ...
+    np.testing.assert_allclose(learned, np.round(learned), atol=1e-3)
+    np.testing.assert_allclose(scale, plain_scale, rtol=1e-6)
+    nearest = np.round(fp32 / plain_scale)
+    # ... plain NNCF rounds to nearest; the learned IR rounds many weights the other way, each by one step (floor or ceil).
+    assert np.array_equal(np.round(plain), nearest)
+    flipped = np.round(learned) != nearest
+    assert flipped.mean() > 0.05, flipped.mean()
+    assert np.all(np.abs(np.round(learned) - fp32 / plain_scale) < 1.0 + 1e-4)
+    # The recipe read the IR back: every learned layer's weights are the learned grid values, exactly.
+    check = built["result"]["recipe"]["learned"]["ir_weights_learned"]
+    assert check["layers_found"] == check["layers_learned"] == 2 and check["equal_share_min"] == 1.0
+
+
+def test_the_learned_openvino_ir_is_closer_to_fp32_than_nncfs_own(built):
+    inputs = built["validation"]
+    reference = run("onnxruntime", built["model"], inputs)
+    plain, learned = run("openvino", built["plain"], inputs), run("openvino", built["learned"], inputs)
+    assert not np.allclose(plain, learned)
+    assert metrics.cosine_similarity(learned, reference) > metrics.cosine_similarity(plain, reference) + 0.01
+    recipe = built["result"]["recipe"]
+    assert recipe["quant_format"] == "OpenVINO IR (FakeQuantize)" and recipe["learned"]["runtime"] == "openvino"
+    assert recipe["learned"]["kept"] == "learned"
+
+
+def test_a_channel_whose_learned_integers_stay_below_127_is_pinned_to_keep_nncfs_scale():
+    integers = np.array([[126, -3, 5], [-127, 2, 0], [0, 0, 0]])
+    pinned, count = _pin_channel_maxima(integers, axis=0)
+    # Only the first channel moves, and only its largest weight, by one step; an all-zero channel has no scale to keep.
+    assert count == 1 and pinned.tolist() == [[127, -3, 5], [-127, 2, 0], [0, 0, 0]]
+    columns, count = _pin_channel_maxima(integers.T.copy(), axis=1)
+    assert count == 1 and columns.tolist() == pinned.T.tolist()
