@@ -223,10 +223,9 @@ def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, learne
     layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
     weights, pinned = on_grid_weights(qdq, layers)
     # QAT also tunes the weights the QDQ graph keeps in float: they go to NNCF as trained.
-    weights.update({name: value for name, value in fp32_weights(qdq, list(_float_weights(qdq, [t.name for t in fp32.graph.initializer]))).items()
-                    if name not in weights})
+    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - set(weights)))
     on_grid = scratch / "on-grid.onnx"
-    write_float_weights(source, weights, on_grid)
+    write_float_weights(source, {**floats, **weights}, on_grid)
     recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options={**options, **NNCF_OPTIONS})
     written = {"runtime": OPENVINO, "written": "as float weights on NNCF's OpenVINO grid (per channel max|w|/127), quantized by NNCF",
                "learned_on": GRID_CALIBRATION, "channels_pinned": pinned, "ir_weights_learned": ir_weight_agreement(out_path, weights)}
