@@ -10,6 +10,11 @@ their Multiply scales). So learning runs on a calibrated QDQ graph with exactly 
 rounding to nearest of an on-grid value is the value itself. The IR carries the learned rounding;
 `ir_weight_agreement` reads the IR back and says how many of its weights are the learned ones.
 
+Only weights NNCF itself quantizes on that grid are written (`on_nncf_grid`, read from NNCF's own IR of
+the FP32 model): a layer NNCF's preset keeps in float keeps its FP32 weights. And the learned IR is
+kept only when its outputs are closer to FP32's than NNCF's own IR (`ir_output_error`): learning
+sees ONNX Runtime's activation ranges, not NNCF's, so it can miss on OpenVINO what it gained there.
+
 Two NNCF steps would move weights off the grid after learning and are turned off for a learned
 build: SmoothQuant (it rescales MatMul weights per input channel; `smooth_quant_alpha: -1`).
 Its bias correction only changes biases, which stay float in the IR, and is kept.
@@ -23,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
+
 from .layers import Layer
 
 # ORT's calibration whose weight grid is NNCF's OpenVINO one: per-channel symmetric int8 in [-127, 127], scale max|w| / 127
@@ -32,8 +39,25 @@ GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activa
 # What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
 NNCF_OPTIONS = {"smooth_quant_alpha": -1}
 NNCF_QMAX = 127
+PER_CHANNEL_OPSET = 13
+# NNCF's IR of the FP32 model may round a few weights differently from the learning's grid (float rounding at a half);
+# beyond this share the layer is on another grid.
+GRID_MISMATCH_SHARE = 0.001
 # Two weights are the same grid value when they differ by float rounding only: far below one step (>= 1/127 relative).
 EQUAL_RELATIVE = 1e-4
+
+
+def with_per_channel_opset(model_path: Path, scratch: Path) -> Path:
+    """The model at `model_path`, converted to opset PER_CHANNEL_OPSET (the same function) when older: ONNX Runtime's
+    per-channel QDQ graph needs DequantizeLinear's `axis`, which opset 11 lacks (PP-OCRv6's recogniser is opset 11)."""
+    from onnx import version_converter
+
+    model = onnx.load(str(model_path))
+    if next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET) >= PER_CHANNEL_OPSET:
+        return model_path
+    converted = scratch / "per-channel-opset.onnx"
+    onnx.save(version_converter.convert_version(model, PER_CHANNEL_OPSET), str(converted))
+    return converted
 
 
 def on_grid_weights(qdq: onnx.ModelProto, layers: list[Layer]) -> tuple[dict[str, np.ndarray], int]:
@@ -121,19 +145,52 @@ def _dequantized(multiply) -> np.ndarray | None:
     return ((constant.get_data().astype(np.float32) - zero) * scale.get_data().astype(np.float32)).astype(np.float32)
 
 
-def ir_weight_agreement(ir_path: Path, learned: dict[str, np.ndarray]) -> dict[str, Any]:
-    """How many of the IR's int8 weights are the learned on-grid values: per learned weight, the IR weight with as many
-    elements (OpenVINO may reshape a grouped convolution's) nearest to it, and the share of its elements equal to the
-    learned value up to float rounding (one grid step apart, 1/|integer| relative at least, is a different rounding)."""
+def ir_weight_shares(ir_path: Path, expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per expected weight, the share of its elements the IR holds exactly (up to float rounding; one grid step apart,
+    1/|integer| relative at least, is a different rounding): compared with the IR int8 weight with as many elements
+    (OpenVINO may reshape a grouped convolution's) nearest to it. A weight the IR keeps in float is absent."""
     candidates = ir_int8_weights(ir_path)
     shares = {}
-    for name, value in learned.items():
+    for name, value in expected.items():
         same = [weight.reshape(value.shape) for weight in candidates if weight.size == value.size]
         if not same:
             continue
         weight = min(same, key=lambda candidate: float(np.max(np.abs(candidate - value))))
         shares[name] = float(np.mean(np.abs(weight - value) <= EQUAL_RELATIVE * np.maximum(np.abs(weight), np.abs(value))))
-    values = list(shares.values())
-    return {"layers_found": len(shares), "layers_learned": len(learned),
+    return shares
+
+
+def on_nncf_grid(plain_ir: Path, nearest: dict[str, np.ndarray]) -> set[str]:
+    """The weights NNCF quantizes on the learning's grid: those whose int8 values in NNCF's own IR of the FP32 model are
+    the FP32 weights rounded to nearest on that grid (`nearest`). The others (kept in float by NNCF's preset, or on
+    another grid) are handed to NNCF as they are, so that learning never quantizes a weight NNCF would not."""
+    return {name for name, share in ir_weight_shares(plain_ir, nearest).items() if share >= 1.0 - GRID_MISMATCH_SHARE}
+
+
+def ir_weight_agreement(ir_path: Path, learned: dict[str, np.ndarray]) -> dict[str, Any]:
+    """How many of the learned weights the IR holds exactly, as a summary for the recipe (`ir_weight_shares`)."""
+    values = list(ir_weight_shares(ir_path, learned).values())
+    return {"layers_found": len(values), "layers_learned": len(learned),
             "equal_share_min": round(min(values), 6) if values else None,
             "equal_share_mean": round(float(np.mean(values)), 6) if values else None}
+
+
+def ir_output_error(ir_path: Path, batches: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray]) -> float:
+    """The IR's outputs on `batches` (run by OpenVINO, one thread), their squared error relative to `reference`'s energy
+    (the FP32 outputs, by name), summed over outputs."""
+    import tempfile
+
+    from devices.backends.registry import get_backend
+
+    with tempfile.TemporaryDirectory(prefix="kiln-ir-error-") as scratch:
+        compiled = get_backend(OPENVINO).compile(ir_path, Path(scratch), threads=1)
+        try:
+            parts: dict[str, list[np.ndarray]] = {name: [] for name in reference}
+            for batch in batches:
+                outputs = compiled.run(batch)
+                for name in reference:
+                    parts[name].append(np.asarray(outputs[name], np.float32))
+        finally:
+            compiled.close()
+    return float(sum(np.mean((np.concatenate(parts[name]) - target) ** 2) / max(float(np.mean(target ** 2)), 1e-20)
+                     for name, target in reference.items()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +38,16 @@ from .layers import (
     replace_integer_weights,
     write_tuned_weights,
 )
-from .openvino import GRID_CALIBRATION, NNCF_OPTIONS, ir_weight_agreement, on_grid_weights, write_float_weights
+from .openvino import (
+    GRID_CALIBRATION,
+    NNCF_OPTIONS,
+    ir_output_error,
+    ir_weight_agreement,
+    on_grid_weights,
+    on_nncf_grid,
+    with_per_channel_opset,
+    write_float_weights,
+)
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
 
@@ -201,6 +211,7 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
                                                          large=model_size_bytes(Path(model_path)) > LARGE_MODEL_BYTES)
         calibrated = Path(scratch) / "calibrated.onnx"
         if for_openvino:
+            source = with_per_channel_opset(source, Path(scratch))
             recipe = calibrator(source, calibrated, calibration_path=calibration_path, options={**GRID_CALIBRATION, "skip_preprocess": True})
         else:
             recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
@@ -211,24 +222,41 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
                        calibration_path=Path(calibration_path), budget=budget, started=started)
         if not for_openvino:
             return built
-        return _hand_to_openvino(source, learned_out, out_path, learned=built["learned"], calibration_path=calibration_path,
+        return _hand_to_openvino(source, calibrated, learned_out, out_path, learned=built["learned"], calibration_path=calibration_path,
                                  options=calibration_options, base_builder=base_builder, scratch=Path(scratch))
 
 
-def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, learned: dict[str, Any], calibration_path, options: dict[str, Any],
-                      base_builder, scratch: Path) -> dict[str, Any]:
+def _hand_to_openvino(source: Path, calibrated: Path, learned_qdq: Path, out_path: Path, *, learned: dict[str, Any], calibration_path,
+                      options: dict[str, Any], base_builder, scratch: Path) -> dict[str, Any]:
     """NNCF's OpenVINO IR of the FP32 model whose learned layers' weights are the learned integers x their scales (on NNCF's
-    weight grid, so NNCF's own quantization keeps them); the recipe says how many of the IR's weights are the learned ones."""
-    qdq, fp32 = onnx.load(str(learned_qdq)), onnx.load(str(source))
+    weight grid, so NNCF's own quantization keeps them), for the layers NNCF quantizes on that grid; NNCF's own IR of the
+    FP32 model instead when that one's outputs are closer to FP32's. The recipe says how many of the IR's weights are
+    the learned ones, and which IR was kept."""
+    fp32, qdq = onnx.load(str(source)), onnx.load(str(learned_qdq))
     layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
     weights, pinned = on_grid_weights(qdq, layers)
+    nearest, _ = on_grid_weights(onnx.load(str(calibrated)), layers)
+    nncf_options = {**options, **NNCF_OPTIONS}
+    plain = scratch / "nncf.openvino.tar"
+    base_builder(source, plain, calibration_path=calibration_path, options=nncf_options)
+    gridded = on_nncf_grid(plain, nearest)
+    weights = {name: value for name, value in weights.items() if name in gridded}
     # QAT also tunes the weights the QDQ graph keeps in float: they go to NNCF as trained.
-    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - set(weights)))
+    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - set(nearest)))
     on_grid = scratch / "on-grid.onnx"
     write_float_weights(source, {**floats, **weights}, on_grid)
-    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options={**options, **NNCF_OPTIONS})
+    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options=nncf_options)
+    batches = _calibration_batches(source, Path(calibration_path), DEFAULT_SAMPLES)
+    reference = gather_tensors(source, [output.name for output in fp32.graph.output], batches)
+    errors = {"nncf": ir_output_error(plain, batches, reference), "learned": ir_output_error(out_path, batches, reference)}
+    kept = "learned" if errors["learned"] <= errors["nncf"] else "nncf"
+    agreement = ir_weight_agreement(out_path, weights)
+    if kept == "nncf":
+        shutil.copyfile(plain, out_path)
     written = {"runtime": OPENVINO, "written": "as float weights on NNCF's OpenVINO grid (per channel max|w|/127), quantized by NNCF",
-               "learned_on": GRID_CALIBRATION, "channels_pinned": pinned, "ir_weights_learned": ir_weight_agreement(out_path, weights)}
+               "learned_on": GRID_CALIBRATION, "layers_on_nncf_grid": len(gridded), "channels_pinned": pinned,
+               "ir_weights_learned": agreement, "ir_output_error_nncf": round(errors["nncf"], 6),
+               "ir_output_error_learned": round(errors["learned"], 6), "ir_kept": kept}
     return {**recipe, "learned": {**learned, **written}}
 
 

@@ -84,3 +84,37 @@ def test_a_channel_whose_learned_integers_stay_below_127_is_pinned_to_keep_nncfs
     assert count == 1 and pinned.tolist() == [[127, -3, 5], [-127, 2, 0], [0, 0, 0]]
     columns, count = _pin_channel_maxima(integers.T.copy(), axis=1)
     assert count == 1 and columns.tolist() == pinned.T.tolist()
+
+
+def small_opset11_cnn() -> onnx.ModelProto:
+    """input [batch, 4, 12, 12] -> Conv 3x3 with bias -> Relu -> Conv 1x1, at opset 11 (as PP-OCRv6's recogniser is)."""
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32) * 0.3, "w1"),
+                    numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b1"),
+                    numpy_helper.from_array(rng.standard_normal((6, 8, 1, 1)).astype(np.float32) * 0.3, "w2")]
+    nodes = [onnx.helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             onnx.helper.make_node("Conv", ["r1", "w2"], ["output"], name="conv2")]
+    graph = onnx.helper.make_graph(nodes, "cnn", [onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["batch", 4, 12, 12])],
+                                   [onnx.helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["batch", 6, 12, 12])], initializers)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 11)])
+    model.ir_version = 6
+    return model
+
+
+def test_an_opset_11_convolution_model_is_learned_for_openvino_where_nncf_uses_the_learning_grid(tmp_path):
+    # ONNX Runtime's per-channel QDQ graph of an opset-11 model is invalid (DequantizeLinear has no axis there): the
+    # learning converts it first. NNCF's overflow fix puts the first convolution on a 7-bit grid, not the learning's:
+    # that layer is handed to NNCF with its FP32 weights (so it is NNCF's own), the second carries the learned values.
+    model = tmp_path / "cnn.onnx"
+    onnx.save(small_opset11_cnn(), model)
+    calibration = write_npz(tmp_path / "calibration.npz", input=np.random.default_rng(1).standard_normal((32, 4, 12, 12)).astype(np.float32))
+    learned, plain = tmp_path / "learned.openvino.tar", tmp_path / "plain.openvino.tar"
+    built = build_variant(model_path=model, precision="int8", out_path=learned, calibration_path=calibration,
+                          options={**OPENVINO, "learn": "adaround", "learn_seconds": 3})
+    build_variant(model_path=model, precision="int8", out_path=plain, calibration_path=calibration, options=OPENVINO)
+    recipe = built["recipe"]["learned"]
+    assert recipe["layers_on_nncf_grid"] == 1
+    assert recipe["ir_weights_learned"] == {"layers_found": 1, "layers_learned": 1, "equal_share_min": 1.0, "equal_share_mean": 1.0}
+    first = [next(value for value in ir_int8_weights(path) if value.shape == (8, 4, 3, 3)) for path in (learned, plain)]
+    np.testing.assert_array_equal(*first)
