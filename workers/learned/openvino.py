@@ -35,11 +35,12 @@ from .layers import Layer
 # ORT's calibration whose weight grid is NNCF's OpenVINO one: per-channel symmetric int8 in [-127, 127], scale max|w| / 127
 # (no reduced range); only the weight layers' inputs quantized, as NNCF quantizes them (other tensors stay float there).
 GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activation_type": "uint8", "weight_type": "int8",
-                    "reduce_range": False, "op_types_to_quantize": ["Conv", "Gemm", "MatMul"]}
+                    "reduce_range": False, "op_types_to_quantize": ["Conv", "Gemm", "MatMul"], "float_outputs": ["Conv", "Gemm", "MatMul"]}
 # What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
 NNCF_OPTIONS = {"smooth_quant_alpha": -1}
 NNCF_QMAX = 127
 PER_CHANNEL_OPSET = 13
+LAYER_TYPES = ("Convolution", "GroupConvolution", "MatMul")
 # NNCF's IR of the FP32 model may round a few weights differently from the learning's grid (float rounding at a half);
 # beyond this share the layer is on another grid.
 GRID_MISMATCH_SHARE = 0.001
@@ -108,6 +109,12 @@ def write_float_weights(model_path: Path, weights: dict[str, np.ndarray], out_pa
 
 def ir_int8_weights(ir_path: Path) -> list[np.ndarray]:
     """The dequantized int8 weights of a packed IR: each int8 Constant -> Convert -> (Subtract) -> Multiply(scale), as floats."""
+    return [values for values, _ in _ir_weights(ir_path)]
+
+
+def _ir_weights(ir_path: Path) -> list[tuple[np.ndarray, tuple[float, float, int] | None]]:
+    """(dequantized values, its layer's input range `_input_fake_quantize`) of each int8 weight of a packed IR, read while
+    the model is alive (an OpenVINO node keeps its inputs alive, not its consumers)."""
     import openvino as ov
 
     from devices.artifacts import read_openvino_ir
@@ -120,7 +127,7 @@ def ir_int8_weights(ir_path: Path) -> list[np.ndarray]:
             continue
         values = _dequantized(op)
         if values is not None:
-            found.append(values)
+            found.append((values, _input_fake_quantize(op)))
     return found
 
 
@@ -165,6 +172,64 @@ def on_nncf_grid(plain_ir: Path, nearest: dict[str, np.ndarray]) -> set[str]:
     the FP32 weights rounded to nearest on that grid (`nearest`). The others (kept in float by NNCF's preset, or on
     another grid) are handed to NNCF as they are, so that learning never quantizes a weight NNCF would not."""
     return {name for name, share in ir_weight_shares(plain_ir, nearest).items() if share >= 1.0 - GRID_MISMATCH_SHARE}
+
+
+def nncf_input_ranges(plain_ir: Path, nearest: dict[str, np.ndarray]) -> dict[str, tuple[float, float, int]]:
+    """Per weight of `nearest` found in NNCF's IR (its int8 values, the FP32 weight rounded to nearest), the range NNCF
+    quantizes that layer's input to: (low, high, levels) of the per-tensor FakeQuantize before the layer."""
+    found = [(values, fake_quantize) for values, fake_quantize in _ir_weights(plain_ir) if fake_quantize is not None]
+    ranges = {}
+    for name, value in nearest.items():
+        same = [(values.reshape(value.shape), fake_quantize) for values, fake_quantize in found if values.size == value.size]
+        if same:
+            ranges[name] = min(same, key=lambda pair: float(np.max(np.abs(pair[0] - value))))[1]
+    return ranges
+
+
+def _input_fake_quantize(multiply) -> tuple[float, float, int] | None:
+    """(low, high, levels) of the per-tensor FakeQuantize on the data input of the layer a weight Multiply feeds."""
+    consumers = [target.get_node() for target in multiply.output(0).get_target_inputs()]
+    consumers = [target.get_node() for node in consumers for target in node.output(0).get_target_inputs()
+                 if node.get_type_name() in ("Reshape", "Convert")] + consumers
+    for node in consumers:
+        if node.get_type_name() not in LAYER_TYPES:
+            continue
+        source = node.input_value(0).get_node()
+        if source.get_type_name() != "FakeQuantize":
+            return None
+        low, high = (source.input_value(index).get_node() for index in (1, 2))
+        if low.get_type_name() != "Constant" or high.get_type_name() != "Constant":
+            return None
+        low, high = low.get_data(), high.get_data()
+        if low.size != 1 or high.size != 1:
+            return None
+        return float(low.reshape(-1)[0]), float(high.reshape(-1)[0]), int(source.get_levels())
+    return None
+
+
+def align_input_ranges(qdq: onnx.ModelProto, layers: list[Layer], ranges: dict[str, tuple[float, float, int]]) -> int:
+    """Set each layer's input quantization in the QDQ graph to the range NNCF quantizes it to (scale (high - low) / (levels
+    - 1), the zero point placing `low`), so that learning makes up for the error OpenVINO will have; returns how many."""
+    producers = {output: node for node in qdq.graph.node for output in node.output}
+    initializers = {tensor.name: index for index, tensor in enumerate(qdq.graph.initializer)}
+    aligned = 0
+    for layer in layers:
+        dequantize = producers.get(layer.quantized_input_name)
+        if layer.weight_name not in ranges or dequantize is None or len(dequantize.input) < 3:
+            continue
+        scale_name, zero_name = dequantize.input[1], dequantize.input[2]
+        if scale_name not in initializers or zero_name not in initializers:
+            continue
+        low, high, levels = ranges[layer.weight_name]
+        scale = max(high - low, 1e-12) / max(levels - 1, 1)
+        zero_tensor = qdq.graph.initializer[initializers[zero_name]]
+        dtype = numpy_helper.to_array(zero_tensor).dtype
+        info = np.iinfo(dtype)
+        zero = np.clip(np.round(info.min - low / scale), info.min, info.max).astype(dtype)
+        qdq.graph.initializer[initializers[scale_name]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), scale_name))
+        zero_tensor.CopyFrom(numpy_helper.from_array(np.array(zero, dtype), zero_name))
+        aligned += 1
+    return aligned
 
 
 def ir_weight_agreement(ir_path: Path, learned: dict[str, np.ndarray]) -> dict[str, Any]:

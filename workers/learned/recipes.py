@@ -41,8 +41,10 @@ from .layers import (
 from .openvino import (
     GRID_CALIBRATION,
     NNCF_OPTIONS,
+    align_input_ranges,
     ir_output_error,
     ir_weight_agreement,
+    nncf_input_ranges,
     on_grid_weights,
     on_nncf_grid,
     with_per_channel_opset,
@@ -217,16 +219,33 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
             recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
         recipe = {**recipe, "preprocess": preprocess}
         qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(source))
-        learned_out = Path(scratch) / "learned.onnx" if for_openvino else out_path
-        built = _learn(source, learned_out, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
-                       calibration_path=Path(calibration_path), budget=budget, started=started)
         if not for_openvino:
-            return built
-        return _hand_to_openvino(source, calibrated, learned_out, out_path, learned=built["learned"], calibration_path=calibration_path,
-                                 options=calibration_options, base_builder=base_builder, scratch=Path(scratch))
+            return _learn(source, out_path, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
+                          calibration_path=Path(calibration_path), budget=budget, started=started)
+        nncf = _nncf_reference(source, qdq, fp32, calibration_path=calibration_path, options={**calibration_options, **NNCF_OPTIONS},
+                               base_builder=base_builder, scratch=Path(scratch))
+        learned_qdq = Path(scratch) / "learned.onnx"
+        # NNCF's reference IR is OpenVINO's own build, not learning: the budget counts from here.
+        built = _learn(source, learned_qdq, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
+                       calibration_path=Path(calibration_path), budget=budget, started=time.perf_counter())
+        return _hand_to_openvino(source, learned_qdq, out_path, nncf=nncf, learned=built["learned"], calibration_path=calibration_path,
+                                 options={**calibration_options, **NNCF_OPTIONS}, base_builder=base_builder, scratch=Path(scratch))
 
 
-def _hand_to_openvino(source: Path, calibrated: Path, learned_qdq: Path, out_path: Path, *, learned: dict[str, Any], calibration_path,
+def _nncf_reference(source: Path, qdq: onnx.ModelProto, fp32: onnx.ModelProto, *, calibration_path, options: dict[str, Any], base_builder,
+                    scratch: Path) -> dict[str, Any]:
+    """NNCF's own IR of the FP32 model, and what learning takes from it: the layers it quantizes on the learning's grid
+    (`gridded`), and their inputs' ranges, written into `qdq` so that learning sees the activation error OpenVINO will have."""
+    plain = scratch / "nncf.openvino.tar"
+    base_builder(source, plain, calibration_path=calibration_path, options=options)
+    layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
+    nearest, _ = on_grid_weights(qdq, layers)
+    gridded = on_nncf_grid(plain, nearest)
+    aligned = align_input_ranges(qdq, layers, nncf_input_ranges(plain, {name: nearest[name] for name in gridded}))
+    return {"path": plain, "gridded": gridded, "learnable": set(nearest), "aligned": aligned}
+
+
+def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, nncf: dict[str, Any], learned: dict[str, Any], calibration_path,
                       options: dict[str, Any], base_builder, scratch: Path) -> dict[str, Any]:
     """NNCF's OpenVINO IR of the FP32 model whose learned layers' weights are the learned integers x their scales (on NNCF's
     weight grid, so NNCF's own quantization keeps them), for the layers NNCF quantizes on that grid; NNCF's own IR of the
@@ -235,27 +254,22 @@ def _hand_to_openvino(source: Path, calibrated: Path, learned_qdq: Path, out_pat
     fp32, qdq = onnx.load(str(source)), onnx.load(str(learned_qdq))
     layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
     weights, pinned = on_grid_weights(qdq, layers)
-    nearest, _ = on_grid_weights(onnx.load(str(calibrated)), layers)
-    nncf_options = {**options, **NNCF_OPTIONS}
-    plain = scratch / "nncf.openvino.tar"
-    base_builder(source, plain, calibration_path=calibration_path, options=nncf_options)
-    gridded = on_nncf_grid(plain, nearest)
-    weights = {name: value for name, value in weights.items() if name in gridded}
+    weights = {name: value for name, value in weights.items() if name in nncf["gridded"]}
     # QAT also tunes the weights the QDQ graph keeps in float: they go to NNCF as trained.
-    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - set(nearest)))
+    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - nncf["learnable"]))
     on_grid = scratch / "on-grid.onnx"
     write_float_weights(source, {**floats, **weights}, on_grid)
-    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options=nncf_options)
+    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options=options)
     batches = _calibration_batches(source, Path(calibration_path), DEFAULT_SAMPLES)
     reference = gather_tensors(source, [output.name for output in fp32.graph.output], batches)
-    errors = {"nncf": ir_output_error(plain, batches, reference), "learned": ir_output_error(out_path, batches, reference)}
+    errors = {"nncf": ir_output_error(nncf["path"], batches, reference), "learned": ir_output_error(out_path, batches, reference)}
     kept = "learned" if errors["learned"] <= errors["nncf"] else "nncf"
     agreement = ir_weight_agreement(out_path, weights)
     if kept == "nncf":
-        shutil.copyfile(plain, out_path)
+        shutil.copyfile(nncf["path"], out_path)
     written = {"runtime": OPENVINO, "written": "as float weights on NNCF's OpenVINO grid (per channel max|w|/127), quantized by NNCF",
-               "learned_on": GRID_CALIBRATION, "layers_on_nncf_grid": len(gridded), "channels_pinned": pinned,
-               "ir_weights_learned": agreement, "ir_output_error_nncf": round(errors["nncf"], 6),
+               "learned_on": GRID_CALIBRATION, "layers_on_nncf_grid": len(nncf["gridded"]), "input_ranges_from_nncf": nncf["aligned"],
+               "channels_pinned": pinned, "ir_weights_learned": agreement, "ir_output_error_nncf": round(errors["nncf"], 6),
                "ir_output_error_learned": round(errors["learned"], 6), "ir_kept": kept}
     return {**recipe, "learned": {**learned, **written}}
 

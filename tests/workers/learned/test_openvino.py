@@ -11,7 +11,16 @@ from devices import metrics
 from devices.backends.registry import get_backend
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
-from workers.learned.openvino import NNCF_QMAX, _pin_channel_maxima, ir_int8_weights
+from workers.learned.layers import find_layers
+from workers.learned.openvino import (
+    GRID_CALIBRATION,
+    NNCF_QMAX,
+    _pin_channel_maxima,
+    align_input_ranges,
+    ir_int8_weights,
+    nncf_input_ranges,
+    on_grid_weights,
+)
 from workers.quantize import build_variant
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,6 +73,8 @@ def test_the_openvino_ir_carries_the_learned_rounding_not_rounding_to_nearest(bu
     # The recipe read the IR back: every learned layer's weights are the learned grid values, exactly.
     check = built["result"]["recipe"]["learned"]["ir_weights_learned"]
     assert check["layers_found"] == check["layers_learned"] == 2 and check["equal_share_min"] == 1.0
+    # Both layers were learned with their inputs quantized at NNCF's own ranges, read from its IR.
+    assert built["result"]["recipe"]["learned"]["input_ranges_from_nncf"] == 2
 
 
 def test_the_learned_openvino_ir_is_closer_to_fp32_than_nncfs_own(built):
@@ -75,6 +86,23 @@ def test_the_learned_openvino_ir_is_closer_to_fp32_than_nncfs_own(built):
     recipe = built["result"]["recipe"]
     assert recipe["quant_format"] == "OpenVINO IR (FakeQuantize)" and recipe["learned"]["runtime"] == "openvino"
     assert recipe["learned"]["kept"] == "learned"
+
+
+def test_a_layers_input_is_quantized_at_the_range_nncf_gave_it(built, tmp_path):
+    calibrated = tmp_path / "calibrated.onnx"
+    build_variant(model_path=built["model"], precision="int8", out_path=calibrated, calibration_path=built["root"] / "calibration.npz",
+                  options=GRID_CALIBRATION)
+    qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(built["model"]))
+    layers = find_layers(qdq, fp32)
+    ranges = nncf_input_ranges(built["plain"], on_grid_weights(qdq, layers)[0])
+    assert sorted(ranges) == ["w_first", "w_second"] and all(levels == 256 for _, _, levels in ranges.values())
+    assert align_input_ranges(qdq, layers, ranges) == 2
+    for layer in find_layers(qdq, fp32):
+        low, high, levels = ranges[layer.weight_name]
+        scale, zero = float(layer.activation.scale.reshape(-1)[0]), int(layer.activation.zero_point.reshape(-1)[0])
+        # The QDQ graph's uint8 grid spans NNCF's [low, high] (the zero point rounds low onto the grid).
+        assert scale == pytest.approx((high - low) / (levels - 1), rel=1e-6)
+        assert (0 - zero) * scale == pytest.approx(low, abs=scale / 2) and (255 - zero) * scale == pytest.approx(high, abs=scale / 2)
 
 
 def test_a_channel_whose_learned_integers_stay_below_127_is_pinned_to_keep_nncfs_scale():
