@@ -11,13 +11,15 @@ rounding to nearest of an on-grid value is the value itself. The IR carries the 
 `ir_weight_agreement` reads the IR back and says how many of its weights are the learned ones.
 
 Only weights NNCF itself quantizes on that grid are written (`on_nncf_grid`, read from NNCF's own IR of
-the FP32 model): a layer NNCF's preset keeps in float keeps its FP32 weights. And the learned IR is
-kept only when its outputs are closer to FP32's than NNCF's own IR (`ir_output_error`): learning
-sees ONNX Runtime's activation ranges, not NNCF's, so it can miss on OpenVINO what it gained there.
+the FP32 model): a layer NNCF's preset keeps in float, or puts on another grid (its overflow fix's 7-bit
+first convolution), keeps its FP32 weights. Learning sees OpenVINO's activation error: each layer's
+input is quantized at the range NNCF's IR gives it (`nncf_input_ranges`, `align_input_ranges`). And
+the learned IR is kept only when its outputs are closer to FP32's than NNCF's own IR
+(`ir_output_error`).
 
-Two NNCF steps would move weights off the grid after learning and are turned off for a learned
-build: SmoothQuant (it rescales MatMul weights per input channel; `smooth_quant_alpha: -1`).
-Its bias correction only changes biases, which stay float in the IR, and is kept.
+One NNCF step would move weights off the grid after learning and is turned off for a learned build:
+SmoothQuant (it rescales MatMul weights per input channel; `smooth_quant_alpha: -1`). Its bias
+correction only changes biases, which stay float in the IR, and is kept.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
 from .layers import Layer
 
 # ORT's calibration whose weight grid is NNCF's OpenVINO one: per-channel symmetric int8 in [-127, 127], scale max|w| / 127
-# (no reduced range); only the weight layers' inputs quantized, as NNCF quantizes them (other tensors stay float there).
+# (no reduced range); only the weight layers' inputs quantized, their outputs float, as NNCF quantizes them.
 GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activation_type": "uint8", "weight_type": "int8",
                     "reduce_range": False, "op_types_to_quantize": ["Conv", "Gemm", "MatMul"], "float_outputs": ["Conv", "Gemm", "MatMul"]}
 # What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
