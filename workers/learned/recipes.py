@@ -1,14 +1,17 @@
 """Learned INT8 variants: calibrate as usual, then learn the weights' rounding on the calibration set.
 
-`build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. The
-result is the calibrated variant's own QDQ graph with learned integer weights: the same operators,
-scales and speed, so agents run it like any other INT8 variant. Time and memory are bounded: the
+`build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. For
+ONNX Runtime the result is the calibrated variant's own QDQ graph with learned integer weights: the
+same operators, scales and speed, so agents run it like any other INT8 variant. For OpenVINO
+(`runtime: openvino`) it is NNCF's IR of the FP32 model with the learned weights on NNCF's grid
+(`workers.learned.openvino`): OpenVINO's own pipeline, carrying the learned rounding. Time and memory are bounded: the
 whole learning stops at `learn_seconds`, and the activations kept for it at `learn_memory_mb`.
 """
 from __future__ import annotations
 
 import math
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +24,8 @@ from onnx import numpy_helper
 
 from workers.convert import LARGE_MODEL_BYTES
 from workers.inspect import model_size_bytes
-from workers.quantize.variants import preprocess_for_quantization
+from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
+from workers.quantize.variants import LEARN_OPTIONS, preprocess_for_quantization
 
 from .adaround import learn_layer, nearest_error
 from .layers import (
@@ -33,6 +37,18 @@ from .layers import (
     quantized_initializers,
     replace_integer_weights,
     write_tuned_weights,
+)
+from .openvino import (
+    GRID_CALIBRATION,
+    NNCF_OPTIONS,
+    align_input_ranges,
+    ir_output_error,
+    ir_weight_agreement,
+    nncf_input_ranges,
+    on_grid_weights,
+    on_nncf_grid,
+    with_per_channel_opset,
+    write_float_weights,
 )
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
@@ -46,7 +62,6 @@ MAX_STEPS_PER_LAYER = 3000
 # passes take at most GATHER_SHARE of the budget; fewer, longer runs when they would take more).
 ORDER_RUNS = 256
 GATHER_SHARE = 0.5
-LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 
 
 class LearningNotApplicable(Exception):
@@ -175,14 +190,20 @@ def _learn_layers(layers, weights, inputs, targets, *, budget: float, started: f
         results.append(result.summary())
 
 
-def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder) -> dict[str, Any]:
-    """Calibrated INT8 with `base_builder`, then learned rounding of every quantized weight layer."""
+def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder,
+                       calibrator=None) -> dict[str, Any]:
+    """Calibrated INT8 with `base_builder`, then learned rounding of every quantized weight layer, built for the spec's
+    runtime: into ONNX Runtime's QDQ graph, or (`runtime: openvino`) handed to NNCF's OpenVINO pipeline as on-grid float
+    weights, learned on a QDQ graph that `calibrator` (ONNX Runtime's static INT8 builder) calibrates on NNCF's grid."""
     calibration_options, learn = split_options(options)
     method = learn.get("learn")
     if method not in METHODS:
         raise ValueError(f"unknown learning method {method!r}; choose {', '.join(METHODS)}")
-    if calibration_options.get("tool", "onnxruntime") != "onnxruntime":
-        raise LearningNotApplicable("learned rounding works on ONNX Runtime's QDQ graphs only")
+    for_openvino = calibration_options.get("runtime") == OPENVINO
+    if not for_openvino and calibration_options.get("tool", "onnxruntime") != "onnxruntime":
+        raise LearningNotApplicable("learned rounding works on ONNX Runtime's QDQ graphs and OpenVINO's NNCF IR only")
+    if for_openvino and calibrator is None:
+        raise ValueError("a learned OpenVINO build needs ONNX Runtime's static INT8 builder to learn on")
     started = time.perf_counter()
     budget = float(learn.get("learn_seconds", DEFAULT_SECONDS))
     with tempfile.TemporaryDirectory(prefix="kiln-learn-") as scratch:
@@ -191,11 +212,66 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         source, preprocess = preprocess_for_quantization(Path(model_path), Path(scratch), skip=bool(calibration_options.get("skip_preprocess")),
                                                          large=model_size_bytes(Path(model_path)) > LARGE_MODEL_BYTES)
         calibrated = Path(scratch) / "calibrated.onnx"
-        recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
+        if for_openvino:
+            source = with_per_channel_opset(source, Path(scratch))
+            recipe = calibrator(source, calibrated, calibration_path=calibration_path, options={**GRID_CALIBRATION, "skip_preprocess": True})
+        else:
+            recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
         recipe = {**recipe, "preprocess": preprocess}
         qdq, fp32 = onnx.load(str(calibrated)), onnx.load(str(source))
-        return _learn(source, out_path, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn, calibration_path=Path(calibration_path),
-                      budget=budget, started=started)
+        if not for_openvino:
+            return _learn(source, out_path, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
+                          calibration_path=Path(calibration_path), budget=budget, started=started)
+        nncf = _nncf_reference(source, qdq, fp32, calibration_path=calibration_path, options={**calibration_options, **NNCF_OPTIONS},
+                               base_builder=base_builder, scratch=Path(scratch))
+        learned_qdq = Path(scratch) / "learned.onnx"
+        # NNCF's reference IR is OpenVINO's own build, not learning: the budget counts from here.
+        built = _learn(source, learned_qdq, qdq=qdq, fp32=fp32, recipe=recipe, method=method, learn=learn,
+                       calibration_path=Path(calibration_path), budget=budget, started=time.perf_counter())
+        return _hand_to_openvino(source, learned_qdq, out_path, nncf=nncf, learned=built["learned"], calibration_path=calibration_path,
+                                 options={**calibration_options, **NNCF_OPTIONS}, base_builder=base_builder, scratch=Path(scratch))
+
+
+def _nncf_reference(source: Path, qdq: onnx.ModelProto, fp32: onnx.ModelProto, *, calibration_path, options: dict[str, Any], base_builder,
+                    scratch: Path) -> dict[str, Any]:
+    """NNCF's own IR of the FP32 model, and what learning takes from it: the layers it quantizes on the learning's grid
+    (`gridded`), and their inputs' ranges, written into `qdq` so that learning sees the activation error OpenVINO will have."""
+    plain = scratch / "nncf.openvino.tar"
+    base_builder(source, plain, calibration_path=calibration_path, options=options)
+    layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
+    nearest, _ = on_grid_weights(qdq, layers)
+    gridded = on_nncf_grid(plain, nearest)
+    aligned = align_input_ranges(qdq, layers, nncf_input_ranges(plain, {name: nearest[name] for name in gridded}))
+    return {"path": plain, "gridded": gridded, "learnable": set(nearest), "aligned": aligned}
+
+
+def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, nncf: dict[str, Any], learned: dict[str, Any], calibration_path,
+                      options: dict[str, Any], base_builder, scratch: Path) -> dict[str, Any]:
+    """NNCF's OpenVINO IR of the FP32 model whose learned layers' weights are the learned integers x their scales (on NNCF's
+    weight grid, so NNCF's own quantization keeps them), for the layers NNCF quantizes on that grid; NNCF's own IR of the
+    FP32 model instead when that one's outputs are closer to FP32's. The recipe says how many of the IR's weights are
+    the learned ones, and which IR was kept."""
+    fp32, qdq = onnx.load(str(source)), onnx.load(str(learned_qdq))
+    layers = [layer for layer in find_layers(qdq, fp32) if layer.skipped is None]
+    weights, pinned = on_grid_weights(qdq, layers)
+    weights = {name: value for name, value in weights.items() if name in nncf["gridded"]}
+    # QAT also tunes the weights the QDQ graph keeps in float: they go to NNCF as trained.
+    floats = fp32_weights(qdq, sorted(_float_weights(qdq, [tensor.name for tensor in fp32.graph.initializer]) - nncf["learnable"]))
+    on_grid = scratch / "on-grid.onnx"
+    write_float_weights(source, {**floats, **weights}, on_grid)
+    recipe = base_builder(on_grid, out_path, calibration_path=calibration_path, options=options)
+    batches = _calibration_batches(source, Path(calibration_path), DEFAULT_SAMPLES)
+    reference = gather_tensors(source, [output.name for output in fp32.graph.output], batches)
+    errors = {"nncf": ir_output_error(nncf["path"], batches, reference), "learned": ir_output_error(out_path, batches, reference)}
+    kept = "learned" if errors["learned"] <= errors["nncf"] else "nncf"
+    agreement = ir_weight_agreement(out_path, weights)
+    if kept == "nncf":
+        shutil.copyfile(nncf["path"], out_path)
+    written = {"runtime": OPENVINO, "written": "as float weights on NNCF's OpenVINO grid (per channel max|w|/127), quantized by NNCF",
+               "learned_on": GRID_CALIBRATION, "layers_on_nncf_grid": len(nncf["gridded"]), "input_ranges_from_nncf": nncf["aligned"],
+               "channels_pinned": pinned, "ir_weights_learned": agreement, "ir_output_error_nncf": round(errors["nncf"], 6),
+               "ir_output_error_learned": round(errors["learned"], 6), "ir_kept": kept}
+    return {**recipe, "learned": {**learned, **written}}
 
 
 def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method: str, learn: dict, calibration_path: Path, budget: float,

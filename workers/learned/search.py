@@ -1,20 +1,46 @@
-"""When `auto` proposes learned variants (learned rounding and QAT): only for a calibrated INT8 family that is faster than the best
-variant within tolerance yet misses it. Learning cannot make a variant faster, so a family that is
-already slower than the best passing variant is never worth the training time; and only the
-fastest such family is learned, since each costs a training budget on the worker.
+"""When `auto` proposes learned variants (learned rounding and QAT), and with how much time: only for a calibrated INT8
+family that is faster than the best variant within tolerance yet misses it, on whichever runtime it was measured
+(ONNX Runtime's QDQ families, OpenVINO's NNCF IR family). Learning cannot make a variant faster, so a family that is
+already slower than the best passing variant is never worth the training time; and only the fastest such family is
+learned, since each costs a training budget on the worker. That budget follows the gain learning can still buy
+(`learning_budget`).
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
+
 LEARNED_METHODS = ("adaround", "qat")
-SEARCH_LEARN_SECONDS = 120
+# The learning budget of one learned variant (seconds of wall time, calibration included): at least LEARN_FLOOR_S (less
+# learns nothing worth a build) and at most LEARN_CAP_S; a family FULL_GAIN faster than the best passing variant earns the
+# cap, a smaller gain proportionally less; and never more than LEARN_SHARE of what the search has left, since the learned
+# variants must still be built for their runtime, measured and re-timed within the search's budget.
+LEARN_FLOOR_S = 15.0
+LEARN_CAP_S = 120.0
+FULL_GAIN = 0.5
+LEARN_SHARE = 0.4
 
 
-def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float) -> list[dict[str, Any]]:
-    """Learned rounding and QAT on the fastest calibrated ONNX Runtime INT8 family that missed the tolerance (QAT is
-    skipped at build time, with the reason, when the graph cannot run in PyTorch)."""
+def learning_budget(*, family_p50: float, best_passing_p50: float, seconds_left: float | None) -> int:
+    """Seconds of learning for a family measured at `family_p50` that misses the tolerance, when the best passing variant
+    takes `best_passing_p50` and the search has `seconds_left` (None: no budget known, the cap bounds it). 0 means not
+    worth learning: no gain left to buy, or no time left for even the floor."""
+    if not math.isfinite(best_passing_p50) or best_passing_p50 <= 0 or family_p50 >= best_passing_p50:
+        return 0
+    gain = (best_passing_p50 - family_p50) / best_passing_p50
+    wanted = min(LEARN_CAP_S, max(LEARN_FLOOR_S, LEARN_CAP_S * gain / FULL_GAIN))
+    available = LEARN_CAP_S if seconds_left is None else LEARN_SHARE * max(0.0, seconds_left)
+    seconds = min(wanted, available)
+    return int(seconds) if seconds >= LEARN_FLOOR_S else 0
+
+
+def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float,
+                      seconds_left: float | None = None) -> list[dict[str, Any]]:
+    """Learned rounding and QAT on the fastest calibrated INT8 family, of any runtime, that missed the tolerance (QAT is
+    skipped at build time, with the reason, when the graph cannot run in PyTorch). Each proposal keeps its family's
+    options, so its `runtime` (absent: ONNX Runtime's QDQ graph) says which runtime it is learned and built for."""
     templates = {spec["key"]: spec for spec in sweep if _learnable(spec)}
     fastest: dict[str, float] = {}
     for entry in measured:
@@ -28,11 +54,20 @@ def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, A
     candidates = sorted((p50, key) for key, p50 in fastest.items() if p50 != -math.inf and p50 < best_passing)
     if not candidates:
         return []
-    template = templates[candidates[0][1]]
+    family_p50, key = candidates[0]
+    seconds = learning_budget(family_p50=family_p50, best_passing_p50=best_passing, seconds_left=seconds_left)
+    if not seconds:
+        return []
+    template = templates[key]
     return [{"key": f"{template['key']}-{method}", "precision": "int8", "backends": template["backends"],
-             "options": {**template["options"], "learn": method, "learn_seconds": SEARCH_LEARN_SECONDS}} for method in LEARNED_METHODS]
+             "options": {**template["options"], "learn": method, "learn_seconds": seconds}} for method in LEARNED_METHODS]
 
 
 def _learnable(spec: dict[str, Any]) -> bool:
+    """A calibrated INT8 family learning can be built for: ONNX Runtime's own QDQ tool, or NNCF's OpenVINO IR."""
     options = spec.get("options") or {}
-    return spec.get("precision") == "int8" and options.get("tool", "onnxruntime") == "onnxruntime" and not options.get("nodes_to_exclude")
+    if spec.get("precision") != "int8" or options.get("nodes_to_exclude") or options.get("learn"):
+        return False
+    if options.get("runtime") == OPENVINO:
+        return options.get("tool", "nncf") == "nncf"
+    return options.get("runtime") is None and options.get("tool", "onnxruntime") == "onnxruntime"

@@ -34,7 +34,14 @@ def explicit_specs(precisions: list[str], *, backends: list[str] | set[str], has
 def search_proposals(state) -> list[dict[str, Any]]:
     """`auto` round 1 on targets with OpenVINO and calibration data: NNCF's INT8 with its defaults (and its transformer
     model type on a transformer). Later rounds add nothing here; the search tries compile options on the fastest."""
-    if state.round_number > 1 or RUNTIME not in state.backends or not state.has_calibration:
+    if state.round_number > 1:
+        return []
+    return family_specs(state)
+
+
+def family_specs(state) -> list[dict[str, Any]]:
+    """The family's builds for the search's targets and model, in any round (the learned variants take them as templates)."""
+    if RUNTIME not in state.backends or not state.has_calibration:
         return []
     specs = [openvino_spec()]
     if is_transformer(dict(state.model_facts.get("op_histogram") or {})):

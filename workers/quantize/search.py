@@ -115,6 +115,8 @@ class SearchState:
     measured: list[dict[str, Any]]
     sweep: list[dict[str, Any]]
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What the search has left of its time budget, in seconds (None: unknown); learning budgets are sized by it.
+    seconds_left: float | None = None
 
     def paying_backends(self, precision: str) -> list[str]:
         """Backends where the family of `precision` beat FP32 beyond noise (all of them before it was measured)."""
@@ -150,6 +152,7 @@ def plan_round(
     sensitivity: list[dict[str, Any]] | None,
     measured: list[dict[str, Any]],
     thread_choices: list[int] | None = None,
+    seconds_left: float | None = None,
 ) -> list[dict[str, Any]]:
     """Candidate specs `{"key", "precision", "options", "backends", "compile"}` for this round; [] when the search is done.
 
@@ -157,12 +160,13 @@ def plan_round(
     `data_shapes` (`{input: [1, ...]}`, the shapes of the user's data at batch 1) and
     `dynamic_inputs` (the inputs with a dynamic dimension). `thread_choices` are the thread counts
     worth trying (the device's physical and logical cores); None when the caller pins threads.
+    `seconds_left` is what the search has left of its time budget (None: unknown): learned variants' budgets follow it.
     """
     parse_tolerance(tolerance)
     sweep = _sweep(model_facts, list(device_isa), list(backends), has_calibration, measured)
     state = SearchState(round_number=round_number, model_facts=model_facts, device_isa=list(device_isa),
                         backends=list(backends), has_calibration=has_calibration, sensitivity=list(sensitivity or []),
-                        measured=list(measured), sweep=sweep)
+                        measured=list(measured), sweep=sweep, seconds_left=seconds_left)
     if round_number <= 1:
         probes = _round_one_keys(device_isa)
         specs = [spec for spec in sweep if spec["key"] in probes]
@@ -216,16 +220,30 @@ def _acted_on(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _learned_family(state: SearchState) -> list[dict[str, Any]]:
-    """Learned rounding and QAT (workers.learned) for the fastest calibrated INT8 family that pays but misses the tolerance."""
-    paying = state.paying_backends("int8") if state.round_number > 1 else []
-    if not paying:
+    """Learned rounding and QAT (workers.learned) for the fastest calibrated INT8 family, of any runtime, that is faster
+    than the best passing variant but misses the tolerance, with a learning budget from the gain and the time left."""
+    if state.round_number <= 1:
         return []
     usable = [entry for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
               and not entry.get("compile")]
-    passing = [_p50(entry) for entry in usable if _passes(entry)]
-    best_passing = min(passing) if passing else math.inf
-    return [{**spec, "backends": [backend for backend in (spec["backends"] or paying) if backend in paying], "compile": {}}
-            for spec in learned_proposals(sweep=_with_smoothed(state.sweep), measured=usable, best_passing=best_passing)]
+    best_passing = min((_p50(entry) for entry in usable if _passes(entry)), default=math.inf)
+    templates = [*_with_smoothed(state.sweep), *openvino_family.family_specs(state)]
+    proposals = learned_proposals(sweep=templates, measured=usable, best_passing=best_passing, seconds_left=state.seconds_left)
+    specs = []
+    for spec in proposals:
+        backends = _learning_backends(spec, state)
+        if backends:
+            specs.append({**spec, "backends": backends, "compile": {}})
+    return specs
+
+
+def _learning_backends(spec: dict[str, Any], state: SearchState) -> list[str]:
+    """Where a learned variant runs: a runtime's own format on that runtime (its family was measured there, faster than
+    the best passing variant); an ONNX Runtime QDQ family on the backends where INT8 pays."""
+    if (spec.get("options") or {}).get("runtime"):
+        return [backend for backend in spec["backends"] if backend in state.backends]
+    paying = state.paying_backends("int8")
+    return [backend for backend in (spec["backends"] or paying) if backend in paying]
 
 
 def _with_smoothed(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -729,7 +747,8 @@ def search_locally(
             sensitivity = _rank_nodes_safely(model_path, calibration_path, sensitivity_samples, memory_budget_mb, failures)
         specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
                            has_calibration=calibration_path is not None, tolerance=tolerance,
-                           sensitivity=sensitivity, measured=entries, thread_choices=thread_choices)
+                           sensitivity=sensitivity, measured=entries, thread_choices=thread_choices,
+                           seconds_left=deadline - time.monotonic())
         if not specs:
             break
         if round_number > max_rounds:

@@ -31,6 +31,8 @@ _KILN_ONLY_METHODS = {"mse": "MSE"}
 _INTEGER_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 FP16_MAX = 65504.0
 
+# Learned rounding or QAT on top of an INT8 build (workers.learned), whichever runtime it is built for.
+LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 # `runtime: "litert"` builds the precision as a LiteRT flatbuffer instead (workers.quantize.litert).
 _OPTIONS = {
     "fp32": {"runtime"},
@@ -46,7 +48,7 @@ _OPTIONS = {
         # Equalization before calibration (workers.quantize.smoothing) and which ops' outputs stay float.
         "smooth_quant", "float_outputs",
         # Learned rounding on top of the calibration (workers.learned).
-        "learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate",
+        *LEARN_OPTIONS,
     },
     "int8-dynamic": {"per_channel", "nodes_to_exclude", "op_types_to_quantize"},
     "int4-weight": {
@@ -144,7 +146,7 @@ def _openvino_builder(precision: str, options: dict[str, Any]) -> Callable[..., 
 
     if precision not in nncf_openvino.PRECISIONS:
         raise ValueError(f"an OpenVINO IR build makes {', '.join(nncf_openvino.PRECISIONS)}, not {precision}")
-    unknown = sorted(set(options) - nncf_openvino.OPTIONS)
+    unknown = sorted(set(options) - nncf_openvino.OPTIONS - set(LEARN_OPTIONS))
     if unknown:
         raise ValueError(f"an OpenVINO {precision} build takes no {', '.join(unknown)}")
     if options.get("tool", "nncf") != "nncf":
@@ -183,7 +185,8 @@ def _learned_builder(base_builder: Callable[..., dict[str, Any]]) -> Callable[..
 
     def build(model_path: Path, out_path: Path, **kwargs: Any) -> dict[str, Any]:
         try:
-            return build_learned_int8(model_path, out_path, base_builder=base_builder, **kwargs)
+            # ONNX Runtime's static INT8 is what learning calibrates on, also when the result is built for another runtime.
+            return build_learned_int8(model_path, out_path, base_builder=base_builder, calibrator=_build_int8_static, **kwargs)
         except LearningNotApplicable as exc:
             raise NotApplicable(str(exc)) from exc
 

@@ -31,6 +31,7 @@ from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatu
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
 from .retime import job_retime_finalists
 from .runner import run_stage_open, scratch_dir, working_model_path
+from .selectors import search_seconds_left
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
 from .support import runnable_backends, skipped_backends
 
@@ -142,6 +143,7 @@ def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]
         sensitivity=_sensitivity(job, measured) if round_number > 1 else None,
         measured=measured,
         thread_choices=threads,
+        seconds_left=search_seconds_left(job),
     )
 
 
@@ -332,8 +334,7 @@ def _measured_by_target(job) -> dict[str, list[dict]]:
 
 
 def _budget_spent(job) -> bool:
-    started = job.search.get("started_at", time.time())
-    return time.time() - started > job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60
+    return search_seconds_left(job) < 0
 
 
 def _log_isa_families(job) -> None:

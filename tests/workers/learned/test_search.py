@@ -1,6 +1,10 @@
-"""`auto` proposes learned rounding only for a calibrated INT8 family faster than the best passing variant that misses the tolerance."""
+"""`auto` proposes learned rounding only for a calibrated INT8 family, of any runtime, faster than the best passing variant that
+misses the tolerance, with a learning budget that follows the gain it can buy and the search's time left."""
 from __future__ import annotations
 
+import math
+
+from workers.learned.search import LEARN_CAP_S, LEARN_FLOOR_S, LEARN_SHARE, learning_budget
 from workers.quantize.search import plan_round
 
 TOLERANCE = {"metric": "accuracy", "max_drop": 0.01}
@@ -53,3 +57,44 @@ def test_a_smoothed_transformer_family_that_misses_can_be_learned_on():
                        tolerance=TOLERANCE, sensitivity=[], measured=entries)
     qat = {spec["key"]: spec for spec in specs}["int8-mse-transformer-smooth-qat"]["options"]
     assert qat["learn"] == "qat" and qat["smooth_quant"] == "auto" and qat["float_outputs"] == ["Gemm", "MatMul"]
+
+
+TRANSFORMER_FACTS = {"signature": {}, "op_histogram": {"MatMul": 8, "Add": 10, "LayerNormalization": 2, "Softmax": 1}}
+
+
+def test_openvinos_own_int8_family_that_misses_gets_learned_variants_built_for_openvino():
+    # The CTC recogniser: NNCF's OpenVINO INT8 (transformer preset) at 3.9 ms misses; the best passing variant takes 5.6 ms.
+    entries = [measured("fp32", 9.0, True), measured("int8-mse-transformer", 5.6, True),
+               measured("ov-int8-transformer", 3.9, False, backend="openvino"), measured("ov-int8", 4.4, False, backend="openvino")]
+    specs = plan_round(round_number=2, model_facts=TRANSFORMER_FACTS, device_isa=VNNI, backends=["onnxruntime", "openvino"],
+                       has_calibration=True, tolerance=TOLERANCE, sensitivity=[], measured=entries, seconds_left=500.0)
+    learned = {spec["key"]: spec for spec in specs if spec["key"].endswith(("-adaround", "-qat"))}
+    assert sorted(learned) == ["ov-int8-transformer-adaround", "ov-int8-transformer-qat"]
+    for spec in learned.values():
+        # Learned and built for the runtime its family was measured on, with the family's own NNCF settings.
+        assert spec["backends"] == ["openvino"]
+        assert spec["options"]["runtime"] == "openvino" and spec["options"]["model_type"] == "transformer"
+        assert spec["options"]["learn_seconds"] == learning_budget(family_p50=3.9, best_passing_p50=5.6, seconds_left=500.0)
+
+
+def test_no_learned_variant_when_the_search_has_no_time_left_for_it():
+    entries = [measured("fp32", 10.0, True), measured("int8-mse", 4.0, False)]
+    specs = plan_round(round_number=2, model_facts=FACTS, device_isa=VNNI, backends=["onnxruntime"], has_calibration=True,
+                       tolerance=TOLERANCE, sensitivity=[], measured=entries, seconds_left=LEARN_FLOOR_S)
+    assert not any(spec["key"].endswith(("-adaround", "-qat")) for spec in specs)
+
+
+def test_the_learning_budget_follows_the_gain_it_can_buy_within_the_time_left():
+    def budget(family, left=None):
+        return learning_budget(family_p50=family, best_passing_p50=10.0, seconds_left=left)
+
+    # Nothing to buy: as slow as, or slower than, the best passing variant.
+    assert budget(10.0) == 0 and budget(12.0) == 0
+    assert learning_budget(family_p50=3.0, best_passing_p50=math.inf, seconds_left=None) == 0
+    # A bigger speed gain buys a bigger budget, between the floor and the cap.
+    gains = [budget(p50) for p50 in (9.8, 9.0, 8.0, 7.0, 5.0, 2.0)]
+    assert gains == sorted(gains) and len(set(gains)) > 3
+    assert gains[0] == LEARN_FLOOR_S and gains[-1] == LEARN_CAP_S
+    # Never more than its share of what the search has left, and nothing when that cannot pay even the floor.
+    assert budget(2.0, left=100.0) == int(LEARN_SHARE * 100.0) < budget(2.0)
+    assert budget(2.0, left=LEARN_FLOOR_S) == 0
