@@ -41,26 +41,12 @@ GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activa
 # What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
 NNCF_OPTIONS = {"smooth_quant_alpha": -1}
 NNCF_QMAX = 127
-PER_CHANNEL_OPSET = 13
 LAYER_TYPES = ("Convolution", "GroupConvolution", "MatMul")
 # NNCF's IR of the FP32 model may round a few weights differently from the learning's grid (float rounding at a half);
 # beyond this share the layer is on another grid.
 GRID_MISMATCH_SHARE = 0.001
 # Two weights are the same grid value when they differ by float rounding only: far below one step (>= 1/127 relative).
 EQUAL_RELATIVE = 1e-4
-
-
-def with_per_channel_opset(model_path: Path, scratch: Path) -> Path:
-    """The model at `model_path`, converted to opset PER_CHANNEL_OPSET (the same function) when older: ONNX Runtime's
-    per-channel QDQ graph needs DequantizeLinear's `axis`, which opset 11 lacks (PP-OCRv6's recogniser is opset 11)."""
-    from onnx import version_converter
-
-    model = onnx.load(str(model_path))
-    if next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET) >= PER_CHANNEL_OPSET:
-        return model_path
-    converted = scratch / "per-channel-opset.onnx"
-    onnx.save(version_converter.convert_version(model, PER_CHANNEL_OPSET), str(converted))
-    return converted
 
 
 def on_grid_weights(qdq: onnx.ModelProto, layers: list[Layer]) -> tuple[dict[str, np.ndarray], int]:

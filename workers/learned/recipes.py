@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from workers.convert import LARGE_MODEL_BYTES
 from workers.inspect import model_size_bytes
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
-from workers.quantize.variants import LEARN_OPTIONS, preprocess_for_quantization
+from workers.quantize.variants import LEARN_OPTIONS, per_channel_opset, preprocess_for_quantization
 
 from .adaround import learn_layer, nearest_error
 from .layers import (
@@ -47,7 +47,6 @@ from .openvino import (
     nncf_input_ranges,
     on_grid_weights,
     on_nncf_grid,
-    with_per_channel_opset,
     write_float_weights,
 )
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
@@ -212,8 +211,9 @@ def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, op
         source, preprocess = preprocess_for_quantization(Path(model_path), Path(scratch), skip=bool(calibration_options.get("skip_preprocess")),
                                                          large=model_size_bytes(Path(model_path)) > LARGE_MODEL_BYTES)
         calibrated = Path(scratch) / "calibrated.onnx"
+        # The teacher and the calibrated graph at one opset (the per-channel calibrations raise an older one to 13).
+        source = per_channel_opset(source, Path(scratch))
         if for_openvino:
-            source = with_per_channel_opset(source, Path(scratch))
             recipe = calibrator(source, calibrated, calibration_path=calibration_path, options={**GRID_CALIBRATION, "skip_preprocess": True})
         else:
             recipe = base_builder(source, calibrated, calibration_path=calibration_path, options={**calibration_options, "skip_preprocess": True})
