@@ -70,7 +70,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
 from devices import contract
 from devices.artifacts import pack_openvino_ir
-from devices.backends.options import has_bf16
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
 from devices.bench import BenchmarkSettings, interleaved_window_medians
@@ -83,6 +82,7 @@ from tests.fixtures.zoo import MINILM_L3, available_zoo, zoo_model
 from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.isa_families import bf16_choice
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
 from workers.quantize.search import COMPILE_SEPARATOR, SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS, host_isa, search_locally
 from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
@@ -212,7 +212,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
     # `equivalent`: the search's key for the same configuration (workers.quantize.search.VENDOR_DEFAULTS).
     rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime", "equivalent": "fp32"},
             {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino", "equivalent": "fp32"}]
-    if has_bf16(host_isa()):
+    if bf16_choice(host_isa()).proposed:
         # OpenVINO's own default on a CPU with bf16 units runs an FP32 model in bf16 (Kiln compiles FP32 as f32 unless asked).
         rows.append({"tool": "FP32 model, OpenVINO defaults (bf16 here)", "path": path, "backend": "openvino",
                      "compile": {"inference_precision": "bf16"}, "vendor": True})
