@@ -44,6 +44,7 @@ import numpy as np
 import onnxruntime as ort
 
 from devices import contract
+from devices.agent.capabilities import cpu_isa
 from devices.backends.options import describe as describe_compile_options
 from devices.backends.registry import get_backend
 from devices.batching import sample_rows
@@ -682,8 +683,6 @@ def _accuracy(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 def host_isa() -> list[str]:
     """ISA flags of this CPU as the agent reports them (x86 flags, Arm features or HWCAP; empty where unreadable)."""
-    from devices.agent.capabilities import cpu_isa
-
     return cpu_isa()
 
 
