@@ -2,7 +2,7 @@
 
 `make test-python` calls this when no PYTEST_ARGS are given. The machine has two cores and much of the suite waits
 on real processes (servers, workers, agents, a browser), so pytest processes side by side finish well before one: the
-end-to-end files dealt over two by their recorded durations, everything else in a third.
+end-to-end files (and a few heavy ones, HEAVY_FILES) dealt over two by their recorded durations, everything else in a third.
 Each shard gets `KILN_DATA_DIR=var/test/shard-N` (its own SQLite and queue on the embedded default), and, where
 DATABASE_URL / REDIS_URL are set, a database of its own (`<name>_shard_N`: pytest-django makes `test_<that>`) and a
 Redis database of its own (the given number minus N), so that no shard's Celery worker takes another's tasks.
@@ -23,10 +23,18 @@ REPO = Path(__file__).resolve().parent.parent
 # E2E_SHARDS shards, longest first, each to the shard with the least so far. A file not listed counts as the median.
 DURATIONS = REPO / "tests" / "e2e_durations.json"
 E2E_SHARDS = 2
+# Files outside tests/e2e that take minutes (time-budgeted learning, whole pipelines): dealt with the end-to-end files so
+# that the shard of everything else does not finish last alone (CI 2026-12-02: 460 s, 190 s and 110 s of its 2,435 s).
+HEAVY_FILES = ("tests/platform/pipeline/test_jobs.py", "tests/workers/learned/test_real_model.py", "tests/workers/learned/test_qat.py")
 
 
 def e2e_files() -> list[str]:
     return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests" / "e2e").glob("test_*.py"))
+
+
+def dealt_files() -> list[str]:
+    """What is dealt over the E2E_SHARDS shards by duration: the end-to-end files and HEAVY_FILES."""
+    return sorted([*e2e_files(), *HEAVY_FILES])
 
 
 def deal(files: list[str], durations: dict[str, float], shards: int) -> list[list[str]]:
@@ -42,9 +50,10 @@ def deal(files: list[str], durations: dict[str, float], shards: int) -> list[lis
 
 
 def shards() -> list[list[str]]:
-    """The end-to-end files (real servers, workers, agents, a browser) over E2E_SHARDS shards; the rest in one more."""
+    """The end-to-end files (real servers, workers, agents, a browser) and HEAVY_FILES over E2E_SHARDS shards; the rest in
+    one more."""
     durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    return [*deal(e2e_files(), durations, E2E_SHARDS), ["tests", "--ignore=tests/e2e"]]
+    return [*deal(dealt_files(), durations, E2E_SHARDS), ["tests", "--ignore=tests/e2e", *(f"--ignore={name}" for name in HEAVY_FILES)]]
 
 
 def shard_environment(index: int, base: dict[str, str]) -> dict[str, str]:
@@ -96,7 +105,8 @@ def main(extra: list[str]) -> int:
 
 
 def e2e_durations(reports: list[Path]) -> dict[str, float]:
-    """Seconds per end-to-end file (setup, call and teardown of its tests) from the shards' JUnit reports."""
+    """Seconds per dealt file (end-to-end and HEAVY_FILES: setup, call and teardown of its tests) from the shards' JUnit
+    reports."""
     totals: dict[str, float] = {}
     for report in reports:
         if not report.exists():
@@ -106,7 +116,7 @@ def e2e_durations(reports: list[Path]) -> dict[str, float]:
             parts = case.get("classname", "").split(".")
             module = next((index for index, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
             name = "/".join(parts[:module + 1]) + ".py"
-            if name.startswith("tests/e2e/"):
+            if name.startswith("tests/e2e/") or name in HEAVY_FILES:
                 totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0.0)
     return {name: round(seconds) for name, seconds in sorted(totals.items())}
 

@@ -21,9 +21,11 @@ def test_each_file_lands_in_one_shard_and_the_long_ones_are_spread():
 
 def test_the_real_suite_is_dealt_whole_with_the_rest_in_a_shard_of_its_own():
     shards = run_shards.shards()
-    e2e = [name for shard in shards[:-1] for name in shard]
-    assert sorted(e2e) == run_shards.e2e_files() and len(e2e) == len(set(e2e))
-    assert shards[-1] == ["tests", "--ignore=tests/e2e"]
+    dealt = [name for shard in shards[:-1] for name in shard]
+    assert sorted(dealt) == run_shards.dealt_files() and len(dealt) == len(set(dealt))
+    assert set(run_shards.e2e_files()) < set(dealt) and all((run_shards.REPO / name).is_file() for name in run_shards.HEAVY_FILES)
+    # Everything else runs once, in the last shard: no heavy file both dealt and run there.
+    assert shards[-1] == ["tests", "--ignore=tests/e2e", *(f"--ignore={name}" for name in run_shards.HEAVY_FILES)]
     # Each shard gets its own database and Redis database.
     base = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres", "REDIS_URL": "redis://127.0.0.1:6379/15", "KILN_DATA_DIR": "/x"}
     environments = [run_shards.shard_environment(index, base) for index in range(len(shards))]
@@ -35,5 +37,7 @@ def test_a_run_reports_seconds_per_end_to_end_file_from_the_junit_reports(tmp_pa
     report.write_text("""<testsuites><testsuite>
       <testcase classname="tests.e2e.test_ui" name="a" time="10.5"/><testcase classname="tests.e2e.test_ui" name="b" time="4.0"/>
       <testcase classname="tests.e2e.test_faults.TestKills" name="c" time="7.2"/>
-      <testcase classname="tests.platform.test_jobs" name="d" time="99"/></testsuite></testsuites>""")
-    assert run_shards.e2e_durations([report, tmp_path / "missing.xml"]) == {"tests/e2e/test_faults.py": 7, "tests/e2e/test_ui.py": 14}
+      <testcase classname="tests.platform.test_jobs" name="d" time="99"/>
+      <testcase classname="tests.platform.pipeline.test_jobs" name="e" time="30.4"/></testsuite></testsuites>""")
+    assert run_shards.e2e_durations([report, tmp_path / "missing.xml"]) == {
+        "tests/e2e/test_faults.py": 7, "tests/e2e/test_ui.py": 14, "tests/platform/pipeline/test_jobs.py": 30}
