@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from devices.agent.capabilities import collect_capabilities, parse_cpuinfo
+from tests.fixtures.cpuinfo import GRAVITON3
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,18 +38,6 @@ def test_parse_cpuinfo_without_amx_does_not_claim_it():
 def test_parse_cpuinfo_reads_arm_features():
     _, isa = parse_cpuinfo("Features\t: fp asimd asimddp sve i8mm\n")
     assert {"asimd", "asimddp", "sve", "i8mm"} <= set(isa)
-
-
-# An AWS Graviton3 (Neoverse V1) core as its kernel prints it: Arm names no "model name", and says "Features".
-GRAVITON3 = """processor\t: 0
-BogoMIPS\t: 2100.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x1
-CPU part\t: 0xd40
-CPU revision\t: 1
-"""
 
 
 def test_parse_cpuinfo_reports_arm_dot_products_bf16_and_fp16():

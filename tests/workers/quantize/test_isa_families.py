@@ -5,37 +5,9 @@ from __future__ import annotations
 import pytest
 
 from devices.agent.capabilities import parse_cpuinfo
+from tests.fixtures.cpuinfo import GRAVITON3, HASWELL, RASPBERRY_PI_4, SAPPHIRE_RAPIDS
 from workers.quantize.isa_families import isa_families, isa_notes
 from workers.quantize.search import family_verdicts, plan_round
-
-# /proc/cpuinfo as the kernel prints it (one core each), parsed the way the agent reports it.
-SAPPHIRE_RAPIDS = """processor\t: 0
-vendor_id\t: GenuineIntel
-model name\t: Intel(R) Xeon(R) Platinum 8480+
-flags\t\t: fpu vme sse4_2 avx f16c avx2 fma avx512f avx512bw avx512vl avx512_bf16 avx512_vnni avx512_fp16 avx_vnni amx_bf16 amx_tile amx_int8
-"""
-HASWELL = """processor\t: 0
-model name\t: Intel(R) Xeon(R) CPU E5-2680 v3 @ 2.50GHz
-flags\t\t: fpu vme sse4_2 avx f16c avx2 fma
-"""
-GRAVITON3 = """processor\t: 0
-BogoMIPS\t: 2100.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x1
-CPU part\t: 0xd40
-CPU revision\t: 1
-"""
-RASPBERRY_PI_4 = """processor\t: 0
-BogoMIPS\t: 108.00
-Features\t: fp asimd evtstrm crc32 cpuid
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x0
-CPU part\t: 0xd08
-CPU revision\t: 3
-"""
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TOLERANCE = {"metric": "accuracy", "max_drop": 0.01}
