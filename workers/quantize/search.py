@@ -55,11 +55,10 @@ from devices.metrics import evaluate
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.learned.search import learned_proposals
-from workers.quantize import openvino_family
+from workers.quantize import litert_family, openvino_family
 from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice, isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
-from workers.quantize.litert_family import search_proposals
-from workers.quantize.runtimes import for_targets
+from workers.quantize.runtimes import ONNX_READERS, ONNX_RUNTIMES, for_targets
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS, is_transformer, ort_int8_scheme
 from workers.scoring import pareto_ids, recommend
 
@@ -78,6 +77,11 @@ PROBE_CHOICES = {**{precision: (probe,) for precision, probe in PROBES.items()},
 # The families that need integer dot products to pay (`isa_families.int8_choice`); where the ISA has none, their verdict
 # rests on the vendor INT8 defaults' evidence instead of their probe's (`family_verdicts`).
 INT8_FAMILIES = ("int8", "int8-dynamic")
+# A runtime's own INT8 build (NNCF's OpenVINO IR, LiteRT's full-integer model) is the INT8 family on that runtime: Kiln's
+# QDQ probe runs on ONNX Runtime alone, so OpenVINO's and LiteRT's INT8 are judged by what they run, not by ORT's probe.
+# Where Kiln's INT8 refinements keep the most sensitive nodes in float: its QDQ files on ONNX Runtime, NNCF's IR on OpenVINO.
+KEEP_FLOAT_RUNTIMES = (*ONNX_READERS["int8"], openvino_family.RUNTIME)
+NATIVE_INT8_KEYS = (openvino_family.DEFAULT_KEY, openvino_family.TRANSFORMER_KEY, litert_family.KEYS["int8"])
 PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
 # bf16 is a family of its own: the FP32 graph under OpenVINO's bf16 inference precision, where the CPU has bf16 units.
 # Its members are FP32 builds whose compile options define the family; ONNX Runtime's CPU provider has no such mode.
@@ -284,7 +288,7 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
 
 register_family(_smoothed_family)
 # LiteRT (workers.quantize.litert_family): its own builds, for targets that offer the runtime.
-register_family(search_proposals)
+register_family(litert_family.search_proposals)
 register_family(openvino_family.search_proposals)
 
 
@@ -318,7 +322,9 @@ def _paying_recipes(state: SearchState) -> list[dict[str, Any]]:
 
 
 def _refinements(state: SearchState) -> list[dict[str, Any]]:
-    templates = {spec["key"]: spec for spec in state.sweep}
+    # OpenVINO's own INT8 is refined the same way: NNCF keeps the ranked nodes in float (OpenVINO names its operations
+    # after the ONNX nodes, so the ONNX ranking names them).
+    templates = {spec["key"]: spec for spec in [*state.sweep, *openvino_family.family_specs(state)]}
     usable = [entry for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
               and not entry.get("compile")]
     passing = [_p50(entry) for entry in state.measured if _p50(entry) is not None and _accuracy(entry) is not None
@@ -368,10 +374,12 @@ def _all_probe_keys() -> set[str]:
 def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per family (by precision): its probe's speed-up over the device's best FP32, per backend, and whether it pays.
 
-    `{precision: {"family", "probe", "evidence", "speedup": {backend: x}, "paying_backends": [...], "reason"}}`; a
-    family whose probe failed to build or measure pays nowhere. Where `isa` has no integer dot products, the INT8
-    families' probes were never proposed: their evidence is then the vendor INT8 defaults measured beside FP32
-    (`evidence` "vendor defaults"), and where one of those pays the family is reopened on that backend.
+    `{precision: {"family", "probe", "evidence", "speedup": {backend: x}, "fastest": {backend: key}, "paying_backends",
+    "reason"}}`; a family whose probe failed to build or measure pays nowhere. INT8 is judged per runtime on that runtime's
+    own build: ONNX Runtime by Kiln's QDQ probe, OpenVINO and LiteRT by their native INT8 (`NATIVE_INT8_KEYS`). Where
+    `isa` has no integer dot products, the INT8 families' probes were never proposed: their evidence is then the vendor
+    INT8 defaults measured beside FP32 (`evidence` "vendor defaults"), and where one of those pays the family is reopened
+    on that backend.
     """
     fp32 = [entry for entry in measured if entry.get("precision") == "fp32" and _p50(entry) is not None
             and not entry.get("compile")]
@@ -386,18 +394,28 @@ def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = N
         evidence = PROBE_EVIDENCE
         if not entries and pruned and precision in INT8_FAMILIES:
             entries, evidence = vendor_int8, VENDOR_EVIDENCE
+        elif precision == "int8":
+            entries += [entry for entry in measured if entry.get("key") in NATIVE_INT8_KEYS and not entry.get("compile")]
         if not entries:
             continue
-        speedup, paying = _speedups(entries, best_fp32)
+        speedup, fastest, paying = _speedups(entries, best_fp32)
         name = FAMILY_NAMES[precision]
-        reason = _verdict_reason(name, evidence, speedup, paying, best_fp32)
-        verdicts[precision] = {"family": name, "probe": probe, "evidence": evidence, "speedup": speedup,
+        reason = _verdict_reason(name, evidence, speedup, paying, best_fp32) + _per_backend(speedup, fastest)
+        verdicts[precision] = {"family": name, "probe": probe, "evidence": evidence, "speedup": speedup, "fastest": fastest,
                                "paying_backends": paying, "reason": reason}
     return verdicts
 
 
-def _speedups(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
-    """Per backend, the fastest entry's speed-up over the best FP32, and the backends where it is beyond noise."""
+def ranking_pays(verdicts: dict[str, dict[str, Any]]) -> bool:
+    """Whether ranking nodes by sensitivity can guide anything: it chooses the nodes Kiln's INT8 refinements keep in float,
+    so it pays once INT8 paid on a runtime where Kiln refines it (ONNX Runtime's QDQ, OpenVINO's NNCF IR; not LiteRT)
+    or INT8-dynamic paid."""
+    readers = {"int8": KEEP_FLOAT_RUNTIMES, "int8-dynamic": ONNX_RUNTIMES}
+    return any(set(verdicts.get(precision, {}).get("paying_backends") or []) & set(backends) for precision, backends in readers.items())
+
+
+def _speedups(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """Per backend, the fastest entry's speed-up over the best FP32 and its key, and the backends where it is beyond noise."""
     fastest: dict[str, dict[str, Any]] = {}
     for entry in entries:
         backend = entry.get("backend")
@@ -410,7 +428,14 @@ def _speedups(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple
         speedup[backend] = _p50(best_fp32) / _p50(entry)
         if speedup[backend] > 1.0 + relative_noise(entry, best_fp32):
             paying.append(backend)
-    return speedup, paying
+    return speedup, {backend: fastest[backend].get("key", "") for backend in speedup}, paying
+
+
+def _per_backend(speedup: dict[str, float], fastest: dict[str, str]) -> str:
+    """Each runtime's own figure, where the family was measured on more than one ("onnxruntime int8-minmax 0.99x")."""
+    if len(speedup) < 2:
+        return ""
+    return " (" + "; ".join(f"{backend} {fastest[backend]} {speedup[backend]:.2f}x" for backend in speedup) + ")"
 
 
 def _verdict_reason(name: str, evidence: str, speedup: dict[str, float], paying: list[str], best_fp32: dict[str, Any]) -> str:
@@ -425,7 +450,9 @@ def _verdict_reason(name: str, evidence: str, speedup: dict[str, float], paying:
         return (f"{name} not searched: no integer dot products, and the vendor INT8 defaults confirm it: "
                 f"{best:.2f}x the best FP32 ({fp32_on}), within noise or slower")
     if paying:
-        return f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {fp32_on}"
+        dropped = [backend for backend in speedup if backend not in paying]
+        elsewhere = f"; not on {', '.join(dropped)}, where it is not searched further" if dropped else ""
+        return f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {fp32_on}{elsewhere}"
     if best is None:
         return f"{name} could not be measured on this device; not searched further"
     return (f"{name} does not pay on this device: {best:.2f}x the best FP32 "
@@ -658,6 +685,10 @@ def _outlier_keep_specs(sweep: list[dict[str, Any]], ranking: list[dict[str, Any
 
 
 def _keep_spec(family: str, template: dict[str, Any], chosen: list[str]) -> dict[str, Any]:
+    if template["options"].get("runtime") == openvino_family.RUNTIME:
+        # NNCF places OpenVINO's FakeQuantize nodes itself; it is told only which nodes stay in float.
+        return _spec(f"{family}-keep{len(chosen)}", template["precision"], {**template["options"], "nodes_to_exclude": chosen},
+                     template["backends"])
     # Only compute nodes are quantized, so an elementwise producer (a Mul, an Add) cannot hand
     # the kept node an already-quantized input.
     op_types = template["options"].get("op_types_to_quantize") or list(_KEEP_FLOAT_OPS[template["precision"]])
@@ -741,7 +772,7 @@ def search_locally(
     rounds = 0
     stopped = "search complete: tolerance met with no faster candidate left"
     for round_number in range(1, max_rounds + 2):
-        if round_number > 1 and sensitivity is None and calibration_path is not None and _int8_pays(entries, isa):
+        if round_number > 1 and sensitivity is None and calibration_path is not None and ranking_pays(family_verdicts(entries, isa=isa)):
             # Sensitivity feeds only INT8's refinements: computed once INT8 has shown it can win.
             sensitivity = _rank_nodes_safely(model_path, calibration_path, sensitivity_samples, memory_budget_mb, failures)
         specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
@@ -811,11 +842,6 @@ def search_locally(
 def host_thread_choices() -> list[int]:
     """This host's physical and logical core counts (one entry when they are equal)."""
     return sorted(set(usable_cores()))
-
-
-def _int8_pays(entries: list[dict[str, Any]], isa: list[str]) -> bool:
-    verdicts = family_verdicts(entries, isa=isa)
-    return any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic"))
 
 
 def _rank_nodes_safely(model_path, calibration_path, samples: int, budget: int | None, failures: list) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
 from workers.quantize.runtimes import for_targets
-from workers.quantize.search import family_verdicts, plan_round
+from workers.quantize.search import family_verdicts, plan_round, ranking_pays
 
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
@@ -113,8 +113,7 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
     """Rank nodes by quantization error once per job, and only once INT8 has shown it can win on speed."""
     if "sensitivity" in job.search or not job.calibration_dataset_id:
         return job.search.get("sensitivity")
-    verdicts = family_verdicts(measured, isa=job.search.get("isa"))
-    if not any(verdicts.get(precision, {}).get("paying_backends") for precision in ("int8", "int8-dynamic")):
+    if not ranking_pays(family_verdicts(measured, isa=job.search.get("isa"))):
         return None
     try:
         ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job))

@@ -16,7 +16,7 @@ from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, De
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.isa_families import isa_notes
-from workers.quantize.search import compile_winners, family_verdicts
+from workers.quantize.search import compile_winners, family_verdicts, ranking_pays
 from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
 from .estimate import estimate_ms, fit_rates
@@ -338,6 +338,9 @@ def _no_sensitivity_note(job, verdicts_by_device: dict[str, dict]) -> str:
     if tried and not any(verdict["paying_backends"] for verdict in tried):
         return ("INT8 was tried and did not pay on this device (not faster than FP32 beyond noise), so no layers were ranked: "
                 "ranking only guides INT8 refinements.")
+    if tried and not any(ranking_pays(verdicts) for verdicts in verdicts_by_device.values()):
+        return ("INT8 paid only on a runtime whose INT8 Kiln does not refine (LiteRT), so no layers were ranked: ranking "
+                "only chooses the nodes that ONNX Runtime's and OpenVINO's INT8 refinements keep in float.")
     return "No layers were ranked: the search ended before INT8 needed refining."
 
 

@@ -168,6 +168,40 @@ def test_a_fast_int8_that_misses_gets_its_most_sensitive_node_kept_in_float():
     assert specs[0]["options"]["nodes_to_exclude"] == ["conv2", "fc"]
 
 
+def test_int8_is_judged_on_each_runtime_by_that_runtime_s_own_build():
+    # The PP-OCRv6 recognizer's report (stop 30): ORT's QDQ probe ran at 0.99x the best FP32 (OpenVINO's), while
+    # OpenVINO's own INT8 ran 1.46x faster than it. The verdict said "INT8 does not pay" beside a table showing it did.
+    measured = [_measured("fp32", "fp32", 3.30, True), _measured("fp32", "fp32", 3.26, True, backend="openvino"),
+                _measured("int8-minmax", "int8", 3.29, False), _measured("int8-minmax-s8", "int8", 3.40, False),
+                _measured("ov-int8", "int8", 2.60, False, backend="openvino"),
+                _measured("ov-int8-transformer", "int8", 2.24, False, backend="openvino")]
+    verdict = family_verdicts(measured)["int8"]
+    assert verdict["paying_backends"] == ["openvino"]
+    assert verdict["speedup"] == pytest.approx({"onnxruntime": 3.26 / 3.29, "openvino": 3.26 / 2.24})
+    assert verdict["fastest"] == {"onnxruntime": "int8-minmax", "openvino": "ov-int8-transformer"}
+    assert verdict["reason"] == ("INT8 pays on openvino: up to 1.46x the best FP32 on openvino; not on onnxruntime, where it is "
+                                 "not searched further (onnxruntime int8-minmax 0.99x; openvino ov-int8-transformer 1.46x)")
+    specs = _plain(_plan(2, measured=measured))
+    # ONNX Runtime's INT8 recipes stay pruned; nothing of Kiln's QDQ is built for OpenVINO.
+    assert not [spec for spec in specs if spec["key"].startswith("int8-")], _keys(specs)
+
+
+def test_openvino_s_own_int8_that_misses_keeps_its_most_sensitive_nodes_in_float_through_nncf():
+    measured = [_measured("fp32", "fp32", 10.0, True), _measured("fp32", "fp32", 9.0, True, backend="openvino"),
+                _measured("int8-minmax", "int8", 9.5, False), _measured("ov-int8", "int8", 4.0, False, backend="openvino")]
+    specs = {spec["key"]: spec for spec in _plain(_plan(2, measured=measured))}
+    keep = specs["ov-int8-keep1"]
+    assert keep["backends"] == ["openvino"] and keep["precision"] == "int8"
+    # NNCF's options only: the node to keep in float, named as OpenVINO names it (after the ONNX node).
+    assert keep["options"] == {"runtime": "openvino", "nodes_to_exclude": ["conv2"]}
+    measured.append(_measured("ov-int8-keep1", "int8", 4.5, False, backend="openvino"))
+    specs = {spec["key"]: spec for spec in _plain(_plan(3, measured=measured))}
+    assert specs["ov-int8-keep2"]["options"]["nodes_to_exclude"] == ["conv2", "fc"]
+    # Once a refinement passes, the family is not refined further.
+    measured.append(_measured("ov-int8-keep2", "int8", 5.0, True, backend="openvino"))
+    assert not [key for key in _keys(_plan(4, measured=measured)) if key.startswith("ov-int8-keep")]
+
+
 def test_nothing_left_when_the_tolerance_is_met_and_no_faster_candidate_remains():
     measured = [_measured("fp32", "fp32", 10.0, True), _measured("int8-minmax", "int8", 12.0, False),
                 _measured("int8-mse", "int8", 4.0, False), _measured("int8-mse-keep1", "int8", 5.0, True),
