@@ -149,6 +149,12 @@ def prepare_models(work: Path, *, zoo_only: bool = False) -> list[dict]:
                        "tolerance": {"metric": "auto", "max_drop": 0.01},
                        "calibration": write_npz(work / f"{zoo.name}-cal.npz", **zoo.inputs(16, seed=1)),
                        "validation": write_npz(work / f"{zoo.name}-val.npz", **zoo.inputs(16, seed=2))})
+    if MINILM_L3.path is not None:
+        # A sentence encoder: token ids and an additive attention mask in, every token's hidden state out.
+        models.append({"name": f"{MINILM_L3.name} (real, pretrained)", "path": MINILM_L3.path, "inputs": list(MINILM_L3.recipe["inputs"]),
+                       "zoo": True, "tolerance": {"metric": "auto", "max_drop": 0.01},
+                       "calibration": write_npz(work / f"{MINILM_L3.name}-cal.npz", **MINILM_L3.inputs(16, seed=1)),
+                       "validation": write_npz(work / f"{MINILM_L3.name}-val.npz", **MINILM_L3.inputs(16, seed=2))})
     return models
 
 
@@ -208,7 +214,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
 
     from workers.datasets import iter_batches
 
-    path, name, input_name = model["path"], model["name"].split()[0], model.get("input", "input")
+    path, name, names = model["path"], model["name"].split()[0], input_names(model)
     # `equivalent`: the search's key for the same configuration (workers.quantize.search.VENDOR_DEFAULTS).
     rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime", "equivalent": "fp32"},
             {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino", "equivalent": "fp32"}]
@@ -221,7 +227,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
     nncf_path = work / f"{name}-nncf.onnx"
 
     def ort_static():
-        quantize_static(str(path), str(static), NpzCalibrationReader(model["calibration"], input_names=[input_name], batch_size=1))
+        quantize_static(str(path), str(static), NpzCalibrationReader(model["calibration"], input_names=names, batch_size=1))
         return [{"tool": "ORT quantize_static (defaults)", "path": static, "backend": "onnxruntime", "equivalent": "int8-ort-default"}]
 
     def ort_dynamic():
@@ -229,7 +235,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
         return [{"tool": "ORT quantize_dynamic (defaults)", "path": dynamic, "backend": "onnxruntime", "vendor": True}]
 
     def nncf_default():
-        batches = list(iter_batches(model["calibration"], input_names=[input_name], batch_size=1))
+        batches = list(iter_batches(model["calibration"], input_names=names, batch_size=1))
         onnx.save(nncf.quantize(onnx.load(str(path)), nncf.Dataset(batches)), str(nncf_path))
         return [{"tool": "NNCF quantize (defaults)", "path": nncf_path, "backend": "onnxruntime", "equivalent": "int8-nncf"}]
 
@@ -237,7 +243,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
         # OpenVINO's own way (its guide's): nncf.quantize on the OpenVINO model, saved as an IR; not the QDQ file above.
         import openvino as ov
 
-        batches = list(iter_batches(model["calibration"], input_names=[input_name], batch_size=1))
+        batches = list(iter_batches(model["calibration"], input_names=names, batch_size=1))
         ir = work / f"{name}-nncf-openvino"
         ir.mkdir(parents=True, exist_ok=True)
         quantized = nncf.quantize(ov.Core().read_model(str(path)), nncf.Dataset(batches))

@@ -40,12 +40,12 @@ def resolve_precisions(requested: list[str], *, has_calibration: bool) -> list[s
     return candidates
 
 
-DEFAULT_BUDGET_MINUTES = 30
+DEFAULT_BUDGET_MINUTES = 10
 MAX_BUDGET_MINUTES = 24 * 60
 
 
 def parse_budget_minutes(raw) -> int:
-    """The `auto` search's time budget in whole minutes (default 30, at most a day)."""
+    """The `auto` search's time budget in whole minutes (default 10, at most a day)."""
     if raw in (None, ""):
         return DEFAULT_BUDGET_MINUTES
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
