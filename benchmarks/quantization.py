@@ -362,10 +362,9 @@ FAMILY_ROWS = ("FP32", "bf16", "INT8 (runtime-native)", "INT8 learned")
 def family_of(entry: dict) -> str | None:
     """Which of FAMILY_ROWS a search measurement belongs to (None: FP16, INT4, INT8-dynamic, ...)."""
     options, compile_options = entry.get("options") or {}, entry.get("compile") or {}
-    if compile_options.get("inference_precision") == "bf16":
-        return "bf16"
     if entry.get("precision") == "fp32":
-        return "FP32"
+        # bf16 is the float model under bf16; an INT8 model with the bf16 hint is still INT8 (its float remainder in bf16).
+        return "bf16" if compile_options.get("inference_precision") == "bf16" else "FP32"
     if entry.get("precision") != "int8":
         return None
     return "INT8 learned" if options.get("learn") else "INT8 (runtime-native)"
