@@ -93,3 +93,15 @@ def test_blocks_are_chains_between_branch_points_of_at_most_the_given_length(tmp
     # c's output leaves the chain (a graph output), so d starts a block of its own.
     assert grouped() == [["w_a", "w_b", "w_c"], ["w_d"]]
     assert grouped(max_layers=2) == [["w_a", "w_b"], ["w_c"], ["w_d"]]
+
+
+def test_block_reconstruction_is_built_for_openvino_with_the_learned_integers_in_the_ir(tmp_path):
+    model = tmp_path / "model.onnx"
+    onnx.save(build_block_sensitive_mlp(), model)
+    calibration = write_npz(tmp_path / "calibration.npz", input=block_inputs(samples=128, seed=1))
+    built = build_variant(model_path=model, precision="int8", out_path=tmp_path / "brecq.openvino.tar", calibration_path=calibration,
+                          options={"runtime": "openvino", "learn": "brecq", "learn_seconds": 3})
+    recipe = built["recipe"]["learned"]
+    assert built["format"] == "openvino-ir" and recipe["method"] == "brecq" and recipe["blocks"] == 1
+    # Both layers of the block are on NNCF's grid, and the IR's int8 weights are the learned ones.
+    assert recipe["ir_weights_learned"] == {"layers_found": 2, "layers_learned": 2, "equal_share_min": 1.0, "equal_share_mean": 1.0}
