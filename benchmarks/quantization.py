@@ -444,7 +444,7 @@ def int4_comparison(work: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Learned INT8: calibrated vs learned (Kiln's AdaRound and QAT, AMD Quark's AdaRound)
+# Learned INT8: calibrated vs learned (Kiln's AdaRound, BRECQ and QAT, AMD Quark's AdaRound)
 
 CALIBRATED = {"calibration_method": "mse", "per_channel": True}
 ORT_DEFAULT = {"calibration_method": "minmax", "per_channel": False}
@@ -457,6 +457,7 @@ def learned_recipes(model: dict, seconds: float, quark_iterations: int) -> list[
     if base_key != "int8-minmax":
         rows.append((base_key, "kiln", "int8", base))
     rows += [(f"{base_key}-adaround", "kiln", "int8", {**base, "learn": "adaround", "learn_seconds": seconds}),
+             (f"{base_key}-brecq", "kiln", "int8", {**base, "learn": "brecq", "learn_seconds": seconds}),
              (f"{base_key}-qat", "kiln", "int8", {**base, "learn": "qat", "learn_seconds": seconds})]
     if base_key == SMOOTHED_BASE:
         # The search's smoothed transformer family, its two parts apart, and QAT on top of it.

@@ -148,7 +148,9 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     # the other as well (CI, 2026-12-01: both).
     families = {key.rsplit("-", 1)[0] for key in learned}
     assert families and all(family in variants and family.startswith("int8-") for family in families), summary
-    assert set(learned) == {f"{family}-{method}" for family in families for method in ("adaround", "qat")}, summary
+    both = {f"{family}-{method}" for family in families for method in ("adaround", "qat")}
+    # Block reconstruction comes a round later, only for a family whose learned rounding and QAT both missed.
+    assert both <= set(learned) <= both | {f"{family}-brecq" for family in families}, summary
     assert all(variants[family]["accuracy"]["within_tolerance"] is False for family in families), summary
     for variant in learned.values():
         recipe = variant["recipe"]["learned"]

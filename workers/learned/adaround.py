@@ -3,7 +3,9 @@ calibration data (with its input quantized as the runtime will) matches FP32's (
 
 Each weight's integer is floor(W / s) + h, with h a rectified sigmoid of a learned variable pushed
 towards 0 or 1 by an annealed regulariser, s and the zero point being ONNX Runtime's own. Every tenth
-step, the loss with hard rounding is kept (the learning curve in the report).
+step, the loss with hard rounding is kept (the learning curve in the report). The learning loop
+(`learn_rounding`) takes any number of roundings and any forward computation: BRECQ (brecq.py) learns
+the roundings of a block of layers with it, against the block's output.
 """
 from __future__ import annotations
 
@@ -29,14 +31,16 @@ CURVE_EVERY = 10
 
 
 @dataclass
-class LayerResult:
+class RoundingResult:
+    """What learning the rounding of one layer (AdaRound), or of a block of layers together (BRECQ), gave."""
+
     node: str
     steps: int = 0
     seconds: float = 0.0
     mse_nearest: float = 0.0
     mse_learned: float = 0.0
     curve: list[float] = field(default_factory=list)
-    integers: np.ndarray | None = None
+    integers: list[np.ndarray] = field(default_factory=list)  # one per rounding, in the order given
 
     def summary(self) -> dict:
         return {"node": self.node, "steps": self.steps, "seconds": round(self.seconds, 3), "mse_nearest": self.mse_nearest,
@@ -101,14 +105,20 @@ def nearest_error(layer: Layer, *, weight: np.ndarray, bias: np.ndarray | None, 
     """Relative output error of rounding to nearest: how much a layer stands to gain from learning."""
     import torch
 
-    w = torch.from_numpy(weight)
-    scale, zero = _broadcast(layer.weight, w.dim(), w)
-    rounded = (torch.clamp(torch.round(w / scale) + zero, layer.weight.qmin, layer.weight.qmax) - zero) * scale
+    rounding = Rounding(weight, layer.weight)
+    b = torch.from_numpy(bias) if bias is not None else None
+    x = fake_quantize(torch.from_numpy(inputs), layer.activation)
+    return relative_error(lambda weights, xs: layer_forward(layer, xs, weights[0], b), [rounding.weights(rounding.nearest)], x,
+                          torch.from_numpy(targets))
+
+
+def relative_error(forward, weights: list, inputs, targets) -> float:
+    """The squared error of `forward(weights, inputs)` against `targets`, relative to the targets' energy."""
+    import torch
+
     with torch.no_grad():
-        x = fake_quantize(torch.from_numpy(inputs), layer.activation)
-        y = torch.from_numpy(targets)
-        out = layer_forward(layer, x, rounded, torch.from_numpy(bias) if bias is not None else None)
-        return float(torch.mean((out - y) ** 2) / torch.clamp(torch.mean(y ** 2), min=1e-20))
+        out = forward(weights, inputs)
+        return float(torch.mean((out - targets) ** 2) / torch.clamp(torch.mean(targets ** 2), min=1e-20))
 
 
 def _rectified_sigmoid(variable):
@@ -117,61 +127,112 @@ def _rectified_sigmoid(variable):
     return torch.clamp(torch.sigmoid(variable) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
+class Rounding:
+    """The learnable rounding of one quantized weight: its integers are floor(W / s) + h + zero point, h a rectified
+    sigmoid of `variable` (started where h is W / s's fractional part, so that learning starts from the weight itself);
+    s, the zero point, the range and the axis are the runtime's own (`params`)."""
+
+    def __init__(self, weight: np.ndarray, params: QuantParams):
+        import torch
+
+        w = torch.from_numpy(weight)
+        self.params = params
+        self.scale, self.zero = _broadcast(params, w.dim(), w)
+        self.floor = torch.floor(w / self.scale)
+        self.nearest = torch.round(w / self.scale) - self.floor
+        rest = (w / self.scale - self.floor).clamp(1e-4, 1 - 1e-4)
+        self.variable = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1)).requires_grad_(True)
+
+    def soft(self):
+        """h while learning: between 0 and 1, differentiable."""
+        return _rectified_sigmoid(self.variable)
+
+    def hard(self):
+        """h if learning stopped now: each weight rounded up or down."""
+        return (self.variable.detach() >= 0).to(self.floor.dtype)
+
+    def weights(self, h):
+        """The dequantized weight for this h, as DequantizeLinear gives it."""
+        import torch
+
+        return (torch.clamp(self.floor + h + self.zero, self.params.qmin, self.params.qmax) - self.zero) * self.scale
+
+    def integers(self, h) -> np.ndarray:
+        """The integers for this h, as the QDQ graph stores them."""
+        import torch
+
+        return torch.clamp(self.floor + h + self.zero, self.params.qmin, self.params.qmax).numpy().astype(np.int32)
+
+
+def rounding_regulariser(roundings: list[Rounding], progress: float):
+    """AdaRound's annealed push of every h towards 0 or 1 (mean over all weights), or None during the warm-up: the
+    exponent beta falls from BETA_START to BETA_END on a cosine, so that the push starts gently and ends decisive."""
+    import torch
+
+    if progress <= WARMUP:
+        return None
+    beta = BETA_END + 0.5 * (BETA_START - BETA_END) * (1 + math.cos(math.pi * (progress - WARMUP) / (1 - WARMUP)))
+    h = torch.cat([rounding.soft().reshape(-1) for rounding in roundings])
+    return (1 - (2 * h - 1).abs().pow(beta)).mean()
+
+
 def learn_layer(layer: Layer, *, weight: np.ndarray, bias: np.ndarray | None, inputs: np.ndarray, targets: np.ndarray,
-                seconds: float, max_steps: int, seed: int = 0) -> LayerResult:
+                seconds: float, max_steps: int, seed: int = 0) -> RoundingResult:
     """Learned rounding of one layer within `seconds`; returns its integers and the loss curve."""
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
-    w = torch.from_numpy(weight)
     b = torch.from_numpy(bias) if bias is not None else None
     x = fake_quantize(torch.from_numpy(inputs), layer.activation)
-    y = torch.from_numpy(targets)
-    scale, zero = _broadcast(layer.weight, w.dim(), w)
-    floor = torch.floor(w / scale)
-    rest = (w / scale - floor).clamp(1e-4, 1 - 1e-4)
-    variable = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1)).requires_grad_(True)
-    optimizer = torch.optim.Adam([variable], lr=LEARNING_RATE)
+    return learn_rounding([Rounding(weight, layer.weight)], lambda weights, xs: layer_forward(layer, xs, weights[0], b),
+                          inputs=x, targets=torch.from_numpy(targets), seconds=seconds, max_steps=max_steps, seed=seed, node=layer.node)
 
-    def weights_for(h):
-        return (torch.clamp(floor + h + zero, layer.weight.qmin, layer.weight.qmax) - zero) * scale
 
-    def mse(h, rows=None):
+def learn_rounding(roundings: list[Rounding], forward, *, inputs, targets, seconds: float, max_steps: int, seed: int,
+                   node: str, evaluation_rows: int | None = None) -> RoundingResult:
+    """Learn the roundings together so that `forward(weights, inputs)` (one per rounding, in order) matches `targets`,
+    within `seconds` and `max_steps`: one layer for AdaRound, a block of layers for BRECQ. Every CURVE_EVERY steps the loss
+    with hard rounding is kept. Never worse than rounding to nearest on the first `evaluation_rows` samples (None: all),
+    which also give `mse_nearest` and `mse_learned`: rounding to nearest is returned when learning ends worse."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam([rounding.variable for rounding in roundings], lr=LEARNING_RATE)
+    evaluated = slice(0, evaluation_rows)
+
+    def mse(hs, rows=None):
         with torch.no_grad():
-            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
-            return float(torch.mean((layer_forward(layer, xs, weights_for(h), b) - ys) ** 2))
+            xs, ys = (inputs[evaluated], targets[evaluated]) if rows is None else (inputs[rows], targets[rows])
+            return float(torch.mean((forward([r.weights(h) for r, h in zip(roundings, hs, strict=True)], xs) - ys) ** 2))
 
-    result = LayerResult(node=layer.node)
-    result.mse_nearest = mse(torch.round(w / scale) - floor)
+    # Measuring rounding to nearest is part of the time given: on a block of convolutions it is not negligible.
+    started = time.perf_counter()
+    result = RoundingResult(node=node)
+    result.mse_nearest = mse([rounding.nearest for rounding in roundings])
     reference = max(result.mse_nearest, 1e-20)
     losses = []
-    started = time.perf_counter()
     step = 0
-    batch = batch_rows(y)
+    batch = batch_rows(targets)
     while step < max_steps and time.perf_counter() - started < seconds:
-        rows = torch.randint(0, len(x), (batch,), generator=generator)
-        h = _rectified_sigmoid(variable)
-        reconstruction = torch.mean((layer_forward(layer, x[rows], weights_for(h), b) - y[rows]) ** 2)
+        rows = torch.randint(0, len(inputs), (batch,), generator=generator)
+        reconstruction = torch.mean((forward([r.weights(r.soft()) for r in roundings], inputs[rows]) - targets[rows]) ** 2)
         progress = max(step / max(1, max_steps), (time.perf_counter() - started) / max(seconds, 1e-6))
         # Measured against rounding to nearest, so that one regularisation weight suits every layer's scale.
         loss = reconstruction / reference
-        if progress > WARMUP:
-            beta = BETA_END + 0.5 * (BETA_START - BETA_END) * (1 + math.cos(math.pi * (progress - WARMUP) / (1 - WARMUP)))
-            loss = loss + REGULARISATION * (1 - (2 * h - 1).abs().pow(beta)).mean()
+        if (regulariser := rounding_regulariser(roundings, progress)) is not None:
+            loss = loss + REGULARISATION * regulariser
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if step % CURVE_EVERY == 0:
             # The curve is what the variant would be if learning stopped here: the loss with hard rounding.
-            losses.append(mse((variable.detach() >= 0).to(w.dtype), rows))
+            losses.append(mse([rounding.hard() for rounding in roundings], rows))
         step += 1
-    hard = (variable.detach() >= 0).to(w.dtype)
+    hard = [rounding.hard() for rounding in roundings]
     learned_mse = mse(hard)
     if learned_mse > result.mse_nearest:
         # Rounding to nearest is a valid answer too; never hand back something worse than it.
-        hard = torch.round(w / scale) - floor
-        learned_mse = result.mse_nearest
-    result.integers = torch.clamp(floor + hard + zero, layer.weight.qmin, layer.weight.qmax).numpy().astype(np.int32)
+        hard, learned_mse = [rounding.nearest for rounding in roundings], result.mse_nearest
+    result.integers = [rounding.integers(h) for rounding, h in zip(roundings, hard, strict=True)]
     result.mse_learned = learned_mse
     result.steps, result.seconds = step, time.perf_counter() - started
     result.curve = downsample(losses)

@@ -38,7 +38,8 @@ class DistillResult:
     held_out_batches: int = 0
 
 
-def _straight_through(quantize):
+def straight_through(quantize):
+    """A value hook that computes `quantize` forwards and passes the gradient through unchanged (straight-through)."""
     def hook(value):
         return value + (quantize(value) - value).detach()
     return hook
@@ -81,19 +82,25 @@ def build_student(fp32: onnx.ModelProto, layers: list[Layer], activations: dict[
     by_weight = {layer.weight_name: layer.weight for layer in layers}
     quantized = {**activations, **{layer.input_name: layer.activation for layer in layers}}
     for name, params in quantized.items():
-        student.value_hooks[name] = _straight_through(lambda value, params=params: fake_quantize(value, params))
+        student.value_hooks[name] = straight_through(lambda value, params=params: fake_quantize(value, params))
     for layer in layers:
         if layer.quantized_bias_name and layer.bias_name in student.constants:
             student.value_hooks[layer.bias_name] = _fake_quantized_bias(layer, parameters[layer.weight_name])
-    learned = set(by_weight) | {layer.bias_name for layer in layers if layer.quantized_bias_name}
-    with torch.no_grad():
-        for name, params in (fixed or {}).items():
-            if name in parameters and name not in learned:
-                parameters[name].copy_(fake_quantize(parameters[name], params))  # never trained: see distill's `trainable`
-            elif name in student.constants and name not in learned:
-                student.constants[name] = fake_quantize(student.constants[name].float(), params).to(student.constants[name].dtype)
+    fix_quantized_initializers(student, fixed or {}, learned=set(by_weight) | {layer.bias_name for layer in layers if layer.quantized_bias_name})
     student.weight_hook = lambda name, weight: _fake_quantized_weight(weight, by_weight[name]) if name in by_weight else weight
     return student
+
+
+def fix_quantized_initializers(module: OnnxModule, fixed: dict[str, QuantParams], *, learned: set[str]) -> None:
+    """Write into `module` the initializers the QDQ graph quantizes (`fixed`, layers.quantized_initializers) as the runtime
+    computes with them, at their calibrated scales, except the `learned` ones."""
+    parameters = module.named_weights()
+    with torch.no_grad():
+        for name, params in fixed.items():
+            if name in parameters and name not in learned:
+                parameters[name].copy_(fake_quantize(parameters[name], params))  # never trained: see distill's `trainable`
+            elif name in module.constants and name not in learned:
+                module.constants[name] = fake_quantize(module.constants[name].float(), params).to(module.constants[name].dtype)
 
 
 def export_weights(student: OnnxModule, layers: list[Layer], float_weights: set[str]) -> tuple[dict, dict]:

@@ -1,4 +1,5 @@
-"""Learned INT8 variants: calibrate as usual, then learn the weights' rounding on the calibration set.
+"""Learned INT8 variants: calibrate as usual, then learn the weights' rounding (per layer: AdaRound; per block of layers:
+BRECQ) or fine-tune them (QAT) on the calibration set.
 
 `build_learned_int8` is what `workers.quantize.variants` calls for an int8 spec with `learn`. For
 ONNX Runtime the result is the calibrated variant's own QDQ graph with learned integer weights: the
@@ -27,7 +28,7 @@ from workers.inspect import model_size_bytes
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
 from workers.quantize.variants import LEARN_OPTIONS, per_channel_opset, preprocess_for_quantization
 
-from .adaround import learn_layer, nearest_error
+from .brecq import BLOCK_LAYERS, block_nearest_error, find_blocks, learn_block, single_blocks
 from .layers import (
     TensorReader,
     find_layers,
@@ -52,12 +53,12 @@ from .openvino import (
 from .qat import LEARNING_RATE, build_student, distill, distillation_targets, export_weights
 from .torch_graph import UnsupportedGraph
 
-METHODS = ("adaround", "qat")
+METHODS = ("adaround", "brecq", "qat")
 DEFAULT_SECONDS = 120
 DEFAULT_MEMORY_MB = 512
 DEFAULT_SAMPLES = 256
-MAX_STEPS_PER_LAYER = 3000
-# Runs of layers learned in graph order, each fed by a pass of the quantized graph (one layer a run where that many
+MAX_STEPS_PER_LAYER = 3000  # a block of layers learned together (BRECQ): as many per layer it holds
+# Runs of blocks (AdaRound: one layer each) learned in graph order, each fed by a pass of the quantized graph (one layer a run where that many
 # passes take at most GATHER_SHARE of the budget; fewer, longer runs when they would take more).
 ORDER_RUNS = 256
 GATHER_SHARE = 0.5
@@ -89,7 +90,7 @@ def _calibration_batches(model_path: Path, calibration_path: Path, samples: int)
 
 
 def _tensor_bytes(quantized: TensorReader, fp32: TensorReader, layers, probe: list[dict[str, np.ndarray]]) -> tuple[dict[str, int], dict[str, int]]:
-    """Bytes per sample of each layer's input (as the QDQ graph computes it) and of its output (FP32), keyed by layer node."""
+    """Bytes per sample of each block's input (as the QDQ graph computes it) and of its output (FP32), keyed by block node."""
     inputs = quantized.read(sorted({layer.quantized_input_name for layer in layers}), probe)
     outputs = fp32.read(sorted({layer.output_name for layer in layers}), probe)
     return ({layer.node: inputs[layer.quantized_input_name][:1].nbytes for layer in layers},
@@ -97,7 +98,7 @@ def _tensor_bytes(quantized: TensorReader, fp32: TensorReader, layers, probe: li
 
 
 def _chunks(layers, sizes: dict[str, int], *, count: int, bound: int) -> list[list]:
-    """The layers, in graph order, in about `count` runs of equal length, each run split again where its tensors
+    """The blocks, in graph order, in about `count` runs of equal length, each run split again where its tensors
     (`sizes`, bytes for all samples) would exceed `bound`."""
     length = max(1, math.ceil(len(layers) / max(1, count)))
     chunks = []
@@ -113,20 +114,21 @@ def _chunks(layers, sizes: dict[str, int], *, count: int, bound: int) -> list[li
     return chunks
 
 
-def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weights, calibration_path: Path, *, wanted: int, memory_mb: int,
+def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, blocks, weights, calibration_path: Path, *, wanted: int, memory_mb: int,
                           budget: float, started: float, results: list, learned: dict) -> dict[str, Any]:
-    """Learned rounding run by run of layers in graph order. A run's inputs are what the QDQ graph computes with every layer
-    before it already learned, its targets FP32's outputs, so each layer also makes up for the error of the quantized
-    layers above it (the asymmetric reconstruction of AdaRound and BRECQ). A run is one layer where the budget affords a
-    pass over the data per layer, several where it does not. One run's inputs are held at a time (and FP32's targets of
+    """Learned rounding run by run of blocks (brecq.Block; AdaRound's are one layer each) in graph order. A run's inputs are
+    what the QDQ graph computes with every block before it already learned, its targets FP32's outputs, so each block also
+    makes up for the error of the quantized layers above it (the asymmetric reconstruction of AdaRound and BRECQ). A run is
+    one block where the budget affords a pass over the data per block, several where it does not. One run's inputs are held at a time (and FP32's targets of
     every layer, when half the memory bound holds them). If the learned
     graph's outputs end further from FP32's than the calibrated graph's, the calibrated integers are kept."""
     outputs = [output.name for output in qdq.graph.output]
+    layers = [layer for block in blocks for layer in block.layers]
     integer_names = {layer.quantized_weight_name for layer in layers}
     calibrated_integers = {tensor.name: numpy_helper.to_array(tensor) for tensor in qdq.graph.initializer if tensor.name in integer_names}
-    quantized_reader = TensorReader(qdq, sorted({layer.quantized_input_name for layer in layers} | set(outputs)), overridable=sorted(integer_names))
-    fp32_reader = TensorReader(model_path, sorted({layer.output_name for layer in layers} | set(outputs)))
-    input_bytes, output_bytes = _tensor_bytes(quantized_reader, fp32_reader, layers, _calibration_batches(model_path, calibration_path, 1)[:1])
+    quantized_reader = TensorReader(qdq, sorted({block.quantized_input_name for block in blocks} | set(outputs)), overridable=sorted(integer_names))
+    fp32_reader = TensorReader(model_path, sorted({block.output_name for block in blocks} | set(outputs)))
+    input_bytes, output_bytes = _tensor_bytes(quantized_reader, fp32_reader, blocks, _calibration_batches(model_path, calibration_path, 1)[:1])
     bound = memory_mb << 20
     samples = max(1, min(wanted, bound // max(input_bytes[node] + output_bytes[node] for node in input_bytes)))
     batches = _calibration_batches(model_path, calibration_path, samples)
@@ -134,27 +136,27 @@ def _learn_in_graph_order(model_path: Path, qdq: onnx.ModelProto, layers, weight
     sizes = {node: (input_bytes[node] + output_bytes[node]) * samples for node in input_bytes}
     reference = fp32_reader.read(outputs, batches)
     # FP32's targets do not change as layers are learned: read them all in one pass when half the bound holds them.
-    every_target = (fp32_reader.read(sorted({layer.output_name for layer in layers}), batches)
+    every_target = (fp32_reader.read(sorted({block.output_name for block in blocks}), batches)
                     if sum(output_bytes.values()) * samples <= bound // 2 else None)
     calibrated_error = _output_error(quantized_reader.read(outputs, batches), reference)
     if every_target is not None:
         bound -= sum(output_bytes.values()) * samples
         sizes = {node: input_bytes[node] * samples for node in input_bytes}
-    pending = _chunks(layers, sizes, count=ORDER_RUNS, bound=bound)
+    pending = _chunks(blocks, sizes, count=ORDER_RUNS, bound=bound)
     runs = 0
     while pending:
         chunk, gathering = pending.pop(0), time.perf_counter()
-        inputs = quantized_reader.read(sorted({layer.quantized_input_name for layer in chunk}), batches, overrides=_integers(learned, calibrated_integers))
-        targets = every_target if every_target is not None else fp32_reader.read(sorted({layer.output_name for layer in chunk}), batches)
+        inputs = quantized_reader.read(sorted({block.quantized_input_name for block in chunk}), batches, overrides=_integers(learned, calibrated_integers))
+        targets = every_target if every_target is not None else fp32_reader.read(sorted({block.output_name for block in chunk}), batches)
         runs += 1
         # Gathering costs a pass over the data each run: fewer, longer runs when passes would eat the learning time.
         remaining = budget - (time.perf_counter() - started)
         affordable = max(1, int(GATHER_SHARE * remaining / max(time.perf_counter() - gathering, 1e-3)))
-        rest = [layer for run in pending for layer in run]
+        rest = [block for run in pending for block in run]
         if rest and affordable < len(pending):
             pending = _chunks(rest, sizes, count=affordable, bound=bound)
-        share = remaining * len(chunk) / (len(chunk) + len(rest))
-        _learn_layers(chunk, weights, inputs, targets, budget=share, started=time.perf_counter(), results=results, learned=learned)
+        share = remaining * _layer_count(chunk) / (_layer_count(chunk) + _layer_count(rest))
+        _learn_blocks(chunk, weights, inputs, targets, budget=share, started=time.perf_counter(), results=results, learned=learned)
     learned_error = _output_error(quantized_reader.read(outputs, batches, overrides=_integers(learned, calibrated_integers)), reference)
     kept = "learned" if learned_error <= calibrated_error else "calibrated"
     if kept == "calibrated":
@@ -173,20 +175,24 @@ def _output_error(values: dict[str, np.ndarray], reference: dict[str, np.ndarray
     return float(sum(np.mean((values[name] - target) ** 2) / max(float(np.mean(target ** 2)), 1e-20) for name, target in reference.items()))
 
 
-def _learn_layers(layers, weights, inputs, targets, *, budget: float, started: float, results: list, learned: dict) -> None:
-    """Each layer's share of what is left of the budget follows its error when rounded to nearest (plus a floor)."""
-    def arguments(layer):
-        return {"weight": weights[layer.weight_name], "bias": weights.get(layer.bias_name) if layer.bias_name else None,
-                "inputs": inputs[layer.quantized_input_name], "targets": targets[layer.output_name]}
+def _layer_count(blocks) -> int:
+    return sum(len(block.layers) for block in blocks)
 
-    errors = [nearest_error(layer, **arguments(layer)) for layer in layers]
+
+def _learn_blocks(blocks, weights, inputs, targets, *, budget: float, started: float, results: list, learned: dict) -> None:
+    """Each block's share of what is left of the budget follows its error when rounded to nearest (plus a floor)."""
+    def arguments(block):
+        return {"weights": weights, "inputs": inputs[block.quantized_input_name], "targets": targets[block.output_name]}
+
+    errors = [block_nearest_error(block, **arguments(block)) for block in blocks]
     shares = [error + 0.1 * sum(errors) / len(errors) for error in errors]
-    for index, layer in enumerate(layers):
+    for index, block in enumerate(blocks):
         remaining = budget - (time.perf_counter() - started)
         seconds = max(0.0, remaining * shares[index] / max(sum(shares[index:]), 1e-20))
-        result = learn_layer(layer, **arguments(layer), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER, seed=len(results))
-        learned[layer.quantized_weight_name] = result.integers
-        results.append(result.summary())
+        result = learn_block(block, **arguments(block), seconds=seconds, max_steps=MAX_STEPS_PER_LAYER * len(block.layers), seed=len(results))
+        for layer, integers in zip(block.layers, result.integers, strict=True):
+            learned[layer.quantized_weight_name] = integers
+        results.append({**result.summary(), **({"block": [layer.node for layer in block.layers]} if block.graph is not None else {})})
 
 
 def build_learned_int8(model_path: Path, out_path: Path, *, calibration_path, options: dict[str, Any], base_builder,
@@ -276,7 +282,8 @@ def _hand_to_openvino(source: Path, learned_qdq: Path, out_path: Path, *, nncf: 
 
 def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method: str, learn: dict, calibration_path: Path, budget: float,
            started: float) -> dict[str, Any]:
-    """Learned rounding or QAT of the calibrated graph `qdq` against `model_path` (the FP32 graph it was quantized from)."""
+    """Learned rounding (per layer, or per block for BRECQ) or QAT of the calibrated graph `qdq` against `model_path` (the
+    FP32 graph it was quantized from)."""
     layers = find_layers(qdq, fp32)
     usable = [layer for layer in layers if layer.skipped is None]
     if not usable:
@@ -286,12 +293,14 @@ def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method:
         return _build_qat(model_path, out_path, fp32=fp32, qdq=qdq, recipe=recipe, layers=layers, calibration_path=calibration_path, learn=learn,
                           budget=budget, started=started)
     weights = fp32_weights(fp32, [layer.weight_name for layer in usable] + [layer.bias_name for layer in usable if layer.bias_name])
+    blocks = (find_blocks(fp32, usable, activations=quantized_activations(qdq, fp32), fixed=quantized_initializers(qdq, fp32))
+              if method == "brecq" else single_blocks(usable))
     results, learned = [], {}
     # One intra-op thread: the layers are small, and more threads only contend with the worker's other tasks.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        order = _learn_in_graph_order(model_path, qdq, usable, weights, calibration_path, wanted=int(learn.get("learn_samples", DEFAULT_SAMPLES)),
+        order = _learn_in_graph_order(model_path, qdq, blocks, weights, calibration_path, wanted=int(learn.get("learn_samples", DEFAULT_SAMPLES)),
                                       memory_mb=int(learn.get("learn_memory_mb", DEFAULT_MEMORY_MB)), budget=budget, started=started,
                                       results=results, learned=learned)
     finally:
@@ -301,9 +310,10 @@ def _learn(model_path: Path, out_path: Path, *, qdq, fp32, recipe: dict, method:
     return {**recipe, "learned": {
         "method": method, "library": "kiln (PyTorch)", "seconds": round(time.perf_counter() - started, 2), "budget_seconds": budget,
         **order, "inputs": "as the quantized graph computes them, layers above learned first",
+        **({"blocks": len(blocks), "block_layers_max": BLOCK_LAYERS} if method == "brecq" else {}),
         "layers": results, "skipped": [{"node": layer.node, "reason": layer.skipped} for layer in layers if layer.skipped],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        # One curve for the report: each step's loss relative to rounding to nearest, layer after layer.
+        # One curve for the report: each step's loss relative to rounding to nearest, layer (or block) after layer.
         "curve": [round(value / max(row["mse_nearest"], 1e-20), 5) for row in results for value in row["curve"]],
     }}
 

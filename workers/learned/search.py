@@ -1,9 +1,10 @@
-"""When `auto` proposes learned variants (learned rounding and QAT), and with how much time: only for a calibrated INT8
+"""When `auto` proposes learned variants (learned rounding, QAT, and block reconstruction), and with how much time: only for a calibrated INT8
 family that is faster than the best variant within tolerance yet misses it, on whichever runtime it was measured
 (ONNX Runtime's QDQ families, OpenVINO's NNCF IR family). Learning cannot make a variant faster, so a family that is
 already slower than the best passing variant is never worth the training time; and only the fastest such family is
 learned, since each costs a training budget on the worker. That budget follows the gain learning can still buy
-(`learning_budget`).
+(`learning_budget`). Block reconstruction (BRECQ) comes a round later, only where per-layer rounding was measured and
+was not enough (`block_reconstruction_proposals`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import Any
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
 
 LEARNED_METHODS = ("adaround", "qat")
+# Proposed only after AdaRound's variant of the family was measured and missed (block_reconstruction_proposals).
+BLOCK_METHOD = "brecq"
+PER_LAYER_METHOD = "adaround"
 # The learning budget of one learned variant (seconds of wall time, calibration included): at least LEARN_FLOOR_S (less
 # learns nothing worth a build) and at most LEARN_CAP_S; a family FULL_GAIN faster than the best passing variant earns the
 # cap, a smaller gain proportionally less; and never more than LEARN_SHARE of what the search has left, since the learned
@@ -39,8 +43,15 @@ def learning_budget(*, family_p50: float, best_passing_p50: float, seconds_left:
 def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float,
                       seconds_left: float | None = None) -> list[dict[str, Any]]:
     """Learned rounding and QAT on the fastest calibrated INT8 family, of any runtime, that missed the tolerance (QAT is
-    skipped at build time, with the reason, when the graph cannot run in PyTorch). Each proposal keeps its family's
-    options, so its `runtime` (absent: ONNX Runtime's QDQ graph) says which runtime it is learned and built for."""
+    skipped at build time, with the reason, when the graph cannot run in PyTorch); and block reconstruction where learned
+    rounding was measured and missed too (`block_reconstruction_proposals`). Each proposal keeps its family's options, so
+    its `runtime` (absent: ONNX Runtime's QDQ graph) says which runtime it is learned and built for."""
+    return [*_per_layer_proposals(sweep=sweep, measured=measured, best_passing=best_passing, seconds_left=seconds_left),
+            *block_reconstruction_proposals(sweep=sweep, measured=measured, best_passing=best_passing, seconds_left=seconds_left)]
+
+
+def _per_layer_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float,
+                         seconds_left: float | None) -> list[dict[str, Any]]:
     templates = {spec["key"]: spec for spec in sweep if _learnable(spec)}
     fastest: dict[str, float] = {}
     for entry in measured:
@@ -58,9 +69,37 @@ def learned_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, A
     seconds = learning_budget(family_p50=family_p50, best_passing_p50=best_passing, seconds_left=seconds_left)
     if not seconds:
         return []
-    template = templates[key]
-    return [{"key": f"{template['key']}-{method}", "precision": "int8", "backends": template["backends"],
-             "options": {**template["options"], "learn": method, "learn_seconds": seconds}} for method in LEARNED_METHODS]
+    return [_learned_spec(templates[key], method, seconds) for method in LEARNED_METHODS]
+
+
+def block_reconstruction_proposals(*, sweep: list[dict[str, Any]], measured: list[dict[str, Any]], best_passing: float,
+                                   seconds_left: float | None = None) -> list[dict[str, Any]]:
+    """BRECQ (`<family>-brecq`) for the fastest family whose learned rounding (`<family>-adaround`) was measured, missed the
+    tolerance on every backend, and is still faster than the best passing variant: per-layer rounding was not enough, and
+    the speed is still worth buying. Not where any learned variant of the family (AdaRound or QAT) met the tolerance:
+    that one is the answer. The budget is `learning_budget` of AdaRound's variant's speed."""
+    templates = {spec["key"]: spec for spec in sweep if _learnable(spec)}
+    learned_keys = {f"{key}-{method}": key for key in templates for method in (*LEARNED_METHODS, BLOCK_METHOD)}
+    solved, fastest = set(), {}
+    for entry in measured:
+        family, p50, accuracy = learned_keys.get(entry.get("key")), (entry.get("latency_ms") or {}).get("p50"), entry.get("accuracy") or {}
+        if family is None or p50 is None or accuracy.get("value") is None:
+            continue
+        if accuracy.get("within_tolerance"):
+            solved.add(family)
+        elif entry["key"] == f"{family}-{PER_LAYER_METHOD}":
+            fastest[family] = min(fastest.get(family, math.inf), p50)
+    candidates = sorted((p50, family) for family, p50 in fastest.items() if family not in solved and p50 < best_passing)
+    if not candidates:
+        return []
+    p50, family = candidates[0]
+    seconds = learning_budget(family_p50=p50, best_passing_p50=best_passing, seconds_left=seconds_left)
+    return [_learned_spec(templates[family], BLOCK_METHOD, seconds)] if seconds else []
+
+
+def _learned_spec(template: dict[str, Any], method: str, seconds: int) -> dict[str, Any]:
+    return {"key": f"{template['key']}-{method}", "precision": "int8", "backends": template["backends"],
+            "options": {**template["options"], "learn": method, "learn_seconds": seconds}}
 
 
 def _learnable(spec: dict[str, Any]) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from workers.learned.search import LEARN_CAP_S, LEARN_FLOOR_S, LEARN_SHARE, learning_budget
+from workers.learned.search import LEARN_CAP_S, LEARN_FLOOR_S, LEARN_SHARE, block_reconstruction_proposals, learning_budget
 from workers.quantize.search import plan_round
 
 TOLERANCE = {"metric": "accuracy", "max_drop": 0.01}
@@ -98,3 +98,28 @@ def test_the_learning_budget_follows_the_gain_it_can_buy_within_the_time_left():
     # Never more than its share of what the search has left, and nothing when that cannot pay even the floor.
     assert budget(2.0, left=100.0) == int(LEARN_SHARE * 100.0) < budget(2.0)
     assert budget(2.0, left=LEARN_FLOOR_S) == 0
+
+
+def test_block_reconstruction_is_proposed_once_learned_rounding_missed_and_is_still_faster():
+    specs = round_two(measured("fp32", 10.0, True), measured("int8-mse", 4.0, False), measured("int8-mse-adaround", 4.1, False),
+                      measured("int8-mse-qat", 4.2, False))
+    options = specs["int8-mse-brecq"]["options"]
+    assert options["learn"] == "brecq" and options["calibration_method"] == "mse"
+    assert options["learn_seconds"] == learning_budget(family_p50=4.1, best_passing_p50=10.0, seconds_left=None)
+    # Not before learned rounding was measured: only then is it known that per-layer rounding is not enough.
+    assert "int8-mse-brecq" not in round_two(measured("fp32", 10.0, True), measured("int8-mse", 4.0, False))
+
+
+def test_no_block_reconstruction_where_a_learned_variant_of_the_family_met_the_tolerance():
+    for solved in ("int8-mse-adaround", "int8-mse-qat"):
+        entries = [measured("fp32", 10.0, True), measured("int8-mse", 4.0, False), measured("int8-mse-adaround", 4.1, False),
+                   measured("int8-mse-qat", 4.2, False), measured(solved, 4.3, True, backend="openvino")]
+        assert "int8-mse-brecq" not in round_two(*entries), solved
+
+
+def test_no_block_reconstruction_where_learned_rounding_is_no_faster_than_the_best_passing_variant():
+    entries = [measured("fp32", 10.0, True), measured("int8-mse-minmax", 5.0, True), measured("int8-mse", 4.0, False),
+               measured("int8-mse-adaround", 5.2, False)]
+    assert not block_reconstruction_proposals(sweep=[{"key": "int8-mse", "precision": "int8", "options": {}, "backends": None}],
+                                              measured=entries, best_passing=5.0)
+    assert not any(key.endswith("-brecq") for key in round_two(*entries))
