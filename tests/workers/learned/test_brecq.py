@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from devices.backends.registry import get_backend
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import block_inputs, build_block_sensitive_mlp
+from tests.workers.helpers import run_on_device_backend
 from workers.learned import recipes
 from workers.learned.brecq import find_blocks
 from workers.learned.layers import find_layers, quantized_activations, quantized_initializers
@@ -22,14 +22,6 @@ pytestmark = pytest.mark.timeout(300)
 CALIBRATED = {"calibration_method": "mse", "per_channel": True}
 # Learning is bounded by steps here, not by the (generous) time budget, so that both methods learn as long on a busy machine.
 STEPS_PER_LAYER = 500
-
-
-def run_on_device_backend(path, inputs) -> np.ndarray:
-    compiled = get_backend("onnxruntime").compile(path, path.parent / f"{path.stem}-compiled", threads=1)
-    try:
-        return compiled.run({"input": inputs})[compiled.output_names[0]]
-    finally:
-        compiled.close()
 
 
 def relative_error(values: np.ndarray, reference: np.ndarray) -> float:

