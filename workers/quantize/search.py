@@ -77,10 +77,10 @@ PROBE_CHOICES = {**{precision: (probe,) for precision, probe in PROBES.items()},
 # The families that need integer dot products to pay (`isa_families.int8_choice`); where the ISA has none, their verdict
 # rests on the vendor INT8 defaults' evidence instead of their probe's (`family_verdicts`).
 INT8_FAMILIES = ("int8", "int8-dynamic")
-# A runtime's own INT8 build (NNCF's OpenVINO IR, LiteRT's full-integer model) is the INT8 family on that runtime: Kiln's
-# QDQ probe runs on ONNX Runtime alone, so OpenVINO's and LiteRT's INT8 are judged by what they run, not by ORT's probe.
 # Where Kiln's INT8 refinements keep the most sensitive nodes in float: its QDQ files on ONNX Runtime, NNCF's IR on OpenVINO.
 KEEP_FLOAT_RUNTIMES = (*ONNX_READERS["int8"], openvino_family.RUNTIME)
+# A runtime's own INT8 build (NNCF's OpenVINO IR, LiteRT's full-integer model) is the INT8 family on that runtime: Kiln's
+# QDQ probe runs on ONNX Runtime alone, so OpenVINO's and LiteRT's INT8 are judged by what they run, not by ORT's probe.
 NATIVE_INT8_KEYS = (openvino_family.DEFAULT_KEY, openvino_family.TRANSFORMER_KEY, litert_family.KEYS["int8"])
 PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
 # bf16 is a family of its own: the FP32 graph under OpenVINO's bf16 inference precision, where the CPU has bf16 units.
