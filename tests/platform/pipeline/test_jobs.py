@@ -263,7 +263,7 @@ def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the
     import kiln.pipeline.quantize as quantize
 
     default = create_job(tenant, model_version=uploaded["version"], precisions=["auto"]).json()
-    assert default["budget"]["minutes"] == 30
+    assert default["budget"]["minutes"] == 10  # the default: a whole search, learning included, in 10 minutes (issue 24)
     assert create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["budget"] == {}
     job_id = create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"]
     job = DeploymentJob.objects.get(pk=job_id)
