@@ -36,9 +36,10 @@ class SearchRun:
 
 def run_auto_search(kiln_stack, tmp_path: Path, *, user: str, organization: str, name: str, model: onnx.ModelProto,
                     calibration_inputs: np.ndarray, validation_inputs: np.ndarray, tolerance: dict, timeout: int,
-                    agent_core: bool = False) -> SearchRun:
+                    agent_core: bool = False, budget_minutes: int | None = None) -> SearchRun:
     """Upload `model` and its data as a new tenant and run `precisions: auto` on one CPU agent to success; with
-    `agent_core`, the agent gets a core of its own (kiln_stack.agent_on_its_own_core)."""
+    `agent_core`, the agent gets a core of its own (kiln_stack.agent_on_its_own_core); `budget_minutes` (None: the
+    default) bounds the search."""
     tenant = kiln_stack.create_user(user, "a-long-password-1", organization)
     api = Api(kiln_stack.url, tenant.token)
     model_path = tmp_path / f"{name}.onnx"
@@ -53,7 +54,8 @@ def run_auto_search(kiln_stack, tmp_path: Path, *, user: str, organization: str,
         assert kiln_stack.agent_on_its_own_core(agent) or len(os.sched_getaffinity(0)) < 2
 
     job = api.post("/api/v1/jobs/", json={"model_version": version, "precisions": ["auto"], "calibration_dataset": calibration_id,
-                                          "validation_dataset": validation_id, "tolerance": tolerance})
+                                          "validation_dataset": validation_id, "tolerance": tolerance,
+                                          **({"budget_minutes": budget_minutes} if budget_minutes else {})})
     job = api.wait_for_job(job["id"], kiln_stack, timeout=timeout)
     assert job["status"] == "succeeded", (job["error"], [e["message"] for e in job["events"]])
     return SearchRun(api=api, model_path=model_path, job=job, report=api.get(f"/api/v1/jobs/{job['id']}/report/").json())
@@ -135,7 +137,10 @@ def test_auto_search_learns_an_int8_variant_that_meets_the_tolerance_calibration
     validation_inputs = rounding_images(samples=32, seed=2)
     run = run_auto_search(kiln_stack, tmp_path, user="lena", organization="Learned Labs", name="rounding-cnn",
                           model=build_rounding_sensitive_cnn(), calibration_inputs=rounding_images(samples=64, seed=1),
-                          validation_inputs=validation_inputs, tolerance=LEARNED_TOLERANCE, timeout=1080, agent_core=True)
+                          validation_inputs=validation_inputs, tolerance=LEARNED_TOLERANCE, timeout=1080, agent_core=True,
+                          # What is pinned here is learning, not the budget: each round keeps only what its time left
+                          # pays for at the search's pace (round_budget), and a loaded CI machine's pace is slow.
+                          budget_minutes=20)
     device = run.report["devices"][0]
     variants = {v["key"]: v for v in device["variants"]}
     summary = {key: (v["accuracy"].get("value"), (v["latency_ms"] or {}).get("p50")) for key, v in variants.items()}

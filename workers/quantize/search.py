@@ -58,6 +58,7 @@ from workers.learned.search import learned_proposals
 from workers.quantize import litert_family, openvino_family
 from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice, isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
+from workers.quantize.round_budget import fit_round
 from workers.quantize.runtimes import ONNX_READERS, ONNX_RUNTIMES, for_targets
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS, is_transformer, ort_int8_scheme
 from workers.scoring import pareto_ids, recommend
@@ -287,6 +288,32 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
 
 
 register_family(_smoothed_family)
+# ONNX Runtime's INT8 written as QOperator (QLinearConv, QLinearMatMul, …) beside the QDQ graph it is made from: which one
+# ORT runs faster depends on the model and the CPU (within 7% either way on four zoo models, 2026-12-02), so the fastest
+# passing QDQ recipe of ORT's own quantizer is built once more as QOperator and measured there; the decision keeps the
+# faster. Learned and float-output variants stay QDQ (they are built on its graph).
+QOPERATOR_SUFFIX = "-qop"
+
+
+def _qoperator_format(state: SearchState) -> list[dict[str, Any]]:
+    if state.round_number <= 1 or "onnxruntime" not in state.backends:
+        return []
+    bases = [entry for entry in state.measured if entry.get("backend") == "onnxruntime" and entry.get("precision") == "int8"
+             and _qdq_by_ort(entry.get("options") or {}) and not entry.get("compile") and _p50(entry) is not None and _passes(entry)]
+    if not bases:
+        return []
+    base = min(bases, key=lambda entry: (_p50(entry), entry["key"]))
+    return [_spec(f"{base['key']}{QOPERATOR_SUFFIX}", "int8", {**base["options"], "quant_format": "qoperator"}, ["onnxruntime"])]
+
+
+def _qdq_by_ort(options: dict[str, Any]) -> bool:
+    """A static INT8 graph written by ORT's own quantizer in QDQ format, which it can write as QOperator too."""
+    return (options.get("tool", "onnxruntime") == "onnxruntime" and options.get("runtime") is None
+            and options.get("quant_format", "qdq") == "qdq" and not options.get("learn") and not options.get("float_outputs")
+            and not options.get("smooth_quant"))
+
+
+register_family(_qoperator_format)
 # LiteRT (workers.quantize.litert_family): its own builds, for targets that offer the runtime.
 register_family(litert_family.search_proposals)
 register_family(openvino_family.search_proposals)
@@ -770,6 +797,7 @@ def search_locally(
     builds: list[dict[str, Any]] = []
     recipes: dict[str, tuple[Path, dict[str, Any]]] = {}
     rounds = 0
+    budget_notes: list[str] = []
     stopped = "search complete: tolerance met with no faster candidate left"
     for round_number in range(1, max_rounds + 2):
         if round_number > 1 and sensitivity is None and calibration_path is not None and ranking_pays(family_verdicts(entries, isa=isa)):
@@ -787,6 +815,14 @@ def search_locally(
         if time.monotonic() >= deadline:
             stopped = f"time budget of {time_budget_s:g} s ran out before round {round_number}; reporting the best so far"
             break
+        fitted = fit_round(specs, round_number=round_number, seconds_left=deadline - time.monotonic(),
+                           elapsed_s=time.monotonic() - started, measurements=len(entries))
+        budget_notes.extend([fitted.note] if fitted.note else [])
+        if not fitted.kept:
+            stopped = (f"time budget of {time_budget_s:g} s: what is left would not cover round {round_number}'s candidates; "
+                       "reporting the best so far")
+            break
+        specs = fitted.kept
         rounds = round_number
         fresh = _build_round([spec for spec in specs if _recipe_key(spec) not in recipes], model_path, calibration_path,
                              work, cache, workers, memory_budget_mb, deadline, failures)
@@ -811,7 +847,8 @@ def search_locally(
             break
 
     # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
-    notes = isa_notes(isa) + [verdict["reason"] for verdict in family_verdicts(entries, isa=isa).values()] + compile_winners(entries)
+    notes = (isa_notes(isa) + [verdict["reason"] for verdict in family_verdicts(entries, isa=isa).values()] + compile_winners(entries)
+             + budget_notes)
     _confirm_fastest(entries, validation, threads, work, confirm_windows)
     recommended, reason = recommend(entries, tolerance)
     pareto = pareto_ids(entries)

@@ -23,6 +23,7 @@ from workers.quantize.isolated import build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
+from workers.quantize.round_budget import fit_round
 from workers.quantize.runtimes import for_targets
 from workers.quantize.search import family_verdicts, plan_round, ranking_pays
 
@@ -368,9 +369,7 @@ def _next_round_specs(job) -> list[dict]:
         return []
     if _budget_spent(job):
         minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
-        job.search["stopped"] = f"the time budget of {minutes} minute(s) was spent after round {round_number}; the report shows the best found"
-        job_event_add(job=job, stage="devices", level="warning", message=f"The search stopped: {job.search['stopped']}.")
-        job.save(update_fields=["search", "updated_at"])
+        _stop_search(job, f"the time budget of {minutes} minute(s) was spent after round {round_number}; the report shows the best found")
         return []
     proposals: dict[str, dict] = {}
     for entries in measured_by_target.values():
@@ -380,7 +379,28 @@ def _next_round_specs(job) -> list[dict]:
                 spec = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
             proposals[spec["key"]] = spec
     existing = set(job.variants.values_list("key", flat=True))
-    return [spec for spec in proposals.values() if spec["key"] not in existing]
+    return _fit_to_budget(job, [spec for spec in proposals.values() if spec["key"] not in existing], round_number + 1,
+                          measurements=sum(len(entries) for entries in measured_by_target.values()))
+
+
+def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int) -> list[dict]:
+    """The candidates whose estimated cost at this search's pace fits the time it has left (round_budget.fit_round); the
+    job's events say what was left out, and the search stops when nothing fits."""
+    started = job.search.get("started_at", time.time())
+    fitted = fit_round(candidates, round_number=round_number, seconds_left=search_seconds_left(job),
+                       elapsed_s=time.time() - started, measurements=measurements)
+    if fitted.note:
+        job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
+    if candidates and not fitted.kept:
+        _stop_search(job, f"what is left of the time budget would not cover round {round_number}'s candidates; the report shows the best found")
+    return fitted.kept
+
+
+def _stop_search(job, reason: str) -> None:
+    """The search ends before its planner runs out of candidates: the job keeps the reason, and its events say it."""
+    job.search["stopped"] = reason
+    job_event_add(job=job, stage="devices", level="warning", message=f"The search stopped: {reason}.")
+    job.save(update_fields=["search", "updated_at"])
 
 
 def job_collect(*, job_id: int) -> None:

@@ -283,6 +283,30 @@ def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the
     assert any("The search stopped: the time budget of 2 minute(s)" in e["message"] for e in detail["events"])
 
 
+def test_a_round_keeps_what_its_time_left_pays_for_and_the_events_name_what_was_left_out(tenant, uploaded):
+    import time
+
+    import kiln.pipeline.quantize as quantize
+
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"])
+    job.search["started_at"] = time.time() - 90  # 30 s left; 10 measurements in 90 s: about 9 s each
+    job.save()
+    plain = [{"key": key, "precision": "int8", "options": {}, "backends": ["onnxruntime"], "compile": {}} for key in ("int8-mse", "int8-entropy")]
+    learned = {"key": "int8-mse-adaround", "precision": "int8", "options": {"learn": "adaround", "learn_seconds": 60},
+               "backends": ["onnxruntime"], "compile": {}}
+    kept = quantize._fit_to_budget(job, [learned, *plain], 2, measurements=10)
+    assert [spec["key"] for spec in kept] == ["int8-mse", "int8-entropy"]
+    messages = [event.message for event in job.events.all()]
+    assert any(message.startswith("The search's round 2: 1 candidate(s) left out for the time budget") and message.endswith("int8-mse-adaround.")
+               for message in messages), messages
+    assert "stopped" not in job.search
+
+    # Nothing fits: the search stops, and says why.
+    assert quantize._fit_to_budget(job, plain, 3, measurements=1) == []
+    job.refresh_from_db()
+    assert job.search["stopped"] == "what is left of the time budget would not cover round 3's candidates; the report shows the best found"
+
+
 def test_a_compile_option_variant_shares_its_build_and_carries_its_options_to_the_device(tenant, uploaded):
     import kiln.pipeline.quantize as quantize
     from kiln.fleet.api.agent_views import task_payload

@@ -1,0 +1,46 @@
+"""A search round keeps the candidates its time left can pay for, at the search's own pace (issue 24: `auto` within its
+budget, learning included)."""
+from __future__ import annotations
+
+from workers.quantize.round_budget import candidate_cost, fit_round, search_pace
+
+
+def _spec(key: str, backends: list[str] | None = None, learn_seconds: int | None = None) -> dict:
+    options = {"learn": "adaround", "learn_seconds": learn_seconds} if learn_seconds else {}
+    return {"key": key, "precision": "int8", "options": options, "backends": backends or ["onnxruntime"], "compile": {}}
+
+
+def test_before_the_first_measurement_or_without_a_budget_every_candidate_is_kept():
+    specs = [_spec("int8-minmax"), _spec("int8-mse")]
+    assert fit_round(specs, round_number=1, seconds_left=5.0, elapsed_s=3.0, measurements=0).kept == specs
+    assert fit_round(specs, round_number=2, seconds_left=None, elapsed_s=300.0, measurements=10).kept == specs
+
+
+def test_a_candidate_costs_a_measurement_per_backend_at_the_pace_plus_its_learning():
+    pace = search_pace(elapsed_s=100.0, measurements=10)
+    assert pace == 10.0
+    assert candidate_cost(_spec("int8-mse"), pace) == 10.0
+    assert candidate_cost(_spec("int8-mse", ["onnxruntime", "openvino"]), pace) == 20.0
+    assert candidate_cost(_spec("int8-mse-adaround", learn_seconds=90), pace) == 100.0
+
+
+def test_the_cheapest_candidates_are_kept_in_their_order_and_the_rest_are_named():
+    specs = [_spec("int8-mse-adaround", learn_seconds=60), _spec("int8-mse-keep1"), _spec("int8-entropy", ["onnxruntime", "openvino"]),
+             _spec("int8-mse")]
+    # 10 s a measurement, 45 s left: the two single-backend candidates (10 + 10) and the two-backend one (20) fit; learning
+    # (10 + 60) does not.
+    fitted = fit_round(specs, round_number=3, seconds_left=45.0, elapsed_s=100.0, measurements=10)
+    assert [spec["key"] for spec in fitted.kept] == ["int8-mse-keep1", "int8-entropy", "int8-mse"]
+    assert fitted.left_out == ["int8-mse-adaround"]
+    assert fitted.note.startswith("round 3: 1 candidate(s) left out for the time budget (45 s left, about 10 s a measurement")
+    assert fitted.note.endswith(": int8-mse-adaround")
+
+
+def test_nothing_is_kept_when_not_even_the_cheapest_fits():
+    fitted = fit_round([_spec("int8-mse"), _spec("int8-entropy")], round_number=2, seconds_left=9.0, elapsed_s=100.0, measurements=10)
+    assert fitted.kept == [] and fitted.left_out == ["int8-mse", "int8-entropy"]
+
+
+def test_everything_kept_says_nothing():
+    fitted = fit_round([_spec("int8-mse")], round_number=2, seconds_left=600.0, elapsed_s=100.0, measurements=10)
+    assert fitted.note is None and fitted.left_out == []
