@@ -97,6 +97,31 @@ def test_int8_keeps_top1_agreement_with_fp32(digits, digits_path, digits_calibra
     assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(out)
 
 
+def test_int8_written_as_qoperator_runs_integer_operators_and_agrees_with_its_qdq_twin(digits, digits_path, digits_calibration, tmp_path):
+    qdq, qop = tmp_path / "qdq.onnx", tmp_path / "qop.onnx"
+    build_variant(model_path=digits_path, precision="int8", out_path=qdq, calibration_path=digits_calibration)
+    result = build_variant(model_path=digits_path, precision="int8", out_path=qop, calibration_path=digits_calibration,
+                           options={"quant_format": "qoperator"})
+    assert result["recipe"]["quant_format"] == "QOperator" and "onnxruntime" in result["backends"]
+    # The convolutions are integer operators, not float ones between QuantizeLinear/DequantizeLinear pairs.
+    assert "QLinearConv" in _ops(qop) and "Conv" not in _ops(qop) and "Conv" in _ops(qdq)
+    (from_qop,) = run_model(qop, {"input": digits.x_val})
+    (from_qdq,) = run_model(qdq, {"input": digits.x_val})
+    assert float((from_qop.argmax(1) == from_qdq.argmax(1)).mean()) >= 0.98
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"quant_format": "qlinear"}, ValueError, "unknown quant_format 'qlinear'; choose qdq or qoperator"),
+    ({"quant_format": "qoperator", "tool": "nncf"}, QuantizationError, "QOperator is built by ONNX Runtime's own quantizer"),
+    ({"quant_format": "qoperator", "float_outputs": ["Gemm"]}, QuantizationError, "without learning or float outputs"),
+])
+def test_a_quant_format_that_cannot_be_built_is_refused_with_the_reason(digits_path, digits_calibration, tmp_path, options, error, message):
+    with pytest.raises(error, match=message):
+        build_variant(model_path=digits_path, precision="int8", out_path=tmp_path / "int8.onnx", calibration_path=digits_calibration,
+                      options=options)
+    assert not (tmp_path / "int8.onnx").exists()
+
+
 def test_per_channel_int8_of_an_old_opset_model_loads_and_agrees(digits, digits_path, digits_calibration, tmp_path):
     # ddddocr's models are at opsets 11 and 12: a per-channel DequantizeLinear (its `axis`) needs opset 13.
     old = onnx.load(str(digits_path))

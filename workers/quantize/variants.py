@@ -29,6 +29,10 @@ _CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": 
 # Computed by Kiln's own streaming calibrator (workers.quantize.calibration_methods), not onnxruntime's.
 _KILN_ONLY_METHODS = {"mse": "MSE"}
 _INTEGER_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+# How ONNX Runtime's static INT8 graph is written: QDQ (QuantizeLinear/DequantizeLinear around float operators, fused by
+# the runtime; what learning and other runtimes read) or QOperator (QLinearConv, QLinearMatMul, …: integer operators
+# written out). Which one ORT runs faster depends on the model and the CPU, so the search measures both (issue 24).
+QUANT_FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
 FP16_MAX = 65504.0
 
 # Learned rounding or QAT on top of an INT8 build (workers.learned), whichever runtime it is built for.
@@ -42,7 +46,7 @@ _OPTIONS = {
         "calibration_method", "per_channel", "nodes_to_exclude", "op_types_to_quantize",
         "max_calibration_samples", "calibration_batch_size", "skip_preprocess",
         # Kiln's calibrator and the device's integer scheme (workers.quantize.schemes).
-        "calibrator", "percentile", "activation_type", "weight_type", "reduce_range",
+        "calibrator", "percentile", "activation_type", "weight_type", "reduce_range", "quant_format",
         # NNCF's ONNX backend (workers.quantize.nncf_onnx), with tool="nncf".
         "tool", "preset", "model_type", "fast_bias_correction", "smooth_quant_alpha", "ignored_types",
         # Equalization before calibration (workers.quantize.smoothing) and which ops' outputs stay float.
@@ -283,6 +287,11 @@ def _build_int8_static(
     tool = options.get("tool", "onnxruntime")
     if tool not in ("onnxruntime", "onnxruntime-defaults", "nncf"):
         raise ValueError(f"unknown tool {tool!r}; choose onnxruntime, onnxruntime-defaults or nncf")
+    quant_format = str(options.get("quant_format", "qdq")).lower()
+    if quant_format not in QUANT_FORMATS:
+        raise ValueError(f"unknown quant_format {options.get('quant_format')!r}; choose {' or '.join(QUANT_FORMATS)}")
+    if quant_format != "qdq" and (tool != "onnxruntime" or options.get("learn") or options.get("float_outputs")):
+        raise QuantizationError("QOperator is built by ONNX Runtime's own quantizer, without learning or float outputs (those are QDQ's)")
     limit = options.get("max_calibration_samples")
     usable = _usable_calibration_samples(calibration_path, limit)
     method_key = str(options.get("calibration_method", "minmax")).lower()
@@ -342,7 +351,7 @@ def _build_int8_static(
                 str(source),
                 str(out_path),
                 None if kiln_calibrator else reader,
-                quant_format=QuantFormat.QDQ,
+                quant_format=getattr(QuantFormat, QUANT_FORMATS[quant_format]),
                 op_types_to_quantize=options.get("op_types_to_quantize"),
                 per_channel=per_channel,
                 reduce_range=reduce_range,
@@ -361,7 +370,7 @@ def _build_int8_static(
             raise QuantizationError(f"static int8 quantization failed: {error}") from error
     recipe = {
         "method": "static",
-        "quant_format": "QDQ",
+        "quant_format": QUANT_FORMATS[quant_format],
         "calibration_method": _CALIBRATION_METHODS.get(method_key) or _KILN_ONLY_METHODS[method_key],
         "per_channel": per_channel,
         "weight_type": weight_name,

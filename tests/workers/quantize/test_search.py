@@ -202,6 +202,27 @@ def test_openvino_s_own_int8_that_misses_keeps_its_most_sensitive_nodes_in_float
     assert not [key for key in _keys(_plan(4, measured=measured)) if key.startswith("ov-int8-keep")]
 
 
+def test_the_fastest_passing_qdq_int8_on_onnxruntime_is_measured_as_qoperator_too():
+    def passing(key, p50, options, backend="onnxruntime"):
+        return {**_measured(key, "int8", p50, True, backend=backend), "options": options}
+
+    measured = [_measured("fp32", "fp32", 10.0, True), _measured("fp32", "fp32", 11.0, True, backend="openvino"),
+                passing("int8-minmax", 6.0, {"calibration_method": "minmax", "per_channel": False}),
+                passing("int8-mse", 5.0, {"calibration_method": "mse", "per_channel": True}),
+                # Faster, but not ORT's own QDQ: NNCF's tool, and a learned graph (QOperator cannot carry either).
+                passing("int8-nncf", 4.0, {"tool": "nncf"}),
+                passing("int8-minmax-adaround", 4.5, {"calibration_method": "minmax", "learn": "adaround"}),
+                passing("ov-int8", 3.0, {"runtime": "openvino"}, backend="openvino")]
+    qop = [spec for spec in _plan(2, measured=measured) if spec["key"].endswith("-qop")]
+    assert qop == [{"key": "int8-mse-qop", "precision": "int8", "backends": ["onnxruntime"], "compile": {},
+                    "options": {"calibration_method": "mse", "per_channel": True, "quant_format": "qoperator"}}]
+    # Measured once: not proposed again; and nothing to write as QOperator when no QDQ INT8 passes.
+    assert not [s for s in _plan(3, measured=[*measured, passing("int8-mse-qop", 5.5, qop[0]["options"])]) if s["key"].endswith("-qop")]
+    failing = [{**entry, "accuracy": {**entry["accuracy"], "within_tolerance": False}} if entry["precision"] == "int8" else entry
+               for entry in measured]
+    assert not [s for s in _plan(2, measured=failing) if s["key"].endswith("-qop")]
+
+
 def test_nothing_left_when_the_tolerance_is_met_and_no_faster_candidate_remains():
     measured = [_measured("fp32", "fp32", 10.0, True), _measured("int8-minmax", "int8", 12.0, False),
                 _measured("int8-mse", "int8", 4.0, False), _measured("int8-mse-keep1", "int8", 5.0, True),
@@ -461,6 +482,31 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
                        {"key": "fp32+y", "precision": "fp32", "options": {}, "backends": ["onnxruntime"], "compile": {"performance_hint": "THROUGHPUT"}},
                        {"key": "fp32+z", "precision": "fp32", "options": {}, "backends": None, "compile": {"graph_optimization": "extended"}}])
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
+
+
+def test_search_locally_fits_each_later_round_to_its_time_left_and_stops_when_nothing_fits(mlp_files, tmp_path, monkeypatch):
+    from workers.quantize import round_budget
+
+    seen = []
+
+    def nothing_fits(specs, **kwargs):
+        seen.append(kwargs)
+        fitted = round_budget.fit_round(specs, **kwargs)
+        if kwargs["round_number"] == 1:
+            return fitted
+        return round_budget.FittedRound(kept=[], left_out=[spec["key"] for spec in specs], note="round 2: all left out")
+
+    monkeypatch.setattr(search, "fit_round", nothing_fits)
+    result = search_locally(model_path=mlp_files.model, calibration_path=mlp_files.calibration, validation_path=mlp_files.validation,
+                            tolerance="accuracy:1%", backends=("onnxruntime",), work_dir=tmp_path, max_rounds=3,
+                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
+    # Round 1 (the probes and vendor defaults) has no pace yet; round 2 is fitted with what round 1 measured and took.
+    assert [kwargs["round_number"] for kwargs in seen] == [1, 2]
+    assert seen[0]["measurements"] == 0 and seen[1]["measurements"] == len(result["variants"]) > 0
+    assert seen[1]["elapsed_s"] > 0 and seen[1]["seconds_left"] < 600
+    assert result["rounds"] == 1 and "would not cover round 2" in result["stopped"]
+    assert "round 2: all left out" in result["notes"]
+    assert result["recommended"] is not None
 
 
 def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_files, tmp_path):
