@@ -44,7 +44,8 @@ scored from its file and timed interleaved as above.
 
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
 only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60] [--rows KEY,...]` the learned table,
-with `--rows` only those rows besides FP32 and the base family).
+with `--rows` only those rows besides FP32 and the base family; `--samples CAL,VAL` the inputs drawn per real model,
+16 and 16 by default).
 """
 
 from __future__ import annotations
@@ -141,20 +142,31 @@ def resnet18_like(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def prepare_models(work: Path, *, zoo_only: bool = False) -> list[dict]:
+def sample_counts(text: str) -> tuple[int, int]:
+    """`--samples CAL,VAL` as two positive counts."""
+    calibration, _, validation = text.partition(",")
+    counts = (int(calibration), int(validation or calibration))
+    if min(counts) < 1:
+        raise SystemExit("--samples takes two positive counts: CALIBRATION,VALIDATION")
+    return counts
+
+
+def prepare_models(work: Path, *, zoo_only: bool = False, samples: tuple[int, int] = (16, 16)) -> list[dict]:
+    """The models to compare; each real model with `samples` (calibration, validation) drawn inputs."""
+    calibration_samples, validation_samples = samples
     models = [] if zoo_only else synthetic_models(work)
     for zoo in available_zoo():
         # Real pretrained models shipped in PyPI packages, judged by their kind's metric (auto).
         models.append({"name": f"{zoo.name} (real, pretrained)", "path": zoo.path, "input": zoo.input_name, "zoo": True,
                        "tolerance": {"metric": "auto", "max_drop": 0.01},
-                       "calibration": write_npz(work / f"{zoo.name}-cal.npz", **zoo.inputs(16, seed=1)),
-                       "validation": write_npz(work / f"{zoo.name}-val.npz", **zoo.inputs(16, seed=2))})
+                       "calibration": write_npz(work / f"{zoo.name}-cal.npz", **zoo.inputs(calibration_samples, seed=1)),
+                       "validation": write_npz(work / f"{zoo.name}-val.npz", **zoo.inputs(validation_samples, seed=2))})
     if MINILM_L3.path is not None:
         # A sentence encoder: token ids and an additive attention mask in, every token's hidden state out.
         models.append({"name": f"{MINILM_L3.name} (real, pretrained)", "path": MINILM_L3.path, "inputs": list(MINILM_L3.recipe["inputs"]),
                        "zoo": True, "tolerance": {"metric": "auto", "max_drop": 0.01},
-                       "calibration": write_npz(work / f"{MINILM_L3.name}-cal.npz", **MINILM_L3.inputs(16, seed=1)),
-                       "validation": write_npz(work / f"{MINILM_L3.name}-val.npz", **MINILM_L3.inputs(16, seed=2))})
+                       "calibration": write_npz(work / f"{MINILM_L3.name}-cal.npz", **MINILM_L3.inputs(calibration_samples, seed=1)),
+                       "validation": write_npz(work / f"{MINILM_L3.name}-val.npz", **MINILM_L3.inputs(validation_samples, seed=2))})
     return models
 
 
@@ -357,6 +369,15 @@ def compare_with_kiln(rows: list[dict], kiln: dict) -> None:
 
 # What the per-backend table calls Kiln's families: the float model as built, under bf16, the runtime's own INT8, learned INT8.
 FAMILY_ROWS = ("FP32", "bf16", "INT8 (runtime-native)", "INT8 learned")
+# Why a family has no row on a runtime: the search measured nothing of it there.
+FAMILY_ABSENT = {
+    "bf16": {"onnxruntime": "ONNX Runtime's CPU provider has no bf16 precision hint",
+             "openvino": "not proposed: no bf16 units on this CPU (avx512_bf16/AMX), or not reached within the budget"},
+    "INT8 learned": "not proposed: learning is only for an INT8 family faster than the best passing variant that misses "
+                    "the tolerance (none did here, or the budget had no time left for it)",
+    "INT8 (runtime-native)": "not measured: pruned for this CPU, refused by the runtime, or not reached within the budget",
+    "FP32": "not measured",
+}
 
 
 def family_of(entry: dict) -> str | None:
@@ -384,7 +405,7 @@ def family_rows(search: dict, pick: dict) -> list[dict]:
             if best["id"] == pick["id"]:
                 continue
             rows.append({"tool": f"Kiln {family}: {best['key']}", "path": Path(best["path"]), "backend": backend,
-                         "kiln_backend_best": True, "compile": best.get("compile"), "key": best["key"].split(COMPILE_SEPARATOR)[0]})
+                         "kiln_backend_best": True, "family": family, "compile": best.get("compile"), "key": best["key"].split(COMPILE_SEPARATOR)[0]})
     return rows
 
 
@@ -651,6 +672,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=float, default=150.0, help="Kiln search time budget per model, seconds")
     parser.add_argument("--only", help="run only models whose name contains this")
     parser.add_argument("--build-workers", type=int, default=None, help="parallel variant builds (default: the CPU count)")
+    parser.add_argument("--samples", default="16,16", help="calibration,validation inputs drawn per real model (default 16,16)")
     parser.add_argument("--zoo", action="store_true", help="only the real pretrained models (tests/fixtures/zoo.py), no INT4 table")
     parser.add_argument("--learned", action="store_true",
                         help="only the learned-INT8 table: calibrated vs Kiln's AdaRound and QAT vs AMD Quark (with --zoo: also real models)")
@@ -677,7 +699,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\ntotal {time.monotonic() - started:.0f} s; this process's peak RSS {_own_peak_rss_mb():.0f} MB")
             return
         summary, backend_lines, costs = [], [], []
-        for model in prepare_models(work, zoo_only=arguments.zoo):
+        for model in prepare_models(work, zoo_only=arguments.zoo, samples=sample_counts(arguments.samples)):
             if arguments.only and arguments.only.lower() not in model["name"].lower():
                 continue
             if arguments.zoo and not model.get("zoo"):
@@ -692,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
             extra = family_rows(search, pick)
             rows = [*build_competitors(model, work), *compile_option_rows(model), *extra,
                     {"tool": f"Kiln auto: {pick['key']}", "path": Path(pick["path"]), "backend": pick["backend"], "kiln": True,
+                     "family": family_of(pick),
                      "key": pick["key"].split(COMPILE_SEPARATOR)[0], "compile": pick.get("compile")}]
             evaluate(rows, model, work)
             interleaved_p50(rows, arguments.rounds)
@@ -824,6 +847,19 @@ def per_backend(rows: list[dict], model: dict) -> list[str]:
         lines.extend(f"    {row['tool']:<58} {row['p50']:>9.3f} ms  {row['accuracy']['metric']} {row['accuracy']['value']:.4f}"
                      f"{'' if row['accuracy']['within_tolerance'] else ' (misses)'}"
                      for row in rows if row["backend"] == backend and (is_vendor_default(row) or row.get("kiln") or row.get("kiln_backend_best")))
+        lines.extend(absent_families(rows, backend))
+    return lines
+
+
+def absent_families(rows: list[dict], backend: str) -> list[str]:
+    """A line per family of FAMILY_ROWS that has no Kiln row on `backend`, with why (FAMILY_ABSENT)."""
+    present = {row.get("family") for row in rows if row["backend"] == backend and (row.get("kiln") or row.get("kiln_backend_best"))}
+    lines = []
+    for family in FAMILY_ROWS:
+        if family in present:
+            continue
+        why = FAMILY_ABSENT[family]
+        lines.append(f"    {'Kiln ' + family:<58} {why.get(backend, 'not measured') if isinstance(why, dict) else why}")
     return lines
 
 
