@@ -290,13 +290,13 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
 register_family(_smoothed_family)
 # ONNX Runtime's INT8 written as QOperator (QLinearConv, QLinearMatMul, …) beside the QDQ graph it is made from: which one
 # ORT runs faster depends on the model and the CPU (within 7% either way on four zoo models, 2026-12-02), so the fastest
-# passing QDQ recipe of ORT's own quantizer is built once more as QOperator and measured there; the decision keeps the
-# faster. Learned and float-output variants stay QDQ (they are built on its graph).
+# passing QDQ recipe of ORT's own quantizer is built once more as QOperator and measured there, where INT8 pays on ONNX
+# Runtime; the decision keeps the faster. Learned and float-output variants stay QDQ (they are built on its graph).
 QOPERATOR_SUFFIX = "-qop"
 
 
 def _qoperator_format(state: SearchState) -> list[dict[str, Any]]:
-    if state.round_number <= 1 or "onnxruntime" not in state.backends:
+    if state.round_number <= 1 or "onnxruntime" not in state.paying_backends("int8"):
         return []
     bases = [entry for entry in state.measured if entry.get("backend") == "onnxruntime" and entry.get("precision") == "int8"
              and _qdq_by_ort(entry.get("options") or {}) and not entry.get("compile") and _p50(entry) is not None and _passes(entry)]
