@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from devices import contract
+from tests.imports_of import packages_imported
 
 
 def test_tolerance_forms_normalize_to_one_shape():
@@ -80,10 +81,5 @@ def test_label_figures_drop_from_fp32s_own_value_and_sqnr_is_a_floor():
 
 
 def test_contract_imports_nothing_of_the_server():
-    import ast
-    from pathlib import Path
-
-    tree = ast.parse(Path(contract.__file__).read_text())
-    imported = {(node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
-                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    imported = packages_imported(contract.__file__)
     assert imported <= {"__future__", "math", "re", "dataclasses", "typing"}

@@ -28,6 +28,9 @@ from .models import Agent
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
+# Held for a whole flush, from taking the batch to its UPDATE: `clear` waits for a flush under way, so no batch
+# taken before it is written after it.
+_flush_lock = threading.Lock()
 _pending: dict[int, datetime] = {}
 _flusher: threading.Thread | None = None
 
@@ -68,6 +71,11 @@ def agent_seen_online(agent) -> bool:
 
 def heartbeats_flush() -> int:
     """Write every pending heartbeat in one UPDATE; returns how many agents it covered."""
+    with _flush_lock:
+        return _flush_batch()
+
+
+def _flush_batch() -> int:
     with _lock:
         batch = dict(_pending)
         _pending.clear()
@@ -115,8 +123,9 @@ def _flusher_ensure() -> None:
 
 
 def clear() -> None:
-    """Forget unwritten heartbeats (tests: each starts with none)."""
-    with _lock:
+    """Forget unwritten heartbeats, including a batch a flush has taken and not yet written (tests: each starts
+    with none, and a heartbeat noted before cannot land after)."""
+    with _flush_lock, _lock:
         _pending.clear()
 
 
