@@ -36,6 +36,15 @@ DEFAULT_PERCENTILE = 99.999
 UINT8_LEVELS = 256
 # The MSE search tries ranges shrunk from MinMax by these factors, besides the named methods.
 _CLIP_FACTORS = np.geomspace(1.0, 0.02, 48)
+# The rules that clip a tensor's tails by design. On what the user reads (the model's outputs) a clipped tail is a
+# wrong answer for exactly the rare values that matter: a detector's few confident objectness logits, the winning
+# class score, a far box coordinate. Outputs keep their observed range under these rules (`output_tensors`); `mse`
+# weighs clipping against rounding per tensor and keeps its choice.
+TAIL_CLIPPING = ("entropy", "percentile")
+# Operators whose outputs hold their (first) input's values, only rearranged or selected: a tensor that reaches a graph
+# output through them is, value for value, part of that output.
+_VALUE_PRESERVING = {"Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split",
+                     "Gather", "Expand", "Tile"}
 
 
 class CalibrationError(ValueError):
@@ -280,11 +289,32 @@ def calibrate(
         for _, activations in tap.stream(calibration_path, batch_size=batch_size, limit=samples):
             for name, value in activations.items():
                 histograms[name].add(value)
+    kept_whole = output_tensors(onnx.load(str(model_path), load_external_data=False)) if method in TAIL_CLIPPING else set()
     ranges, rules = {}, {}
     for name, histogram in histograms.items():
-        low, high, rule = range_for(histogram, method, percentile=percentile)
+        if name in kept_whole:
+            low, high, rule = *minmax_range(histogram), "output-minmax"
+        else:
+            low, high, rule = range_for(histogram, method, percentile=percentile)
         ranges[name], rules[name] = (low, high), rule
     return CalibrationResult(method, ranges, rules, served)
+
+
+def output_tensors(model: onnx.ModelProto) -> set[str]:
+    """The graph's outputs and every tensor that reaches one through value-preserving operators only."""
+    producers = {output: node for node in model.graph.node for output in node.output if output}
+    found: set[str] = set()
+    pending = [value.name for value in model.graph.output]
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        found.add(name)
+        node = producers.get(name)
+        if node is None or node.op_type not in _VALUE_PRESERVING:
+            continue
+        pending.extend(node.input if node.op_type == "Concat" else node.input[:1])
+    return found
 
 
 def write_ort_calibration_cache(result: CalibrationResult, path: str | Path) -> Path:

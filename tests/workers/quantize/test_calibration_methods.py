@@ -109,6 +109,47 @@ def test_calibrate_streams_batches_to_the_same_ranges(tmp_path):
         assert low == 0.0 and 0.0 < high <= float(data.max()) + 1e-6
 
 
+def _detection_head(path):
+    """A detector's last layer in miniature: a projection whose few large values are the objects, reshaped out."""
+    weights = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+             helper.make_node("Reshape", ["logits", "shape"], ["grid"], name="to_grid")]
+    graph = helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["n", 2, 4])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _mostly_background(rows: int = 1024) -> np.ndarray:
+    # Background everywhere, an object (a row 40x larger) in one row of 256: the tail a detector is read for.
+    data = np.random.default_rng(0).standard_normal((rows, 16)).astype(np.float32) * 0.05
+    data[::256] *= 40.0
+    return data
+
+
+def test_tail_clipping_rules_keep_the_outputs_whole_and_clip_inside(tmp_path):
+    model = _detection_head(tmp_path / "head.onnx")
+    data = _mostly_background()
+    calibration = write_npz(tmp_path / "c.npz", x=data)
+    observed = data @ onnx.numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    # What the rule alone would do to the head: cut the objects off.
+    assert entropy_range(Histogram.from_values(observed))[1] < 0.8 * float(observed.max())
+    for method in ("entropy", "percentile"):
+        result = calibrate(model, calibration, method=method)
+        # The output and the tensor that becomes it through Reshape keep every object; the input keeps its rule.
+        assert result.rules["grid"] == result.rules["logits"] == "output-minmax"
+        assert result.ranges["logits"] == pytest.approx((float(observed.min()), float(observed.max())), rel=1e-5)
+        assert result.rules["x"].startswith(method)
+        assert result.summary()["rules"]["output"] == 2
+    # MSE still weighs clipping against rounding on every tensor.
+    assert "output-minmax" not in calibrate(model, calibration, method="mse").rules.values()
+
+
 def test_calibrate_names_the_sample_holding_nan(tmp_path):
     model = _relu_graph(tmp_path / "relu.onnx")
     data = np.ones((32, 4), np.float32)
