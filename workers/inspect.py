@@ -188,8 +188,9 @@ def iter_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 # ---------------------------------------------------------------------------------------------
 # Output kinds
 
-# Ops that move or relabel values without changing what they mean.
-_PASS_THROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast", "Slice", "Gather", "Expand"}
+# Ops that move or relabel values without changing what they mean (calibration keeps what reaches an output through
+# them whole too: workers.quantize.calibration_methods).
+PASS_THROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast", "Slice", "Gather", "Expand"}
 _EMBEDDING_NAMES = ("embed", "hidden", "pool", "feature", "encod", "vector", "latent")
 _DETECTION_STRIDES = (8, 16, 32)
 
@@ -269,7 +270,7 @@ def _chain(name: str, producers: dict[str, onnx.NodeProto]) -> tuple[onnx.NodePr
     passed = []
     node = producers.get(name)
     for _ in range(16):
-        if node is None or node.op_type not in _PASS_THROUGH or not node.input:
+        if node is None or node.op_type not in PASS_THROUGH or not node.input:
             break
         passed.append(node.op_type)
         node = producers.get(node.input[0])

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from workers.datasets import InvalidDataset, batch_rows, dataset_samples, iter_batches
+from workers.inspect import PASS_THROUGH
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 # Tail estimates (percentile, entropy, the MSE search) need enough values in the tails to mean
@@ -41,10 +42,9 @@ _CLIP_FACTORS = np.geomspace(1.0, 0.02, 48)
 # class score, a far box coordinate. Outputs keep their observed range under these rules (`output_tensors`); `mse`
 # weighs clipping against rounding per tensor and keeps its choice.
 TAIL_CLIPPING = ("entropy", "percentile")
-# Operators whose outputs hold their (first) input's values, only rearranged or selected: a tensor that reaches a graph
+# Operators whose outputs hold their inputs' values, only rearranged, selected or joined: a tensor that reaches a graph
 # output through them is, value for value, part of that output.
-_VALUE_PRESERVING = {"Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split",
-                     "Gather", "Expand", "Tile"}
+_VALUE_PRESERVING = PASS_THROUGH | {"Concat", "Split", "Tile"}
 
 
 class CalibrationError(ValueError):
