@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,16 @@ BUSY_CORES_ENV = "KILN_AGENT_BUSY_CORES"
 RETAKES_ENV = "KILN_AGENT_RETAKES"
 TIMING_LOCK = "timing.lock"
 BUILDS_LOCK = "builds.lock"
+# Held shared by every build of the host from its start to its end, paused or not: an agent can tell that builds wait.
+BUILDS_PENDING_LOCK = "builds-pending.lock"
+# What the agent holding the timing window times ("local times job 2"), for a paused build to say why it waits.
+TIMING_LABEL = "timing.json"
+# While builds of this host wait, an agent leaves them at least this share of the time between its windows: a stream of
+# device tasks slows the host's builds down, it never stops them (KILN_AGENT_BUILD_SHARE, 0 to 0.9).
+BUILD_SHARE_ENV = "KILN_AGENT_BUILD_SHARE"
+DEFAULT_BUILD_SHARE = 0.5
+# The longest an agent holds back for builds before one window, whatever the last window's length.
+MAX_BUILD_TURN_S = 30.0
 POLL_S = 0.05
 # The kernel counts CPU time in ticks (10 ms): shares over a shorter stretch than this would be mostly rounding.
 MIN_ACCOUNTED_S = 0.2
@@ -104,6 +115,54 @@ def timing_requested(directory: Path | None = None) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def timing_label(directory: Path | None = None) -> str:
+    """What the agent timing now says it times ("local times job 2"), or "" when unknown."""
+    try:
+        return json.loads(((directory or quiet_dir()) / TIMING_LABEL).read_text()).get("label", "")[:200]
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _write_timing_label(label: str, directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        temporary = directory / f".{TIMING_LABEL}.{os.getpid()}"
+        temporary.write_text(json.dumps({"label": label, "since": time.time(), "pid": os.getpid()}))
+        os.replace(temporary, directory / TIMING_LABEL)
+
+
+def builds_waiting(directory: Path | None = None) -> bool:
+    """Whether a build of this host is running or paused (it holds or waits for the builds lock)."""
+    fd = _open_lock(BUILDS_PENDING_LOCK, directory)
+    try:
+        if _try_lock(fd, fcntl.LOCK_EX):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def build_share() -> float:
+    """KILN_AGENT_BUILD_SHARE: the share of time an agent leaves to waiting builds between its windows (default 0.5)."""
+    raw = os.environ.get(BUILD_SHARE_ENV, "")
+    if not raw:
+        return DEFAULT_BUILD_SHARE
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{BUILD_SHARE_ENV} must be a number from 0 to 0.9, got {raw!r}") from None
+    if not 0.0 <= value <= 0.9:
+        raise ValueError(f"{BUILD_SHARE_ENV} must be from 0 to 0.9, got {value}")
+    return value
+
+
+def builds_turn_s(last_window_s: float, share: float) -> float:
+    """How long builds run before the next window so that they get `share` of the time: w * s / (1 - s), capped."""
+    if share <= 0 or last_window_s <= 0:
+        return 0.0
+    return min(MAX_BUILD_TURN_S, last_window_s * share / (1.0 - share))
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -225,20 +284,24 @@ class QuietWindow:
     """The agent's side: hold the host's timing window, with every build of the host paused, and record the load around it."""
 
     def __init__(self, *, threads: int | None = None, attempt: int = 1, wait_for_builds_s: float = DEFAULT_WAIT_FOR_BUILDS_S,
-                 should_stop: Callable[[], bool] | None = None, directory: Path | None = None):
+                 should_stop: Callable[[], bool] | None = None, directory: Path | None = None, label: str = ""):
         self.directory = directory or quiet_dir()
         self.cores = _cores()
         self.window = Window(attempt=attempt, limit_cores=busy_limit(threads, self.cores))
         self.wait_for_builds_s = wait_for_builds_s
         self.should_stop = should_stop
+        self.label = label
         self._fds: list[int] = []
 
     def __enter__(self) -> Window:
         waiting = time.monotonic()
+        self._leave_builds_their_turn()
         timing = _open_lock(TIMING_LOCK, self.directory)
         self._fds.append(timing)
         try:
             _lock_polling(timing, fcntl.LOCK_EX, timeout_s=None, should_stop=self.should_stop)
+            if self.label:
+                _write_timing_label(self.label, self.directory)
             builds = _open_lock(BUILDS_LOCK, self.directory)
             self._fds.append(builds)
             self.window.builds_paused = _lock_polling(builds, fcntl.LOCK_EX, timeout_s=self.wait_for_builds_s, should_stop=self.should_stop)
@@ -257,8 +320,23 @@ class QuietWindow:
         self._started = time.monotonic()
         return self.window
 
+    def _leave_builds_their_turn(self) -> None:
+        """Before a window: while builds of this host wait, let them run for their share of the time since the last
+        window of this host ended (a chain of device tasks slows builds down, it never stops them)."""
+        last = _last_window(self.directory)
+        if not last or not builds_waiting(self.directory):
+            return
+        turn = builds_turn_s(float(last.get("seconds") or 0.0), build_share())
+        remaining = float(last.get("ended") or 0.0) + turn - time.time()
+        deadline = time.monotonic() + max(0.0, min(remaining, turn))
+        while time.monotonic() < deadline:
+            if self.should_stop is not None and self.should_stop():
+                raise WindowInterrupted("stopped while builds had their turn")
+            time.sleep(POLL_S)
+
     def __exit__(self, *exc_info) -> None:
         try:
+            _record_window(self.directory, time.monotonic() - self._started)
             self.window.seconds = time.monotonic() - self._started
             wall = max(self.window.seconds, MIN_ACCOUNTED_S)
             others = (_busy_cpu_seconds(self.cores) - self._busy) - (_own_cpu_seconds() - self._own)
@@ -275,6 +353,23 @@ class QuietWindow:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
         self._fds.clear()
+
+
+LAST_WINDOW = "last-window.json"
+
+
+def _record_window(directory: Path, seconds: float) -> None:
+    with contextlib.suppress(OSError):
+        temporary = directory / f".{LAST_WINDOW}.{os.getpid()}"
+        temporary.write_text(json.dumps({"seconds": seconds, "ended": time.time()}))
+        os.replace(temporary, directory / LAST_WINDOW)
+
+
+def _last_window(directory: Path) -> dict:
+    try:
+        return json.loads((directory / LAST_WINDOW).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _busiest(before: dict[tuple[int, float], tuple[str, float]], after: dict[tuple[int, float], tuple[str, float]], wall: float) -> list[str]:
@@ -307,7 +402,7 @@ def retakes_allowed() -> int:
 
 
 def measure_quietly(measure: Callable[[], T], *, threads: int | None = None, should_stop: Callable[[], bool] | None = None,
-                    retakes: int | None = None, pause_s: float = 0.5, directory: Path | None = None) -> tuple[T, Window]:
+                    retakes: int | None = None, pause_s: float = 0.5, directory: Path | None = None, label: str = "") -> tuple[T, Window]:
     """Run `measure` inside a quiet window; a busy window is taken again (up to `retakes` times) and the last one kept.
 
     Returns the measurement and its window (its `retaken` says how many busy windows came before it; `busy`
@@ -317,7 +412,7 @@ def measure_quietly(measure: Callable[[], T], *, threads: int | None = None, sho
     attempt = 0
     while True:
         attempt += 1
-        with QuietWindow(threads=threads, attempt=attempt, should_stop=should_stop, directory=directory) as window:
+        with QuietWindow(threads=threads, attempt=attempt, should_stop=should_stop, directory=directory, label=label) as window:
             result = measure()
         window.retaken = attempt - 1
         if not window.busy or attempt > retakes:
@@ -342,16 +437,23 @@ class BuildPauser(threading.Thread):
     stopped, which a caller leaves out of the build's time limit.
     """
 
-    def __init__(self, pid: int, *, directory: Path | None = None, poll_s: float = POLL_S):
+    def __init__(self, pid: int, *, directory: Path | None = None, poll_s: float = POLL_S,
+                 on_pause: Callable[[str], None] | None = None, on_continue: Callable[[], None] | None = None):
         super().__init__(daemon=True, name=f"kiln-build-pauser-{pid}")
         self.pid = pid
         self.directory = directory or quiet_dir()
         self.poll_s = poll_s
         self.paused_s = 0.0
         self.pauses = 0
+        # Told when the build stops for a window (with what the agent times) and when it goes on: the job says why it waits.
+        self.on_pause = on_pause
+        self.on_continue = on_continue
         self._pause_started: float | None = None
         self._done = threading.Event()
         self._stopped_tree = False
+        self._closed = False
+        self._pending = _open_lock(BUILDS_PENDING_LOCK, self.directory)
+        fcntl.flock(self._pending, fcntl.LOCK_SH)
         self._builds = _open_lock(BUILDS_LOCK, self.directory)
         # Taken before the child runs a step of its own whenever no agent times: a build that cannot take it starts paused.
         self._holding = not timing_requested(self.directory) and _try_lock(self._builds, fcntl.LOCK_SH)
@@ -378,6 +480,7 @@ class BuildPauser(threading.Thread):
         self._signal(signal.SIGSTOP)
         self._stopped_tree = True
         self.pauses += 1
+        self._tell(self.on_pause, timing_label(self.directory))
         # Stopped first, then the lock let go: the agent that takes it next finds nothing of this build running.
         if self._holding:
             fcntl.flock(self._builds, fcntl.LOCK_UN)
@@ -391,6 +494,16 @@ class BuildPauser(threading.Thread):
         self._continue()
         self.paused_s += time.monotonic() - started
         self._pause_started = None
+        self._tell(self.on_continue)
+
+    @staticmethod
+    def _tell(callback: Callable | None, *args) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("a build pause callback failed")
 
     def _continue(self) -> None:
         if self._stopped_tree:
@@ -410,10 +523,14 @@ class BuildPauser(threading.Thread):
         if self.is_alive():
             self.join(timeout=5)
         self._continue()
-        with contextlib.suppress(OSError):
-            fcntl.flock(self._builds, fcntl.LOCK_UN)
-        with contextlib.suppress(OSError):
-            os.close(self._builds)
+        if self._closed:
+            return
+        self._closed = True
+        for fd in (self._builds, self._pending):
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def wait_while_timing(*, timeout_s: float = DEFAULT_WAIT_FOR_BUILDS_S, directory: Path | None = None) -> float:

@@ -200,8 +200,10 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.5, message: str
 
 
 def celery_worker_command(schedule: Path) -> list[str]:
-    """A real Celery worker process that also runs the housekeeping beat."""
-    return [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO",
+    """A real Celery worker process that serves every work class (workers/routing.py) and runs the housekeeping beat."""
+    from workers.routing import all_queues
+
+    return [sys.executable, "-m", "celery", "-A", "workers.celery", "worker", "--loglevel", "INFO", "--queues", ",".join(all_queues()),
             "--concurrency", "1", "--pool", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
             "--beat", "--schedule", str(schedule)]
 

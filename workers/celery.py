@@ -9,6 +9,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun
 from django.conf import settings
 
+from workers.routing import CONTROL, PRIORITY_STEPS, task_routes
 from workers.workdir import task_work_dir_enter, task_work_dir_leave
 
 _PLATFORM_DIR = Path(__file__).resolve().parent.parent / "platform"
@@ -28,10 +29,21 @@ app.conf.update(
     task_ignore_result=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
-    task_default_queue="kiln",
+    # Work classes on queues of their own (workers/routing.py); anything unrouted is a control step.
+    task_default_queue=CONTROL,
+    task_routes=task_routes(),
+    # A message without a priority of its own is served first among its queue's (Redis: 0 is first).
+    task_default_priority=0,
     # With KILN_LOG_JSON the worker keeps Django's LOGGING (JSON lines with job and task ids).
     worker_hijack_root_logger=not settings.LOG_JSON,
 )
+
+
+def _configure_priorities() -> None:
+    """Redis keeps one list per priority step and serves lower numbers first (the filesystem broker has no priorities:
+    there every queue is first come, first served)."""
+    if str(settings.CELERY_BROKER_URL).startswith(("redis://", "rediss://")):
+        app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}), "priority_steps": PRIORITY_STEPS}
 
 
 def _configure_filesystem_broker() -> None:
@@ -60,7 +72,8 @@ def _configure_beat() -> None:
     }
 
 
-HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work", "expire_uploads")
+HOUSEKEEPING_TASKS = ("requeue_expired_leases", "redispatch_waiting", "mark_agents_offline", "reap_stuck_work", "expire_uploads",
+                      "expire_work_slots")
 
 
 @task_prerun.connect
@@ -75,6 +88,7 @@ def _leave_task_work_dir(task_id=None, **_):
 
 
 _configure_filesystem_broker()
+_configure_priorities()
 _configure_beat()
 # Lazy: the tasks import the pipeline, which needs Django's apps; Celery's Django fixup sets them
 # up before the worker imports this, and the web process only resolves tasks by name.

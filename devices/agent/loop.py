@@ -48,6 +48,7 @@ class Agent:
         self.client = client or AgentClient(config.server, config.agent_token)
         self.stop_event = threading.Event()
         self.runner = TaskRunner(self.client, Path(work_dir), stop_event=self.stop_event, threads=threads)
+        self.runner.agent_name = config.name
         self.heartbeat_interval_s = float(config.heartbeat_interval_s or 15.0)
         self.long_poll_s = float(config.long_poll_s or 20.0)
         self.poll_interval_s = float(config.poll_interval_s or 1.0)

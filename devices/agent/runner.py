@@ -285,6 +285,8 @@ class TaskRunner:
         self.work_dir = Path(work_dir)
         self.stop_event = stop_event or threading.Event()
         self.threads = threads
+        # This device's name, for the host's builds to say whose timing they wait for (devices/quiet.py).
+        self.agent_name = ""
         self.keep_work_dirs = keep_work_dirs
         self.stage: str | None = None
         # This task's runtime's operator-support answer, sent with its result whatever the outcome.
@@ -450,7 +452,7 @@ class TaskRunner:
         try:
             speed, window = quiet.measure_quietly(
                 lambda: bench.run_benchmark(compiled, feeds_by_batch, settings, load_ms=load_ms, should_stop=stop_or_cancel),
-                threads=compiled.threads, should_stop=self._waiting(task, cancel))
+                threads=compiled.threads, should_stop=self._waiting(task, cancel), label=self._timing_label(task))
         except (bench.BenchmarkInterrupted, quiet.WindowInterrupted):
             self._check(task_id, cancel)
             raise
@@ -570,6 +572,11 @@ class TaskRunner:
                                        for row, values in zip(variants, medians)],
                             "stopped": stopped, "windows": windows}}
 
+    def _timing_label(self, task: dict) -> str:
+        """What this window times, for builds paused on this host: "local times job 2"."""
+        who = self.agent_name or "a device of this host"
+        return f"{who} times job {task.get('job')}" if task.get("job") else f"{who} times a task"
+
     def _interleaved_rounds(self, task: dict, cancel: threading.Event, runs: list, settings: bench.BenchmarkSettings, *,
                             min_rounds: int, max_rounds: int, threads: int) -> tuple[list[list[float]], list[dict], str]:
         """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop; (medians, windows, why)."""
@@ -580,7 +587,7 @@ class TaskRunner:
             done = len(medians[0])
             values, window = quiet.measure_quietly(
                 lambda shift=done: bench.interleaved_round(runs, settings, shift=shift, should_stop=stop_or_cancel),
-                threads=threads, should_stop=self._waiting(task, cancel))
+                threads=threads, should_stop=self._waiting(task, cancel), label=self._timing_label(task))
             for index, value in enumerate(values):
                 medians[index].append(value)
             windows.append(window.as_dict())

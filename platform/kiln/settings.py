@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from kiln.core.client_address import InvalidProxyList, parse_trusted_proxies
 from kiln.storage_settings import blob_storage_settings
+from workers import routing as _routing
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BASE_DIR.parent
@@ -304,6 +305,26 @@ if RETIME_MAX_ROUNDS > 64:
     raise ImproperlyConfigured("KILN_RETIME_MAX_ROUNDS must be at most 64 (an agent reports at most 64 rounds).")
 # Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
 BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
+
+# Work classes (workers/routing.py): control steps, builds and sandboxed checks each have a queue and a worker of their
+# own. What bounded work may book of this host's memory (workers/host_memory.py; 0: 80% of physical memory).
+HOST_MEMORY_MB = _env_int("KILN_HOST_MEMORY_MB", 0, minimum=0)
+_HOST_MEMORY = HOST_MEMORY_MB or int(_routing.physical_memory_mb() * 0.8)
+# Builds a host runs at once (the build worker's concurrency; 0: one per core, as many as the host's memory holds at
+# KILN_BUILD_MEMORY_MB each), and sandboxed checks (0: two where cores and memory allow).
+BUILD_SLOTS = _env_int("KILN_BUILD_SLOTS", 0, minimum=0) or _routing.build_slots(
+    cores=_routing.usable_cores(), host_memory_mb=_HOST_MEMORY, build_memory_mb=BUILD_MEMORY_MB)
+CHECK_SLOTS = _env_int("KILN_CHECK_SLOTS", 0, minimum=0) or _routing.check_slots(
+    cores=_routing.usable_cores(), host_memory_mb=_HOST_MEMORY, check_memory_mb=TORCH_SANDBOX_MEMORY_MB)
+# Per organization: builds at once while another organization's builds wait (0: half the build slots, at least one),
+# and sandboxed checks at once, upload checks and exports included (a request over the limit gets 429).
+BUILDS_PER_ORGANIZATION = _env_int("KILN_BUILDS_PER_ORGANIZATION", 0, minimum=0) or max(1, BUILD_SLOTS // 2)
+CHECKS_PER_ORGANIZATION = _env_int("KILN_CHECKS_PER_ORGANIZATION", 2, minimum=1)
+# Sandboxes one host runs at once, of every organization (0: as many as the host's memory holds at
+# KILN_TORCH_SANDBOX_MEMORY_MB each, at least one).
+SANDBOXES_PER_HOST = _env_int("KILN_SANDBOXES_PER_HOST", 0, minimum=0) or max(1, _HOST_MEMORY // TORCH_SANDBOX_MEMORY_MB)
+# How long a task refused by a per-organization limit waits before it goes back on its queue.
+ADMISSION_RETRY_SECONDS = _env_int("KILN_ADMISSION_RETRY_SECONDS", 5, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -32,6 +32,7 @@ from tests.conftest import REPO, SHORT_MEASUREMENT_ENV, LiveStack, _database_url
 from tests.e2e.test_pipeline_stack import Api, upload_digits
 from tests.e2e.test_service_restarts import OwnRedis
 from tests.fixtures.balancer import Balancer
+from workers.routing import all_queues
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -100,7 +101,8 @@ class Hosts:
             wait_until(lambda port=port, host=host: self.healthy(host, port), timeout=90, message=f"{host} to answer")
         celery = [sys.executable, "-m", "celery", "-A", "workers.celery"]
         for host in ("worker-a", "worker-b"):
-            self.processes[host] = self.stack.spawn(host, [*celery, "worker", "--loglevel", "INFO", "--concurrency", "1", "--pool", "solo",
+            self.processes[host] = self.stack.spawn(host, [*celery, "worker", "--loglevel", "INFO", "--queues", ",".join(all_queues()),
+                                                           "--concurrency", "1", "--pool", "solo",
                                                            "--hostname", f"{host}@%h", "--without-heartbeat", "--without-gossip",
                                                            "--without-mingle"], self.host_env(host))
         beat_env = self.host_env("beat")

@@ -24,10 +24,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from devices.quiet import BuildPauser
+from workers import host_memory
 
 DEFAULT_MEMORY_BUDGET_MB = 4096
 MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
@@ -63,6 +66,7 @@ def build_isolated(
     cache_dir: str | Path | None = None,
     memory_budget: int | None = None,
     timeout_s: float = 3600.0,
+    watch: BuildWatch | None = None,
 ) -> dict[str, Any]:
     """`build_variant` (or `cached_build_variant` with `cache_dir`) in a child process; adds `peak_rss_mb` and `build_s`.
 
@@ -76,7 +80,7 @@ def build_isolated(
                "options": options or {}, "cache_dir": str(cache_dir) if cache_dir is not None else None}
     started = time.monotonic()
     try:
-        result = _run_child(request, f"the {precision} build", memory_budget, timeout_s)
+        result = _run_child(request, f"the {precision} build", memory_budget, timeout_s, watch)
     except BuildMemoryExceeded:
         Path(out_path).unlink(missing_ok=True)
         raise
@@ -87,23 +91,45 @@ def build_isolated(
     built["peak_rss_mb"] = result["peak_rss_mb"]
     built["build_s"] = time.monotonic() - started
     built["paused_s"] = result.get("paused_s", 0.0)
+    built["memory_wait_s"] = result.get("memory_wait_s", 0.0)
     return built
 
 
 def rank_nodes_isolated(*, model_path: str | Path, calibration_path: str | Path, max_samples: int = 64,
-                        memory_budget: int | None = None, timeout_s: float = 3600.0) -> list[dict[str, Any]]:
+                        memory_budget: int | None = None, timeout_s: float = 3600.0, watch: BuildWatch | None = None) -> list[dict[str, Any]]:
     """`sensitivity.rank_nodes` in a child process under the same memory budget as a build."""
     request = {"kind": "rank_nodes", "model_path": str(model_path), "calibration_path": str(calibration_path),
                "max_samples": int(max_samples)}
-    result = _run_child(request, "the sensitivity analysis", memory_budget, timeout_s)
+    result = _run_child(request, "the sensitivity analysis", memory_budget, timeout_s, watch)
     if "error" in result:
         raise RuntimeError(result["error"]["message"])
     return result["ranking"]
 
 
-def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, timeout_s: float) -> dict[str, Any]:
-    """Run one request in a child process under the watchdog; the child's JSON result with `peak_rss_mb`."""
+@dataclass
+class BuildWatch:
+    """Who to tell while a build waits: for host memory (`on_memory_wait(reason)`), paused for a device's timing window
+    (`on_pause(what the device times)`), going on again (`on_continue()`)."""
+
+    what: str = "a build"
+    on_memory_wait: Callable[[str], None] | None = None
+    on_pause: Callable[[str], None] | None = None
+    on_continue: Callable[[], None] | None = None
+
+
+def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, timeout_s: float,
+               watch: BuildWatch | None = None) -> dict[str, Any]:
+    """Run one request in a child process under the watchdog, once its memory budget fits on this host
+    (workers/host_memory.py); the child's JSON result with `peak_rss_mb`."""
     budget = memory_budget or memory_budget_mb()
+    watch = watch or BuildWatch(what=what)
+    with host_memory.reserved(budget, what=watch.what, on_wait=watch.on_memory_wait) as waited_s:
+        result = _run_child_booked(request, what, budget, timeout_s, watch)
+    result["memory_wait_s"] = round(waited_s, 3)
+    return result
+
+
+def _run_child_booked(request: dict[str, Any], what: str, budget: int, timeout_s: float, watch: BuildWatch) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kiln-build-") as scratch:
         request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request_path.write_text(json.dumps(request))
@@ -112,18 +138,18 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
         with open(stderr_path, "wb") as stderr_file:
             process = subprocess.Popen([sys.executable, "-m", "workers.quantize.isolated", str(request_path), str(result_path)],
                                        cwd=scratch, env=_child_env(), stdout=subprocess.DEVNULL, stderr=stderr_file)
-        watch = _Watchdog(process.pid, budget)
-        pauser = BuildPauser(process.pid)
-        watch.start()
+        memory = _Watchdog(process.pid, budget)
+        pauser = BuildPauser(process.pid, on_pause=watch.on_pause, on_continue=watch.on_continue)
+        memory.start()
         pauser.start()
         try:
             _wait_running(process, timeout_s, pauser, what)
         finally:
             pauser.stop()
-            watch.stop()
+            memory.stop()
         stderr = stderr_path.read_bytes()
         paused_s = pauser.paused_seconds()
-        if watch.exceeded:
+        if memory.exceeded:
             raise BuildMemoryExceeded(
                 f"{what} used more than the build memory budget of {budget} MB "
                 f"({MEMORY_BUDGET_ENV}) and was stopped; raise the budget or use fewer calibration samples")
@@ -134,7 +160,7 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
     # The watchdog's samples, not the child's ru_maxrss: Linux carries ru_maxrss across execve, so
     # a child of a large parent would report the parent's peak. ru_maxrss only fills in for a child
     # too short-lived to be sampled.
-    result["peak_rss_mb"] = watch.peak_mb or result.get("peak_rss_mb") or 0.0
+    result["peak_rss_mb"] = memory.peak_mb or result.get("peak_rss_mb") or 0.0
     # How long the build stood paused while an agent of this host timed (devices/quiet.py).
     result["paused_s"] = round(paused_s, 3)
     return result

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
@@ -125,13 +125,19 @@ def _labels_match(required: dict, labels: dict) -> bool:
 
 
 def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
-    """Queued tasks this agent may run, oldest first: a plain read (no lock), claimed one by one by compare-and-set."""
+    """Queued tasks this agent may run, jobs in turn: a plain read (no lock), claimed one by one by compare-and-set.
+
+    Round-robin between jobs: the job whose last task started longest ago (or never) goes first, and within a job the
+    oldest task. One job's twenty measurements and its re-timing never hold another job's first measurement back. (An
+    agent belongs to one organization, so its turns are between that organization's jobs.)
+    """
+    last_turn = DeviceTask.objects.filter(job_id=OuterRef("job_id"), started_at__isnull=False).order_by("-started_at").values("started_at")[:1]
     queryset = DeviceTask.objects.filter(
         organization_id=agent.organization_id,
         status=DeviceTaskStatus.QUEUED,
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
-    ).order_by("id")
+    ).annotate(job_last_turn=Subquery(last_turn)).order_by(F("job_last_turn").asc(nulls_first=True), "id")
     return [
         task for task in queryset[:limit]
         if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)

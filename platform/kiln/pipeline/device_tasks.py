@@ -20,7 +20,7 @@ from kiln.registry.services import model_version_support_record
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
 from .queue import enqueue_stage, wake_agents
 from .retime import retime_results_store
-from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start, job_work_add
 from .support import runnable_backends, skipped_backends
 
 logger = logging.getLogger(__name__)
@@ -107,6 +107,15 @@ def device_task_start(*, task: DeviceTask, agent, now=None) -> bool:
     ))
 
 
+def device_work_seconds(*, task: DeviceTask, metrics: dict) -> float:
+    """A device task's own time on its device: from its lease to its result, less what it waited for quiet windows
+    (builds' turns, other agents' windows) as its windows report."""
+    if task.started_at is None:
+        return 0.0
+    waited = sum(float(window.get("waited_s") or 0.0) for window in (metrics or {}).get("windows") or [] if isinstance(window, dict))
+    return max(0.0, (timezone.now() - task.started_at).total_seconds() - waited)
+
+
 def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metrics: dict, accuracy: dict, profile: dict, log: str, summary: str,
                        support: dict | None = None) -> bool:
     """Leased -> succeeded or failed, for the attempt the agent holds; False when it no longer holds it."""
@@ -117,6 +126,7 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
         )
         if not changed:
             return False
+        job_work_add(job_id=task.job_id, seconds=device_work_seconds(task=task, metrics=metrics))
         if support and task.variant.precision == "fp32":
             # The FP32 variant is the model as uploaded (converted): the device's answer is the model's, for its page.
             model_version_support_record(version=task.job.model_version, answers=[support], where=agent.name, sha256=task.variant.artifact.blob.sha256

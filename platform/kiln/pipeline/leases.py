@@ -31,10 +31,11 @@ class LeaseKind:
     owner: str
     expires: str
     attempts: str
+    offered: str
 
 
-STAGE = LeaseKind(DeploymentJob, "stage_lease_owner", "stage_lease_expires_at", "stage_attempts")
-BUILD = LeaseKind(Variant, "build_lease_owner", "build_lease_expires_at", "build_attempts")
+STAGE = LeaseKind(DeploymentJob, "stage_lease_owner", "stage_lease_expires_at", "stage_attempts", "stage_offered_at")
+BUILD = LeaseKind(Variant, "build_lease_owner", "build_lease_expires_at", "build_attempts", "build_offered_at")
 
 
 def _in(seconds: float):
@@ -48,7 +49,13 @@ def lease_offer(kind: LeaseKind, pk: int, *, resend: bool = False, **fields) -> 
     """
     if not resend:
         fields[kind.attempts] = 0
+        fields[kind.offered] = timezone.now()
     kind.model.objects.filter(pk=pk).update(**{kind.owner: "", kind.expires: _in(settings.WORK_QUEUE_GRACE_SECONDS)}, **fields)
+
+
+def lease_offer_extend(kind: LeaseKind, pk: int) -> int:
+    """A sent task still waits behind busy workers of its class: it is not lost, so the reaper leaves it another grace."""
+    return kind.model.objects.filter(pk=pk, **{kind.owner: ""}).update(**{kind.expires: _in(settings.WORK_QUEUE_GRACE_SECONDS)})
 
 
 def lease_claim(kind: LeaseKind, pk: int, match: Q | None = None) -> str | None:

@@ -64,6 +64,14 @@ class DeploymentJob(models.Model):
     stage_lease_owner = models.CharField(max_length=32, blank=True, default="")
     stage_lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     stage_attempts = models.PositiveIntegerField(default=0)
+    # When the stage task was first sent (a re-send keeps it): its place in its class's queue (kiln.pipeline.waiting).
+    stage_offered_at = models.DateTimeField(null=True, blank=True)
+    # Seconds of work the job has had (its builds and stages running, its device tasks measuring; never time spent
+    # waiting): what an `auto` search's budget counts (kiln.pipeline.selectors.search_seconds_left). Added to with F().
+    work_seconds = models.FloatField(default=0.0)
+    # Why the job waits, where only a worker can tell (a build paused for a timing window, a slot or memory it waits
+    # for): {"cause", "message", "since"}; the rest of the picture is read from the queues (kiln.pipeline.waiting).
+    waiting = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -136,6 +144,7 @@ class Variant(models.Model):
     build_lease_owner = models.CharField(max_length=32, blank=True, default="")
     build_lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     build_attempts = models.PositiveIntegerField(default=0)
+    build_offered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -196,3 +205,21 @@ class DeviceTask(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "variant", "backend", "target", "purpose"], name="one_task_per_cell"),
         ]
+
+
+class WorkSlot(models.Model):
+    """One piece of host-side work of a class (build, check) running for an organization: the per-organization and
+    per-host limits count these (kiln.pipeline.capacity). Renewed while the work runs; an expired one (its process
+    died) no longer counts."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(DeploymentJob, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    work_class = models.CharField(max_length=8)
+    holder = models.CharField(max_length=200)
+    host = models.CharField(max_length=255)
+    expires_at = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["work_class", "organization"])]

@@ -19,7 +19,7 @@ from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibr
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
 from workers.quantize.isa_families import isa_notes
-from workers.quantize.isolated import build_isolated, rank_nodes_isolated
+from workers.quantize.isolated import BuildWatch, build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
@@ -27,14 +27,15 @@ from workers.quantize.round_budget import fit_round
 from workers.quantize.runtimes import for_targets
 from workers.quantize.search import family_verdicts, plan_round, ranking_pays
 
-from . import specs
+from . import specs, waiting
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
 from .retime import job_retime_finalists
 from .runner import run_stage_open, scratch_dir, working_model_path
-from .selectors import search_seconds_left
-from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start
+from .selectors import search_seconds_left, search_work_seconds
+from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start, job_work_add
 from .support import runnable_backends, skipped_backends
+from .waiting import job_wait_clear, job_wait_note
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
     if not ranking_pays(family_verdicts(measured, isa=job.search.get("isa"))):
         return None
     try:
-        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job))
+        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job),
+                                      watch=build_watch(job_id=job.id, what=f"the sensitivity analysis of job {job.id}"))
     except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
         ranking = []
@@ -198,7 +200,10 @@ def _plan_variants(job) -> str:
 
 def job_quantize(*, job_id: int) -> None:
     """Plan the variants and fan out one build task each; the last one to finish dispatches."""
-    if not run_stage_open(job_id, "quantize", _plan_variants):
+    started = time.monotonic()
+    opened = run_stage_open(job_id, "quantize", _plan_variants)
+    job_work_add(job_id=job_id, seconds=time.monotonic() - started)
+    if not opened:
         return
     for variant_id in Variant.objects.filter(job_id=job_id, status__in=[VariantStatus.PENDING, VariantStatus.BUILDING]).values_list("id", flat=True):
         enqueue_variant_build(variant_id=variant_id)
@@ -250,7 +255,7 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
         # A child process under the build memory budget (KILN_BUILD_MEMORY_MB): a clear error, never the OOM killer.
         built = build_isolated(
             model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration,
-            options=_build_options(variant),
+            options=_build_options(variant), watch=build_watch(job_id=job.id, what=f"the build of {variant.key} (job {job.id})"),
         )
         # Named for what it holds: a LiteRT variant is a .tflite, not an .onnx.
         artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=variant.key + artifacts.suffix_for(out), path=out,
@@ -258,7 +263,8 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
     variant.artifact = artifact
     variant.recipe = {**built.get("recipe", {}), "peak_rss_mb": round(built.get("peak_rss_mb") or 0.0, 1),
                       "build_s": round(built.get("build_s") or 0.0, 2), "paused_s": round(built.get("paused_s") or 0.0, 2),
-                      **_compile_recipe(variant)}
+                      "memory_wait_s": round(built.get("memory_wait_s") or 0.0, 2), **_compile_recipe(variant)}
+    job_work_add(job_id=job.id, seconds=(built.get("build_s") or 0.0) - (built.get("paused_s") or 0.0) - (built.get("memory_wait_s") or 0.0))
     # The planner may restrict backends (an OpenVINO-only recipe); never widen what the build can run on.
     built_backends = built.get("backends", ["onnxruntime"])
     planned = variant.backends or _target_facts(job)[1]
@@ -274,12 +280,37 @@ def _compile_recipe(variant: Variant) -> dict:
     return {"compile": variant.options["compile"]} if variant.options.get("compile") else {}
 
 
+def build_watch(*, job_id: int, what: str) -> BuildWatch:
+    """A build's waits, told on its job: memory it waits for, and pauses while a device of this host times."""
+    return BuildWatch(
+        what=what,
+        on_memory_wait=lambda reason: job_wait_note(job_id=job_id, cause=waiting.MEMORY, message=reason),
+        on_pause=lambda label: job_wait_note(job_id=job_id, cause=waiting.BUILDS_PAUSED,
+                                             message=f"builds paused while {label or 'a device of this host times'}"),
+        on_continue=lambda: job_wait_clear(job_id=job_id, cause=waiting.BUILDS_PAUSED),
+    )
+
+
+def _budget_spent_elsewhere(variant: Variant, job: DeploymentJob) -> bool:
+    """An `auto` search out of budget builds nothing more once something of the job is built or building: what is built
+    is measured and reported."""
+    if job.precisions != [specs.AUTO] or search_seconds_left(job) >= 0:
+        return False
+    return job.variants.exclude(pk=variant.pk).filter(status__in=[VariantStatus.READY, VariantStatus.BUILDING]).exists()
+
+
 def variant_build(*, variant_id: int) -> None:
     """Build one host-side variant; its failure fails the variant, not the job."""
     variant = Variant.objects.select_related("job").filter(pk=variant_id).first()
     if variant is None or variant.job.is_terminal or variant.status in FINISHED_VARIANT_STATUSES:
         return
     job = variant.job
+    if _budget_spent_elsewhere(variant, job):
+        variant.status, variant.error = VariantStatus.SKIPPED, "not built: the search's budget was spent before its turn came"
+        variant.save(update_fields=["status", "error"])
+        job_event_add(job=job, stage="quantize", message=f"{variant.key} {variant.error}.")
+        quantize_finish_if_done(job_id=job.id)
+        return
     variant.status = VariantStatus.BUILDING
     variant.save(update_fields=["status"])
     try:
@@ -296,6 +327,7 @@ def variant_build(*, variant_id: int) -> None:
         variant.status, variant.error = VariantStatus.FAILED, f"{type(exc).__name__}: {exc}"
         job_event_add(job=job, stage="quantize", level="error", message=f"{variant.key} failed: {variant.error}")
     variant.save()
+    job_wait_clear(job_id=job.id)
     quantize_finish_if_done(job_id=job.id)
 
 
@@ -386,9 +418,8 @@ def _next_round_specs(job) -> list[dict]:
 def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int) -> list[dict]:
     """The candidates whose estimated cost at this search's pace fits the time it has left (round_budget.fit_round); the
     job's events say what was left out, and the search stops when nothing fits."""
-    started = job.search.get("started_at", time.time())
     fitted = fit_round(candidates, round_number=round_number, seconds_left=search_seconds_left(job),
-                       elapsed_s=time.time() - started, measurements=measurements)
+                       elapsed_s=search_work_seconds(job), measurements=measurements)
     if fitted.note:
         job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
     if candidates and not fitted.kept:
@@ -403,23 +434,63 @@ def _stop_search(job, reason: str) -> None:
     job.save(update_fields=["search", "updated_at"])
 
 
-def job_collect(*, job_id: int) -> None:
-    """After the devices: plan the search's next round, or go on to the report."""
+def _collected_job(job_id: int) -> DeploymentJob | None:
     job = DeploymentJob.objects.select_related("model_version", "calibration_dataset__blob", "converted_blob").filter(pk=job_id).first()
     if job is None or job.is_terminal or job.stage != "report":
+        return None
+    return job
+
+
+def _search_may_go_on(job: DeploymentJob) -> bool:
+    """Whether planning another round is worth a build slot: an `auto` search, not re-timed yet, rounds left."""
+    return job.precisions == [specs.AUTO] and "retimed" not in job.search and job.search.get("round", 1) < MAX_SEARCH_ROUNDS
+
+
+def job_collect(*, job_id: int) -> None:
+    """After the devices (a control step): plan the search's next round on a build slot (planning reads the model), or
+    go on at once to the re-timing or the report."""
+    job = _collected_job(job_id)
+    if job is None:
         return
-    # Once the finalists were re-timed the search is over: nothing is planned after that.
-    next_specs = [] if "retimed" in job.search else _next_round_specs(job)
+    if _search_may_go_on(job):
+        enqueue_stage(job_id=job_id, stage="plan")
+        return
+    _end_search(job)
+
+
+def _end_search(job: DeploymentJob) -> None:
+    """No round follows: re-time the finalists side by side once, then report."""
+    job.save(update_fields=["search", "updated_at"])
+    if "retimed" not in job.search and job_retime_finalists(job=job):
+        job_stage_start(job=job, stage="devices")
+        job_event_add(job=job, stage="devices", message="Finalists: re-timing them side by side on their device until the fastest "
+                      "separates at 95% or the round cap.")
+        wake_agents(organization_id=job.organization_id)
+        return
+    enqueue_stage(job_id=job.id, stage="report")
+
+
+def _note_first_answer(job: DeploymentJob) -> None:
+    """Round 1 is measured: the report already holds a first answer while the search refines it."""
+    if "first_answer_at" in job.search:
+        return
+    job.search["first_answer_at"] = time.time()
+    job_event_add(job=job, stage="report", message="First answer: round 1 is measured and the report shows the best so far; "
+                  "still searching.")
+
+
+def job_plan(*, job_id: int) -> None:
+    """Plan the search's next round (build-class work: sensitivity analysis reads the model) and fan out its builds."""
+    job = _collected_job(job_id)
+    if job is None:
+        return
+    started = time.monotonic()
+    next_specs = _next_round_specs(job)
+    job_work_add(job_id=job.id, seconds=time.monotonic() - started)
     if not next_specs:
-        job.save(update_fields=["search", "updated_at"])
-        if "retimed" not in job.search and job_retime_finalists(job=job):
-            job_stage_start(job=job, stage="devices")
-            job_event_add(job=job, stage="devices", message="Finalists: re-timing them side by side on their device until the fastest "
-                          "separates at 95% or the round cap.")
-            wake_agents(organization_id=job.organization_id)
-            return
-        enqueue_stage(job_id=job_id, stage="report")
+        _end_search(job)
         return
+    _note_first_answer(job)
     round_number = job.search.get("round", 1) + 1
     job.search["round"] = round_number
     job.save(update_fields=["search", "updated_at"])

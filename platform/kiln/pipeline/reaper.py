@@ -3,6 +3,8 @@
 A lease expires when the worker running a stage or a variant build died (kill -9, out of memory,
 a lost host), or when a sent task was never claimed (its message was lost). Each row is taken by
 a compare-and-set on the lease it was seen with, so reapers on several hosts act once between them.
+A task never claimed while the workers of its class are busy is waiting its turn, not lost: it gets
+another grace instead of a second message.
 """
 from __future__ import annotations
 
@@ -12,10 +14,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from workers.routing import BUILD, work_class_of
+
+from .leases import BUILD as BUILD_LEASE
+from .leases import STAGE, lease_offer_extend
 from .models import TERMINAL_JOB_STATUSES, DeploymentJob, Variant, VariantStatus
 from .quantize import quantize_finish_if_done
-from .queue import enqueue_stage, enqueue_variant_build
+from .queue import STAGE_TASK_NAMES, enqueue_stage, enqueue_variant_build
 from .services import job_event_add, job_fail
+from .waiting import class_busy
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +38,8 @@ def work_reap_expired() -> int:
 
 
 def _reap_stage(job: DeploymentJob) -> int:
+    if not job.stage_lease_owner and class_busy(work_class_of(STAGE_TASK_NAMES.get(job.stage_task, ""))):
+        return lease_offer_extend(STAGE, job.pk) and 0
     seen = DeploymentJob.objects.filter(pk=job.pk, stage_lease_owner=job.stage_lease_owner, stage_lease_expires_at=job.stage_lease_expires_at)
     with transaction.atomic():
         if not seen.update(stage_lease_owner="", stage_lease_expires_at=None):
@@ -45,6 +54,8 @@ def _reap_stage(job: DeploymentJob) -> int:
 
 
 def _reap_build(variant: Variant) -> int:
+    if not variant.build_lease_owner and class_busy(BUILD):
+        return lease_offer_extend(BUILD_LEASE, variant.pk) and 0
     seen = Variant.objects.filter(pk=variant.pk, build_lease_owner=variant.build_lease_owner, build_lease_expires_at=variant.build_lease_expires_at)
     with transaction.atomic():
         if variant.build_attempts >= settings.WORK_MAX_ATTEMPTS:

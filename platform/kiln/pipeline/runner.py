@@ -12,8 +12,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from devices.quiet import wait_while_timing
 from kiln.registry.selectors import blob_file, model_version_onnx_path
+from workers.routing import CONTROL, work_class_of
 
 from .models import STAGES, DeploymentJob
+from .queue import STAGE_TASK_NAMES
 from .services import job_event_add, job_fail, job_stage_finish, job_stage_start
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ def run_stage(job_id: int, stage: str, body: Callable[[DeploymentJob], str | Non
     job = load_active_job(job_id, stage)
     if job is None:
         return False
-    wait_while_timing()
+    if work_class_of(STAGE_TASK_NAMES.get(stage, "")) != CONTROL:
+        # Model work in this process (not a paused child) waits out a device's timing window; control steps never do.
+        wait_while_timing()
     job_stage_start(job=job, stage=stage)
     try:
         message = body(job) or ""

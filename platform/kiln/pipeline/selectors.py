@@ -1,7 +1,6 @@
 """Reads for jobs, variants, device tasks and artifacts, scoped to one organization."""
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
@@ -17,7 +16,8 @@ from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
 # and a job's evaluation plan, stage records and leases stay in the database.
 JOB_LIST_FIELDS = (
     "status", "stage", "progress", "error", "precisions", "targets", "tolerance", "metrics", "calibration_dataset",
-    "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "search",
+    "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "search", "work_seconds", "waiting",
+    "stage_task", "stage_lease_owner", "stage_lease_expires_at", "stage_offered_at", "organization_id",
     "model_version__number", "model_version__model__name", "model_version__blob__sha256",
 )
 
@@ -35,23 +35,31 @@ def job_list(*, organization, model_id: str | None = None):
     return jobs
 
 
+def search_work_seconds(job: DeploymentJob) -> float:
+    """Seconds of work the job has had so far (its builds, planning and device time; never waiting), read fresh: workers
+    add to it as they finish (kiln.pipeline.services.job_work_add)."""
+    fresh = DeploymentJob.objects.filter(pk=job.pk).values_list("work_seconds", flat=True).first()
+    return float(fresh if fresh is not None else job.work_seconds)
+
+
 def search_seconds_left(job: DeploymentJob) -> float:
-    """What the `auto` search has left of its time budget (`budget_minutes` from `started_at`, now when unset), in
-    seconds; negative once spent."""
-    started = job.search.get("started_at", time.time())
-    return job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60 - (time.time() - started)
+    """What the `auto` search has left of its budget (`budget_minutes` of its own work, not of waiting), in seconds;
+    negative once spent."""
+    return job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60 - search_work_seconds(job)
 
 
 def search_budget(job: DeploymentJob) -> dict:
-    """`{"minutes", "started_at", "seconds_left", "stopped"}` of an `auto` job's search; {} for explicit precisions."""
+    """`{"minutes", "started_at", "work_seconds", "seconds_left", "first_answer_at", "stopped"}` of an `auto` job's
+    search: the budget counts the job's own build and device time; {} for explicit precisions."""
     if job.precisions != [specs.AUTO]:
         return {}
     minutes = job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
     started = job.search.get("started_at")
     left = None
     if started is not None and not job.is_terminal:
-        left = max(0.0, search_seconds_left(job))
-    return {"minutes": minutes, "started_at": started, "seconds_left": left, "stopped": job.search.get("stopped")}
+        left = max(0.0, minutes * 60 - job.work_seconds)
+    return {"minutes": minutes, "started_at": started, "work_seconds": round(job.work_seconds, 1), "seconds_left": left,
+            "first_answer_at": job.search.get("first_answer_at"), "stopped": job.search.get("stopped")}
 
 
 def job_get(*, organization, job_id: int) -> DeploymentJob:

@@ -5,6 +5,7 @@ import logging
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from devices.contract import LABEL_DECLARATIONS
@@ -156,6 +157,13 @@ def artifact_store(*, job: DeploymentJob, kind: str, name: str, path=None, blob=
         defaults={"organization": job.organization, "blob": blob, "precision": precision, "backend": backend},
     )
     return artifact
+
+
+def job_work_add(*, job_id: int, seconds: float) -> None:
+    """Count seconds of the job's own work (a build, a planning step, a device task), never time spent waiting: what
+    the search's budget is measured in."""
+    if seconds > 0:
+        DeploymentJob.objects.filter(pk=job_id).update(work_seconds=F("work_seconds") + float(seconds))
 
 
 def job_event_add(*, job: DeploymentJob, stage: str, message: str, level: str = "info", task_id: int | None = None) -> JobEvent:

@@ -5,6 +5,7 @@ import logging
 import math
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -19,12 +20,14 @@ from devices.contract import OUTPUT_KINDS
 from devices.recipes import RecipeError, parse_recipe
 from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
+from kiln.pipeline.capacity import LimitReached, slot_held
 from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.celery import app as celery_app
 from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
+from workers.routing import CHECK
 from workers.sandbox.runner import run_confined
 from workers.support import check_isolated
 
@@ -274,8 +277,26 @@ def _enqueue_support_check(version: ModelVersion) -> None:
     transaction.on_commit(lambda: celery_app.signature(SUPPORT_TASK_NAME, args=[version_id]).delay())
 
 
+@contextmanager
+def upload_check_slot(*, organization_id: int, what: str) -> Iterator[None]:
+    """Hold one of the organization's sandboxed-check slots while an upload is read (kiln.pipeline.capacity); over the
+    per-organization or per-host limit, a 429 that names it (nothing is kept; the user sends it again later)."""
+    try:
+        with slot_held(organization_id=organization_id, work_class=CHECK, holder=what):
+            yield
+    except LimitReached as reached:
+        raise KilnError(f"{what[:1].upper()}{what[1:]} was not read: {reached.refused.message}. Send it again then.",
+                        code="limit_reached", status_code=429, details={"limit": reached.refused.limit, "running": reached.refused.running,
+                                                                         "scope": reached.refused.scope}) from None
+
+
 def model_create(*, organization, user, name: str, upload) -> Model:
     """Create a model and its version 1 from an uploaded file; nothing is kept on bad input."""
+    with upload_check_slot(organization_id=organization.id, what=f"the upload of {Path(upload.name).name}"):
+        return _model_create(organization=organization, user=user, name=name, upload=upload)
+
+
+def _model_create(*, organization, user, name: str, upload) -> Model:
     name = (name or "").strip() or Path(upload.name).stem
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
@@ -290,6 +311,11 @@ def model_create(*, organization, user, name: str, upload) -> Model:
 
 
 def model_version_create(*, model: Model, upload) -> ModelVersion:
+    with upload_check_slot(organization_id=model.organization_id, what=f"the upload of {Path(upload.name).name}"):
+        return _model_version_create(model=model, upload=upload)
+
+
+def _model_version_create(*, model: Model, upload) -> ModelVersion:
     source_format = _source_format(upload.name)
     facts, member = _inspect_upload(upload_path=Path(upload.temporary_file_path()), source_format=source_format, sha256=upload.sha256, filename=Path(upload.name).name)
     source_format = facts.get("conversion", {}).get("format", source_format)
@@ -373,6 +399,11 @@ MAX_TOKENIZER_BYTES = 64 * 1024**2
 def dataset_create(*, organization, user, name: str, kind: str, upload, recipe=None, tokenizer=None) -> Dataset:
     """A dataset from an `.npz` of arrays or a zip of per-sample `.npz` files, or from raw data
     (images, WAV files, lines of text) through a declared recipe."""
+    with upload_check_slot(organization_id=organization.id, what=f"the upload of {Path(upload.name or 'data').name}"):
+        return _dataset_create(organization=organization, user=user, name=name, kind=kind, upload=upload, recipe=recipe, tokenizer=tokenizer)
+
+
+def _dataset_create(*, organization, user, name: str, kind: str, upload, recipe=None, tokenizer=None) -> Dataset:
     if kind not in DatasetKind.values:
         raise KilnError(f"kind must be one of {', '.join(DatasetKind.values)}.", code="invalid")
     if recipe not in (None, "", {}):
@@ -447,8 +478,13 @@ def _tokenizer_text(tokenizer) -> str | None:
 MAX_PREVIEW_BYTES = 64 * 1024**2
 
 
-def dataset_preview(*, upload, recipe, version=None) -> dict:
+def dataset_preview(*, organization, upload, recipe, version=None) -> dict:
     """What a recipe makes of the first files of a raw upload, and whether that fits the model's input; nothing is stored."""
+    with upload_check_slot(organization_id=organization.id, what=f"the preview of {Path(upload.name or 'data').name}"):
+        return _dataset_preview(upload=upload, recipe=recipe, version=version)
+
+
+def _dataset_preview(*, upload, recipe, version=None) -> dict:
     try:
         parsed = parse_recipe(recipe)
     except RecipeError as exc:

@@ -58,7 +58,8 @@ def test_each_listed_job_is_its_detail_without_the_detail_fields(tenant, jobs):
         detail = tenant.client.get(f"/api/v1/jobs/{row['id']}/").json()
         assert row == {key: detail[key] for key in row}
     first = listed[-1]
-    assert first["budget"] == {"minutes": 5, "started_at": 1.0, "seconds_left": None, "stopped": "budget"}
+    assert first["budget"] == {"minutes": 5, "started_at": 1.0, "work_seconds": 0.0, "seconds_left": None, "first_answer_at": None,
+                               "stopped": "budget"}
     assert first["model"]["name"] == "model-0" and first["model"]["version"] == 1
     assert first["outcome"] == [
         {"device": "box-0", "agent": jobs[0].reports.get(target="onnxruntime").agent_id, "recommended": "int8", "speedup": 2.0,

@@ -1,4 +1,5 @@
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from kiln.core.fields import id_field
@@ -6,6 +7,7 @@ from kiln.reports.outcome import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
 from ..selectors import search_budget
+from ..waiting import job_waiting
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -43,17 +45,28 @@ class DeviceTaskSerializer(serializers.ModelSerializer):
         return {"id": agent.id, "name": agent.name} if agent else None
 
 
+class WaitingSerializer(serializers.Serializer):
+    """Why a job waits now (kiln.pipeline.waiting): absent (null) while it works or once it ended."""
+
+    cause = serializers.ChoiceField(choices=["builds_paused", "memory", "organization_limit", "build_slot", "check_slot", "worker",
+                                             "device_busy"])
+    position = serializers.IntegerField(allow_null=True, help_text="How many jobs or device tasks are ahead, where known.")
+    since = serializers.CharField(allow_null=True, help_text="When the wait began (ISO 8601).")
+    message = serializers.CharField(help_text='In words: "waiting for a build slot: 2 jobs ahead (5 builds)".')
+
+
 class JobListSerializer(serializers.ModelSerializer):
     model = serializers.SerializerMethodField()
     outcome = serializers.SerializerMethodField()
     budget = serializers.SerializerMethodField()
+    waiting = serializers.SerializerMethodField()
 
     class Meta:
         model = DeploymentJob
         fields = [
             "id", "status", "stage", "progress", "error", "model_version", "model", "precisions", "targets", "tolerance", "metrics",
             "calibration_dataset", "validation_dataset", "created_at", "finished_at", "rerun_of", "package", "toolchain", "feeds", "budget",
-            "outcome",
+            "outcome", "waiting",
         ]
 
     def get_outcome(self, job) -> list[dict]:
@@ -62,6 +75,10 @@ class JobListSerializer(serializers.ModelSerializer):
     def get_budget(self, job) -> dict:
         """The search's time budget: minutes, seconds left while it runs, and why it stopped if the budget ended it."""
         return search_budget(job)
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, job) -> dict | None:
+        return job_waiting(job)
 
     def get_model(self, job) -> dict:
         version = job.model_version

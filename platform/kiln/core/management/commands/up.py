@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from kiln.accounts.models import Role
+from workers.routing import BUILD, CHECK, CONTROL, worker_command
 from workers.sandbox.report import granted_names
 from workers.sandbox.runner import SandboxFailed, probe
 
@@ -68,6 +69,21 @@ def web_server_command(bin_dir: Path, *, bind: str, workers: int, platform_dir: 
             "--no-control-socket"]
 
 
+def worker_commands() -> list[list[str]]:
+    """One Celery worker per work class (workers/routing.py): control steps never wait behind a build, and a hostile
+    upload's check holds a check slot only. The control worker runs the housekeeping beat."""
+    return [
+        worker_command(CONTROL, concurrency=1, beat_schedule=settings.DATA_DIR / "celerybeat-schedule"),
+        worker_command(BUILD, concurrency=settings.BUILD_SLOTS),
+        worker_command(CHECK, concurrency=settings.CHECK_SLOTS),
+    ]
+
+
+def capacity_summary() -> str:
+    return (f"{settings.BUILD_SLOTS} build slot(s) of {settings.BUILD_MEMORY_MB} MB, {settings.CHECK_SLOTS} check slot(s); "
+            f"per organization {settings.BUILDS_PER_ORGANIZATION} build(s) while others wait, {settings.CHECKS_PER_ORGANIZATION} check(s)")
+
+
 class Command(BaseCommand):
     help = "Migrate, create the demo account, and run web + Celery worker + a local agent until Ctrl-C."
 
@@ -92,9 +108,7 @@ class Command(BaseCommand):
         processes = [
             subprocess.Popen(web_server_command(bin_dir, bind=options["bind"], workers=options["workers"], platform_dir=repo / "platform"),
                              env={"KILN_DB_POOL_SIZE": "8", **env}),
-            # --beat: the housekeeping schedule (lease expiry, re-dispatch, offline agents, stuck work).
-            subprocess.Popen([str(bin_dir / "celery"), "-A", "workers.celery", "worker", "--loglevel", "INFO", "--concurrency", "1",
-                              "--beat", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env=env, cwd=repo),
+            *[subprocess.Popen(command, env=env, cwd=repo) for command in worker_commands()],
         ]
         if not options["no_agent"]:
             processes.append(self._start_agent(url, credentials, bin_dir, env))
@@ -105,6 +119,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  API token: {credentials['token']}")
         self.stdout.write(f"  devices install the agent from: {url}/downloads/")
         self.stdout.write(f"  command line: .venv/bin/kiln login --server {url} --token {credentials['token']}")
+        self.stdout.write(f"  workers: {capacity_summary()}")
         self.stdout.write(f"  model sandbox: {sandbox_summary()} (details: python platform/manage.py sandbox)\n")
         self._wait(processes)
 

@@ -1,0 +1,152 @@
+"""Memory admission on one host: a build or a sandbox starts only when its memory budget fits beside the others'.
+
+Every Kiln process of a host that starts memory-bounded work (a variant build, a sandboxed check or export) writes
+its budget into one ledger (`memory.json` in the host's quiet folder, devices/quiet.py) under a lock, and takes it out
+when the work ends. An entry whose process is gone no longer counts, so a killed worker never leaves memory booked.
+Work that does not fit waits, saying why (`on_wait`), until it does or `wait_s` passes (then it runs anyway, with a
+warning: a budget that can never fit must not hold a job forever).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from devices.quiet import quiet_dir
+from workers.routing import physical_memory_mb
+
+logger = logging.getLogger(__name__)
+
+HOST_MEMORY_ENV = "KILN_HOST_MEMORY_MB"
+LEDGER = "memory.json"
+LEDGER_LOCK = "memory.lock"
+# What Kiln's bounded work may book of the machine's memory when KILN_HOST_MEMORY_MB is unset: the rest is for the
+# web server, the workers themselves, the database and the agents.
+DEFAULT_SHARE = 0.8
+POLL_S = 1.0
+DEFAULT_WAIT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class Booking:
+    token: str
+    pid: int
+    started: float
+    megabytes: int
+    what: str
+
+    def as_dict(self) -> dict:
+        return {"token": self.token, "pid": self.pid, "started": self.started, "megabytes": self.megabytes, "what": self.what}
+
+
+def host_memory_mb() -> int:
+    """What bounded work may book on this host, in MB: KILN_HOST_MEMORY_MB, else 80% of physical memory."""
+    raw = os.environ.get(HOST_MEMORY_ENV, "").strip()
+    if raw in ("", "0"):
+        return int(physical_memory_mb() * DEFAULT_SHARE)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{HOST_MEMORY_ENV} must be a whole number of megabytes, got {raw!r}") from None
+    if value < 256:
+        raise ValueError(f"{HOST_MEMORY_ENV} must be at least 256 (MB), got {value}")
+    return value
+
+
+def _alive(entry: dict) -> bool:
+    try:
+        process = psutil.Process(int(entry["pid"]))
+        # A reused pid belongs to a process that started after the booking.
+        return process.create_time() <= float(entry["started"]) + 1.0
+    except (psutil.Error, KeyError, ValueError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def _ledger(directory: Path | None) -> Iterator[dict]:
+    folder = directory or quiet_dir()
+    fd = os.open(folder / LEDGER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = folder / LEDGER
+        try:
+            entries = json.loads(path.read_text()) if path.exists() else []
+        except (OSError, ValueError):
+            entries = []
+        state = {"entries": [entry for entry in entries if isinstance(entry, dict) and _alive(entry)]}
+        yield state
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state["entries"]))
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def booked(directory: Path | None = None) -> list[dict]:
+    """What live work has booked on this host now."""
+    with _ledger(directory) as state:
+        return list(state["entries"])
+
+
+def try_book(megabytes: int, *, what: str, total_mb: int | None = None, directory: Path | None = None) -> Booking | None:
+    """Book `megabytes` if they fit beside what is booked (a lone booking always fits); None when they do not."""
+    total = total_mb if total_mb is not None else host_memory_mb()
+    with _ledger(directory) as state:
+        used = sum(int(entry.get("megabytes") or 0) for entry in state["entries"])
+        if state["entries"] and used + megabytes > total:
+            return None
+        booking = Booking(uuid.uuid4().hex, os.getpid(), psutil.Process().create_time(), int(megabytes), what[:200])
+        state["entries"].append(booking.as_dict())
+        return booking
+
+
+def release(booking: Booking, directory: Path | None = None) -> None:
+    with _ledger(directory) as state:
+        state["entries"] = [entry for entry in state["entries"] if entry.get("token") != booking.token]
+
+
+def waiting_reason(megabytes: int, *, total_mb: int | None = None, directory: Path | None = None) -> str:
+    """Why `megabytes` do not fit now: "waiting for memory: 2 builds hold 8192 of 12000 MB (needs 4096)"."""
+    total = total_mb if total_mb is not None else host_memory_mb()
+    entries = booked(directory)
+    used = sum(int(entry.get("megabytes") or 0) for entry in entries)
+    holders = ", ".join(sorted({str(entry.get("what") or "?") for entry in entries})[:3])
+    return f"waiting for memory on this host: {len(entries)} running ({holders}) hold {used} of {total} MB, this needs {megabytes} MB"
+
+
+@contextlib.contextmanager
+def reserved(megabytes: int, *, what: str, on_wait: Callable[[str], None] | None = None, wait_s: float = DEFAULT_WAIT_S,
+             total_mb: int | None = None, directory: Path | None = None) -> Iterator[float]:
+    """Hold `megabytes` of the host's memory for the body; wait (calling `on_wait` once with the reason) until they fit.
+    Yields the seconds waited."""
+    started = time.monotonic()
+    told = False
+    booking = try_book(megabytes, what=what, total_mb=total_mb, directory=directory)
+    while booking is None:
+        if not told:
+            told = True
+            reason = waiting_reason(megabytes, total_mb=total_mb, directory=directory)
+            logger.info("%s: %s", what, reason)
+            if on_wait is not None:
+                on_wait(reason)
+        if time.monotonic() - started > wait_s:
+            logger.warning("%s waited %.0f s for memory; starting anyway", what, wait_s)
+            break
+        time.sleep(POLL_S)
+        booking = try_book(megabytes, what=what, total_mb=total_mb, directory=directory)
+    try:
+        yield time.monotonic() - started
+    finally:
+        if booking is not None:
+            release(booking, directory)
