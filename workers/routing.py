@@ -32,7 +32,7 @@ TASK_CLASSES = {
     "kiln.job.plan": BUILD,
     "kiln.variant.build": BUILD,
     "kiln.job.support": CHECK,
-    "kiln.model.support": CHECK,
+    "kiln.model.operator_support": CHECK,
     "kiln.job.dispatch": CONTROL,
     "kiln.job.collect": CONTROL,
     "kiln.job.report": CONTROL,

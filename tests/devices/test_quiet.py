@@ -189,3 +189,61 @@ def test_a_process_table_that_cannot_be_listed_still_measures_the_competition(tm
             stop(burner)
     # The competing CPU comes from /proc/stat, so the window is still known to be busy; only the names are missing.
     assert result == "measured" and window.busy and window.competing_cores > 0.2 and window.busiest == []
+
+
+def test_a_paused_build_is_told_what_the_device_times_and_when_it_goes_on(tmp_path, burner_binary):
+    build = spawn([str(burner_binary), "-c", BURN])
+    told: list = []
+    pauser = quiet.BuildPauser(build.pid, directory=tmp_path, on_pause=lambda label: told.append(("pause", label)),
+                               on_continue=lambda: told.append(("continue",)))
+    pauser.start()
+    try:
+        assert quiet.builds_waiting(tmp_path)
+        with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=10, label="local times job 2"):
+            deadline = time.monotonic() + 5
+            while not told and time.monotonic() < deadline:
+                time.sleep(0.02)
+        deadline = time.monotonic() + 5
+        while len(told) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert told == [("pause", "local times job 2"), ("continue",)]
+    finally:
+        pauser.stop()
+        stop(build)
+    assert not quiet.builds_waiting(tmp_path)  # the build ended: nothing waits any more
+
+
+def test_a_chain_of_windows_leaves_waiting_builds_their_share_of_the_time(tmp_path, burner_binary, monkeypatch):
+    monkeypatch.setenv(quiet.BUILD_SHARE_ENV, "0.5")
+    build = spawn([str(burner_binary), "-c", BURN])
+    pauser = quiet.BuildPauser(build.pid, directory=tmp_path)
+    pauser.start()
+    try:
+        with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=10):
+            time.sleep(0.6)
+        between = cpu_seconds(build)
+        with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=10) as second:
+            # The build ran between the windows for about as long as the first window lasted.
+            ran = cpu_seconds(build) - between
+        assert second.waited_s >= 0.5 and ran >= 0.3, (second.waited_s, ran)
+    finally:
+        pauser.stop()
+        stop(build)
+
+
+def test_without_waiting_builds_windows_follow_each_other_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(quiet.BUILD_SHARE_ENV, "0.5")
+    with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=1):
+        time.sleep(0.5)
+    with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=1) as second:
+        pass
+    assert second.waited_s < 0.3
+
+
+def test_the_builds_turn_follows_the_share_and_is_capped(monkeypatch):
+    assert quiet.builds_turn_s(2.0, 0.5) == pytest.approx(2.0)
+    assert quiet.builds_turn_s(2.0, 0.0) == 0.0
+    assert quiet.builds_turn_s(600.0, 0.5) == quiet.MAX_BUILD_TURN_S
+    monkeypatch.setenv(quiet.BUILD_SHARE_ENV, "1.5")
+    with pytest.raises(ValueError, match="KILN_AGENT_BUILD_SHARE"):
+        quiet.build_share()

@@ -522,3 +522,20 @@ def test_a_cached_token_spares_the_lookup_and_stays_per_token(tenant, settings, 
         assert agent_from_secret(secret=first_secret).pk == first.agent_id
     assert agent_from_secret(secret=first_secret[:-2] + "xx") is None
     assert agent_from_secret(secret=second._credentials["HTTP_AUTHORIZATION"].split()[1]).pk == second.agent_id
+
+
+def test_an_agent_serves_jobs_in_turn_and_a_waiting_job_says_whose_task_runs(tenant, model_files):
+    agent = register(tenant, "box", ORT_ONLY)
+    first = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
+    second = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
+    served = []
+    while (response := lease(agent)).status_code == 200:
+        task = response.json()
+        served.append(task["job"])
+        if len(served) == 1:
+            said = tenant.client.get(f"/api/v1/jobs/{second}/").json()["waiting"]
+            assert said["cause"] == "device_busy" and said["position"] == 1, said
+            assert said["message"] == f"device box busy with job {first}: 1 task ahead (2 of this job's queued)"
+        agent.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "failed", "error": "test"}, format="json")
+    # First come, first served would have been [first, first, second, second].
+    assert served == [first, second, first, second]

@@ -267,14 +267,17 @@ def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the
     assert create_job(tenant, model_version=uploaded["version"], precisions=["fp32"]).json()["budget"] == {}
     job_id = create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"]
     job = DeploymentJob.objects.get(pk=job_id)
-    job.search["started_at"] = time.time() - 30
+    # The budget counts the job's own work (issue 33), not the hour it spent waiting behind other jobs.
+    job.search["started_at"] = time.time() - 3600
     job.save()
+    DeploymentJob.objects.filter(pk=job_id).update(work_seconds=30)
+    job.refresh_from_db()
     budget = tenant.client.get(f"/api/v1/jobs/{job_id}/").json()["budget"]
-    assert budget["minutes"] == 2 and 60 < budget["seconds_left"] <= 90
+    assert budget["minutes"] == 2 and budget["seconds_left"] == 90 and budget["work_seconds"] == 30
     assert not quantize._budget_spent(job)
 
-    job.search["started_at"] = time.time() - 121
-    job.save()
+    DeploymentJob.objects.filter(pk=job_id).update(work_seconds=121)
+    job.refresh_from_db()
     assert quantize._next_round_specs(job) == []
     job.refresh_from_db()
     assert job.search["stopped"].startswith("the time budget of 2 minute(s) was spent after round 1")
@@ -284,13 +287,12 @@ def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the
 
 
 def test_a_round_keeps_what_its_time_left_pays_for_and_the_events_name_what_was_left_out(tenant, uploaded):
-    import time
 
     import kiln.pipeline.quantize as quantize
 
     job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"])
-    job.search["started_at"] = time.time() - 90  # 30 s left; 10 measurements in 90 s: about 9 s each
-    job.save()
+    DeploymentJob.objects.filter(pk=job.pk).update(work_seconds=90)  # 30 s left; 10 measurements in 90 s of work: about 9 s each
+    job.refresh_from_db()
     plain = [{"key": key, "precision": "int8", "options": {}, "backends": ["onnxruntime"], "compile": {}} for key in ("int8-mse", "int8-entropy")]
     learned = {"key": "int8-mse-adaround", "precision": "int8", "options": {"learn": "adaround", "learn_seconds": 60},
                "backends": ["onnxruntime"], "compile": {}}
@@ -371,3 +373,31 @@ def test_calibration_subset_by_count_and_seed_is_stratified_and_reported(tenant,
     assert Variant.objects.get(job=job, key="int8").recipe["samples"] == 40
     report = tenant.client.get(f"/api/v1/jobs/{job.id}/report/").json()
     assert report["datasets"]["calibration_used"]["by_label"] == used["by_label"]
+
+
+def test_a_spent_budget_builds_nothing_more_but_what_is_built_is_measured(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+    from kiln.pipeline.models import Variant, VariantStatus
+
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=1).json()["id"])
+    Variant.objects.create(job=job, organization=job.organization, key="fp32", precision="fp32", status=VariantStatus.READY)
+    later = Variant.objects.create(job=job, organization=job.organization, key="int8-late", precision="int8", round=2, backends=["onnxruntime"])
+    DeploymentJob.objects.filter(pk=job.pk).update(work_seconds=61, stage="quantize")
+    quantize.variant_build(variant_id=later.pk)
+    later.refresh_from_db()
+    assert later.status == VariantStatus.SKIPPED and later.error == "not built: the search's budget was spent before its turn came"
+    assert job.events.filter(message="int8-late not built: the search's budget was spent before its turn came.").exists()
+
+
+def test_a_device_tasks_work_leaves_out_what_it_waited_for_quiet_windows(tenant, uploaded):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kiln.pipeline.device_tasks import device_work_seconds
+    from kiln.pipeline.models import DeviceTask
+
+    task = DeviceTask(started_at=timezone.now() - timedelta(seconds=100))
+    windows = {"windows": [{"waited_s": 30.0}, {"waited_s": 20.5}]}
+    assert device_work_seconds(task=task, metrics=windows) == pytest.approx(49.5, abs=1.0)
+    assert device_work_seconds(task=DeviceTask(started_at=None), metrics=windows) == 0.0
