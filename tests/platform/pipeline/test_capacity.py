@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from kiln.pipeline import waiting
 from kiln.pipeline.admission import run_in_slot
-from kiln.pipeline.capacity import LimitReached, Refused, slot_acquire, slot_held, slot_release, slots_expire
+from kiln.pipeline.capacity import Refused, slot_acquire, slot_held, slot_release, slots_expire
 from kiln.pipeline.models import DeploymentJob, JobEvent, JobStatus, Variant, VariantStatus, WorkSlot
 from kiln.registry.models import Model
 from tests.conftest import make_tenant, upload
