@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,8 +25,13 @@ def test_docker_compose_accepts_the_stack():
     env = {**os.environ, "KILN_SECRET_KEY": "x" * 50, "MINIO_ROOT_PASSWORD": "y" * 40}
     result = subprocess.run([*compose_command(), "config"], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    for service in ("postgres", "redis", "minio", "minio-bucket", "web", "worker", "agent"):
+    for service in ("postgres", "redis", "minio", "minio-bucket", "web", "worker-control", "worker-build", "worker-check", "agent"):
         assert f"  {service}:" in result.stdout
+    # Each work class has its own worker (workers/routing.py): nothing consumes every queue at once.
+    services = yaml.safe_load(result.stdout)["services"]
+    queues = {name: service["command"][service["command"].index("--queues") + 1] for name, service in services.items()
+              if name.startswith("worker")}
+    assert queues == {"worker-control": "control,kiln", "worker-build": "build", "worker-check": "check"}
     assert "KILN_S3_ENDPOINT_URL: http://minio:9000" in result.stdout
 
 
