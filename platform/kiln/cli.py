@@ -321,6 +321,11 @@ def _resolve_dataset(client: Client, value: str | None, kind: str, model: tuple[
     raise click.BadParameter(f"{value!r} is neither a file, a folder nor a dataset id", param_hint=f"--{kind}")
 
 
+def waiting_text(job: dict) -> str:
+    """Why the job waits, as the server says it ("waiting for a build slot: 2 jobs ahead"), or ""."""
+    return ((job.get("waiting") or {}).get("message") or "").strip()
+
+
 def follow_job(client: Client, job_id: int, *, timeout_s: float | None = None) -> dict:
     """Live stage progress and events until the job ends."""
     seen_events = 0
@@ -335,8 +340,9 @@ def follow_job(client: Client, job_id: int, *, timeout_s: float | None = None) -
                 progress.console.print(f"[{style}]{event.get('stage', '')}: {event['message']}[/{style}]")
             seen_events = len(events)
             done = job["status"] == "succeeded"
+            waiting = waiting_text(job)
             progress.update(bar, completed=1.0 if done else job.get("progress", 0.0),
-                            description=f"job {job_id} · {job['status']} · {job.get('stage')}")
+                            description=f"job {job_id} · {job['status']} · {job.get('stage')}" + (f" · {waiting}" if waiting else ""))
 
         return client.wait_for_job(job_id, on_update=update, timeout_s=timeout_s)
 
@@ -575,6 +581,11 @@ def print_job(job: dict, *, events: int = 10) -> None:
                   f"stage {job.get('stage') or '—'} · {job.get('progress', 0):.0%}", highlight=False)
     if job.get("error"):
         errors.print(f"[red]{job['error']}[/red]")
+    if waiting_text(job):
+        console.print(f"[yellow]Waiting: {waiting_text(job)}[/yellow]", highlight=False)
+    budget = job.get("budget") or {}
+    if budget.get("first_answer_at") and job["status"] not in ("succeeded", "failed", "canceled"):
+        console.print("First answer in the report; still searching.", highlight=False)
     table = Table("stage", "status", "took", "message", box=box.SIMPLE_HEAD, pad_edge=False)
     for stage in job.get("stages") or []:
         table.add_row(stage["name"], stage["status"], _duration(stage), stage.get("message") or "")

@@ -332,6 +332,8 @@ export interface Job {
   budget?: SearchBudget | Record<string, never>;
   /** Per device, once reported: the recommended variant and its speed-up over FP32. */
   outcome?: JobOutcome[];
+  /** Why it waits now ("waiting for a build slot: 2 jobs ahead"), or null. */
+  waiting?: JobWaiting | null;
 }
 
 export interface JobOutcome {
@@ -355,8 +357,20 @@ export type Comparison = 'faster' | 'slower' | 'tie';
 export interface SearchBudget {
   minutes: number;
   started_at: number | null;
+  /** Seconds of the job's own build and device time so far: what the budget counts (never time spent waiting). */
+  work_seconds?: number;
   seconds_left: number | null;
+  /** When round 1 was measured and the report first held an answer (epoch seconds), while the search goes on. */
+  first_answer_at?: number | null;
   stopped: string | null;
+}
+
+/** Why a job waits now, and how many are ahead of it (null while it works or once it ended). */
+export interface JobWaiting {
+  cause: 'builds_paused' | 'memory' | 'organization_limit' | 'build_slot' | 'check_slot' | 'worker' | 'device_busy';
+  position: number | null;
+  since: string | null;
+  message: string;
 }
 
 export interface JobCreate {

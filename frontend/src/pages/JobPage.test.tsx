@@ -1,7 +1,7 @@
 import { render, screen } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Job } from '../api/types';
-import { durationText, SearchBudgetLine } from './JobPage';
+import { durationText, SearchBudgetLine, WaitingLine } from './JobPage';
 
 function job(budget: Job['budget']): Job {
   return { id: 1, status: 'running', stage: 'devices', progress: 0.5, error: null, model_version: 1, model: { id: 1, name: 'm' },
@@ -12,7 +12,12 @@ function job(budget: Job['budget']): Job {
 describe('SearchBudgetLine', () => {
   it('shows the minutes left while the search runs', () => {
     render(<SearchBudgetLine job={job({ minutes: 30, started_at: 1, seconds_left: 601, stopped: null })} />);
-    expect(screen.getByTestId('search-budget')).toHaveTextContent('Search budget 30 min · 11 min left');
+    expect(screen.getByTestId('search-budget')).toHaveTextContent('Search budget 30 min of work · 11 min left');
+  });
+
+  it('counts work, and says a first answer is in while the search refines it', () => {
+    render(<SearchBudgetLine job={job({ minutes: 10, started_at: 1, work_seconds: 192, seconds_left: 408, first_answer_at: 5, stopped: null })} />);
+    expect(screen.getByTestId('search-budget')).toHaveTextContent('Search budget 10 min of work · 3.2 min used · 7 min left · first answer; still searching');
   });
 
   it('says why the search stopped when the budget ended it', () => {
@@ -31,5 +36,18 @@ describe('stage durations', () => {
     const stage = { name: 'quantize', status: 'done', started_at: '2026-01-01T00:01:00Z', finished_at: '2026-01-01T00:01:05Z', message: null, seconds: 95, runs: 3 } as const;
     expect(durationText(stage)).toBe('1 min 35 s over 3 rounds');
     expect(durationText({ ...stage, seconds: undefined, runs: undefined })).toBe('5.0 s');
+  });
+});
+
+describe('WaitingLine', () => {
+  it('says why the job waits and for how long', () => {
+    const waiting = { cause: 'build_slot', position: 2, since: '2026-01-01T00:00:00Z', message: 'waiting for a build slot: 2 jobs ahead (5 builds)' } as const;
+    render(<WaitingLine job={{ ...job({}), waiting }} now={Date.parse('2026-01-01T00:01:30Z')} />);
+    expect(screen.getByTestId('job-waiting')).toHaveTextContent('Waiting for a build slot: 2 jobs ahead (5 builds) (for 1 min 30 s)');
+  });
+
+  it('shows nothing while the job works', () => {
+    const { container } = render(<WaitingLine job={{ ...job({}), waiting: null }} />);
+    expect(container).toBeEmptyDOMElement();
   });
 });

@@ -29,16 +29,37 @@ export function durationText(stage: JobStage, now = Date.now()): string {
   return secondsText(Math.max(0, (end - new Date(stage.started_at).getTime()) / 1000));
 }
 
-/** The search's time budget: minutes left while it runs, or why it stopped. */
+/** The search's budget of work: minutes used and left while it runs, a first answer while it refines, or why it stopped. */
 export function SearchBudgetLine({ job }: { job: Job }) {
   const budget = job.budget;
   if (!budget || !('minutes' in budget)) return null;
-  let text = `Search budget ${budget.minutes} min`;
+  let text = `Search budget ${budget.minutes} min of work`;
+  if (budget.work_seconds) text += ` · ${(budget.work_seconds / 60).toFixed(1)} min used`;
   if (budget.stopped) text += ` · stopped: ${budget.stopped}`;
   else if (budget.seconds_left != null) text += ` · ${Math.ceil(budget.seconds_left / 60)} min left`;
+  const searching = budget.first_answer_at && !isTerminal(job.status);
   return (
     <p className="muted small" data-testid="search-budget">
       {text}
+      {searching ? (
+        <>
+          {' · '}
+          <strong data-testid="first-answer">first answer; still searching</strong>
+        </>
+      ) : null}
+    </p>
+  );
+}
+
+/** Why the job waits now, and since when ("waiting for a build slot: 2 jobs ahead"): nobody waits without word. */
+export function WaitingLine({ job, now = Date.now() }: { job: Job; now?: number }) {
+  const waiting = job.waiting;
+  if (!waiting) return null;
+  const since = waiting.since ? Math.max(0, (now - new Date(waiting.since).getTime()) / 1000) : null;
+  return (
+    <p className="alert alert-warn small" role="status" data-testid="job-waiting" data-cause={waiting.cause}>
+      {waiting.message.charAt(0).toUpperCase() + waiting.message.slice(1)}
+      {since !== null ? <span className="muted"> (for {secondsText(since)})</span> : null}
     </p>
   );
 }
@@ -380,6 +401,7 @@ export function JobPage() {
           </span>
         </div>
         <ProgressBar value={terminal && data.status === 'succeeded' ? 1 : data.progress} label="Deployment progress" />
+        <WaitingLine job={data} />
         <SearchBudgetLine job={data} />
         <Timeline job={data} />
       </section>
