@@ -105,7 +105,15 @@ class Api:
         self.url = f"http://127.0.0.1:{PORT}"
 
     def get(self, path: str) -> dict:
-        response = self.session.get(self.url + path, timeout=60)
+        # A keep-alive connection the server closed as the next poll went out is reset: poll again, as a script would.
+        for attempt in range(5):
+            try:
+                response = self.session.get(self.url + path, timeout=60)
+                break
+            except requests.ConnectionError:
+                if attempt == 4:
+                    raise
+                time.sleep(1.0)
         response.raise_for_status()
         return response.json()
 
