@@ -23,7 +23,7 @@ from workers.quantize.isolated import BuildWatch, build_isolated, rank_nodes_iso
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
-from workers.quantize.round_budget import fit_round
+from workers.quantize.round_budget import first_round, fit_round, is_refinement
 from workers.quantize.runtimes import for_targets
 from workers.quantize.search import family_verdicts, plan_round, ranking_pays
 
@@ -178,7 +178,7 @@ def _plan_variants(job) -> str:
         job.search.setdefault("round", 1)
         job.search.setdefault("started_at", time.time())
         job.search.setdefault("budget_minutes", specs.DEFAULT_BUDGET_MINUTES)
-        planned = _search_specs(job, round_number=1, measured=[])
+        planned = _first_answer(job, _search_specs(job, round_number=1, measured=[]))
         job.save(update_fields=["search", "updated_at"])
         _log_isa_families(job)
         created = _create_variants(job, planned, round_number=1)
@@ -196,6 +196,24 @@ def _plan_variants(job) -> str:
                             f"(LiteRT builds {', '.join(LITERT_PRECISIONS)})")
     _create_variants(job, planned, round_number=1)
     return f"planned {len(planned)} variant(s): {', '.join(spec['key'] for spec in planned)}"
+
+
+def _calibration_samples(job) -> int | None:
+    if not job.calibration_dataset_id:
+        return None
+    subset = (job.feeds or {}).get("calibration_subset") or {}
+    return int(subset.get("count") or job.calibration_dataset.samples or 0) or None
+
+
+def _first_answer(job, planned: list[dict]) -> list[dict]:
+    """Round 1 within a third of the budget (round_budget.first_round); what waits for round 2 is kept on the job."""
+    fitted = first_round(planned, budget_s=job.search["budget_minutes"] * 60, parameters=job.model_version.parameter_count,
+                         calibration_samples=_calibration_samples(job))
+    deferred = set(fitted.left_out)
+    job.search["deferred"] = [spec for spec in planned if spec["key"] in deferred]
+    if fitted.note:
+        job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
+    return fitted.kept
 
 
 def job_quantize(*, job_id: int) -> None:
@@ -410,16 +428,27 @@ def _next_round_specs(job) -> list[dict]:
             if known is not None and known.get("backends") and spec.get("backends"):
                 spec = {**known, "backends": sorted(set(known["backends"]) | set(spec["backends"]))}
             proposals[spec["key"]] = spec
+    # Round 1's deferred candidates come back once, beside the refinements round 1's evidence asked for.
+    for spec in job.search.pop("deferred", None) or []:
+        proposals.setdefault(spec["key"], spec)
     existing = set(job.variants.values_list("key", flat=True))
+    entries = [entry for target_entries in measured_by_target.values() for entry in target_entries]
     return _fit_to_budget(job, [spec for spec in proposals.values() if spec["key"] not in existing], round_number + 1,
-                          measurements=sum(len(entries) for entries in measured_by_target.values()))
+                          measurements=len(entries), refinement_due=_refinement_due(job, entries))
 
 
-def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int) -> list[dict]:
-    """The candidates whose estimated cost at this search's pace fits the time it has left (round_budget.fit_round); the
-    job's events say what was left out, and the search stops when nothing fits."""
+def _refinement_due(job, measured: list[dict]) -> bool:
+    """A measured build misses the tolerance and nothing of the job was refined yet: refining it is still to come."""
+    misses = any((entry.get("accuracy") or {}).get("within_tolerance") is False for entry in measured)
+    return misses and not any(is_refinement({"key": key, "options": options}) for key, options in job.variants.values_list("key", "options"))
+
+
+def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int, refinement_due: bool = False) -> list[dict]:
+    """The candidates whose estimated cost at this search's pace fits the time it has left (round_budget.fit_round), with
+    a share kept for refinements; the job's events say what was left out, and the search stops when nothing fits."""
     fitted = fit_round(candidates, round_number=round_number, seconds_left=search_seconds_left(job),
-                       elapsed_s=search_work_seconds(job), measurements=measurements)
+                       elapsed_s=search_work_seconds(job), measurements=measurements,
+                       budget_s=job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60, refinement_due=refinement_due)
     if fitted.note:
         job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
     if candidates and not fitted.kept:

@@ -401,3 +401,21 @@ def test_a_device_tasks_work_leaves_out_what_it_waited_for_quiet_windows(tenant,
     windows = {"windows": [{"waited_s": 30.0}, {"waited_s": 20.5}]}
     assert device_work_seconds(task=task, metrics=windows) == pytest.approx(49.5, abs=1.0)
     assert device_work_seconds(task=DeviceTask(started_at=None), metrics=windows) == 0.0
+
+
+def test_round_one_defers_what_would_take_the_first_answer_past_a_third_of_the_budget_and_round_two_takes_it_back(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+    from kiln.registry.models import ModelVersion
+
+    ModelVersion.objects.filter(pk=uploaded["version"]).update(parameter_count=24_000_000)
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=10).json()["id"])
+    planned = [{"key": key, "precision": precision, "options": options, "backends": backends, "compile": {}} for key, precision, options, backends in (
+        ("fp32", "fp32", {}, ["onnxruntime"]), ("int8-ort-default", "int8", {}, ["onnxruntime"]),
+        ("litert-fp32", "fp32", {"runtime": "litert"}, ["litert"]), ("litert-int8", "int8", {"runtime": "litert"}, ["litert"]))]
+    kept = quantize._first_answer(job, planned)
+    assert [spec["key"] for spec in kept] == ["fp32", "int8-ort-default"]
+    assert [spec["key"] for spec in job.search["deferred"]] == ["litert-fp32", "litert-int8"]
+    assert job.events.filter(message__startswith="The search's round 1 (the first answer) keeps to a third of the budget").exists()
+    job.save()
+    assert "litert-int8" in [spec["key"] for spec in quantize._next_round_specs(job)]
+    assert "deferred" not in job.search  # they come back once

@@ -44,3 +44,35 @@ def test_nothing_is_kept_when_not_even_the_cheapest_fits():
 def test_everything_kept_says_nothing():
     fitted = fit_round([_spec("int8-mse")], round_number=2, seconds_left=600.0, elapsed_s=100.0, measurements=10)
     assert fitted.note is None and fitted.left_out == []
+
+
+def test_round_one_keeps_the_vendor_defaults_and_defers_a_slow_conversion_past_a_third_of_the_budget():
+    from workers.quantize.round_budget import first_round, prior_cost
+
+    specs = [{"key": "fp32", "precision": "fp32", "options": {}, "backends": ["onnxruntime", "openvino"]},
+             {"key": "int8-ort-default", "precision": "int8", "options": {}, "backends": ["onnxruntime"]},
+             {"key": "ov-int8", "precision": "int8", "options": {}, "backends": ["openvino"]},
+             {"key": "int8-minmax", "precision": "int8", "options": {}, "backends": ["onnxruntime"]},
+             {"key": "litert-fp32", "precision": "fp32", "options": {"runtime": "litert"}, "backends": ["litert"]},
+             {"key": "litert-int8", "precision": "int8", "options": {"runtime": "litert"}, "backends": ["litert"]}]
+    vit = 24_000_000  # a 97 MB vision transformer: its LiteRT conversion alone was 2.5 minutes
+    assert prior_cost(specs[4], parameters=vit) > 3 * prior_cost(specs[3], parameters=vit)
+    fitted = first_round(specs, budget_s=900, parameters=vit, calibration_samples=16)
+    assert [spec["key"] for spec in fitted.kept] == ["fp32", "int8-ort-default", "ov-int8", "int8-minmax"]
+    assert fitted.left_out == ["litert-fp32", "litert-int8"]
+    assert fitted.note.startswith("round 1 (the first answer) keeps to a third of the budget, about 300 s of work")
+    # A small model's whole round 1 fits, slow conversions included.
+    assert first_round(specs, budget_s=600, parameters=1_000_000).left_out == []
+
+
+def test_plain_candidates_leave_the_refinements_their_share_of_the_budget():
+    plain = [_spec(f"int8-plain{index}") for index in range(6)]
+    # 10 s a measurement, 100 s left of a 200 s budget: with a refinement still to come, 50 s (a quarter) stay for it.
+    held = fit_round(plain, round_number=2, seconds_left=100.0, elapsed_s=100.0, measurements=10, budget_s=200.0, refinement_due=True)
+    assert len(held.kept) == 5 and held.left_out == ["int8-plain5"]
+    free = fit_round(plain, round_number=2, seconds_left=100.0, elapsed_s=100.0, measurements=10, budget_s=200.0)
+    assert len(free.kept) == 6
+    # A refinement proposed now goes first, then the plain ones up to what the share leaves.
+    refined = fit_round([*plain, _spec("int8-mse-keep2")], round_number=2, seconds_left=100.0, elapsed_s=100.0, measurements=10,
+                        budget_s=200.0)
+    assert "int8-mse-keep2" in [spec["key"] for spec in refined.kept] and len(refined.kept) == 6
