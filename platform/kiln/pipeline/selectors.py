@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.shortcuts import get_object_or_404
 
+from devices.labels import effective_precision
 from kiln.core.errors import KilnError
 from kiln.reports.outcome import job_outcome_reports
 
@@ -33,6 +34,14 @@ def job_list(*, organization, model_id: str | None = None):
             raise KilnError("model must be an id.", code="invalid_filter")
         jobs = jobs.filter(model_version__model_id=int(model_id))
     return jobs
+
+
+def variant_effective_precision(variant) -> str:
+    """What a variant computes in (devices.labels): an FP32 build under OpenVINO's bf16 hint is bf16. The compile options
+    count on the variant's one runtime when it has one (ONNX Runtime ignores the hint); on several, as planned."""
+    backends = variant.backends or []
+    return effective_precision(variant.precision, variant.options.get("compile") or {}, backends[0] if len(backends) == 1 else None,
+                               variant.options)
 
 
 def search_seconds_left(job: DeploymentJob) -> float:
