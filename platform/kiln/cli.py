@@ -12,7 +12,7 @@ import socket
 import sys
 import tempfile
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -555,8 +555,8 @@ def relative_time(iso: str | None, now: datetime | None = None) -> str:
     except ValueError:
         return str(iso)
     if then.tzinfo is None:
-        then = then.replace(tzinfo=timezone.utc)
-    seconds = ((now or datetime.now(timezone.utc)) - then).total_seconds()
+        then = then.replace(tzinfo=UTC)
+    seconds = ((now or datetime.now(UTC)) - then).total_seconds()
     if seconds < 5:
         return "just now"
     for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (48 * 3600, "h", 3600), (14 * 86400, "d", 86400)):

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
 from rich.console import Console
 
 from kiln.cli import devices_table, jobs_table, main, relative_time
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def ago(**delta) -> str:

@@ -115,7 +115,7 @@ export function DatasetFeedsFields({
       {/* Always there (disabled without calibration data), so that choosing a calibration set moves nothing below it. */}
       <fieldset className="fieldset" disabled={!hasCalibration} data-testid="calibration-samples">
         <legend>Calibration samples</legend>
-        {hasCalibration ? null : <p className="muted small">Choose a calibration dataset above to use only some of its samples.</p>}
+        <p className="muted small">Use only some of the calibration dataset&apos;s samples, drawn with a seed (with a calibration dataset chosen above).</p>
         <div className="form-row">
           <div className="field">
             <label htmlFor={countId}>How many (empty: all)</label>

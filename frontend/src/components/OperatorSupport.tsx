@@ -50,13 +50,18 @@ export function OperatorSupportTable({ answers, showWhere }: { answers: SupportA
           return (
             <tr key={`${answer.where ?? ''}|${answer.backend}|${answer.version ?? ''}`} data-backend={answer.backend} data-verdict={answer.verdict}>
               <td>
-                {answer.runtime ?? answer.backend} <span className="muted">{answer.version ?? ''}</span>
-                {answer.device ? <div className="muted small">{answer.device}</div> : null}
+                {/* One child per cell: a phone's card lays a cell out as a flex row, which would squeeze loose pieces apart. */}
+                <div className="cell-value">
+                  {answer.runtime ?? answer.backend} <span className="muted nowrap">{answer.version ?? ''}</span>
+                  {answer.device ? <div className="muted small">{answer.device}</div> : null}
+                </div>
               </td>
               {showWhere ? <td>{answer.where === 'server' ? 'this server' : answer.where}</td> : null}
               <td>
-                <StatusBadge status={verdict.status} label={verdict.label} />
-                {answer.reason ? <div className="small">{answer.reason}</div> : null}
+                <div className="cell-value">
+                  <StatusBadge status={verdict.status} label={verdict.label} />
+                  {answer.reason ? <div className="small">{answer.reason}</div> : null}
+                </div>
               </td>
               <td title={opList(answer.native, 100)} data-testid="support-native">
                 <NativeCell answer={answer} />

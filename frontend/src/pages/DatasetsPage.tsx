@@ -337,7 +337,7 @@ export function DatasetsPage() {
           <label htmlFor={recipeId}>Recipe for raw data (JSON{model ? `, proposed for ${model.name}: edit if needed` : ', optional'})</label>
           <textarea
             id={recipeId}
-            rows={recipe ? 6 : 3}
+            rows={recipe ? Math.min(14, recipe.split('\n').length) : 3}
             value={recipe}
             placeholder={RECIPE_EXAMPLE}
             onChange={(event) => setRecipe(event.target.value)}

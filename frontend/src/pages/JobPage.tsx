@@ -158,17 +158,23 @@ export function VariantList({ variants }: { variants: JobVariant[] }) {
           <tr key={variant.id} data-testid="variant-row" data-key={variant.key ?? variant.precision}>
             <td><code>{variant.key ?? variant.precision}</code></td>
             <td data-testid="variant-precision">
-              {precision.effective}
-              {precision.stored ? <div className="muted small">{precision.stored}</div> : null}
+              <div className="cell-value">
+                {precision.effective}
+                {precision.stored ? <div className="muted small">{precision.stored}</div> : null}
+              </div>
             </td>
             <td>{variant.round ?? 1}</td>
             <td>
-              <StatusBadge status={variant.status} />
-              {variant.error && variant.backends.length > 0 ? <div className="muted small">{variant.error}</div> : null}
+              <div className="cell-value">
+                <StatusBadge status={variant.status} />
+                {variant.error && variant.backends.length > 0 ? <div className="muted small">{variant.error}</div> : null}
+              </div>
             </td>
             <td data-testid="variant-runs-on">
-              {where.runtimes}
-              {where.why ? <div className="muted small">{where.why}</div> : null}
+              <div className="cell-value">
+                {where.runtimes}
+                {where.why ? <div className="muted small">{where.why}</div> : null}
+              </div>
             </td>
           </tr>
         );
@@ -349,7 +355,7 @@ export function JobPage() {
             {data.model ? <Link to={`/models/${data.model.id}`}>{data.model.name}</Link> : `Model version ${data.model_version}`}
             {' · '}precisions {data.precisions?.join(', ')} ·{' '}
             <span data-testid="job-tolerance">
-              {data.tolerance ? toleranceText(data.tolerance, data.evaluation ? autoFigures(data.evaluation.outputs, !!data.evaluation.labels) : null) : 'tolerance —'}
+              {data.tolerance ? toleranceText(data.tolerance, data.evaluation?.outputs ? autoFigures(data.evaluation.outputs, !!data.evaluation.labels) : null) : 'tolerance —'}
             </span>
             {' · '}started {formatDate(data.created_at)}
             {data.rerun_of ? (

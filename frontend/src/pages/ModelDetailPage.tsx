@@ -364,17 +364,21 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
           {table.map((row) => (
             <tr key={row.key} data-testid="estimate-row">
               <td>
-                {row.device} <span className="muted small">{row.backend}</span>
+                <div className="cell-value">
+                  {row.device} <span className="muted small">{row.backend}</span>
+                </div>
               </td>
               <td className="numeric" data-testid="estimate-measured">{row.measuredMs === null ? '—' : `${formatNumber(row.measuredMs, 3)} ms`}</td>
               <td className="numeric" data-testid="estimate-value">
-                {row.estimateMs === null ? '—' : <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>}
-                {row.lowMs !== null && row.highMs !== null ? (
-                  <div className="small estimate-range" data-testid="estimate-range">
-                    {formatRange(row.lowMs, row.highMs)}
-                  </div>
-                ) : null}
-                <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+                <div className="cell-value">
+                  {row.estimateMs === null ? '—' : <span className={`nowrap${row.measuredMs === null ? '' : ' muted'}`}>{formatNumber(row.estimateMs, 3)} ms</span>}
+                  {row.lowMs !== null && row.highMs !== null ? (
+                    <div className="small estimate-range" data-testid="estimate-range">
+                      {formatRange(row.lowMs, row.highMs)}
+                    </div>
+                  ) : null}
+                  <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+                </div>
               </td>
               <td className="col-p2">{row.coverage === null ? '—' : `${Math.round(row.coverage * 100)}% of the work, ${row.models} model${row.models === 1 ? '' : 's'}`}</td>
             </tr>

@@ -229,11 +229,11 @@ describe('NewDeploymentPage', () => {
     expect(screen.getByLabelText('Validation dataset')).toHaveValue('3');
     expect(screen.getByTestId('calibration-compatibility')).toHaveTextContent('the only one that fits, chosen for you');
     // With labels, auto judges the class scores by top-1 accuracy against them, and says so for this model and data.
-    expect(screen.getByTestId('metric-help')).toHaveTextContent('For this model and “validation-3” (labelled): top-1 accuracy on logits against its labels.');
+    expect(screen.getByTestId('metric-help')).toHaveTextContent('For this model and “validation-3” (labelled): top-1 accuracy of output “logits” against its labels.');
     expect(screen.getByTestId('max-drop-meaning')).toHaveTextContent('1% = 1 point of top-1 accuracy: with FP32 at 90%, a variant at 89% still passes.');
     await userEvent.selectOptions(screen.getByLabelText('Validation dataset'), '');
     expect(screen.getByLabelText('Validation dataset')).toHaveValue('');
-    expect(screen.getByTestId('metric-help')).toHaveTextContent('top-1 agreement on logits against FP32; with a labelled validation set, task accuracy');
+    expect(screen.getByTestId('metric-help')).toHaveTextContent('top-1 agreement of output “logits” against FP32; with a labelled validation set, task accuracy');
   });
 
   it('sends the search budget with auto, and checks it as it is typed', async () => {

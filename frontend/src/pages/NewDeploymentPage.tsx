@@ -348,9 +348,9 @@ export function judgedOutputs(version: ModelVersion, metrics: MetricDraft[]): Ju
 export function autoMetricText(outputs: JudgedOutput[], figures: string[] | null, validation: Dataset | null): string {
   const primaries = outputs.filter((output) => output.primary);
   if (primaries.length === 0) return METRIC_HELP.auto;
-  const where = primaries.map((output) => output.name).join(', ');
+  const where = `output${primaries.length === 1 ? '' : 's'} ${primaries.map((output) => `“${output.name}”`).join(', ')}`;
   if (figures === null) {
-    return `Output ${where} by its kind's metric: Kiln infers the kind when the job runs (set it on the model's page to know now). ${METRIC_HELP.auto}`;
+    return `The ${where} by ${primaries.length === 1 ? 'its' : 'their'} kind's metric: Kiln infers the kind when the job runs (set it on the model's page to know now). ${METRIC_HELP.auto}`;
   }
   const data = validation ? `“${validation.name}”${validation.has_labels ? ' (labelled)' : ' (no labels)'}` : 'no validation dataset';
   const labelled = figures.some((figure) => figure.endsWith('_accuracy') || figure === 'mean_iou');
@@ -359,7 +359,7 @@ export function autoMetricText(outputs: JudgedOutput[], figures: string[] | null
     : primaries.some((output) => output.kind === 'class_scores' || output.kind === 'probability_map') && !validation?.has_labels
       ? ' against FP32; with a labelled validation set, task accuracy against the labels instead.'
       : ' against FP32.';
-  return `For this model and ${data}: ${figures.map(figureName).join(' and ')} on ${where}${hint}`;
+  return `For this model and ${data}: ${figures.map(figureName).join(' and ')} of ${where}${hint}`;
 }
 
 export function NewDeploymentPage() {

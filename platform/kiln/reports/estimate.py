@@ -166,7 +166,7 @@ def estimate_range(work: dict[str, float], counts: dict[str, int], measurements:
     if p50_ms is None:
         return None
     misses = leave_one_out_misses(measurements)
-    factor = max(MIN_FACTOR, max(misses)) if misses else PRIOR_FACTOR
+    factor = max(MIN_FACTOR, *misses) if misses else PRIOR_FACTOR
     return {"p50_ms": p50_ms, "low_ms": p50_ms / factor, "high_ms": p50_ms * factor, "factor": factor, "checked_models": len(misses),
             "coverage": coverage}
 
