@@ -39,7 +39,7 @@ function Sample({ preview }: { preview: DatasetPreview }) {
   if (preview.thumbnail) {
     return (
       <figure className="dataset-sample">
-        <img src={preview.thumbnail} alt={preview.name} width={48} height={48} />
+        <img className="tensor-thumbnail" src={preview.thumbnail} alt={preview.name} width={48} height={48} />
         <figcaption className="muted small">{preview.name}</figcaption>
       </figure>
     );
