@@ -5,7 +5,10 @@ agent's own ONNX Runtime backend and benchmark protocol (one thread, batch 1). T
 estimated from the others only (kiln.reports.estimate: a per-node cost and per-work rates fitted
 on the per-operator timings), side by side with a naive competitor that scales the others' total
 time by total work (no per-operator timings, no per-node cost). Prints each estimate's error, the
-median absolute error of both and their ratio.
+median absolute error of both and their ratio, and whether each measured p50 fell inside the range
+Kiln gives its estimate (kiln.reports.estimate.estimate_range: the worst leave-one-out miss among the
+other models, itself computed without the model being estimated), and the range with one model
+measured next to the device's whole-model fit (no profiles), as a new kind of model gets it.
 
     python benchmarks/latency_estimate.py
 """
@@ -25,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "benchmarks")]
 from devices import bench
 from devices.agent.runner import make_feeds
 from devices.backends.onnxruntime import OnnxRuntimeBackend
-from kiln.reports.estimate import estimate_ms, fit_rates, median_abs_error, relative_error
+from kiln.reports.estimate import estimate_ms, estimate_range, fit_rates, median_abs_error, relative_error
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn
 from tests.fixtures.sensitive import build_sensitive_mlp
@@ -91,19 +94,28 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kiln-estimate-") as scratch:
         rows = measure_zoo(zoo(), Path(scratch))
-    ours, naive_pairs = [], []
-    print(f"{'model':28} {'measured ms':>12} {'estimate ms':>12} {'error':>8} {'naive ms':>10} {'naive error':>12} {'op coverage':>12}")
+    ours, naive_pairs, inside, whole_model = [], [], 0, []
+    print(f"{'model':28} {'measured ms':>12} {'estimate ms':>12} {'error':>8} {'naive ms':>10} {'naive error':>12} {'op coverage':>12} "
+          f"{'range ms':>18} {'in range':>9}")
     for row in rows:
-        others = [other for other in rows if other is not row]
+        others = [{**other, "model_sha256": other["name"]} for other in rows if other is not row]
         estimate, coverage = estimate_ms(row["op_work"], row["op_histogram"], fit_rates(others))
+        ranged = estimate_range(row["op_work"], row["op_histogram"], others)
         naive = naive_estimate(row, others)
         ours.append((estimate, row["p50_ms"]))
         naive_pairs.append((naive, row["p50_ms"]))
+        hit = ranged["low_ms"] <= row["p50_ms"] <= ranged["high_ms"]
+        inside += hit
+        # The same without any profile: every other model a whole-model point, as a runtime with its own kernel names gives.
+        unprofiled = [{**other, "profile_by_op_type": []} for other in others]
+        whole_model.append((estimate_ms(row["op_work"], row["op_histogram"], fit_rates(unprofiled))[0], row["p50_ms"]))
         print(f"{row['name']:28} {row['p50_ms']:12.4f} {estimate:12.4f} {relative_error(estimate, row['p50_ms']):+8.0%} {naive:10.4f} "
-              f"{relative_error(naive, row['p50_ms']):+12.0%} {coverage:12.0%}")
+              f"{relative_error(naive, row['p50_ms']):+12.0%} {coverage:12.0%} {ranged['low_ms']:8.4f}–{ranged['high_ms']:<9.4f} {'yes' if hit else 'NO':>9}")
     ours_median, naive_median = median_abs_error(ours), median_abs_error(naive_pairs)
     print(f"\nmedian |error| over {len(rows)} models, leave-one-out: Kiln {ours_median:.1%}, naive overall rate {naive_median:.1%}; "
           f"ratio naive/Kiln {naive_median / ours_median:.2f}x")
+    print(f"measured p50 inside Kiln's range: {inside} of {len(rows)}; without profiles (whole-model points only) the median |error| is "
+          f"{median_abs_error(whole_model):.1%}")
     print(f"wall time {time.perf_counter() - started:.1f} s; p50 spread of the zoo {min(r['p50_ms'] for r in rows):.3f}–"
           f"{max(r['p50_ms'] for r in rows):.3f} ms; median p50 {statistics.median(r['p50_ms'] for r in rows):.3f} ms")
 

@@ -9,7 +9,7 @@ Pillow, soundfile and tokenizers are imported when a recipe needs them.
 Recipes (JSON):
 
     {"type": "image", "input": "images", "size": [320, 320], "resize": "stretch" | "shorter_side_crop",
-     "color": "RGB" | "BGR" | "L", "scale": 0.00392156862745098, "mean": [0, 0, 0], "std": [1, 1, 1],
+     "color": "RGB" | "BGR" | "L", "scale": "1/255", "mean": [0, 0, 0], "std": [1, 1, 1],
      "layout": "NCHW" | "NHWC", "dtype": "float32"}
     {"type": "audio", "input": "input", "sample_rate": 16000, "resample": false, "length": 16000, "dtype": "float32",
      "chunk": 512, "context": 64, "batch_axis": true, "constants": {"sr": 16000}}
@@ -148,15 +148,26 @@ def _image_recipe(raw: dict) -> dict[str, Any]:
     layout = raw.get("layout", "NCHW")
     if layout not in ("NCHW", "NHWC"):
         raise RecipeError("layout must be NCHW or NHWC")
-    scale = raw.get("scale", 1 / 255)
-    if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise RecipeError("scale must be a number")
+    scale = _scale(raw.get("scale", 1 / 255))
     std = _numbers(raw, "std", [1.0] * channels, channels)
     if any(value == 0 for value in std):
         raise RecipeError("std must not be zero")
     return {"type": "image", "input": _name(raw, "input", "images"), "size": size, "resize": resize, "color": color,
-            "scale": float(scale), "mean": _numbers(raw, "mean", [0.0] * channels, channels), "std": std,
+            "scale": scale, "mean": _numbers(raw, "mean", [0.0] * channels, channels), "std": std,
             "layout": layout, "dtype": _dtype(raw, "float32")}
+
+
+def _scale(value: Any) -> float:
+    """A number, or a fraction as people write it ("1/255", which JSON cannot hold exactly)."""
+    if isinstance(value, str):
+        numerator, slash, denominator = value.partition("/")
+        try:
+            value = float(numerator) / float(denominator) if slash else float(numerator)
+        except (ValueError, ZeroDivisionError):
+            raise RecipeError(f"scale must be a number or a fraction such as \"1/255\", not {value[:40]!r}") from None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise RecipeError("scale must be a number or a fraction such as \"1/255\"")
+    return float(value)
 
 
 def _audio_recipe(raw: dict) -> dict[str, Any]:

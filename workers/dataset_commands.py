@@ -31,4 +31,4 @@ def raw(request: dict, work: Path) -> dict:
 
 
 def preview(request: dict, work: Path) -> dict:
-    return preview_raw_dataset(Path(request["path"]), request["recipe"], display_name=request["display_name"])
+    return preview_raw_dataset(Path(request["path"]), request["recipe"], display_name=request["display_name"], names=request.get("names"))

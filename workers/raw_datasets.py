@@ -23,6 +23,8 @@ from devices import recipes
 from devices.recipes import RecipeError
 
 PREVIEWS = 4
+# A preview shows one file of each class (class folder), up to this many classes, then fills up to PREVIEWS.
+PREVIEW_CLASSES = 8
 THUMBNAIL_SIDE = 96
 MAX_SAMPLES = 1_000_000
 MAX_LINE_CHARS = 100_000
@@ -37,6 +39,7 @@ def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: st
     """Write the `.npz` a recipe makes of a raw upload; returns what inspect_dataset would, plus `previews`
     and the `label_names` its folders gave."""
     raw_path, out_path = Path(raw_path), Path(out_path)
+    shown = None if recipe["type"] == "text" else set(preview_members(_zip_members(raw_path, recipe, display_name)))
     samples = _samples(raw_path, recipe, display_name, tokenizer_json)
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".raw-") as scratch:
         writer = _RowFiles(Path(scratch), max_bytes)
@@ -46,7 +49,7 @@ def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: st
                 if label is not None:
                     tensors = {**tensors, LABELS: np.asarray(label_names.setdefault(label, len(label_names)), np.int64)}
                 writer.add(name, tensors)
-                if len(previews) < PREVIEWS:
+                if (name in shown) if shown is not None else len(previews) < PREVIEWS:
                     previews.append(preview())
             if not writer.count:
                 raise RecipeError(f"{display_name} holds no {'lines' if recipe['type'] == 'text' else recipe['type'] + ' files'}")
@@ -61,34 +64,73 @@ def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: st
             "previews": previews, "label_names": sorted(label_names, key=label_names.get)}
 
 
-def preview_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], *, display_name: str, limit: int = PREVIEWS) -> dict[str, Any]:
-    """What a recipe makes of the first `limit` files of a zip, before anything is uploaded for good: each input's
-    tensor per sample (shape and dtype), thumbnails or waveforms, and the class a folder gives each file."""
+def preview_members(members: list[str]) -> list[str]:
+    """The files a preview shows, in the zip's order: the first of each class folder (up to PREVIEW_CLASSES classes),
+    then the first others, up to PREVIEWS files in all (or one a class, where there are more classes)."""
+    chosen, classes = [], set()
+    for member in members:
+        label = recipes.member_label(member)
+        if label is not None and label not in classes and len(classes) < PREVIEW_CLASSES:
+            classes.add(label)
+            chosen.append(member)
+    for member in members:
+        if len(chosen) >= max(PREVIEWS, len(classes)):
+            break
+        if member not in chosen:
+            chosen.append(member)
+    order = {member: index for index, member in enumerate(members)}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def class_counts(members: list[str]) -> dict[str, int]:
+    """Files per class folder, in the order the classes first appear ({} when no file is in a folder)."""
+    counts: dict[str, int] = {}
+    for member in members:
+        label = recipes.member_label(member)
+        if label is not None:
+            counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def _zip_members(raw_path: Path, recipe: dict[str, Any], display_name: str) -> list[str]:
+    try:
+        with zipfile.ZipFile(raw_path) as archive:
+            return recipes.raw_members(archive.namelist(), recipe)
+    except zipfile.BadZipFile:
+        raise RecipeError(f"{display_name} is not a zip of {recipe['type']} files") from None
+
+
+def preview_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], *, display_name: str, names: list[str] | None = None) -> dict[str, Any]:
+    """What a recipe makes of a few files of a zip before anything is uploaded for good: each input's tensor per sample
+    (shape, dtype, range), a thumbnail of the tensor itself (after resizing and cropping) or a waveform, one file of each
+    class, and how many files each class has.
+
+    `names`, when given, are the paths of every file the user chose (the zip may hold only the ones to preview, so that
+    a large folder need not travel twice); the counts are over them.
+    """
     raw_path = Path(raw_path)
     if recipe["type"] == "text":
         raise RecipeError("a preview reads images or WAV files; a text recipe is checked when the dataset is uploaded")
-    try:
-        with zipfile.ZipFile(raw_path) as archive:
-            files = len(recipes.raw_members(archive.namelist(), recipe))
-    except zipfile.BadZipFile:
-        raise RecipeError(f"{display_name} is not a zip of {recipe['type']} files") from None
+    members = _zip_members(raw_path, recipe, display_name)
+    counted = recipes.raw_members(names, recipe) if names is not None else members
+    shown = set(preview_members(members))
     arrays, previews = {}, []
-    for _name, tensors, label, preview in _samples(raw_path, recipe, display_name, None):
+    for _name, tensors, label, preview in _samples(raw_path, recipe, display_name, None, only=shown):
         for key, value in tensors.items():
             arrays.setdefault(key, {"dtype": value.dtype.name, "shape": list(value.shape),
                                     "min": round(float(value.min()), 4) if value.size else None, "max": round(float(value.max()), 4) if value.size else None})
         previews.append({**preview(), "label": label})
-        if len(previews) >= limit:
-            break
     if not previews:
         raise RecipeError(f"{display_name} holds no {recipe['type']} files")
-    return {"files": files, "arrays": arrays, "previews": previews}
+    return {"files": len(counted), "arrays": arrays, "previews": previews, "classes": class_counts(counted)}
 
 
 Sample = tuple[str, dict[str, np.ndarray], "str | None", Any]
 
 
-def _samples(raw_path: Path, recipe: dict[str, Any], display_name: str, tokenizer_json: str | None) -> Iterator[Sample]:
+def _samples(raw_path: Path, recipe: dict[str, Any], display_name: str, tokenizer_json: str | None,
+             only: set[str] | None = None) -> Iterator[Sample]:
+    """Every sample of the upload (of a zip, only the members in `only` when given)."""
     if recipe["type"] == "text":
         if not tokenizer_json:
             raise RecipeError("a text recipe needs the model's tokenizer.json")
@@ -97,12 +139,14 @@ def _samples(raw_path: Path, recipe: dict[str, Any], display_name: str, tokenize
         archive = zipfile.ZipFile(raw_path)
     except zipfile.BadZipFile:
         raise RecipeError(f"{display_name} is not a zip of {recipe['type']} files") from None
-    return _file_samples(archive, recipe)
+    return _file_samples(archive, recipe, only)
 
 
-def _file_samples(archive: zipfile.ZipFile, recipe: dict[str, Any]) -> Iterator[Sample]:
+def _file_samples(archive: zipfile.ZipFile, recipe: dict[str, Any], only: set[str] | None = None) -> Iterator[Sample]:
     with archive:
         members = recipes.raw_members(archive.namelist(), recipe)
+        if only is not None:
+            members = [member for member in members if member in only]
         if len(members) > MAX_SAMPLES:
             raise RecipeError(f"the zip holds {len(members)} files, over the limit of {MAX_SAMPLES}")
         declared = sum(archive.getinfo(member).file_size for member in members)
@@ -133,13 +177,39 @@ def _text_samples(raw_path: Path, recipe: dict[str, Any], tokenizer) -> Iterator
             raise RecipeError(f"line {number + 1} is not UTF-8 text") from None
 
 
+def tensor_image(tensor: np.ndarray, recipe: dict[str, Any]):
+    """The image a prepared tensor holds, as the model gets it (its size, crop and colours), back in 0..255 pixels."""
+    from PIL import Image
+
+    pixels = np.asarray(tensor, np.float32)
+    if recipe["layout"] == "NCHW":
+        pixels = pixels.transpose(1, 2, 0)
+    # normalize_image's arithmetic undone: (pixel * scale - mean) / std.
+    pixels = (pixels * np.asarray(recipe["std"], np.float32) + np.asarray(recipe["mean"], np.float32)) / (recipe["scale"] or 1.0)
+    if recipe["color"] == "BGR":
+        pixels = pixels[:, :, ::-1]
+    pixels = np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels[:, :, 0], "L") if pixels.shape[2] == 1 else Image.fromarray(pixels, "RGB")
+
+
+def _thumbnail(image):
+    """At most THUMBNAIL_SIDE a side; a small input is enlarged by whole pixels, so that 8x8 shows as 8x8 blocks."""
+    from PIL import Image
+
+    if max(image.size) < THUMBNAIL_SIDE:
+        factor = THUMBNAIL_SIDE // max(image.size)
+        return image.resize((image.width * factor, image.height * factor), Image.NEAREST)
+    image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+    return image
+
+
 def _preview(member: str, data: bytes, tensors: dict[str, np.ndarray], recipe: dict[str, Any]) -> dict[str, Any]:
     if recipe["type"] == "image":
-        image = recipes.decode_image(data, recipe)
-        image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+        fed = tensor_image(tensors[recipe["input"]], recipe)
         buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        return {"name": member, "thumbnail": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}
+        _thumbnail(fed).save(buffer, format="PNG")
+        return {"name": member, "thumbnail": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode(),
+                "size": [fed.height, fed.width]}
     waveform = tensors[recipe["input"]].astype(np.float32)
     if recipe.get("chunk"):
         # The chunks without the context each call repeats: the recording as prepared.

@@ -60,3 +60,19 @@ export function humanize(value: string | null | undefined): string {
   const text = value.replace(/[_-]+/g, ' ');
   return text.charAt(0).toUpperCase() + text.slice(1);
 }
+
+/** A scale as people write it: 1/255 rather than 0.00392156862745098 (a whole reciprocal), else the number itself. */
+export function formatScale(value: number): string | number {
+  if (value > 0 && value < 1) {
+    const reciprocal = 1 / value;
+    if (Math.abs(reciprocal - Math.round(reciprocal)) < 1e-6 * reciprocal) return `1/${Math.round(reciprocal)}`;
+  }
+  return value;
+}
+
+/** A range at the precision its width needs (three significant digits of the span): "0–335 ms", not "0–334.7297 ms". */
+export function formatRange(low: number, high: number, unit = 'ms'): string {
+  const span = Math.abs(high - low);
+  const decimals = span > 0 ? Math.min(4, Math.max(0, 2 - Math.floor(Math.log10(span)))) : 3;
+  return `${formatNumber(low, decimals)}–${formatNumber(high, decimals)} ${unit}`;
+}

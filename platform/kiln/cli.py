@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 import zipfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -378,17 +379,22 @@ def finish_job(client: Client, job: dict, download: Path | None) -> int:
 @click.option("--version", "version_number", type=int, help="Model version number (default: the latest).")
 @click.option("--calibration", help="Calibration data: an .npz, a folder or zip of images/WAV files (recipe proposed from the model), or a dataset id.")
 @click.option("--validation", help="Validation data: the same; class folders of images become labels.")
-@click.option("--precision", "precisions", multiple=True, help="fp32, fp16, int8, int8-dynamic, int4-weight; default auto (search).")
+@click.option("--precision", "precisions", multiple=True, help="fp32, bf16, fp16, int8, int8-dynamic, int4-weight; default auto (search).")
 @click.option("--metric", default="auto", type=click.Choice(["auto", "accuracy", "cosine", "sqnr", "top1_agreement"]))
 @click.option("--tolerance", help="Allowed accuracy drop: 1% or 0.01 (with --metric sqnr: a floor in dB).")
 @click.option("--target", "targets", multiple=True, help="Agent id or label=value; repeat. Default: every online agent.")
+@click.option("--budget", "budget_minutes", type=click.IntRange(1, 24 * 60), metavar="MINUTES",
+              help="The auto search's time budget in minutes (default 10); not with --precision.")
 @click.option("--encrypt", is_flag=True, help="Encrypt the model files of the deployment packages (AES-256-GCM).")
 @click.option("--wait/--no-wait", default=False, help="Follow the job until it ends; the exit code says whether the tolerance was met.")
 @click.option("--download", type=click.Path(file_okay=False, path_type=Path), help="With --wait: save each device's package here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job (with --wait: the report) as JSON; the exit code is the same.")
 @click.pass_context
-def deploy(ctx, model: str, version_number, calibration, validation, precisions, metric, tolerance, targets, encrypt, wait, download, as_json) -> None:
+def deploy(ctx, model: str, version_number, calibration, validation, precisions, metric, tolerance, targets, budget_minutes, encrypt, wait, download,
+           as_json) -> None:
     """Deploy MODEL (a file to upload, a model id or a name) to your devices."""
+    if budget_minutes is not None and precisions:
+        raise click.UsageError("--budget is the auto search's time budget; with --precision nothing is searched. Drop one of them.")
     client = _client(ctx)
     model_id, version = _resolve_model_version(client, model, version_number)
     version_id = version["id"]
@@ -397,7 +403,7 @@ def deploy(ctx, model: str, version_number, calibration, validation, precisions,
         calibration_dataset=_resolve_dataset(client, calibration, "calibration", (model_id, version)),
         validation_dataset=_resolve_dataset(client, validation, "validation", (model_id, version)),
         targets=[int(t) if t.isdigit() else t for t in targets], tolerance=parse_tolerance(tolerance, metric),
-        package={"encrypt": True} if encrypt else None,
+        package={"encrypt": True} if encrypt else None, budget_minutes=budget_minutes,
     )
     if as_json and not wait:
         return _print_json(job)
@@ -546,28 +552,79 @@ def report(ctx, job_id: int, as_json: bool) -> None:
         print_report(answer)
 
 
-@main.group()
-def jobs() -> None:
-    """Deployment jobs."""
+def relative_time(iso: str | None, now: datetime | None = None) -> str:
+    """"just now", "42 s ago", "3 min ago", "5 h ago", "6 d ago", then the date: short enough for a narrow column."""
+    if not iso:
+        return "never"
+    try:
+        then = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return str(iso)
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    seconds = ((now or datetime.now(UTC)) - then).total_seconds()
+    if seconds < 5:
+        return "just now"
+    for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (48 * 3600, "h", 3600), (14 * 86400, "d", 86400)):
+        if seconds < limit:
+            return f"{round(seconds / size)} {unit} ago"
+    return then.date().isoformat()
+
+
+# A name longer than this folds onto a second line at 80 columns rather than squeezing every other column to nothing.
+NAME_WIDTH = 36
+
+
+def _narrow_table(columns: list[tuple[str, list[str], bool]]) -> Table:
+    """A table for an 80-column terminal: each (header, values, whole) column marked whole is as wide as its longest value
+    (a name up to NAME_WIDTH) and never cut; the others take what is left and wrap between words."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header, values, whole in columns:
+        widest = max([len(header), *(len(line) for value in values for line in value.splitlines())])
+        if whole:
+            table.add_column(header, no_wrap=True, overflow="fold", min_width=min(widest, NAME_WIDTH))
+        else:
+            table.add_column(header, overflow="fold", max_width=widest)
+    return table
+
+
+def jobs_table(rows: list[dict], now: datetime | None = None) -> Table:
+    """`kiln jobs`: model names whole (a re-run says so under its name), the stage with its progress, times relative."""
+    models = [(job.get("model") or {}).get("name", "") + (f"\nre-run of #{job['rerun_of']}" if job.get("rerun_of") else "") for job in rows]
+    statuses = [str(job["status"]).replace("_", " ") for job in rows]
+    stages = [f"{job.get('stage') or ''} {job.get('progress') or 0:.0%}" for job in rows]
+    created = [relative_time(job.get("created_at"), now) for job in rows]
+    table = _narrow_table([("id", [str(job["id"]) for job in rows], True), ("model", models, True), ("status", statuses, False),
+                           ("stage", stages, False), ("created", created, True)])
+    for job, *cells in zip(rows, models, statuses, stages, created, strict=True):
+        table.add_row(str(job["id"]), *cells)
+    return table
+
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def jobs(ctx, as_json: bool) -> None:
+    """Deployment jobs: `kiln jobs` lists them, newest first."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(jobs_list, as_json=as_json)
 
 
 @jobs.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def jobs_list(ctx, as_json: bool) -> None:
+    """Your deployment jobs, newest first."""
     rows = _client(ctx).jobs()
     if as_json:
         return _print_json(rows)
-    table = Table("id", "model", "status", "stage", "progress", "re-run of", "created")
-    for job in rows:
-        table.add_row(str(job["id"]), (job.get("model") or {}).get("name", ""), job["status"], job["stage"], f"{job['progress']:.0%}",
-                      str(job.get("rerun_of") or ""), str(job.get("created_at", ""))[:19])
-    console.print(table)
+    if not rows:
+        console.print("No deployments yet. `kiln deploy MODEL` starts one.")
+        return
+    console.print(jobs_table(rows))
 
 
 def _duration(stage: dict) -> str:
-    from datetime import datetime
-
     started, finished = stage.get("started_at"), stage.get("finished_at")
     if not started or not finished:
         return ""
@@ -671,13 +728,22 @@ def devices(ctx, as_json: bool) -> None:
     if not rows:
         console.print("No devices yet. `kiln devices add lab` prints the commands that add one.")
         return
-    table = Table("id", "name", "status", "runtimes", "labels", "last heartbeat", box=box.SIMPLE_HEAD, pad_edge=False)
-    for agent in rows:
-        status = "revoked" if agent.get("revoked") else "online" if agent.get("online") else "offline"
-        runtimes = ", ".join(f"{name} {version}" for name, version in ((agent.get("capabilities") or {}).get("runtimes") or {}).items())
-        labels = ", ".join(f"{key}={value}" for key, value in (agent.get("labels") or {}).items())
-        table.add_row(str(agent["id"]), agent["name"], status, runtimes, labels, str(agent.get("last_heartbeat_at") or "never")[:19])
-    console.print(table)
+    console.print(devices_table(rows))
+
+
+def devices_table(rows: list[dict], now: datetime | None = None) -> Table:
+    """`kiln devices`: names whole with their labels under them, one runtime a line, heartbeats relative."""
+    names = [agent["name"] + ("\n" + " ".join(f"{key}={value}" for key, value in agent["labels"].items()) if agent.get("labels") else "")
+             for agent in rows]
+    statuses = ["revoked" if agent.get("revoked") else "online" if agent.get("online") else "offline" for agent in rows]
+    runtimes = ["\n".join(f"{name} {version}" for name, version in ((agent.get("capabilities") or {}).get("runtimes") or {}).items())
+                for agent in rows]
+    heartbeats = [relative_time(agent.get("last_heartbeat_at"), now) for agent in rows]
+    table = _narrow_table([("id", [str(agent["id"]) for agent in rows], True), ("name · labels", names, True), ("status", statuses, True),
+                           ("runtimes", runtimes, True), ("heartbeat", heartbeats, True)])
+    for agent, *cells in zip(rows, names, statuses, runtimes, heartbeats, strict=True):
+        table.add_row(str(agent["id"]), *cells)
+    return table
 
 
 @devices.command("add")

@@ -222,11 +222,13 @@ class Client(HttpClient):
 
     def create_job(self, *, model_version: int, precisions: list[str] | None = None, calibration_dataset: int | None = None,
                    validation_dataset: int | None = None, targets: list | None = None, tolerance: dict | None = None,
-                   package: dict | None = None) -> Job:
+                   package: dict | None = None, budget_minutes: int | None = None) -> Job:
         body = {"model_version": model_version, "precisions": precisions or ["auto"], "calibration_dataset": calibration_dataset,
                 "validation_dataset": validation_dataset, "targets": targets or [], "tolerance": tolerance or {}}
         if package:
             body["package"] = package
+        if budget_minutes is not None:
+            body["budget_minutes"] = budget_minutes
         return self.post("jobs/", body)
 
     def jobs(self) -> list[Job]:

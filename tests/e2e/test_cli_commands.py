@@ -156,3 +156,35 @@ def test_a_folder_of_jpegs_becomes_a_dataset_through_the_recipe_the_model_propos
                               "--json").stdout)
     assert job["calibration_dataset"] and job["validation_dataset"]
     assert len(json.loads(run_kiln(env, tmp_path, "datasets", "list", "--json").stdout)) == 3
+
+
+def test_deploy_takes_the_search_budget_and_the_lists_fit_80_columns_while_a_search_runs(kiln_stack, model_files, tmp_path):
+    """Issue 37 (item 6) and issue 33 (the form and `kiln deploy` take the budget): `kiln deploy --budget`, bare `kiln jobs`
+    and `kiln devices` at 80 columns with names and times whole, and `kiln report --json` on a search still running says so."""
+    env = logged_in(kiln_stack, tmp_path, "cli-budget", "Budgets")
+    added = json.loads(run_kiln(env, tmp_path, "devices", "add", "lab", "--json").stdout)
+    agent = scripted_agent(kiln_stack.url, added["token"], "jetson-orin-nano-lab-bench-2")
+    assert agent.post(f"{kiln_stack.url}/api/agent/v1/heartbeat", json={"capabilities": {"runtimes": {"onnxruntime": "1.32.0"}}}, timeout=30).ok
+    run_kiln(env, tmp_path, "models", "upload", model_files["model"], "--name", "digits-classifier-for-the-lab")
+
+    refused = run_kiln(env, tmp_path, "deploy", "digits-classifier-for-the-lab", "--precision", "fp32", "--budget", "3", check=2)
+    assert "--budget is the auto search's time budget" in refused.stderr
+    deployed = json.loads(run_kiln(env, tmp_path, "deploy", "digits-classifier-for-the-lab", "--calibration", model_files["calibration"],
+                                   "--budget", "3", "--json").stdout)
+    job_id = deployed["id"]
+    assert deployed["precisions"] == ["auto"] and deployed["budget"]["minutes"] == 3
+
+    # The search runs (nothing answers for the device): its report says it is running, not that it ended.
+    running = json.loads(run_kiln(env, tmp_path, "report", job_id, "--json", check=4).stdout)
+    assert running["status"] not in ("succeeded", "failed", "canceled") and running["search"]["auto"] is True
+    assert "ended" not in running["search"]["sensitivity_note"] and "still running" in running["search"]["sensitivity_note"]
+
+    # `kiln jobs` alone lists; at 80 columns the model's name and the time are whole, the time relative.
+    listed = run_kiln(env, tmp_path, "jobs", columns=80).stdout
+    lines = listed.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in listed, listed
+    assert any(str(job_id) in line and "digits-classifier-for-the-lab" in line and ("ago" in line or "just now" in line) for line in lines), listed
+    devices = run_kiln(env, tmp_path, "devices", columns=80).stdout
+    assert all(len(line) <= 80 for line in devices.splitlines()) and "…" not in devices, devices
+    assert any("jetson-orin-nano-lab-bench-2" in line and ("ago" in line or "just now" in line) for line in devices.splitlines()), devices
+    run_kiln(env, tmp_path, "jobs", "cancel", job_id)

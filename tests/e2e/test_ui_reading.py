@@ -295,10 +295,11 @@ def test_tolerance_is_a_percentage_checked_at_the_field(stack, new_page, digits_
         field = page.get_by_test_id("max-drop-input")
         field.scroll_into_view_if_needed()
         expect(field).to_have_value("1")
-        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 0.01 points of each primary output's metric")
+        # Issue 37: "0.01 points" read ambiguously; auto names what it reads for this model, in points of its 0–100% scale.
+        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 1 point of top-1 agreement: with FP32 at 100%, a variant at 99% still passes.")
         # "1%" typed as such is one percent, not 1 (which once let everything pass).
         field.fill("1%")
-        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 0.01")
+        expect(page.get_by_test_id("max-drop-meaning")).to_contain_text("1% = 1 point of top-1 agreement")
         # 200% is refused at the field, as it is typed, in the user's terms.
         field.fill("200%")
         expect(page.locator("#maxDrop-error")).to_have_text("200% is more than the whole scale: at most 100%.")
@@ -374,7 +375,8 @@ def test_a_folder_of_jpegs_becomes_a_dataset_with_a_proposed_recipe_and_a_previe
         preview = page.get_by_test_id("raw-preview")
         expect(preview).to_contain_text("6 files")
         expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("float32 [1, 8, 8]")
-        expect(preview.get_by_test_id("raw-preview-tensors")).to_contain_text("Labels from the class folders: seven, three")
+        # Issue 37: every class with its count, not the classes of the first few files.
+        expect(preview.get_by_test_id("raw-preview-classes")).to_have_text("Labels from the class folders: 2 classes: seven 3, three 3.")
         expect(preview.get_by_test_id("raw-preview-fits")).to_contain_text("Fits digits")
         wait_for_page(page, "() => [...document.querySelectorAll('[data-testid=raw-preview-samples] img')].every(i => i.complete && i.naturalWidth > 0)")
         assert no_sideways_scroll(page)

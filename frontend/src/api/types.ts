@@ -182,6 +182,8 @@ export interface Dataset {
   /** The first samples as the recipe made them: thumbnails, waveform envelopes or text with its tokens. */
   previews?: DatasetPreview[];
   sha256: string;
+  /** The digest of the file uploaded (for raw data, the zip before the recipe): the same files twice have the same one. */
+  source_sha256?: string;
   size_bytes: number;
   created_at: string;
 }
@@ -224,9 +226,11 @@ export interface DatasetPreview {
   text?: string;
   tokens?: string[];
   length?: number;
+  /** An image's [height, width] as the model gets it (the thumbnail is of the prepared tensor). */
+  size?: [number, number];
 }
 
-export const PRECISIONS = ['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
+export const PRECISIONS = ['fp32', 'bf16', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'] as const;
 export type Precision = (typeof PRECISIONS)[number];
 
 export const METRICS = [
@@ -278,6 +282,8 @@ export interface JobVariant {
   round?: number;
   options?: Record<string, unknown> | null;
   precision: string;
+  /** What it computes in: a bf16 variant is an FP32 build run under OpenVINO's bf16 hint. */
+  effective_precision?: string;
   backends: string[];
   recipe: Record<string, unknown> | null;
   status: string;
@@ -385,6 +391,8 @@ export interface JobCreate {
   state?: Record<string, string>;
   initial_state?: Record<string, number>;
   calibration_subset?: { count: number; seed: number; stratify: boolean } | null;
+  /** The `auto` search's time budget in minutes. */
+  budget_minutes?: number;
 }
 
 export interface EvaluationPlan {
@@ -464,6 +472,8 @@ export interface RawPreview {
   files: number;
   arrays: Record<string, { dtype: string; shape: number[]; min: number | null; max: number | null }>;
   previews: (DatasetPreview & { label?: string | null })[];
+  /** Files per class folder, over every file chosen. */
+  classes?: Record<string, number>;
   recipe: DatasetRecipe;
   fits: { ok: boolean; problems: string[] } | null;
 }
@@ -741,6 +751,10 @@ export interface Measurement {
   model_sha256: string;
   variant_key: string;
   precision: string;
+  effective_precision?: string;
+  label?: string;
+  /** Whether its job's decision recommended this variant on this device. */
+  recommended?: boolean;
   backend: string;
   backend_version: string;
   agent: { id: number | null; name: string };
@@ -757,6 +771,19 @@ export interface Measurement {
 
 export interface ModelEstimate {
   model_version: number;
-  devices: { agent: { id: number | null; name: string }; device: string; backend: string; p50_ms: number; coverage: number; models: number }[];
+  devices: {
+    agent: { id: number | null; name: string };
+    device: string;
+    backend: string;
+    p50_ms: number;
+    /** The range: the estimate divided and multiplied by `factor`, the worst leave-one-out miss on the device (or a prior). */
+    low_ms?: number;
+    high_ms?: number;
+    factor?: number;
+    /** How many of the device's models were each predicted from the others to set the range (0: the prior). */
+    checked_models?: number;
+    coverage: number;
+    models: number;
+  }[];
   measured: { agent_name: string; backend: string; p50_ms: number; job_id: number | null }[];
 }

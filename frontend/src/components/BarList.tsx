@@ -1,9 +1,13 @@
 /** A horizontal bar chart made of list items: readable labels, exact values, screen-reader friendly. */
+import type { ReactNode } from 'react';
+
 export interface BarDatum {
   label: string;
   value: number;
   display?: string;
   title?: string;
+  /** A line under the bar: what the value is of. */
+  detail?: ReactNode;
 }
 
 export function BarList({ data, ariaLabel, testId }: { data: BarDatum[]; ariaLabel: string; testId?: string }) {
@@ -19,6 +23,7 @@ export function BarList({ data, ariaLabel, testId }: { data: BarDatum[]; ariaLab
             <span style={{ width: `${(datum.value / max) * 100}%` }} />
           </span>
           <span className="histogram-value">{datum.display ?? datum.value}</span>
+          {datum.detail ? <span className="histogram-detail muted small">{datum.detail}</span> : null}
         </li>
       ))}
     </ul>

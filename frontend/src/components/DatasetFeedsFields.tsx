@@ -112,25 +112,25 @@ export function DatasetFeedsFields({
           Add a state
         </button>
       </fieldset>
-      {hasCalibration ? (
-        <fieldset className="fieldset">
-          <legend>Calibration samples</legend>
-          <div className="form-row">
-            <div className="field">
-              <label htmlFor={countId}>How many (empty: all)</label>
-              <input id={countId} inputMode="numeric" value={value.subsetCount} onChange={(event) => onChange({ ...value, subsetCount: event.target.value })} data-testid="subset-count" />
-            </div>
-            <div className="field">
-              <label htmlFor={seedId}>Seed</label>
-              <input id={seedId} inputMode="numeric" value={value.subsetSeed} onChange={(event) => onChange({ ...value, subsetSeed: event.target.value })} data-testid="subset-seed" />
-            </div>
-            <label className="choice">
-              <input type="checkbox" checked={value.stratify} onChange={(event) => onChange({ ...value, stratify: event.target.checked })} />
-              Keep each label&apos;s share
-            </label>
+      {/* Always there (disabled without calibration data), so that choosing a calibration set moves nothing below it. */}
+      <fieldset className="fieldset" disabled={!hasCalibration} data-testid="calibration-samples">
+        <legend>Calibration samples</legend>
+        <p className="muted small">Use only some of the calibration dataset&apos;s samples, drawn with a seed (with a calibration dataset chosen above).</p>
+        <div className="form-row">
+          <div className="field">
+            <label htmlFor={countId}>How many (empty: all)</label>
+            <input id={countId} inputMode="numeric" value={value.subsetCount} onChange={(event) => onChange({ ...value, subsetCount: event.target.value })} data-testid="subset-count" />
           </div>
-        </fieldset>
-      ) : null}
+          <div className="field">
+            <label htmlFor={seedId}>Seed</label>
+            <input id={seedId} inputMode="numeric" value={value.subsetSeed} onChange={(event) => onChange({ ...value, subsetSeed: event.target.value })} data-testid="subset-seed" />
+          </div>
+          <label className="choice">
+            <input type="checkbox" checked={value.stratify} onChange={(event) => onChange({ ...value, stratify: event.target.checked })} />
+            Keep each label&apos;s share
+          </label>
+        </div>
+      </fieldset>
       {problems.length ? (
         <ul className="field-error" data-testid="feeds-problems">
           {problems.map((problem) => (

@@ -1,6 +1,7 @@
 /** How a dataset was made and what its first samples look like: the recipe in words, then thumbnails,
  * waveform envelopes or lines of text with their tokens. */
 import type { Dataset, DatasetPreview, DatasetRecipe, TextInputSpec } from '../api/types';
+import { formatScale } from '../format';
 
 function textField(spec: string | TextInputSpec): string {
   if (typeof spec === 'string') return spec;
@@ -13,7 +14,7 @@ export function recipeSummary(recipe: DatasetRecipe): string {
     const normalize = (recipe.mean ?? []).some((value) => value !== 0) || (recipe.std ?? []).some((value) => value !== 1)
       ? `, mean ${JSON.stringify(recipe.mean)} std ${JSON.stringify(recipe.std)}`
       : '';
-    return `images → ${recipe.input}: ${width}×${height} ${recipe.resize === 'shorter_side_crop' ? 'crop' : 'stretch'}, ${recipe.color}, ×${Number(recipe.scale ?? 1).toPrecision(3)}${normalize}, ${recipe.layout} ${recipe.dtype}`;
+    return `images → ${recipe.input}: ${width}×${height} ${recipe.resize === 'shorter_side_crop' ? 'crop' : 'stretch'}, ${recipe.color}, ×${formatScale(Number(recipe.scale ?? 1))}${normalize}, ${recipe.layout} ${recipe.dtype}`;
   }
   if (recipe.type === 'audio') {
     return `audio → ${recipe.input}: ${recipe.sample_rate} Hz${recipe.resample ? ' (resampled)' : ''}${recipe.length ? `, ${recipe.length} samples` : ''}, ${recipe.dtype}`;
@@ -38,7 +39,7 @@ function Sample({ preview }: { preview: DatasetPreview }) {
   if (preview.thumbnail) {
     return (
       <figure className="dataset-sample">
-        <img src={preview.thumbnail} alt={preview.name} width={48} height={48} />
+        <img className="tensor-thumbnail" src={preview.thumbnail} alt={preview.name} width={48} height={48} />
         <figcaption className="muted small">{preview.name}</figcaption>
       </figure>
     );

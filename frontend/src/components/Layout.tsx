@@ -107,6 +107,10 @@ export function Layout() {
             ))}
           </ul>
         </nav>
+        {/* The documentation this server serves (make docs), outside the app's routes: a plain link. */}
+        <a className="nav-link nav-docs" href="/docs/" target="_blank" rel="noopener" data-testid="docs-link">
+          Documentation
+        </a>
         <div className="sidebar-footer">
           <span className="small muted" data-testid="current-user">
             Signed in as <strong>{me.data.user.username}</strong>

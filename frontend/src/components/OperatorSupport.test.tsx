@@ -30,4 +30,15 @@ describe('OperatorSupportTable', () => {
     expect(opList({})).toBe('—');
     expect(opList({ A: 1, B: 1, C: 1 }, 2)).toBe('A, B and 1 more');
   });
+
+  it('says a runtime that lists no operators did not itemise them, never "0 —", and keeps a count whole in a card', () => {
+    const litert: SupportAnswer = { backend: 'litert', runtime: 'litert', version: '2.1.0', device: '', verdict: 'unknown', native: {}, fallback: {},
+      unsupported: {}, where: 'server', reason: 'the litert backend cannot report operator support' };
+    render(<OperatorSupportTable answers={[...ANSWERS, litert]} />);
+    const row = screen.getByText('litert').closest('tr') as HTMLElement;
+    expect(within(row).getByTestId('support-native')).toHaveTextContent('not itemised by litert');
+    expect(within(row).getByTestId('support-native')).not.toHaveTextContent('0');
+    const ort = screen.getByText('ONNX Runtime').closest('tr') as HTMLElement;
+    expect(within(ort).getByTestId('support-native').querySelector('.nowrap')).toHaveTextContent('2');
+  });
 });

@@ -22,6 +22,21 @@ export function opList(counts: Record<string, number> | undefined, limit = 6): s
   return entries.length > limit ? `${shown.join(', ')} and ${entries.length - limit} more` : shown.join(', ');
 }
 
+/** The native column: a count and the op types, or, where the runtime lists none, why (never "0 —"). */
+function NativeCell({ answer }: { answer: SupportAnswer }) {
+  const count = total(answer.native);
+  if (count > 0) {
+    // One element: in a phone's card the cell is a flex row, and a bare number beside a span would be squeezed to a digit a line.
+    return (
+      <span className="support-native">
+        <span className="nowrap">{count}</span> <span className="muted small">{opList(answer.native)}</span>
+      </span>
+    );
+  }
+  if (answer.verdict === 'cannot_run') return <span className="muted small">none</span>;
+  return <span className="muted small">not itemised by {answer.runtime ?? answer.backend}{answer.source ? ` (${answer.source})` : ''}</span>;
+}
+
 export function OperatorSupportTable({ answers, showWhere }: { answers: SupportAnswer[]; showWhere?: boolean }) {
   return (
     // Cards on a phone, each figure named by its column, like every other table (components/DataTable).
@@ -35,16 +50,21 @@ export function OperatorSupportTable({ answers, showWhere }: { answers: SupportA
           return (
             <tr key={`${answer.where ?? ''}|${answer.backend}|${answer.version ?? ''}`} data-backend={answer.backend} data-verdict={answer.verdict}>
               <td>
-                {answer.runtime ?? answer.backend} <span className="muted">{answer.version ?? ''}</span>
-                {answer.device ? <div className="muted small">{answer.device}</div> : null}
+                {/* One child per cell: a phone's card lays a cell out as a flex row, which would squeeze loose pieces apart. */}
+                <div className="cell-value">
+                  {answer.runtime ?? answer.backend} <span className="muted nowrap">{answer.version ?? ''}</span>
+                  {answer.device ? <div className="muted small">{answer.device}</div> : null}
+                </div>
               </td>
               {showWhere ? <td>{answer.where === 'server' ? 'this server' : answer.where}</td> : null}
               <td>
-                <StatusBadge status={verdict.status} label={verdict.label} />
-                {answer.reason ? <div className="small">{answer.reason}</div> : null}
+                <div className="cell-value">
+                  <StatusBadge status={verdict.status} label={verdict.label} />
+                  {answer.reason ? <div className="small">{answer.reason}</div> : null}
+                </div>
               </td>
-              <td title={opList(answer.native, 100)}>
-                {total(answer.native)} <span className="muted small">{opList(answer.native)}</span>
+              <td title={opList(answer.native, 100)} data-testid="support-native">
+                <NativeCell answer={answer} />
               </td>
               <td title={(answer.nodes?.fallback ?? []).join(', ')}>{opList(answer.fallback)}</td>
               <td title={(answer.nodes?.unsupported ?? []).join(', ')}>{opList(answer.unsupported)}</td>

@@ -23,3 +23,55 @@ export function declaredOptions(kind: string): ('threshold' | 'blank' | 'plugin'
   if (kind === 'plugin') return ['plugin'];
   return [];
 }
+
+/** The figure `auto` judges an output of each kind by (devices/contract.py KIND_METRICS), and the label metric that
+ * replaces it when the validation set has labels that fit (devices/metrics.py `_label_metric`). */
+const AUTO_FIGURES: Record<OutputKind, { figure: string; labelled?: string }> = {
+  class_scores: { figure: 'top1_agreement', labelled: 'top1_accuracy' },
+  class_ids: { figure: 'id_agreement' },
+  probability_map: { figure: 'mask_iou', labelled: 'mean_iou' },
+  dense: { figure: 'relative_l2' },
+  embedding: { figure: 'cosine_p5' },
+  detection: { figure: 'detection_f1' },
+  regression: { figure: 'relative_l2' },
+};
+
+/** The figure a declared metric's tolerance reads (devices/contract.py DECLARABLE). */
+const DECLARED_FIGURES: Record<string, string> = {
+  top1_agreement: 'top1_agreement', top5_agreement: 'top5_agreement', id_agreement: 'id_agreement', mask_iou: 'mask_iou',
+  relative_l2: 'relative_l2', sqnr: 'sqnr_db', cosine: 'cosine_p5', sentence_cosine: 'sentence_cosine_p5', detection: 'detection_f1',
+  accuracy: 'top1_accuracy', top5_accuracy: 'top5_accuracy', mean_iou: 'mean_iou', ctc: 'sequence_accuracy', plugin: 'plugin',
+};
+
+export interface JudgedOutput {
+  name: string;
+  kind: string | null | undefined;
+  primary: boolean;
+  declared?: { kind: string; primary?: boolean }[];
+}
+
+/**
+ * The figures a tolerance of `auto` reads for these outputs: each primary output's declared metric, else its kind's
+ * (the first primary a label metric fits takes it when there are labels). Null while a primary output's kind is unknown
+ * (Kiln infers it when the job runs).
+ */
+export function autoFigures(outputs: JudgedOutput[], labelled: boolean): string[] | null {
+  const figures: string[] = [];
+  let labelsUsed = !labelled;
+  for (const output of outputs.filter((candidate) => candidate.primary)) {
+    const declared = output.declared?.find((entry) => entry.primary) ?? output.declared?.[0];
+    if (declared) {
+      figures.push(DECLARED_FIGURES[declared.kind] ?? declared.kind);
+      continue;
+    }
+    const auto = output.kind ? AUTO_FIGURES[output.kind as OutputKind] : undefined;
+    if (!auto) return null;
+    if (!labelsUsed && auto.labelled) {
+      figures.push(auto.labelled);
+      labelsUsed = true;
+    } else {
+      figures.push(auto.figure);
+    }
+  }
+  return figures.length ? figures : null;
+}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { crc32, entryName, isRawFile, zipEntries } from './zip';
+import { crc32, entryName, isRawFile, previewFiles, zipEntries, zipEntryNames } from './zip';
 
 describe('zip of a folder of images', () => {
   it('computes the CRC-32 zip readers check', () => {
@@ -34,5 +34,23 @@ describe('zip of a folder of images', () => {
     expect(isRawFile('cat/1.JPG')).toBe(true);
     expect(isRawFile('.DS_Store')).toBe(false);
     expect(isRawFile('notes.txt')).toBe(false);
+  });
+});
+
+describe('reading a zip the user chose', () => {
+  it('lists its entries from the central directory', async () => {
+    const data = new TextEncoder().encode('jpeg bytes');
+    const blob = zipEntries([{ name: 'circle/001.jpg', data }, { name: 'square/001.jpg', data }, { name: 'notes.txt', data }]);
+    expect(await zipEntryNames(blob)).toEqual(['circle/001.jpg', 'square/001.jpg', 'notes.txt']);
+    expect(await zipEntryNames(new Blob(['not a zip']))).toEqual([]);
+  });
+
+  it('sends for a preview the first file of each class folder and the first few', () => {
+    const files = ['circle/1.jpg', 'circle/2.jpg', 'circle/3.jpg', 'circle/4.jpg', 'circle/5.jpg', 'square/1.jpg', 'star/1.jpg'].map((path) => {
+      const file = new File(['x'], path.split('/')[1]);
+      Object.defineProperty(file, 'webkitRelativePath', { value: `shapes/${path}` });
+      return file;
+    });
+    expect(previewFiles(files).map(entryName)).toEqual(['circle/1.jpg', 'circle/2.jpg', 'circle/3.jpg', 'circle/4.jpg', 'square/1.jpg', 'star/1.jpg']);
   });
 });

@@ -88,9 +88,9 @@ export function entryName(file: File): string {
   return parts.length > 1 ? parts.slice(1).join('/') : parts[0];
 }
 
-/** The raw files among those chosen, packed into one zip named for their folder. */
-export async function packFiles(files: File[], limit = Infinity): Promise<File> {
-  const chosen = files.filter((file) => isRawFile(entryName(file))).sort((a, b) => entryName(a).localeCompare(entryName(b))).slice(0, limit);
+/** The raw files among those chosen (or `only` these of them), packed into one zip named for their folder. */
+export async function packFiles(files: File[], only?: File[]): Promise<File> {
+  const chosen = (only ?? files).filter((file) => isRawFile(entryName(file))).sort((a, b) => entryName(a).localeCompare(entryName(b)));
   const entries = await Promise.all(chosen.map(async (file) => ({ name: entryName(file), data: new Uint8Array(await file.arrayBuffer()) })));
   const folder = ((files[0] as File & { webkitRelativePath?: string }).webkitRelativePath || '').split('/')[0] || 'images';
   return new File([zipEntries(entries)], `${folder}.zip`, { type: 'application/zip' });
@@ -98,4 +98,77 @@ export async function packFiles(files: File[], limit = Infinity): Promise<File> 
 
 export function countRawFiles(files: File[]): number {
   return files.filter((file) => isRawFile(entryName(file))).length;
+}
+
+/** A blob's bytes (FileReader: jsdom's Blob has no arrayBuffer()). */
+export function readBytes(blob: Blob): Promise<Uint8Array> {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(new Uint8Array(reader.result as ArrayBuffer));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsArrayBuffer(blob);
+  });
+}
+
+// The end-of-central-directory record is 22 bytes plus a comment of at most 65535.
+const EOCD_SEARCH = 22 + 0xffff;
+
+/** The entry names of a zip the user chose, from its central directory (nothing else is read); [] when it is not a zip. */
+export async function zipEntryNames(file: Blob): Promise<string[]> {
+  const tailStart = Math.max(0, file.size - EOCD_SEARCH);
+  const tail = await readBytes(file.slice(tailStart));
+  const view = new DataView(tail.buffer, tail.byteOffset, tail.byteLength);
+  let end = -1;
+  for (let at = tail.length - 22; at >= 0; at -= 1) {
+    if (view.getUint32(at, true) === 0x06054b50) {
+      end = at;
+      break;
+    }
+  }
+  if (end < 0) return [];
+  const count = view.getUint16(end + 10, true);
+  const size = view.getUint32(end + 12, true);
+  const offset = view.getUint32(end + 16, true);
+  // A ZIP64 archive marks these as 0xFFFF.../0xFFFFFFFF; its names are not needed badly enough to parse ZIP64 here.
+  if (offset === 0xffffffff || size === 0xffffffff) return [];
+  const directory = await readBytes(file.slice(offset, offset + size));
+  const entries = new DataView(directory.buffer, directory.byteOffset, directory.byteLength);
+  const decoder = new TextDecoder();
+  const names: string[] = [];
+  for (let at = 0, index = 0; index < count && at + 46 <= directory.length; index += 1) {
+    if (entries.getUint32(at, true) !== 0x02014b50) break;
+    const nameLength = entries.getUint16(at + 28, true);
+    const extra = entries.getUint16(at + 30, true);
+    const comment = entries.getUint16(at + 32, true);
+    names.push(decoder.decode(directory.subarray(at + 46, at + 46 + nameLength)));
+    at += 46 + nameLength + extra + comment;
+  }
+  return names;
+}
+
+// Files packed for a preview: the first of each class folder (up to this many folders) and the first few overall; the
+// server chooses among them what to show (workers/raw_datasets.py preview_members).
+const PREVIEW_FOLDERS = 8;
+const PREVIEW_FIRST = 4;
+
+/** The few files of a folder that a preview needs: the first of each class folder, and the first ones overall. */
+export function previewFiles(files: File[]): File[] {
+  const raw = files.filter((file) => isRawFile(entryName(file))).sort((a, b) => entryName(a).localeCompare(entryName(b)));
+  const chosen = new Set(raw.slice(0, PREVIEW_FIRST));
+  const folders = new Set<string>();
+  for (const file of raw) {
+    const folder = entryName(file).split('/').slice(0, -1).join('/');
+    if (folder && !folders.has(folder) && folders.size < PREVIEW_FOLDERS) {
+      folders.add(folder);
+      chosen.add(file);
+    }
+  }
+  return raw.filter((file) => chosen.has(file));
+}
+
+/** The hex SHA-256 of a blob, as the server names uploads; null where the browser offers no digest (not a secure context). */
+export async function sha256Hex(blob: Blob): Promise<string | null> {
+  if (!globalThis.crypto?.subtle) return null;
+  const digest = await globalThis.crypto.subtle.digest('SHA-256', (await readBytes(blob)) as Uint8Array<ArrayBuffer>);
+  return [...new Uint8Array(digest)].map((byte) => byte.toString(16).padStart(2, '0')).join('');
 }

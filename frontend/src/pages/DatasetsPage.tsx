@@ -6,7 +6,7 @@ import { useSearchParams } from 'react-router';
 import { api, errorMessage, uploadWithProgress } from '../api/client';
 import { keys, PAGE_SIZE, rows, totalCount, useDatasets, useDeleteDataset, useCanWrite, useModels } from '../api/hooks';
 import type { Dataset, DatasetKind, Model, RawPreview, RecipeProposal } from '../api/types';
-import { countRawFiles, entryName, isRawFile, packFiles } from '../components/zip';
+import { countRawFiles, entryName, isRawFile, packFiles, previewFiles, sha256Hex, zipEntryNames } from '../components/zip';
 import { EmptyState, PageHeader, Pager, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { SelectField, TextField } from '../components/FormFields';
@@ -14,7 +14,7 @@ import { ListStates } from '../components/ListStates';
 import { RowAction } from '../components/RowAction';
 import { DatasetSamples } from '../components/DatasetSamples';
 import { UploadZone } from '../components/UploadZone';
-import { formatBytes, formatDate, formatShape } from '../format';
+import { formatBytes, formatDate, formatScale, formatShape } from '../format';
 import { fileStem } from './ModelsPage';
 
 export function DatasetArrays({ dataset }: { dataset: Dataset }) {
@@ -32,16 +32,46 @@ export function DatasetArrays({ dataset }: { dataset: Dataset }) {
 }
 
 const RECIPE_EXAMPLE = 'Choose the model above and Kiln proposes one; or write it, e.g. {"type": "image", "input": "images", "size": [224, 224]}';
-/** Files read for the preview; a zip the user made is sent whole for it only up to this size. */
-const PREVIEW_FILES = 4;
+/** A zip the user made is sent whole for its preview only up to this size. */
 const PREVIEW_ZIP_BYTES = 16 * 1024 * 1024;
+/** Files hashed in the browser to recognise the same files uploaded before; larger ones are not checked. */
+const HASH_LIMIT_BYTES = 256 * 1024 * 1024;
+/** Models offered, one click each, for a zip of images chosen without a recipe. */
+const RECIPE_OFFERS = 4;
 
 interface PendingUpload {
   file: File;
   files: number;
   preview: RawPreview | null;
   error: string | null;
+  /** Datasets made from exactly these files before. */
+  same: Dataset[];
   resolve: (file: File | null) => void;
+}
+
+/** A zip of images or recordings chosen with no recipe: held until the user takes a model's recipe (or cancels). */
+interface NeedsRecipe {
+  file: File;
+  raw: number;
+  error: string | null;
+  resolve: (file: File | null) => void;
+}
+
+/** "4 classes: circle 10, square 10, star 7, triangle 3", or null without class folders. */
+export function classSummary(classes: Record<string, number> | undefined): string | null {
+  const entries = Object.entries(classes ?? {});
+  if (entries.length === 0) return null;
+  return `${entries.length} class${entries.length === 1 ? '' : 'es'}: ${entries.map(([name, count]) => `${name} ${count}`).join(', ')}`;
+}
+
+/** Why it matters that these files were uploaded before, as the other kind: accuracy measured on the calibration data. */
+export function sameFilesWarning(same: Dataset[], kind: DatasetKind): string | null {
+  if (same.length === 0) return null;
+  const other = same.find((dataset) => dataset.kind !== kind);
+  if (other) {
+    return `These are the same files as the ${other.kind} dataset “${other.name}”: int8 would be tuned on the data its accuracy is measured on, which reads better than new data will. Keep some files apart for validation.`;
+  }
+  return `These files are already the ${kind} dataset “${same[0].name}”.`;
 }
 
 /** The model raw data feeds: its proposal fills the recipe, and the preview checks the tensors against its input. */
@@ -56,31 +86,43 @@ function useRecipeProposal(model: Model | null) {
 }
 
 /** What the recipe makes of the first files, before the whole upload: thumbnails, tensors, labels, fit. */
-function PreviewPanel({ pending, modelName, onUpload, onCancel }: { pending: PendingUpload; modelName: string | null; onUpload: () => void; onCancel: () => void }) {
+function PreviewPanel({ pending, kind, modelName, onUpload, onCancel }: {
+  pending: PendingUpload; kind: DatasetKind; modelName: string | null; onUpload: () => void; onCancel: () => void;
+}) {
   const preview = pending.preview;
-  const labels = [...new Set((preview?.previews ?? []).map((item) => item.label).filter(Boolean))];
+  const classes = classSummary(preview?.classes);
+  const size = preview?.previews.find((item) => item.size)?.size;
+  const warning = sameFilesWarning(pending.same, kind);
   return (
     <div className="raw-preview" role="region" aria-label="Preview before upload" data-testid="raw-preview">
       <h3>Preview: {pending.file.name}, {pending.files} file{pending.files === 1 ? '' : 's'}</h3>
       {pending.error ? <p className="field-error" role="alert" data-testid="raw-preview-error">{pending.error}</p> : null}
       {preview ? (
         <>
+          <p className="small" data-testid="raw-preview-classes">
+            {classes ? <>Labels from the class folders: <strong>{classes}</strong>.</> : 'No class folders: no labels.'}
+          </p>
           <div className="dataset-previews" data-testid="raw-preview-samples">
             {preview.previews.map((item) => (
-              <figure key={item.name} className="dataset-sample">
-                {item.thumbnail ? <img src={item.thumbnail} alt={item.name} width={72} height={72} /> : null}
-                <figcaption className="muted small">{item.label ? `${item.label} · ` : ''}{item.name.split('/').pop()}</figcaption>
+              <figure key={item.name} className="dataset-sample" data-testid="raw-preview-sample">
+                {item.thumbnail ? <img className="tensor-thumbnail" src={item.thumbnail} alt={item.name} width={72} height={72} /> : null}
+                <figcaption className="muted small">{item.label ? <strong>{item.label}</strong> : null}{item.label ? ' · ' : ''}{item.name.split('/').pop()}</figcaption>
               </figure>
             ))}
           </div>
+          {size ? (
+            <p className="muted small" data-testid="raw-preview-as-fed">
+              {classes ? 'One file of each class, ' : ''}as the model gets it: resized{preview.recipe.resize === 'shorter_side_crop' ? ' and centre-cropped' : ''} to {size[1]}×{size[0]}.
+            </p>
+          ) : null}
           <ul className="plain-list small" data-testid="raw-preview-tensors">
             {Object.entries(preview.arrays).map(([name, spec]) => (
               <li key={name}>
                 Each file becomes <code>{name}</code> {spec.dtype} <code>[{spec.shape.join(', ')}]</code>, values {spec.min}…{spec.max}
               </li>
             ))}
-            {labels.length ? <li>Labels from the class folders: {labels.join(', ')}{preview.files > preview.previews.length ? '…' : ''}</li> : <li>No class folders: no labels.</li>}
           </ul>
+          {warning ? <p className="field-warning small" role="alert" data-testid="raw-preview-same-files">{warning}</p> : null}
           {preview.fits ? (
             preview.fits.ok ? (
               <p className="field-ok small" data-testid="raw-preview-fits">Fits {modelName ?? 'the model'}&apos;s input.</p>
@@ -106,9 +148,10 @@ function PreviewPanel({ pending, modelName, onUpload, onCancel }: { pending: Pen
   );
 }
 
-/** A recipe as editable text: one field a line, lists kept on their line. */
+/** A recipe as editable text: one field a line, lists kept on their line, a scale of 1/255 written so. */
 export function recipeText(recipe: object): string {
-  return `{\n${Object.entries(recipe).map(([key, value]) => `  ${JSON.stringify(key)}: ${JSON.stringify(value)}`).join(',\n')}\n}`;
+  const field = (key: string, value: unknown) => (key === 'scale' && typeof value === 'number' ? JSON.stringify(formatScale(value)) : JSON.stringify(value));
+  return `{\n${Object.entries(recipe).map(([key, value]) => `  ${JSON.stringify(key)}: ${field(key, value)}`).join(',\n')}\n}`;
 }
 
 /** The recipe's type while the user types it (null when empty or not JSON yet). */
@@ -144,18 +187,61 @@ export function DatasetsPage() {
   const model = models.find((candidate) => candidate.id === forModel) ?? null;
   const { version, proposal } = useRecipeProposal(model);
   const [pending, setPending] = useState<PendingUpload | null>(null);
+  const [needsRecipe, setNeedsRecipe] = useState<NeedsRecipe | null>(null);
   const [prepareError, setPrepareError] = useState<string | null>(null);
+  // Every dataset, to recognise files uploaded before (the table below is one page of them).
+  const allDatasets = rows(useDatasets(1, 500).data);
+  const recipeOffers = model ? [model] : models.slice(0, RECIPE_OFFERS);
 
   // A new model's proposal replaces the recipe (it is still editable).
   useEffect(() => {
     if (proposal.data?.recipe) setRecipe(recipeText(proposal.data.recipe));
   }, [proposal.data]);
 
+  /** What the recipe makes of the chosen files (a folder is packed into one zip first), shown before anything uploads;
+   * resolves with the file to upload, or null when the user cancels. */
+  const previewRaw = async (files: File[], recipeJson: string, versionId: number | null): Promise<File | null> => {
+    const raw = countRawFiles(files);
+    const file = raw > 0 ? await packFiles(files) : files[0];
+    const form = new FormData();
+    let sample: File | null = file.size <= PREVIEW_ZIP_BYTES ? file : null;
+    if (raw > 0) {
+      // Only the files shown travel twice; the names of all of them say how many each class has.
+      sample = await packFiles(files, previewFiles(files));
+      form.append('names', files.filter((chosen) => isRawFile(entryName(chosen))).map(entryName).join('\n'));
+    }
+    let preview: RawPreview | null = null;
+    let error: string | null = null;
+    if (sample) {
+      form.append('file', sample);
+      form.append('recipe', recipeJson.trim());
+      if (versionId) form.append('model_version', String(versionId));
+      try {
+        preview = await uploadWithProgress<RawPreview>('datasets/preview/', form).promise;
+      } catch (failure) {
+        error = errorMessage(failure);
+      }
+    }
+    const digest = file.size <= HASH_LIMIT_BYTES ? await sha256Hex(file) : null;
+    const same = digest ? allDatasets.filter((dataset) => (dataset.source_sha256 ?? dataset.sha256) === digest) : [];
+    const count = raw > 0 ? raw : (preview?.files ?? 0);
+    return new Promise<File | null>((resolve) => setPending({ file, files: count, preview, error, same, resolve }));
+  };
+
   /** Several files or a folder become one zip; raw data is previewed through the recipe before it uploads. */
   const prepare = async (files: File[]): Promise<File | null> => {
     setPrepareError(null);
     const raw = countRawFiles(files);
     const single = files.length === 1 ? files[0] : null;
+    if (single && !isRawFile(entryName(single)) && !recipe.trim() && single.name.toLowerCase().endsWith('.zip')) {
+      // A zip of images with no recipe: offer the model's recipe in one click rather than a refusal after the upload.
+      const names = await zipEntryNames(single);
+      const rawInZip = names.filter(isRawFile).length;
+      if (rawInZip > 0 && !names.some((entry) => entry.endsWith('.npy'))) {
+        return new Promise<File | null>((resolve) => setNeedsRecipe({ file: single, raw: rawInZip, error: null, resolve }));
+      }
+      return single;
+    }
     if (single && !isRawFile(entryName(single)) && !(recipe.trim() && single.name.toLowerCase().endsWith('.zip'))) return single;
     if (!recipe.trim()) {
       setPrepareError(
@@ -166,23 +252,28 @@ export function DatasetsPage() {
       return null;
     }
     if (recipeType === 'text') return single;
-    const file = raw > 0 ? await packFiles(files) : (single as File);
-    const sample = raw > 0 ? await packFiles(files, PREVIEW_FILES) : file.size <= PREVIEW_ZIP_BYTES ? file : null;
-    let preview: RawPreview | null = null;
-    let error: string | null = null;
-    if (sample) {
-      const form = new FormData();
-      form.append('file', sample);
-      form.append('recipe', recipe.trim());
-      if (version) form.append('model_version', String(version.id));
-      try {
-        preview = await uploadWithProgress<RawPreview>('datasets/preview/', form).promise;
-      } catch (failure) {
-        error = errorMessage(failure);
+    return previewRaw(files, recipe, version?.id ?? null);
+  };
+
+  /** One click: the chosen model's proposed recipe for the held zip, then its preview. */
+  const takeRecipeOf = async (candidate: Model) => {
+    const held = needsRecipe;
+    const candidateVersion = candidate.latest_version ?? candidate.versions?.[candidate.versions.length - 1] ?? null;
+    if (!held || !candidateVersion) return;
+    try {
+      const proposed = await api<RecipeProposal>(`models/${candidate.id}/versions/${candidateVersion.number}/recipe/`);
+      if (!proposed.recipe) {
+        setNeedsRecipe({ ...held, error: `${candidate.name}: ${proposed.why.join(' ')}` });
+        return;
       }
+      const text = recipeText(proposed.recipe);
+      setForModel(candidate.id);
+      setRecipe(text);
+      setNeedsRecipe(null);
+      held.resolve(await previewRaw([held.file], text, candidateVersion.id));
+    } catch (failure) {
+      setNeedsRecipe({ ...held, error: errorMessage(failure) });
     }
-    const count = raw > 0 ? raw : (preview?.files ?? 0);
-    return new Promise<File | null>((resolve) => setPending({ file, files: count, preview, error, resolve }));
   };
   const settle = (file: File | null) => {
     pending?.resolve(file);
@@ -246,7 +337,7 @@ export function DatasetsPage() {
           <label htmlFor={recipeId}>Recipe for raw data (JSON{model ? `, proposed for ${model.name}: edit if needed` : ', optional'})</label>
           <textarea
             id={recipeId}
-            rows={recipe ? 6 : 3}
+            rows={recipe ? Math.min(14, recipe.split('\n').length) : 3}
             value={recipe}
             placeholder={RECIPE_EXAMPLE}
             onChange={(event) => setRecipe(event.target.value)}
@@ -305,7 +396,40 @@ export function DatasetsPage() {
             </span>
           )}
         />
-        {pending ? <PreviewPanel pending={pending} modelName={model?.name ?? null} onUpload={() => settle(pending.file)} onCancel={() => settle(null)} /> : null}
+        {needsRecipe ? (
+          <div className="raw-preview" role="region" aria-label="A recipe for these files" data-testid="zip-needs-recipe">
+            <h3>
+              {needsRecipe.file.name} holds {needsRecipe.raw} image or WAV file{needsRecipe.raw === 1 ? '' : 's'} and no arrays
+            </h3>
+            <p className="small">
+              Raw data needs a recipe: how each file becomes the model&apos;s input. Take the one Kiln proposes for the model they feed; a
+              preview comes before anything uploads.
+            </p>
+            {needsRecipe.error ? <p className="field-error" role="alert">{needsRecipe.error}</p> : null}
+            <div className="button-row">
+              {recipeOffers.map((candidate) => (
+                <button key={candidate.id} type="button" className="button button-primary" onClick={() => void takeRecipeOf(candidate)} data-testid="use-model-recipe">
+                  Use {candidate.name}&apos;s recipe
+                </button>
+              ))}
+              <button
+                type="button"
+                className="button"
+                onClick={() => {
+                  needsRecipe.resolve(null);
+                  setNeedsRecipe(null);
+                }}
+                data-testid="zip-needs-recipe-cancel"
+              >
+                Cancel
+              </button>
+            </div>
+            {recipeOffers.length === 0 ? <p className="muted small">Upload the model first: its recipe is proposed from its inputs.</p> : null}
+          </div>
+        ) : null}
+        {pending ? (
+          <PreviewPanel pending={pending} kind={kind} modelName={model?.name ?? null} onUpload={() => settle(pending.file)} onCancel={() => settle(null)} />
+        ) : null}
       </section>
 
       <section className="card" aria-labelledby="dataset-list-heading">

@@ -103,7 +103,7 @@ function AgentsTable({ agents }: { agents: Agent[] }) {
             </td>
             <td>
               {Object.keys(agent.labels ?? {}).length === 0 ? (
-                <span className="muted">None</span>
+                <span className="muted" data-testid="no-labels">no labels</span>
               ) : (
                 <div className="chips">
                   {Object.entries(agent.labels).map(([key, value]) => (

@@ -1,7 +1,7 @@
 import { render, screen } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
-import type { Job } from '../api/types';
-import { durationText, SearchBudgetLine, WaitingLine } from './JobPage';
+import type { Job, JobVariant } from '../api/types';
+import { durationText, precisionText, runsOn, SearchBudgetLine, VariantList, WaitingLine } from './JobPage';
 
 function job(budget: Job['budget']): Job {
   return { id: 1, status: 'running', stage: 'devices', progress: 0.5, error: null, model_version: 1, model: { id: 1, name: 'm' },
@@ -49,5 +49,29 @@ describe('WaitingLine', () => {
   it('shows nothing while the job works', () => {
     const { container } = render(<WaitingLine job={{ ...job({}), waiting: null }} />);
     expect(container).toBeEmptyDOMElement();
+  });
+});
+
+function variant(patch: Partial<JobVariant>): JobVariant {
+  return { id: 1, key: 'fp32', precision: 'fp32', backends: [], recipe: {}, status: 'ready', error: null, size_bytes: null, sha256: null, ...patch };
+}
+
+describe('the Variants table', () => {
+  it('names what a variant computes in: bf16 for an FP32 build under the bf16 hint', () => {
+    const bf16 = variant({ key: 'bf16', precision: 'fp32', effective_precision: 'bf16', backends: ['openvino'] });
+    expect(precisionText(bf16)).toEqual({ effective: 'bf16', stored: 'fp32 build' });
+    expect(precisionText(variant({ key: 'int8-minmax', precision: 'int8', effective_precision: 'int8' }))).toEqual({ effective: 'int8', stored: null });
+    render(<VariantList variants={[bf16]} />);
+    expect(screen.getByTestId('variant-precision')).toHaveTextContent('bf16fp32 build');
+  });
+
+  it('says why a variant runs nowhere instead of a bare dash', () => {
+    expect(runsOn(variant({ key: 'int4-rtn', status: 'skipped', error: 'int4-weight needs MatMul weights; this model has none' }))).toEqual({
+      runtimes: 'none: not built', why: 'int4-weight needs MatMul weights; this model has none' });
+    expect(runsOn(variant({ status: 'building' })).runtimes).toBe('decided when built');
+    expect(runsOn(variant({ recipe: { refused_backends: { openvino: 'MatMulNBits is not supported' } } }))).toEqual({
+      runtimes: 'none', why: 'not on openvino: MatMulNBits is not supported' });
+    expect(runsOn(variant({ backends: ['onnxruntime'], recipe: { refused_backends: { openvino: 'no MatMulNBits' } } }))).toEqual({
+      runtimes: 'onnxruntime', why: 'not on openvino: no MatMulNBits' });
   });
 });

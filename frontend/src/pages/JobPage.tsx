@@ -4,6 +4,7 @@ import { isTerminal, rows, useArtifacts, useCancelJob, useCanWrite, useJob, useR
 import type { Artifact, DeviceTask, Job, JobStage, JobVariant, Report } from '../api/types';
 import { variantLabel } from './report/ReportTable';
 import { decisionOf, headline, tieBadge } from './report/verdict';
+import { autoFigures } from '../components/outputKinds';
 import { toleranceText } from '../components/tolerance';
 import { EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
@@ -148,23 +149,57 @@ function DeviceTasks({ tasks, job }: { tasks: DeviceTask[]; job: Job }) {
   );
 }
 
-/** Host-side builds, with the reason for each one skipped or failed. */
+/** Where a variant runs, and why nowhere (or not on a runtime it was planned for): never a bare dash. */
+export function runsOn(variant: JobVariant): { runtimes: string; why: string | null } {
+  const refused = Object.entries((variant.recipe?.refused_backends ?? {}) as Record<string, string>)
+    .map(([backend, reason]) => `not on ${backend}: ${reason}`)
+    .join('; ');
+  if (variant.backends.length > 0) return { runtimes: variant.backends.join(', '), why: refused || null };
+  if (variant.status === 'pending' || variant.status === 'building') return { runtimes: 'decided when built', why: null };
+  if (variant.status === 'skipped' || variant.status === 'failed') return { runtimes: 'none: not built', why: variant.error || null };
+  return { runtimes: 'none', why: refused || 'no target runtime loads this build' };
+}
+
+/** What a variant computes in, and how its weights are stored when that differs (a bf16 variant is an FP32 build). */
+export function precisionText(variant: JobVariant): { effective: string; stored: string | null } {
+  const effective = variant.effective_precision || variant.precision;
+  const stored = variant.precision.split('-')[0] !== effective.split(' ')[0] ? `${variant.precision} build` : null;
+  return { effective, stored };
+}
+
+/** Host-side builds: what each computes in, where it runs, and the reason for each one skipped or failed. */
 export function VariantList({ variants }: { variants: JobVariant[] }) {
   if (variants.length === 0) return <p className="muted">Variants are planned after the FP32 reference outputs.</p>;
   return (
     <DataTable columns={['Variant', 'Precision', 'Round', 'Status', 'Runs on']} testId="variants">
-      {variants.map((variant) => (
-        <tr key={variant.id} data-testid="variant-row">
-          <td><code>{variant.key ?? variant.precision}</code></td>
-          <td>{variant.precision}</td>
-          <td>{variant.round ?? 1}</td>
-          <td>
-            <StatusBadge status={variant.status} />
-            {variant.error ? <div className="muted small">{variant.error}</div> : null}
-          </td>
-          <td>{variant.backends.join(', ') || '—'}</td>
-        </tr>
-      ))}
+      {variants.map((variant) => {
+        const where = runsOn(variant);
+        const precision = precisionText(variant);
+        return (
+          <tr key={variant.id} data-testid="variant-row" data-key={variant.key ?? variant.precision}>
+            <td><code>{variant.key ?? variant.precision}</code></td>
+            <td data-testid="variant-precision">
+              <div className="cell-value">
+                {precision.effective}
+                {precision.stored ? <div className="muted small">{precision.stored}</div> : null}
+              </div>
+            </td>
+            <td>{variant.round ?? 1}</td>
+            <td>
+              <div className="cell-value">
+                <StatusBadge status={variant.status} />
+                {variant.error && variant.backends.length > 0 ? <div className="muted small">{variant.error}</div> : null}
+              </div>
+            </td>
+            <td data-testid="variant-runs-on">
+              <div className="cell-value">
+                {where.runtimes}
+                {where.why ? <div className="muted small">{where.why}</div> : null}
+              </div>
+            </td>
+          </tr>
+        );
+      })}
     </DataTable>
   );
 }
@@ -339,7 +374,10 @@ export function JobPage() {
         subtitle={
           <>
             {data.model ? <Link to={`/models/${data.model.id}`}>{data.model.name}</Link> : `Model version ${data.model_version}`}
-            {' · '}precisions {data.precisions?.join(', ')} · tolerance {data.tolerance ? toleranceText(data.tolerance) : '—'}
+            {' · '}precisions {data.precisions?.join(', ')} ·{' '}
+            <span data-testid="job-tolerance">
+              {data.tolerance ? toleranceText(data.tolerance, data.evaluation?.outputs ? autoFigures(data.evaluation.outputs, !!data.evaluation.labels) : null) : 'tolerance —'}
+            </span>
             {' · '}started {formatDate(data.created_at)}
             {data.rerun_of ? (
               <>

@@ -94,4 +94,22 @@ describe('estimate beside the measurement', () => {
     const rows = estimateRows({ model_version: 1, devices: [], measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }, { agent_name: 'orin', backend: 'onnxruntime', p50_ms: 41, job_id: 4 }] });
     expect(rows.map((row) => [row.device, row.measuredMs, row.estimateMs])).toEqual([['orin', 40, null]]);
   });
+
+  it("gives a new kind of model's estimate a range from the device's own record", async () => {
+    const { estimateRows, uncertaintyNote } = await import('./ModelDetailPage');
+    const [checked, prior] = estimateRows({
+      model_version: 1,
+      devices: [
+        { agent: { id: 1, name: 'box' }, device: 'box|x86', backend: 'onnxruntime', p50_ms: 12, low_ms: 8, high_ms: 18, factor: 1.5, checked_models: 3,
+          coverage: 0.2, models: 3 },
+        { agent: { id: 2, name: 'pi5' }, device: 'pi5|arm', backend: 'onnxruntime', p50_ms: 90, low_ms: 30, high_ms: 270, factor: 3, checked_models: 0,
+          coverage: 1, models: 1 },
+      ],
+      measured: [],
+    });
+    expect([checked.lowMs, checked.highMs]).toEqual([8, 18]);
+    expect(uncertaintyNote(checked)).toBe(
+      'within 1.5x either way: the worst miss when each of the 3 models measured here was predicted from the others; most of its operator types never ran on this device (a new kind of model)');
+    expect(uncertaintyNote(prior)).toBe('within 3x either way: only one other model was measured here, so nothing checks the fit yet');
+  });
 });

@@ -12,7 +12,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../c
 import { DataTable } from '../components/DataTable';
 import { ListStates } from '../components/ListStates';
 import { UploadZone } from '../components/UploadZone';
-import { formatBytes, formatDate, formatNumber, formatShape } from '../format';
+import { formatBytes, formatDate, formatNumber, formatRange, formatShape } from '../format';
 import { KIND_LABELS, kindLabel } from '../components/outputKinds';
 
 function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
@@ -273,8 +273,14 @@ export interface EstimateRow {
   key: string;
   device: string;
   backend: string;
-  /** Null where the device measured this model but has no per-operator timings of others to estimate from. */
+  /** Null where the device measured this model but has no measurement of another model to estimate from. */
   estimateMs: number | null;
+  /** The estimate's range, and the factor either way it spans. */
+  lowMs: number | null;
+  highMs: number | null;
+  factor: number | null;
+  /** Models of the device each predicted from the others to set the range (0: a prior, nothing to check against). */
+  checkedModels: number;
   coverage: number | null;
   models: number;
   /** The newest FP32 measurement of this model on the device, when one exists: it wins over any estimate. */
@@ -303,19 +309,31 @@ export function estimateRows(estimate: ModelEstimate): EstimateRow[] {
       const measuredMs = measured && Number.isFinite(measured.p50_ms) ? measured.p50_ms : null;
       return {
         key: `${row.device}-${row.backend}`, device: row.agent.name, backend: row.backend, estimateMs: row.p50_ms, coverage: row.coverage, models: row.models,
+        lowMs: row.low_ms ?? null, highMs: row.high_ms ?? null, factor: row.factor ?? null, checkedModels: row.checked_models ?? 0,
         measuredMs, ratio: measuredMs ? row.p50_ms / measuredMs : null,
       };
     })
     .concat(measuredOnly.map((row) => ({
       key: `${row.agent_name}-${row.backend}`, device: row.agent_name, backend: row.backend, estimateMs: null, coverage: null, models: 0,
-      measuredMs: row.p50_ms, ratio: null,
+      lowMs: null, highMs: null, factor: null, checkedModels: 0, measuredMs: row.p50_ms, ratio: null,
     })))
     .sort((a, b) => Number(b.measuredMs !== null) - Number(a.measuredMs !== null) || a.device.localeCompare(b.device));
 }
 
+/** How sure the estimate is, from the device's own record: its range and what set it. */
+export function uncertaintyNote(row: EstimateRow): string | null {
+  if (row.estimateMs === null || row.factor === null) return null;
+  const factor = formatNumber(row.factor, row.factor < 2 ? 2 : 1);
+  const basis = row.checkedModels > 0
+    ? `the worst miss when each of the ${row.checkedModels} models measured here was predicted from the others`
+    : 'only one other model was measured here, so nothing checks the fit yet';
+  const kind = (row.coverage ?? 1) < 0.5 ? '; most of its operator types never ran on this device (a new kind of model)' : '';
+  return `within ${factor}x either way: ${basis}${kind}`;
+}
+
 function estimateNote(row: EstimateRow): string {
-  if (row.estimateMs === null) return 'no estimate: no other model was timed per operator here';
-  if (row.ratio === null) return (row.coverage ?? 0) < 0.5 ? 'rough: most operator types were never timed on this device' : 'estimate';
+  if (row.estimateMs === null) return 'no estimate: no other model was measured here';
+  if (row.ratio === null) return uncertaintyNote(row) ?? 'estimate';
   if (row.ratio > ESTIMATE_OFF_BY || row.ratio < 1 / ESTIMATE_OFF_BY) {
     return `the estimate was ${formatNumber(row.ratio > 1 ? row.ratio : 1 / row.ratio, 1)}x ${row.ratio > 1 ? 'too slow' : 'too fast'}: trust the measurement`;
   }
@@ -346,12 +364,21 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
           {table.map((row) => (
             <tr key={row.key} data-testid="estimate-row">
               <td>
-                {row.device} <span className="muted small">{row.backend}</span>
+                <div className="cell-value">
+                  {row.device} <span className="muted small">{row.backend}</span>
+                </div>
               </td>
               <td className="numeric" data-testid="estimate-measured">{row.measuredMs === null ? '—' : `${formatNumber(row.measuredMs, 3)} ms`}</td>
-              <td className="numeric">
-                {row.estimateMs === null ? '—' : <span className={row.measuredMs === null ? undefined : 'muted'}>{formatNumber(row.estimateMs, 3)} ms</span>}
-                <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+              <td className="numeric" data-testid="estimate-value">
+                <div className="cell-value">
+                  {row.estimateMs === null ? '—' : <span className={`nowrap${row.measuredMs === null ? '' : ' muted'}`}>{formatNumber(row.estimateMs, 3)} ms</span>}
+                  {row.lowMs !== null && row.highMs !== null ? (
+                    <div className="small estimate-range" data-testid="estimate-range">
+                      {formatRange(row.lowMs, row.highMs)}
+                    </div>
+                  ) : null}
+                  <div className="muted small" data-testid="estimate-note">{estimateNote(row)}</div>
+                </div>
               </td>
               <td className="col-p2">{row.coverage === null ? '—' : `${Math.round(row.coverage * 100)}% of the work, ${row.models} model${row.models === 1 ? '' : 's'}`}</td>
             </tr>
@@ -359,8 +386,9 @@ function LatencyEstimate({ versionId }: { versionId: number }) {
         </DataTable>
       ) : null}
       <p className="muted small">
-        Measured: the newest FP32 p50 of this model on the device. Estimated: predicted before any job runs, from per-operator timings of
-        other models on the device, so it can be far off for a model unlike those.
+        Measured: the newest FP32 p50 of this model on the device. Estimated: predicted before any job runs from what operators cost on
+        the device in other models (a cost per node and per unit of work, fitted on their per-operator or whole-model timings), with the
+        range the device&apos;s own record allows: each model measured there predicted from the others, the worst miss either way.
       </p>
     </section>
   );

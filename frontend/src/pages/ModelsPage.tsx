@@ -42,7 +42,10 @@ export function ModelsPage() {
 
   return (
     <>
-      <PageHeader title="Models" subtitle="Upload an ONNX model once; deploy it to every device you own." />
+      <PageHeader
+        title="Models"
+        subtitle="Upload a model once (ONNX, or PyTorch: a torch.export .pt2 or a traced .pt); deploy it to every device you own."
+      />
 
       <section className="card" aria-labelledby="upload-model-heading">
         <h2 id="upload-model-heading">Upload a model</h2>

@@ -27,6 +27,7 @@ const version: ModelVersion = {
   op_histogram: { Conv: 2 },
   parameter_count: 1234,
   validation: { ok: true, error: null },
+  output_kinds: { logits: { kind: 'class_scores', inferred: 'class_scores', reason: 'a Gemm over classes', overridden: false } },
   created_at: '2026-01-01T00:00:00Z',
   download_url: '/api/v1/models/1/versions/1/download/',
 };
@@ -118,6 +119,16 @@ describe('validateDeployment', () => {
     expect(offline.warnings.join(' ')).toMatch(/No device is online/);
   });
 
+  it('warns when calibration and validation are the same files', () => {
+    const same = { ...validation, source_sha256: 'f00d' };
+    const warnings = validateDeployment(form({ calibrationDataset: 2, validationDataset: 3 }), {
+      ...context, datasets: [{ ...calibration, source_sha256: 'f00d' }, same] }).warnings;
+    expect(warnings.join(' ')).toMatch(/“calibration-2” and “validation-3” are the same files/);
+    const apart = validateDeployment(form({ calibrationDataset: 2, validationDataset: 3 }), {
+      ...context, datasets: [{ ...calibration, source_sha256: 'beef' }, same] }).warnings;
+    expect(apart.join(' ')).not.toMatch(/same files/);
+  });
+
   it('builds the API body', () => {
     expect(
       toJobCreate(form({ precisionMode: 'explicit', precisions: ['fp32', 'int8'], calibrationDataset: 2, targetMode: 'selected', targets: [5, 'label=arch=x86'] })),
@@ -131,6 +142,7 @@ describe('validateDeployment', () => {
       metrics: [],
     });
     expect(toJobCreate(form({})).precisions).toEqual(['auto']);
+    expect(toJobCreate(form({})).budget_minutes).toBe(10);
     expect(toJobCreate(form({})).targets).toEqual([]);
   });
 });
@@ -210,9 +222,42 @@ describe('NewDeploymentPage', () => {
 
   const jobPosts = () => fetchMock.mock.calls.filter(([url, init]) => url === '/api/v1/jobs/' && init?.method === 'POST');
 
+  it('chooses the only dataset that fits each slot, and leaves a slot the user set to None alone', async () => {
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
+    await waitFor(() => expect(screen.getByLabelText('Calibration dataset')).toHaveValue('2'));
+    expect(screen.getByLabelText('Validation dataset')).toHaveValue('3');
+    expect(screen.getByTestId('calibration-compatibility')).toHaveTextContent('the only one that fits, chosen for you');
+    // With labels, auto judges the class scores by top-1 accuracy against them, and says so for this model and data.
+    expect(screen.getByTestId('metric-help')).toHaveTextContent('For this model and “validation-3” (labelled): top-1 accuracy of output “logits” against its labels.');
+    expect(screen.getByTestId('max-drop-meaning')).toHaveTextContent('1% = 1 point of top-1 accuracy: with FP32 at 90%, a variant at 89% still passes.');
+    await userEvent.selectOptions(screen.getByLabelText('Validation dataset'), '');
+    expect(screen.getByLabelText('Validation dataset')).toHaveValue('');
+    expect(screen.getByTestId('metric-help')).toHaveTextContent('top-1 agreement of output “logits” against FP32; with a labelled validation set, task accuracy');
+  });
+
+  it('sends the search budget with auto, and checks it as it is typed', async () => {
+    renderPage();
+    await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
+    const budget = screen.getByTestId('budget-input');
+    expect(budget).toHaveValue('10');
+    await userEvent.clear(budget);
+    await userEvent.type(budget, '0');
+    expect(screen.getByText(/The search budget is a whole number of minutes from 1 to 1440/)).toBeInTheDocument();
+    await userEvent.clear(budget);
+    await userEvent.type(budget, '25');
+    await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());
+    await userEvent.click(screen.getByRole('button', { name: 'Start deployment' }));
+    await screen.findByText('job page');
+    expect(JSON.parse(String(jobPosts()[0][1]?.body))).toMatchObject({ precisions: ['auto'], budget_minutes: 25 });
+  });
+
   it('blocks int8 without a calibration dataset and says why', async () => {
     renderPage();
     await screen.findByRole('option', { name: 'v1 (digits.onnx)' }, { timeout: 5000 });
+    // The only fitting calibration set is chosen for you; choosing None is the user's own call.
+    await waitFor(() => expect(screen.getByLabelText('Calibration dataset')).toHaveValue('2'));
+    await userEvent.selectOptions(screen.getByLabelText('Calibration dataset'), '');
     await userEvent.click(screen.getByTestId('precision-explicit'));
     await userEvent.click(screen.getByTestId('precision-int8'));
     await waitFor(() => expect(screen.getByRole('button', { name: 'Start deployment' })).toBeEnabled());

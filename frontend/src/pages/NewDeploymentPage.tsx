@@ -7,21 +7,23 @@ import {
   DECLARED_METRIC_KINDS,
   METRICS,
   PRECISIONS,
+  type Agent,
   type Dataset,
   type DeclaredMetricKind,
   type ModelVersion,
   type Precision,
   type ToleranceMetric,
 } from '../api/types';
-import { declaredOptions, KIND_LABELS, kindLabel } from '../components/outputKinds';
+import { autoFigures, declaredOptions, KIND_LABELS, kindLabel, type JudgedOutput } from '../components/outputKinds';
 import { ErrorMessage, PageHeader, StatusBadge } from '../components/common';
 import { NameOptions, SelectField, TextField } from '../components/FormFields';
 import { capabilitySummary } from '../components/capabilities';
 import { formatRelative, formatShape } from '../format';
-import { dropUnit, parsePercent, percentToFraction, percentWarning } from '../components/tolerance';
+import { dropMeaning, figureName, parsePercent, percentWarning } from '../components/tolerance';
 import {
   DEFAULT_DROP_PERCENT,
   DEFAULT_SQNR_DB,
+  MAX_BUDGET_MINUTES,
   emptyDeploymentForm,
   NEEDS_CALIBRATION,
   toJobCreate,
@@ -34,6 +36,7 @@ import { splitByCompatibility } from './datasetCompatibility';
 
 const PRECISION_HELP: Record<Precision, string> = {
   fp32: 'Reference precision; the baseline for accuracy drops.',
+  bf16: "FP32's weights computed in bfloat16 by OpenVINO, on CPUs with bf16 units (AVX512-BF16, AMX).",
   fp16: 'Half precision; fast on GPUs and CPUs with fp16 units.',
   int8: 'Static int8; needs a calibration dataset.',
   'int8-dynamic': 'Weights int8, activations quantized at run time; no calibration.',
@@ -108,12 +111,13 @@ function DatasetOptions({ split, version }: { split: DatasetSplit; version: Mode
   );
 }
 
-function CompatibilityNote({ split, version, testId }: { split: DatasetSplit; version: ModelVersion | null; testId: string }) {
+function CompatibilityNote({ split, version, chosenForYou, testId }: { split: DatasetSplit; version: ModelVersion | null; chosenForYou?: boolean; testId: string }) {
   const total = split.fitting.length + split.misfits.length;
   if (!version || total === 0) return null;
   return (
     <p className="muted small" data-testid={testId}>
-      {split.fitting.length} of {total} fit {version.signature?.inputs?.map((input) => `${input.name} ${formatShape(input.shape)}`).join(', ') || 'this model'}.
+      {split.fitting.length} of {total} fit {version.signature?.inputs?.map((input) => `${input.name} ${formatShape(input.shape)}`).join(', ') || 'this model'}
+      {chosenForYou ? ': the only one that fits, chosen for you.' : '.'}
     </p>
   );
 }
@@ -132,6 +136,7 @@ function DatasetField({
   version,
   value,
   onChange,
+  chosenForYou,
   error,
   ...invalidProps
 }: {
@@ -140,6 +145,8 @@ function DatasetField({
   version: ModelVersion | null;
   value: number | null;
   onChange: (dataset: number | null) => void;
+  /** Chosen by the form: the only dataset of this kind that fits the model. */
+  chosenForYou?: boolean;
   error?: string;
   'aria-invalid'?: boolean;
   'aria-describedby'?: string;
@@ -153,7 +160,7 @@ function DatasetField({
       {...invalidProps}
       after={
         <>
-          <CompatibilityNote split={split} version={version} testId={`${kind}-compatibility`} />
+          <CompatibilityNote split={split} version={version} chosenForYou={chosenForYou} testId={`${kind}-compatibility`} />
           <FieldError id={`${datasetField(kind)}-error`} message={error} />
         </>
       }
@@ -272,8 +279,8 @@ function FieldError({ id, message }: { id: string; message?: string }) {
 }
 
 /** The allowed drop in percent, with the metric's unit named and the fraction it becomes; a dB floor for sqnr. */
-function ToleranceField({ id, metric, value, error, onChange, invalidProps }: {
-  id: string; metric: ToleranceMetric; value: string; error?: string; onChange: (value: string) => void; invalidProps: object;
+function ToleranceField({ id, metric, figures, value, error, onChange, invalidProps }: {
+  id: string; metric: ToleranceMetric; figures: string[] | null; value: string; error?: string; onChange: (value: string) => void; invalidProps: object;
 }) {
   const sqnr = metric === 'sqnr';
   const percent = parsePercent(value);
@@ -298,8 +305,8 @@ function ToleranceField({ id, metric, value, error, onChange, invalidProps }: {
         {sqnr
           ? 'Every variant must keep at least this SQNR against FP32, in decibels (30 dB keeps the noise at about 3% of the signal).'
           : percent !== null && !error
-            ? `${percent}% = ${percentToFraction(percent)} ${dropUnit(metric)}: a variant at FP32 ${metric === 'relative_l2' || metric === 'cer' ? '+' : '−'} ${percentToFraction(percent)} still passes.`
-            : `In percent, ${dropUnit(metric)}.`}
+            ? dropMeaning(percent, metric, figures)
+            : 'In percent: 1 means a drop of 1 point on a 0–100% score.'}
       </p>
       {warning ? <p className="field-warning small" data-testid="max-drop-warning">{warning}</p> : null}
       <FieldError id="maxDrop-error" message={error} />
@@ -317,6 +324,44 @@ function Fieldset({ legend, children, hint }: { legend: string; children: ReactN
   );
 }
 
+/** CPU flags of bf16 units OpenVINO's bf16 inference precision runs on (workers/quantize/isa_families.py X86_BF16). */
+const BF16_FLAGS = ['avx512_bf16', 'amx_bf16'];
+
+/** Whether any device could run a bf16 variant: OpenVINO on a CPU with bf16 units (elsewhere it is not built). */
+export function bf16Available(agents: Agent[]): boolean {
+  return agents.some((agent) => !!agent.capabilities?.runtimes?.openvino && (agent.capabilities?.isa ?? []).some((flag) => BF16_FLAGS.includes(flag)));
+}
+
+/** The model's outputs as the tolerance will judge them: the declared primaries, else the first output. */
+export function judgedOutputs(version: ModelVersion, metrics: MetricDraft[]): JudgedOutput[] {
+  const outputs = version.signature?.outputs ?? [];
+  const declaredPrimaries = new Set(metrics.filter((metric) => metric.primary).map((metric) => metric.output));
+  return outputs.map((output, index) => ({
+    name: output.name,
+    kind: version.output_kinds?.[output.name]?.kind,
+    primary: declaredPrimaries.size ? declaredPrimaries.has(output.name) : index === 0,
+    declared: metrics.filter((metric) => metric.output === output.name).map((metric) => ({ kind: metric.kind, primary: metric.primary })),
+  }));
+}
+
+/** What "auto" will judge for this model and validation set, in words. */
+export function autoMetricText(outputs: JudgedOutput[], figures: string[] | null, validation: Dataset | null): string {
+  const primaries = outputs.filter((output) => output.primary);
+  if (primaries.length === 0) return METRIC_HELP.auto;
+  const where = `output${primaries.length === 1 ? '' : 's'} ${primaries.map((output) => `“${output.name}”`).join(', ')}`;
+  if (figures === null) {
+    return `The ${where} by ${primaries.length === 1 ? 'its' : 'their'} kind's metric: Kiln infers the kind when the job runs (set it on the model's page to know now). ${METRIC_HELP.auto}`;
+  }
+  const data = validation ? `“${validation.name}”${validation.has_labels ? ' (labelled)' : ' (no labels)'}` : 'no validation dataset';
+  const labelled = figures.some((figure) => figure.endsWith('_accuracy') || figure === 'mean_iou');
+  const hint = labelled
+    ? ' against its labels.'
+    : primaries.some((output) => output.kind === 'class_scores' || output.kind === 'probability_map') && !validation?.has_labels
+      ? ' against FP32; with a labelled validation set, task accuracy against the labels instead.'
+      : ' against FP32.';
+  return `For this model and ${data}: ${figures.map(figureName).join(' and ')} of ${where}${hint}`;
+}
+
 export function NewDeploymentPage() {
   const [params] = useSearchParams();
   const navigate = useNavigate();
@@ -325,6 +370,7 @@ export function NewDeploymentPage() {
     version: useId(),
     metric: useId(),
     maxDrop: useId(),
+    budget: useId(),
     errors: useId(),
   };
   const [modelId, setModelId] = useState<number | null>(params.get('model') ? Number(params.get('model')) : null);
@@ -333,6 +379,9 @@ export function NewDeploymentPage() {
     modelVersion: params.get('version') ? Number(params.get('version')) : null,
   }));
   const [submitted, setSubmitted] = useState(false);
+  // A dataset slot the user has set (even to None) is theirs; an untouched one takes the only dataset that fits.
+  const [touched, setTouched] = useState<Record<DatasetRole, boolean>>({ calibration: false, validation: false });
+  const [autoChosen, setAutoChosen] = useState<Record<DatasetRole, number | null>>({ calibration: null, validation: null });
   const [feeds, setFeeds] = useState<FeedsForm>(emptyFeedsForm);
 
   const models = useModels('', 1, 500);
@@ -378,6 +427,7 @@ export function NewDeploymentPage() {
         calibrationDataset: form.calibrationDataset ? result.errors.calibrationDataset : undefined,
         validationDataset: form.validationDataset ? result.errors.validationDataset : undefined,
         maxDrop: result.errors.maxDrop,
+        budget: result.errors.budget,
       };
   const errorCount = Object.keys(result.errors).length;
   const set = <K extends keyof DeploymentForm>(key: K, value: DeploymentForm[K]) =>
@@ -408,6 +458,30 @@ export function NewDeploymentPage() {
 
   const calibrationSets = splitByCompatibility(datasetList.filter((dataset) => dataset.kind === 'calibration'), version);
   const validationSets = splitByCompatibility(datasetList.filter((dataset) => dataset.kind === 'validation'), version);
+  const onlyFit: Record<DatasetRole, number | null> = {
+    calibration: version && calibrationSets.fitting.length === 1 ? calibrationSets.fitting[0].dataset.id : null,
+    validation: version && validationSets.fitting.length === 1 ? validationSets.fitting[0].dataset.id : null,
+  };
+
+  // Exactly one dataset fits a slot the user has not set: choose it (and let it go again if the model changes).
+  useEffect(() => {
+    for (const kind of DATASET_KINDS) {
+      if (touched[kind]) continue;
+      const current = form[datasetField(kind)];
+      const pick = onlyFit[kind];
+      if (pick !== null && current !== pick && (current === null || current === autoChosen[kind])) {
+        setForm((previous) => ({ ...previous, [datasetField(kind)]: pick }));
+        setAutoChosen((previous) => ({ ...previous, [kind]: pick }));
+      } else if (pick === null && current !== null && current === autoChosen[kind]) {
+        setForm((previous) => ({ ...previous, [datasetField(kind)]: null }));
+        setAutoChosen((previous) => ({ ...previous, [kind]: null }));
+      }
+    }
+  }, [onlyFit.calibration, onlyFit.validation, touched, form, autoChosen]);
+
+  const validationChoice = datasetList.find((dataset) => dataset.id === form.validationDataset) ?? null;
+  const judged = version ? judgedOutputs(version, form.metrics) : [];
+  const figures = version ? autoFigures(judged, !!validationChoice?.has_labels) : null;
 
   return (
     <>
@@ -500,7 +574,11 @@ export function NewDeploymentPage() {
                 split={kind === 'calibration' ? calibrationSets : validationSets}
                 version={version}
                 value={form[datasetField(kind)]}
-                onChange={(dataset) => set(datasetField(kind), dataset)}
+                onChange={(dataset) => {
+                  setTouched((previous) => ({ ...previous, [kind]: true }));
+                  set(datasetField(kind), dataset);
+                }}
+                chosenForYou={!touched[kind] && form[datasetField(kind)] !== null && form[datasetField(kind)] === autoChosen[kind]}
                 error={errors[datasetField(kind)]}
                 {...invalid(datasetField(kind))}
               />
@@ -533,6 +611,28 @@ export function NewDeploymentPage() {
                 Choose precisions
               </label>
             </div>
+            {form.precisionMode === 'auto' ? (
+              <div className="field budget-field">
+                <label htmlFor={ids.budget}>Search budget</label>
+                <div className="input-with-unit">
+                  <input
+                    id={ids.budget}
+                    type="text"
+                    inputMode="numeric"
+                    autoComplete="off"
+                    value={form.budgetMinutes}
+                    onChange={(event) => set('budgetMinutes', event.target.value)}
+                    data-testid="budget-input"
+                    {...invalid('budget')}
+                  />
+                  <span className="input-unit" aria-hidden="true">min</span>
+                </div>
+                <p className="muted small">
+                  How long the search may go on before it reports the best it has found: whole minutes, 1 to {MAX_BUDGET_MINUTES}.
+                </p>
+                <FieldError id="budget-error" message={errors.budget} />
+              </div>
+            ) : null}
             {form.precisionMode === 'explicit' ? (
               <div className="checkbox-grid" {...invalid('precisions')}>
                 {PRECISIONS.map((precision) => (
@@ -548,6 +648,7 @@ export function NewDeploymentPage() {
                       <span className="muted small block">
                         {PRECISION_HELP[precision]}
                         {NEEDS_CALIBRATION.includes(precision) && !form.calibrationDataset ? ' (choose a calibration dataset above)' : ''}
+                        {precision === 'bf16' && !bf16Available(agentList) ? ' None of your devices runs OpenVINO on bf16 units: it would not be built.' : ''}
                       </span>
                     </span>
                   </label>
@@ -580,11 +681,14 @@ export function NewDeploymentPage() {
                     </option>
                   ))}
                 </select>
-                <p className="muted small">{METRIC_HELP[form.metric]}</p>
+                <p className="muted small" data-testid="metric-help">
+                  {form.metric === 'auto' ? autoMetricText(judged, figures, validationChoice) : METRIC_HELP[form.metric]}
+                </p>
               </div>
               <ToleranceField
                 id={ids.maxDrop}
                 metric={form.metric}
+                figures={figures}
                 value={form.maxDrop}
                 error={errors.maxDrop}
                 onChange={(value) => set('maxDrop', value)}

@@ -7,7 +7,7 @@ import { EmptyState, ErrorMessage, PageHeader, Pager } from '../components/commo
 import { DataTable } from '../components/DataTable';
 import { ListStates } from '../components/ListStates';
 import { formatDate, formatNumber } from '../format';
-import { buyingModel, compareJobs, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
+import { BUYING_RULE, buyingModel, compareJobs, devicesWithoutAPass, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 const CHART_ROWS = 500;
 
@@ -147,6 +147,8 @@ export function PerformancePage() {
   // One model's measurements: the chosen model, or the one measured on the most devices.
   const buying = filters.model ? { name: measurements[0]?.model.name ?? 'this model', rows: measurements } : buyingModel(measurements);
   const devices = fastestPerDevice(buying?.rows ?? []);
+  const unranked = devicesWithoutAPass(buying?.rows ?? []);
+  const leftOut = devices.reduce((sum, pick) => sum + pick.fasterOutside, 0);
   const toolchains = p50ByToolchain(measurements);
 
   return (
@@ -164,14 +166,35 @@ export function PerformancePage() {
         <section className="card" aria-labelledby="devices-heading">
           <h2 id="devices-heading">Fastest per device</h2>
           <p className="muted small" data-testid="device-chart-caption">
-            Which device should I buy? The best p50 of any variant of <strong>{buying?.name ?? 'a model'}</strong> on each device
-            {filters.model ? '.' : ' (the model measured on the most devices; choose another model above).'}
+            Which device should I buy? For <strong>{buying?.name ?? 'a model'}</strong>
+            {filters.model ? '' : ' (the model measured on the most devices; choose another model above)'}: the p50 of {BUYING_RULE}, on
+            each device and runtime.
+            {leftOut > 0 ? ` ${leftOut} faster variant${leftOut === 1 ? '' : 's'} outside the tolerance ${leftOut === 1 ? 'is' : 'are'} left out.` : ''}
           </p>
           {devices.length ? (
-            <BarList testId="device-chart" ariaLabel="Fastest p50 per device" data={devices.map((row) => ({ label: row.label, value: row.p50, display: `${formatNumber(row.p50, 3)} ms`, title: row.variant }))} />
+            <BarList
+              testId="device-chart"
+              ariaLabel="Fastest p50 within tolerance per device"
+              data={devices.map((pick) => ({
+                label: pick.label,
+                value: pick.p50,
+                display: `${formatNumber(pick.p50, pick.p50 < 10 ? 3 : 1)} ms`,
+                title: pick.variant,
+                detail: (
+                  <span data-testid="device-pick">
+                    {pick.variant}
+                    {pick.recommended ? ' · recommended' : ''}
+                    {pick.fasterOutside ? ` · ${pick.fasterOutside} faster outside the tolerance` : ''}
+                  </span>
+                ),
+              }))}
+            />
           ) : (
-            <p className="muted">No measurements yet.</p>
+            <p className="muted">{buying ? 'No variant within its tolerance yet.' : 'No measurements yet.'}</p>
           )}
+          {unranked.length ? (
+            <p className="muted small" data-testid="device-chart-unranked">No variant within tolerance on {unranked.join(', ')}.</p>
+          ) : null}
         </section>
         <section className="card" aria-labelledby="toolchain-heading">
           <h2 id="toolchain-heading">Across toolchain versions</h2>

@@ -24,6 +24,8 @@ export interface DeploymentForm {
   validationDataset: number | null;
   precisionMode: 'auto' | 'explicit';
   precisions: Precision[];
+  /** The auto search's time budget in minutes, as typed. */
+  budgetMinutes: string;
   metric: ToleranceMetric;
   /** The allowed drop in percent as typed ("1" or "1%"); for sqnr, the floor in dB. */
   maxDrop: string;
@@ -39,6 +41,7 @@ export type DeploymentField =
   | 'calibrationDataset'
   | 'validationDataset'
   | 'precisions'
+  | 'budget'
   | 'maxDrop'
   | 'metric'
   | 'targets'
@@ -60,6 +63,9 @@ export const NEEDS_CALIBRATION: Precision[] = ['int8'];
 /** The SQNR floor a new form starts from when its metric is switched to sqnr (dB), and the drop for the rest (%). */
 export const DEFAULT_SQNR_DB = '30';
 export const DEFAULT_DROP_PERCENT = '1';
+/** The auto search's budget a new form starts from, and the most it takes (platform/kiln/pipeline/specs.py). */
+export const DEFAULT_BUDGET_MINUTES = '10';
+export const MAX_BUDGET_MINUTES = 24 * 60;
 
 export const emptyDeploymentForm: DeploymentForm = {
   modelVersion: null,
@@ -67,6 +73,7 @@ export const emptyDeploymentForm: DeploymentForm = {
   validationDataset: null,
   precisionMode: 'auto',
   precisions: [],
+  budgetMinutes: DEFAULT_BUDGET_MINUTES,
   metric: 'auto',
   maxDrop: DEFAULT_DROP_PERCENT,
   targetMode: 'all',
@@ -124,8 +131,10 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
         errors.calibrationDataset = `${needing.join(', ')} needs a calibration dataset. Choose one, or pick int8-dynamic, which needs none.`;
       }
     }
-  } else if (!form.calibrationDataset) {
-    warnings.push('Without a calibration dataset, auto skips static int8 quantization.');
+  } else {
+    const budgetError = budgetProblem(form.budgetMinutes);
+    if (budgetError) errors.budget = budgetError;
+    if (!form.calibrationDataset) warnings.push('Without a calibration dataset, auto skips static int8 quantization.');
   }
 
   if (calibration && calibration.kind !== 'calibration') {
@@ -150,6 +159,11 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
   if (!form.validationDataset && !errors.validationDataset) {
     warnings.push('Without a validation dataset, accuracy is measured on calibration or synthetic inputs only.');
   }
+  if (calibration && validation && sameFiles(calibration, validation)) {
+    warnings.push(
+      `“${calibration.name}” and “${validation.name}” are the same files: int8 is tuned on the data its accuracy is then measured on, so the accuracy reads better than it will be on new data. Validate on files kept apart.`,
+    );
+  }
 
   const toleranceError = toleranceProblem(form.metric, form.maxDrop);
   if (toleranceError) errors.maxDrop = toleranceError;
@@ -173,6 +187,20 @@ export function validateDeployment(form: DeploymentForm, context: DeploymentCont
   return { errors, warnings };
 }
 
+/** Two datasets made from the same uploaded bytes (the same zip, folder or .npz), whatever their kind or name. */
+export function sameFiles(a: Dataset, b: Dataset): boolean {
+  return (a.source_sha256 ?? a.sha256) === (b.source_sha256 ?? b.sha256);
+}
+
+/** The budget field's problem, or null: whole minutes from 1 to a day. */
+export function budgetProblem(text: string): string | null {
+  const value = Number(text.trim());
+  if (text.trim() === '' || !Number.isInteger(value) || value < 1 || value > MAX_BUDGET_MINUTES) {
+    return `The search budget is a whole number of minutes from 1 to ${MAX_BUDGET_MINUTES}, e.g. ${DEFAULT_BUDGET_MINUTES}.`;
+  }
+  return null;
+}
+
 /** The tolerance field's problem, or null: a floor in dB for sqnr, a percentage from 0 to 100 for every other metric. */
 export function toleranceProblem(metric: ToleranceMetric, text: string): string | null {
   if (metric !== 'sqnr') return percentProblem(text);
@@ -193,5 +221,6 @@ export function toJobCreate(form: DeploymentForm): JobCreate {
         ? { metric: 'sqnr', min_value: Number(form.maxDrop.trim().replace(/\s*db$/i, '')) }
         : { metric: form.metric, max_drop: percentToFraction(parsePercent(form.maxDrop) ?? Number.NaN) },
     metrics: form.metrics.map(toDeclaredMetric),
+    ...(form.precisionMode === 'auto' ? { budget_minutes: Number(form.budgetMinutes.trim()) } : {}),
   };
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { Measurement } from '../api/types';
-import { buyingModel, compareJobs, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
+import { buyingModel, compareJobs, devicesWithoutAPass, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 function row(job: number, agent: string, p50: number, extra: Partial<Measurement> = {}): Measurement {
   return {
@@ -11,10 +11,26 @@ function row(job: number, agent: string, p50: number, extra: Partial<Measurement
   };
 }
 
+const PASS = { accuracy: { metric: 'top1_agreement', value: 0.999, within_tolerance: true } } as Partial<Measurement>;
+const MISS = { accuracy: { metric: 'mask_iou', value: 0.947, within_tolerance: false } } as Partial<Measurement>;
+
 describe('performance summaries', () => {
-  it('ranks devices by their fastest variant', () => {
-    const ranked = fastestPerDevice([row(1, 'slow', 3), row(1, 'fast', 1), row(2, 'slow', 2.5)]);
+  it('ranks devices by their fastest variant within tolerance', () => {
+    const ranked = fastestPerDevice([row(1, 'slow', 3, PASS), row(1, 'fast', 1, PASS), row(2, 'slow', 2.5, PASS)]);
     expect(ranked.map((entry) => [entry.label, entry.p50])).toEqual([['fast · onnxruntime', 1], ['slow · onnxruntime', 2.5]]);
+  });
+
+  it('answers "which device" with a variant within tolerance, not a faster one that breaks the model', () => {
+    // Issue 37: an INT8 build at 22.9 ms with mask IoU 0.947 once answered instead of the recommended FP32 at 102.7 ms.
+    const rows = [
+      row(1, 'orin', 22.9, { ...MISS, variant_key: 'int8', label: 'int8 on litert' }),
+      row(1, 'orin', 102.7, { ...PASS, variant_key: 'fp32', label: 'fp32 on litert', recommended: true }),
+      row(1, 'pi5', 300, MISS),
+    ];
+    const [pick, ...rest] = fastestPerDevice(rows);
+    expect(rest).toEqual([]);
+    expect(pick).toMatchObject({ label: 'orin · onnxruntime', p50: 102.7, variant: 'fp32 on litert', recommended: true, fasterOutside: 1 });
+    expect(devicesWithoutAPass(rows)).toEqual(['pi5 · onnxruntime']);
   });
 
   it('groups one device by runtime version', () => {
@@ -34,7 +50,7 @@ describe('performance summaries', () => {
 describe('defaults that compare like with like', () => {
   it('answers "which device" for the model measured on the most devices, not the fastest toy model', () => {
     const toy = { model: { id: 9, name: 'toy', version: 1 }, model_sha256: 'toy' };
-    const rows = [row(1, 'orin', 40), row(1, 'pi5', 90), row(2, 'orin', 0.009, toy)];
+    const rows = [row(1, 'orin', 40, PASS), row(1, 'pi5', 90, PASS), row(2, 'orin', 0.009, { ...toy, ...PASS })];
     const chosen = buyingModel(rows);
     expect(chosen?.name).toBe('digits');
     expect(fastestPerDevice(chosen!.rows).map((entry) => entry.p50)).toEqual([40, 90]);

@@ -7,15 +7,54 @@ function median(values: number[]): number {
   return sorted.length % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
 }
 
-/** "Which device should I buy?": per device and backend, the fastest p50 of any variant (latest measurement of each). */
-export function fastestPerDevice(rows: Measurement[]): { label: string; p50: number; variant: string }[] {
-  const best = new Map<string, { label: string; p50: number; variant: string }>();
+/** The rule "which device should I buy?" answers by, in the words the page shows. */
+export const BUYING_RULE = "the fastest variant within its job's accuracy tolerance";
+
+export interface DevicePick {
+  label: string;
+  p50: number;
+  variant: string;
+  /** Whether its job's decision recommended this variant on the device. */
+  recommended: boolean;
+  /** Faster variants on this device and runtime that missed their job's tolerance, left out of the answer. */
+  fasterOutside: number;
+}
+
+function withinTolerance(row: Measurement): boolean {
+  return 'within_tolerance' in row.accuracy && row.accuracy.within_tolerance === true;
+}
+
+/**
+ * "Which device should I buy?": per device and runtime, the fastest variant within its job's accuracy tolerance (a
+ * faster one that breaks the model is no answer), with how many faster ones were left out for missing it. A device
+ * with nothing within tolerance is not ranked.
+ */
+export function fastestPerDevice(rows: Measurement[]): DevicePick[] {
+  const groups = new Map<string, Measurement[]>();
   for (const row of rows) {
     const label = `${row.agent.name} · ${row.backend}`;
-    const current = best.get(label);
-    if (!current || row.p50_ms < current.p50) best.set(label, { label, p50: row.p50_ms, variant: `${row.variant_key}` });
+    groups.set(label, [...(groups.get(label) ?? []), row]);
   }
-  return [...best.values()].sort((a, b) => a.p50 - b.p50);
+  const picks: DevicePick[] = [];
+  for (const [label, group] of groups) {
+    const passing = group.filter(withinTolerance);
+    if (passing.length === 0) continue;
+    const best = passing.reduce((fastest, row) => (row.p50_ms < fastest.p50_ms || (row.p50_ms === fastest.p50_ms && row.recommended) ? row : fastest));
+    picks.push({
+      label,
+      p50: best.p50_ms,
+      variant: best.label || best.variant_key,
+      recommended: !!best.recommended,
+      fasterOutside: group.filter((row) => !withinTolerance(row) && row.p50_ms < best.p50_ms).length,
+    });
+  }
+  return picks.sort((a, b) => a.p50 - b.p50);
+}
+
+/** The devices whose measurements have no variant within tolerance (named beside the answer, not ranked). */
+export function devicesWithoutAPass(rows: Measurement[]): string[] {
+  const ranked = new Set(fastestPerDevice(rows).map((pick) => pick.label));
+  return [...new Set(rows.map((row) => `${row.agent.name} · ${row.backend}`))].filter((label) => !ranked.has(label)).sort();
 }
 
 function modelKey(row: Measurement): string {

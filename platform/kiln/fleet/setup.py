@@ -51,18 +51,43 @@ def register_command(server: str, secret: str) -> str:
     return f"kiln-agent register --server {server} --registration-token {secret} --name $(hostname)"
 
 
-def _own_addresses() -> list[str]:
-    """This machine's non-loopback IPv4 addresses, best first (a hint, never trusted for anything)."""
-    found: list[str] = []
+# Interfaces of containers and VMs on this machine: their addresses are reachable from this machine only, so last.
+_VIRTUAL_INTERFACES = ("docker", "br-", "veth", "virbr", "cni", "flannel", "podman", "lxc")
+
+
+def _interface_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of every interface of this machine."""
+    import psutil
+
+    try:
+        interfaces = psutil.net_if_addrs()
+    except OSError:
+        return []
+    return [(name, entry.address) for name, entries in interfaces.items() for entry in entries if entry.family == socket.AF_INET]
+
+
+def _hostname_addresses() -> list[tuple[str, str]]:
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
     except OSError:
-        infos = []
-    for info in infos:
-        address = info[4][0]
-        if not ipaddress.ip_address(address).is_loopback and address not in found:
-            found.append(address)
-    return found[:MAX_SUGGESTED_ADDRESSES]
+        return []
+    return [("", info[4][0]) for info in infos]
+
+
+def _own_addresses() -> list[str]:
+    """This machine's IPv4 addresses a device could reach, best first (a hint, never trusted for anything).
+
+    From the network interfaces: the host name alone often resolves to 127.0.1.1 only (Debian's /etc/hosts),
+    which left the loopback warning with no address to offer. Loopback and link-local addresses are left out,
+    container and VM bridges go last.
+    """
+    found: list[tuple[bool, str]] = []
+    for interface, address in [*_interface_addresses(), *_hostname_addresses()]:
+        parsed = ipaddress.ip_address(address)
+        if parsed.is_loopback or parsed.is_link_local or parsed.is_unspecified or any(address == known for _, known in found):
+            continue
+        found.append((interface.startswith(_VIRTUAL_INTERFACES), address))
+    return [address for _, address in sorted(found, key=lambda entry: entry[0])][:MAX_SUGGESTED_ADDRESSES]
 
 
 def agent_setup(request) -> dict:

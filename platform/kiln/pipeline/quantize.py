@@ -18,14 +18,14 @@ from kiln.reports.selectors import device_reports
 from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
-from workers.quantize.isa_families import isa_notes
+from workers.quantize.isa_families import bf16_choice, isa_notes
 from workers.quantize.isolated import BuildWatch, build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
 from workers.quantize.litert_family import explicit_specs as litert_explicit_specs
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
 from workers.quantize.round_budget import first_round, fit_round, is_refinement
 from workers.quantize.runtimes import for_targets
-from workers.quantize.search import family_verdicts, plan_round, ranking_pays
+from workers.quantize.search import BF16_KEY, FAMILY_COMPILE, family_verdicts, plan_round, ranking_pays
 
 from . import specs, waiting
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
@@ -184,11 +184,12 @@ def _plan_variants(job) -> str:
         created = _create_variants(job, planned, round_number=1)
         return f"search round 1: {len(created)} candidate(s): {', '.join(created)}"
     precisions = specs.resolve_precisions(job.precisions, has_calibration=job.calibration_dataset_id is not None)
-    _, backends, _ = _target_facts(job)
+    isa, backends, _ = _target_facts(job)
     # One ONNX build per precision serves ONNX Runtime and OpenVINO, but static INT8's QDQ file is ONNX Runtime's:
     # OpenVINO targets get NNCF's OpenVINO IR instead, LiteRT targets LiteRT's own builds.
     has_calibration = job.calibration_dataset_id is not None
-    planned = for_targets([{"key": p, "precision": p} for p in precisions], backends)
+    planned = for_targets([{"key": p, "precision": p} for p in precisions if p != specs.BF16], backends)
+    planned += _bf16_explicit(job, precisions, isa=isa, backends=backends)
     planned += litert_explicit_specs(precisions, backends=backends, has_calibration=has_calibration)
     planned += openvino_explicit_specs(precisions, backends=backends, has_calibration=has_calibration)
     if not planned:
@@ -214,6 +215,19 @@ def _first_answer(job, planned: list[dict]) -> list[dict]:
     if fitted.note:
         job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
     return fitted.kept
+
+
+def _bf16_explicit(job, precisions: list[str], *, isa: list[str], backends: list[str]) -> list[dict]:
+    """bf16 asked for by name: FP32's build under OpenVINO's bf16 inference precision, as `auto`'s bf16 family, where the
+    targets run OpenVINO on bf16 units. Elsewhere the hint would run FP32 (or emulate) under bf16's name: not built, said why."""
+    if specs.BF16 not in precisions:
+        return []
+    choice = bf16_choice(isa)
+    if "openvino" in backends and choice.proposed:
+        return [{"key": BF16_KEY, "precision": "fp32", "compile": dict(FAMILY_COMPILE[BF16_KEY]), "backends": ["openvino"]}]
+    reason = choice.reason if "openvino" in backends else "it is OpenVINO's bf16 inference precision, and no target device runs OpenVINO"
+    job_event_add(job=job, stage="quantize", level="warning", message=f"bf16 not built: {reason}")
+    return []
 
 
 def job_quantize(*, job_id: int) -> None:

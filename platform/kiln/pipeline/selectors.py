@@ -6,6 +6,7 @@ from datetime import timedelta
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.shortcuts import get_object_or_404
 
+from devices.labels import effective_precision
 from kiln.core.errors import KilnError
 from kiln.reports.outcome import job_outcome_reports
 
@@ -40,6 +41,14 @@ def search_work_seconds(job: DeploymentJob) -> float:
     add to it as they finish (kiln.pipeline.services.job_work_add)."""
     fresh = DeploymentJob.objects.filter(pk=job.pk).values_list("work_seconds", flat=True).first()
     return float(fresh if fresh is not None else job.work_seconds)
+
+
+def variant_effective_precision(variant) -> str:
+    """What a variant computes in (devices.labels): an FP32 build under OpenVINO's bf16 hint is bf16. The compile options
+    count on the variant's one runtime when it has one (ONNX Runtime ignores the hint); on several, as planned."""
+    backends = variant.backends or []
+    return effective_precision(variant.precision, variant.options.get("compile") or {}, backends[0] if len(backends) == 1 else None,
+                               variant.options)
 
 
 def search_seconds_left(job: DeploymentJob) -> float:

@@ -10,6 +10,7 @@ from kiln.core.fields import MAX_ID
 
 PRECISIONS = contract.PRECISIONS
 AUTO = contract.AUTO
+BF16 = contract.BF16
 
 
 def parse_precisions(raw) -> list[str]:

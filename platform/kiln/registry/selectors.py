@@ -36,11 +36,11 @@ def model_version_get(*, organization, version_id: int) -> ModelVersion:
 
 
 def dataset_list(*, organization):
-    return Dataset.objects.filter(organization=organization).select_related("blob")
+    return Dataset.objects.filter(organization=organization).select_related("blob", "source_blob")
 
 
 def dataset_get(*, organization, dataset_id: int) -> Dataset:
-    return get_object_or_404(Dataset.objects.select_related("blob"), organization=organization, pk=dataset_id)
+    return get_object_or_404(Dataset.objects.select_related("blob", "source_blob"), organization=organization, pk=dataset_id)
 
 
 def model_version_onnx_path(version: ModelVersion) -> Path:

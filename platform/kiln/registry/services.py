@@ -478,13 +478,14 @@ def _tokenizer_text(tokenizer) -> str | None:
 MAX_PREVIEW_BYTES = 64 * 1024**2
 
 
-def dataset_preview(*, organization, upload, recipe, version=None) -> dict:
-    """What a recipe makes of the first files of a raw upload, and whether that fits the model's input; nothing is stored."""
+def dataset_preview(*, organization, upload, recipe, version=None, names: list[str] | None = None) -> dict:
+    """What a recipe makes of a few files of a raw upload (one a class), and whether that fits the model's input; nothing
+    is stored. `names` are every file the user chose, when the upload holds only those to preview."""
     with upload_check_slot(organization_id=organization.id, what=f"the preview of {Path(upload.name or 'data').name}"):
-        return _dataset_preview(upload=upload, recipe=recipe, version=version)
+        return _dataset_preview(upload=upload, recipe=recipe, version=version, names=names)
 
 
-def _dataset_preview(*, upload, recipe, version=None) -> dict:
+def _dataset_preview(*, upload, recipe, version=None, names: list[str] | None = None) -> dict:
     try:
         parsed = parse_recipe(recipe)
     except RecipeError as exc:
@@ -493,7 +494,7 @@ def _dataset_preview(*, upload, recipe, version=None) -> dict:
     upload_path = Path(upload.temporary_file_path())
     if upload_path.stat().st_size > MAX_PREVIEW_BYTES:
         raise KilnError(f"A preview reads at most {MAX_PREVIEW_BYTES // 1024**2} MB; send the first few files only.", code="too_large", status_code=413)
-    preview = _parse_dataset_confined("dataset.preview", upload_path, filename=filename, recipe=parsed, prefix=f"{filename}: ")
+    preview = _parse_dataset_confined("dataset.preview", upload_path, filename=filename, recipe=parsed, prefix=f"{filename}: ", names=names)
     return {**preview, "recipe": parsed, "fits": _preview_fits(preview["arrays"], version) if version is not None else None}
 
 

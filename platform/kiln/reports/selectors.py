@@ -13,13 +13,14 @@ from devices.labels import effective_precision, variant_label
 from devices.paired import median
 from kiln.core.errors import KilnError
 from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, VariantStatus
+from kiln.pipeline.selectors import variant_effective_precision
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.isa_families import isa_notes
 from workers.quantize.search import compile_winners, family_verdicts, ranking_pays
 from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
-from .estimate import estimate_ms, fit_rates
+from .estimate import estimate_range
 from .models import Measurement, Report
 from .packaging import legacy_package_name
 
@@ -318,10 +319,8 @@ def _rounds_tried(job) -> list[dict]:
     """Per search round, the candidates it built: each by its label's precision and recipe key, with how its build went."""
     rounds: dict[int, list[dict]] = defaultdict(list)
     for variant in job.variants.order_by("round", "key"):
-        compile_options = variant.options.get("compile") or {}
-        rounds[variant.round].append({"key": variant.key, "effective_precision": effective_precision(
-            variant.precision, compile_options, (variant.backends or [None])[0] if len(variant.backends or []) == 1 else None, variant.options),
-            "backends": variant.backends, "status": variant.status, "error": variant.error[:200] if variant.error else ""})
+        rounds[variant.round].append({"key": variant.key, "effective_precision": variant_effective_precision(variant), "backends": variant.backends,
+                                      "status": variant.status, "error": variant.error[:200] if variant.error else ""})
     return [{"round": number, "variants": variants} for number, variants in sorted(rounds.items())]
 
 
@@ -333,6 +332,9 @@ def _no_sensitivity_note(job, verdicts_by_device: dict[str, dict]) -> str:
         return "Layers are ranked only with a calibration dataset; this deployment had none."
     if "sensitivity" in job.search:
         return "The sensitivity analysis ran but ranked no layer (see the deployment's events)."
+    if not job.is_terminal:
+        # A search still under way has not decided anything about INT8 refinements yet.
+        return f"No layers ranked yet: the search is in round {job.search.get('round', 1)} and still running."
     int8 = [verdicts.get(precision) for verdicts in verdicts_by_device.values() for precision in ("int8", "int8-dynamic")]
     tried = [verdict for verdict in int8 if verdict]
     if tried and not any(verdict["paying_backends"] for verdict in tried):
@@ -430,15 +432,15 @@ def _fp32_rows(*, organization, device_key: str | None = None, backend: str | No
 def estimate_for_device(*, organization, device_key: str, backend: str, work: dict, counts: dict,
                         exclude_model_sha256: str | None = None) -> dict | None:
     """The estimated FP32 p50 of a model with this work on one device and backend; None when nothing was measured there."""
+    # Newest first: a model measured more than once is checked (leave one out) on its latest measurement.
     rows = list(_fp32_rows(organization=organization, device_key=device_key, backend=backend, exclude_model_sha256=exclude_model_sha256)
-                .values("p50_ms", "op_work", "op_histogram", "profile_by_op_type", "model_sha256"))
+                .order_by("-measured_at", "-id").values("p50_ms", "op_work", "op_histogram", "profile_by_op_type", "model_sha256"))
     if not rows:
         return None
-    rates = fit_rates(rows)
-    p50_ms, coverage = estimate_ms(work, counts, rates)
-    if p50_ms is None:
+    estimate = estimate_range(work, counts, rows)
+    if estimate is None:
         return None
-    return {"p50_ms": p50_ms, "coverage": coverage, "models": len({row["model_sha256"] for row in rows})}
+    return {**estimate, "models": len({row["model_sha256"] for row in rows})}
 
 
 def model_version_estimates(*, version) -> dict:

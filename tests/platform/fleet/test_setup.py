@@ -1,6 +1,9 @@
 """The device set-up the Devices page shows: the server's address as a device reaches it, and the agent's install."""
 from __future__ import annotations
 
+import ipaddress
+import socket
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -51,3 +54,17 @@ def test_loopback_addresses(url, loopback):
 
 def test_anonymous_gets_no_setup():
     assert APIClient().get("/api/v1/agents/setup/").status_code in (401, 403)
+
+
+def test_a_loopback_address_is_answered_with_this_machines_own_addresses(tenant):
+    """The host name of a Debian machine resolves to 127.0.1.1; the suggestions come from its network interfaces."""
+    import psutil
+
+    interfaces = {entry.address for entries in psutil.net_if_addrs().values() for entry in entries if entry.family == socket.AF_INET}
+    reachable = {address for address in interfaces if not ipaddress.ip_address(address).is_loopback and not ipaddress.ip_address(address).is_link_local}
+    if not reachable:
+        pytest.skip("this machine has no network interface but loopback: there is no address to suggest")
+    body = tenant.client.get("/api/v1/agents/setup/", HTTP_HOST="127.0.0.1:8000").json()
+    assert body["suggested_urls"], "this machine has a network address a device could use"
+    assert {url.removeprefix("http://").removesuffix(":8000") for url in body["suggested_urls"]} <= reachable
+    assert all(url.startswith("http://") and url.endswith(":8000") for url in body["suggested_urls"])

@@ -419,3 +419,37 @@ def test_round_one_defers_what_would_take_the_first_answer_past_a_third_of_the_b
     job.save()
     assert "litert-int8" in [spec["key"] for spec in quantize._next_round_specs(job)]
     assert "deferred" not in job.search  # they come back once
+
+
+def _agent(tenant, name: str, isa: list[str]):
+    from kiln.fleet.models import Agent
+
+    return Agent.objects.create(organization=tenant.organization, name=name, lookup_prefix=name[:8], digest=name.ljust(64, "0"),
+                                capabilities={"isa": isa, "runtimes": {"onnxruntime": "1.32.0", "openvino": "2026.4.1"}})
+
+
+def test_bf16_by_name_is_fp32s_build_under_openvinos_bf16_hint_and_the_api_names_it_bf16(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+
+    _agent(tenant, "sapphire", ["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
+    response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32", "bf16"])
+    assert response.status_code == 201, response.content
+    job = DeploymentJob.objects.get(pk=response.json()["id"])
+    quantize._plan_variants(job)
+    bf16 = Variant.objects.get(job=job, key="bf16")
+    assert (bf16.precision, bf16.options, bf16.backends) == ("fp32", {"compile": {"inference_precision": "bf16"}}, ["openvino"])
+    # Its build is FP32's: the hint shapes the device's compile only.
+    assert quantize._variant_cache_key(bf16, job) == quantize._variant_cache_key(Variant.objects.get(job=job, key="fp32"), job)
+    listed = {v["key"]: v for v in tenant.client.get(f"/api/v1/jobs/{job.id}/").json()["variants"]}
+    assert (listed["bf16"]["precision"], listed["bf16"]["effective_precision"]) == ("fp32", "bf16")
+    assert listed["fp32"]["effective_precision"] == "fp32"
+
+
+def test_bf16_by_name_on_devices_without_bf16_units_is_not_built_and_the_event_says_why(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+
+    _agent(tenant, "old-xeon", ["avx2", "avx512f"])
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["fp32", "bf16"]).json()["id"])
+    quantize._plan_variants(job)
+    assert list(Variant.objects.filter(job=job).values_list("key", flat=True)) == ["fp32"]
+    assert any(event.message.startswith("bf16 not built:") and "no bf16 units" in event.message for event in job.events.all())

@@ -104,3 +104,54 @@ def test_a_bad_recipe_or_a_file_that_is_not_a_zip_is_a_4xx_with_a_message(tenant
     other.write_text("not a zip")
     answer = upload(tenant.client, "/api/v1/datasets/preview/", other, recipe=json.dumps({"type": "image", "size": [8, 8]}))
     assert answer.status_code == 400 and "not a zip" in answer.json()["error"]
+
+
+def shapes_zip(path, classes: dict[str, int], *, size=(40, 30)):
+    """Class folders of RGB JPEGs, in zip order class after class (as a folder of photos is packed)."""
+    rng = np.random.default_rng(3)
+    with zipfile.ZipFile(path, "w") as archive:
+        for label, count in classes.items():
+            for index in range(count):
+                buffer = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8), "RGB").save(buffer, format="JPEG")
+                archive.writestr(f"{label}/{index:03d}.jpg", buffer.getvalue())
+    return path
+
+
+def test_the_preview_counts_every_class_and_shows_one_file_of_each_as_the_tensor_the_model_gets(tenant, tmp_path):
+    """The first files of a folder are all one class: the preview shows one of each, with the class counts, and each
+    thumbnail is the prepared tensor itself (resized and cropped), not the photo."""
+    recipe = {"type": "image", "input": "pixels", "size": [16, 16], "resize": "shorter_side_crop", "color": "RGB", "scale": "1/255",
+              "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "layout": "NCHW"}
+    photos = shapes_zip(tmp_path / "shapes.zip", {"circle": 10, "square": 10, "star": 7, "triangle": 3})
+    body = upload(tenant.client, "/api/v1/datasets/preview/", photos, recipe=json.dumps(recipe)).json()
+    assert body["classes"] == {"circle": 10, "square": 10, "star": 7, "triangle": 3} and body["files"] == 30
+    assert [p["label"] for p in body["previews"]] == ["circle", "square", "star", "triangle"]
+    assert body["recipe"]["scale"] == pytest.approx(1 / 255)
+    # The thumbnail holds the tensor's pixels: 16x16 shown as whole 6x6 blocks, equal to the crop decode_image makes.
+    from devices.recipes import decode_image, parse_recipe
+
+    first = Image.open(io.BytesIO(__import__("base64").b64decode(body["previews"][0]["thumbnail"].split(",", 1)[1])))
+    assert first.size == (96, 96) and body["previews"][0]["size"] == [16, 16]
+    with zipfile.ZipFile(photos) as archive:
+        crop = np.asarray(decode_image(archive.read("circle/000.jpg"), parse_recipe(recipe)), np.int16)
+    shown = np.asarray(first.convert("RGB"), np.int16)[::6, ::6]
+    assert np.abs(shown - crop).max() <= 1
+
+    # A folder too big to send whole: the zip holds the files to show, `names` lists every file chosen.
+    sample = shapes_zip(tmp_path / "sample.zip", {"circle": 1, "square": 1})
+    names = "\n".join([*(f"circle/{i:03d}.jpg" for i in range(40)), *(f"square/{i:03d}.jpg" for i in range(25)), "notes.txt"])
+    counted = upload(tenant.client, "/api/v1/datasets/preview/", sample, recipe=json.dumps(recipe), names=names).json()
+    assert counted["classes"] == {"circle": 40, "square": 25} and counted["files"] == 65 and len(counted["previews"]) == 2
+
+
+def test_a_dataset_names_the_digest_of_the_files_it_was_made_from(tenant, tmp_path):
+    """Two uploads of the same folder are the same files, whatever their kind: the deploy form warns on that."""
+    recipe = {"type": "image", "input": "pixels", "size": [8, 8], "color": "RGB"}
+    photos = shapes_zip(tmp_path / "shapes.zip", {"circle": 2, "square": 2})
+    first = upload(tenant.client, "/api/v1/datasets/", photos, kind="calibration", recipe=json.dumps(recipe)).json()
+    second = upload(tenant.client, "/api/v1/datasets/", photos, kind="validation", recipe=json.dumps(recipe)).json()
+    import hashlib
+
+    assert first["source_sha256"] == second["source_sha256"] == hashlib.sha256(photos.read_bytes()).hexdigest()
+    assert tenant.client.get(f"/api/v1/datasets/{first['id']}/").json()["source_sha256"] == first["source_sha256"]

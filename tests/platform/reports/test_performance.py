@@ -68,6 +68,11 @@ def test_a_new_model_gets_an_estimate_per_device_and_the_report_shows_its_error(
     [device] = estimate["devices"]
     assert device["agent"]["name"] == "bench-box" and device["backend"] == "onnxruntime" and device["p50_ms"] > 0
     assert device["models"] == 1 and 0 <= device["coverage"] <= 1
+    # One other model measured: nothing to check the fit against, so the range is the prior factor either way.
+    from kiln.reports.estimate import PRIOR_FACTOR
+
+    assert device["factor"] == PRIOR_FACTOR and device["low_ms"] == pytest.approx(device["p50_ms"] / PRIOR_FACTOR)
+    assert device["high_ms"] == pytest.approx(device["p50_ms"] * PRIOR_FACTOR)
     # Measuring it: the report compares the estimate with the measured p50.
     with django_capture_on_commit_callbacks(execute=True):
         job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32"]}, format="json").json()

@@ -7,7 +7,7 @@ import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 import type { ReportDevice, ReportVariant, SensitivityRow, Tolerance } from '../../api/types';
 import { BarList } from '../../components/BarList';
-import { formatNumber } from '../../format';
+import { formatNumber, formatRange } from '../../format';
 import { layerRows, opTypeBars, profileCaption } from './profile';
 import { variantLabel } from './ReportTable';
 import {
@@ -462,7 +462,7 @@ function ScatterPlot({ model, threshold, metric, recommended }: { model: Scatter
           Reset zoom
         </button>
         <span className="muted small" data-testid="zoom-range">
-          {formatNumber(view.x[0], 4)}–{formatNumber(view.x[1], 4)} ms
+          {formatRange(view.x[0], view.x[1])}
         </span>
       </div>
     </>

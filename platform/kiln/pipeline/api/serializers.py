@@ -6,7 +6,7 @@ from kiln.core.fields import id_field
 from kiln.reports.outcome import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
-from ..selectors import search_budget
+from ..selectors import search_budget, variant_effective_precision
 from ..waiting import job_waiting
 
 
@@ -19,10 +19,16 @@ class JobEventSerializer(serializers.ModelSerializer):
 class VariantSerializer(serializers.ModelSerializer):
     size_bytes = serializers.SerializerMethodField()
     sha256 = serializers.SerializerMethodField()
+    effective_precision = serializers.SerializerMethodField()
 
     class Meta:
         model = Variant
-        fields = ["id", "key", "precision", "round", "options", "backends", "recipe", "status", "error", "size_bytes", "sha256"]
+        fields = ["id", "key", "precision", "effective_precision", "round", "options", "backends", "recipe", "status", "error", "size_bytes",
+                  "sha256"]
+
+    def get_effective_precision(self, variant) -> str:
+        """What the variant computes in: `precision` is how its weights are stored (a bf16 variant is an FP32 build)."""
+        return variant_effective_precision(variant)
 
     def get_size_bytes(self, variant) -> int | None:
         return variant.artifact.blob.size_bytes if variant.artifact else None

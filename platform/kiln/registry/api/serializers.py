@@ -63,10 +63,16 @@ class VersionUploadSerializer(FileOrUploadSerializer):
 class DatasetSerializer(serializers.ModelSerializer):
     sha256 = serializers.CharField(source="blob.sha256", read_only=True)
     size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
+    source_sha256 = serializers.SerializerMethodField()
 
     class Meta:
         model = Dataset
-        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "format", "recipe", "previews", "sha256", "size_bytes", "created_at"]
+        fields = ["id", "name", "kind", "samples", "arrays", "has_labels", "format", "recipe", "previews", "sha256", "source_sha256", "size_bytes",
+                  "created_at"]
+
+    def get_source_sha256(self, dataset) -> str:
+        """The digest of the file uploaded (raw images: the zip, before the recipe), so the same files uploaded twice are known."""
+        return dataset.source_blob.sha256 if dataset.source_blob_id else dataset.blob.sha256
 
 
 class DatasetUploadSerializer(FileOrUploadSerializer):
@@ -77,11 +83,18 @@ class DatasetUploadSerializer(FileOrUploadSerializer):
     tokenizer = serializers.FileField(required=False, help_text="The model's tokenizer.json, for a text recipe.")
 
 
+# A few hundred thousand file paths, one a line.
+MAX_PREVIEW_NAMES_CHARS = 8_000_000
+
+
 class DatasetPreviewSerializer(FileOrUploadSerializer):
     """A zip of images or WAV files (the first few are read), as `file` or a finished `upload`."""
 
     recipe = serializers.CharField(max_length=20_000, help_text="The JSON recipe to preview.")
     model_version = serializers.IntegerField(required=False, min_value=1, help_text="Check the tensors against this model version's inputs.")
+    names = serializers.CharField(
+        max_length=MAX_PREVIEW_NAMES_CHARS, required=False, allow_blank=True, trim_whitespace=False,
+        help_text="The paths of every file chosen, one a line, when the zip holds only those to preview: files and classes are counted over them.")
 
 
 class OutputKindsSerializer(serializers.Serializer):

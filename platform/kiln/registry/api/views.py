@@ -173,7 +173,9 @@ class DatasetPreviewView(StreamingUploadMixin, APIView):
         if data.get("model_version"):
             version = selectors.model_version_get(organization=request.organization, version_id=data["model_version"])
         with services.upload_released_on_error(upload=data["file"]):
-            return Response(services.dataset_preview(organization=request.organization, upload=data["file"], recipe=data["recipe"], version=version))
+            names = data["names"].splitlines() if data.get("names") else None
+            return Response(services.dataset_preview(organization=request.organization, upload=data["file"], recipe=data["recipe"],
+                                                     version=version, names=names))
 
 
 class ModelVersionRecipeView(APIView):
