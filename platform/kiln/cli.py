@@ -589,10 +589,11 @@ def _narrow_table(columns: list[tuple[str, list[str], bool]]) -> Table:
 
 
 def jobs_table(rows: list[dict], now: datetime | None = None) -> Table:
-    """`kiln jobs`: model names whole (a re-run says so under its name), the stage with its progress, times relative."""
+    """`kiln jobs`: model names whole (a re-run says so under its name), the stage with its progress and why it waits,
+    times relative."""
     models = [(job.get("model") or {}).get("name", "") + (f"\nre-run of #{job['rerun_of']}" if job.get("rerun_of") else "") for job in rows]
     statuses = [str(job["status"]).replace("_", " ") for job in rows]
-    stages = [f"{job.get('stage') or ''} {job.get('progress') or 0:.0%}" for job in rows]
+    stages = [f"{job.get('stage') or ''} {job.get('progress') or 0:.0%}" + (f"\n{waiting_text(job)}" if waiting_text(job) else "") for job in rows]
     created = [relative_time(job.get("created_at"), now) for job in rows]
     table = _narrow_table([("id", [str(job["id"]) for job in rows], True), ("model", models, True), ("status", statuses, False),
                            ("stage", stages, False), ("created", created, True)])

@@ -56,6 +56,9 @@ def test_at_80_columns_kiln_devices_keeps_every_name_runtime_and_heartbeat_whole
 JOBS = [
     {"id": 118, "model": {"name": "mobilenet-v3-small-shapes-classifier"}, "status": "waiting_for_devices", "stage": "dispatch",
      "progress": 0.42, "rerun_of": 97, "created_at": ago(minutes=7)},
+    {"id": 121, "model": {"name": "layout"}, "status": "running", "stage": "quantize", "progress": 0.3, "rerun_of": None,
+     "created_at": ago(minutes=2), "waiting": {"cause": "build_slot", "position": 2, "since": None,
+                                              "message": "waiting for a build slot: 2 jobs ahead (5 builds)"}},
     {"id": 97, "model": {"name": "digits"}, "status": "succeeded", "stage": "done", "progress": 1.0, "rerun_of": None, "created_at": ago(hours=26)},
 ]
 
@@ -68,6 +71,8 @@ def test_at_80_columns_kiln_jobs_keeps_model_names_and_times_whole():
     assert any("mobilenet-v3-small-shapes-classifier" in line and "7 min ago" in line for line in lines), text
     assert any("re-run of #97" in line for line in lines), text
     assert any("digits" in line and "26 h ago" in line and "100%" in line for line in lines), text
+    # Why a job waits, under its stage, wrapped and never cut (issue 33).
+    assert "waiting for a build slot: 2 jobs ahead (5 builds)" in " ".join(" ".join(line.split()) for line in lines).replace("│", ""), text
 
 
 def test_bare_kiln_jobs_lists_like_kiln_jobs_list(monkeypatch):
