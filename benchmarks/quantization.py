@@ -10,7 +10,7 @@ detector, PP-OCRv6's tiny text detector and recognizer) this builds:
 - nncf.quantize with its defaults (ONNX backend; measured on OpenVINO and ONNX Runtime),
 - compile options beside them, on FP32: static shapes specialised to the data (OpenVINO reshape,
   ONNX Runtime free-dimension overrides), ORT's EXTENDED graph level, OpenVINO's THROUGHPUT hint,
-- Kiln's recommended variant for a 1% tolerance (workers.quantize.search.search_locally), compiled
+- Kiln's recommended variant for a 1% tolerance (benchmarks/local_search.py `search_locally`), compiled
   with the compile options the search chose,
 
 then measures them interleaved in one process (one thread each, round-robin windows A, B, C, …
@@ -69,6 +69,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
+from benchmarks.local_search import host_isa, search_locally
 from devices import contract
 from devices.artifacts import pack_openvino_ir
 from devices.backends.registry import get_backend
@@ -83,9 +84,10 @@ from tests.fixtures.zoo import MINILM_L3, available_zoo, zoo_model
 from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.families import COMPILE_SEPARATOR
 from workers.quantize.isa_families import bf16_choice
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
-from workers.quantize.search import COMPILE_SEPARATOR, SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS, host_isa, search_locally
+from workers.quantize.search import SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS
 from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
 
 WINDOW = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
@@ -227,7 +229,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
     from workers.datasets import iter_batches
 
     path, name, names = model["path"], model["name"].split()[0], input_names(model)
-    # `equivalent`: the search's key for the same configuration (workers.quantize.search.VENDOR_DEFAULTS).
+    # `equivalent`: the search's key for the same configuration (workers.quantize.families.VENDOR_DEFAULTS).
     rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime", "equivalent": "fp32"},
             {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino", "equivalent": "fp32"}]
     if bf16_choice(host_isa()).proposed:

@@ -17,7 +17,7 @@ from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_cnn, rounding_images
 from tests.fixtures.sensitive import SENSITIVE_NODE, build_sensitive_mlp, sensitive_inputs
-from workers.quantize.search import COMPILE_SEPARATOR
+from workers.quantize.families import COMPILE_SEPARATOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

@@ -25,7 +25,8 @@ from workers.quantize.litert_family import explicit_specs as litert_explicit_spe
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
 from workers.quantize.round_budget import fit_round
 from workers.quantize.runtimes import for_targets
-from workers.quantize.search import family_verdicts, plan_round, ranking_pays
+from workers.quantize.search import plan_round
+from workers.quantize.verdicts import family_verdicts, ranking_pays
 
 from . import specs
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus

@@ -16,7 +16,7 @@ from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, De
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.isa_families import isa_notes
-from workers.quantize.search import compile_winners, family_verdicts, ranking_pays
+from workers.quantize.verdicts import compile_winners, family_verdicts, ranking_pays
 from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
 from .estimate import estimate_ms, fit_rates
