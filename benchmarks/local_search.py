@@ -27,6 +27,7 @@ from devices.batching import sample_rows
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
 from devices.cpus import usable_cores
 from devices.metrics import evaluate
+from devices.paired import MIN_ROUNDS, stop_reason
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.quantize.families import COMPILE_SEPARATOR, VENDOR_DEFAULTS, is_vendor_default
@@ -287,16 +288,17 @@ def confirmation_contenders(entries: list[dict[str, Any]], max_contenders: int =
 
 def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, threads: int | None, work: Path,
                      windows: int, max_windows: int = 15) -> None:
-    """Re-time the contenders (`confirmation_contenders`) side by side, until the leader is clear or `max_windows`.
+    """Re-time the contenders (`confirmation_contenders`) side by side, as a device's RETIME task does (devices/paired.py).
 
     Rounds are measured minutes apart, and on a busy machine the load drifts between them, so
     first-pass timings from different rounds do not compare. The contenders are timed again in
-    round-robin windows so every one sees the same drift; after `windows` rounds, more are added
-    while the leader's 90% interval (bootstrap over the window medians) overlaps a rival's. Each
-    contender's p50 becomes the median of its window medians, with the interval as `p50_ci`, and
-    its window medians go to `timing.interleaved_medians_ms` (paired across contenders: the
-    recommendation judges ties by the per-window ratios, workers/noise.py). The others are scaled by
-    the drift the contenders saw (`drift_adjusted`).
+    rotated, interleaved rounds so every one sees the same drift, until `paired.stop_reason` says
+    stop (at least `windows` and MIN_ROUNDS rounds, at most `max_windows`): the rule the agent
+    stops by, so the leader separates at the confidence every decision uses (workers/noise.py). Each
+    contender's row becomes that one measurement set: every figure of `latency_ms` summarizes the
+    rounds' samples, its round medians go to `timing.interleaved_medians_ms` (paired across
+    contenders) and the first pass stays apart as `latency_ms_first_pass`. The others' figures are
+    all scaled by the drift the contenders saw (`drift_adjusted`), each row still one set.
     """
     contenders = confirmation_contenders(entries)
     if windows < 1 or len(contenders) < 2:
@@ -307,19 +309,19 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     try:
         bound = [model.bind(validation.benchmark_feeds) for model in compiled]
         samples: list[list[np.ndarray]] = [[] for _ in contenders]
-        for done in range(1, max_windows + 1):
-            for index in rotated_order(len(bound), done - 1):
+        while True:
+            for index in rotated_order(len(bound), len(samples[0])):
                 samples[index].append(measure(bound[index], settings)["samples_ms"])
-            if done >= windows and _leader_is_clear(samples):
+            medians = [[float(np.median(part)) for part in parts] for parts in samples]
+            if stop_reason(medians, min_rounds=max(windows, MIN_ROUNDS), max_rounds=max(windows, max_windows)):
                 break
         drifts = []
-        for entry, parts in zip(contenders, samples):
+        for entry, parts, rounds in zip(contenders, samples, medians):
             entry["latency_ms_first_pass"] = entry["latency_ms"]
-            medians = [float(np.median(part)) for part in parts]
-            entry["latency_ms"] = {**summarize_latencies(np.concatenate(parts)), "p50": float(np.median(medians))}
-            entry["p50_ci"] = list(median_interval(medians))
-            entry["timing"] = {**(entry.get("timing") or {}), "interleaved_medians_ms": medians}
-            entry["confirmed"] = len(medians)
+            entry["latency_ms"] = summarize_latencies(np.concatenate(parts))
+            entry["timing"] = {**(entry.get("timing") or {}), "interleaved_medians_ms": rounds, "window_medians_ms": rounds,
+                               "source": "side by side"}
+            entry["confirmed"] = len(rounds)
             drifts.append(entry["latency_ms"]["p50"] / entry["latency_ms_first_pass"]["p50"])
     finally:
         for model in compiled:
@@ -328,28 +330,16 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     for entry in entries:
         if entry.get("latency_ms") and not entry.get("confirmed"):
             entry["latency_ms_first_pass"] = entry["latency_ms"]
-            entry["latency_ms"] = {**entry["latency_ms"], "p50": entry["latency_ms"]["p50"] * drift}
+            entry["latency_ms"] = _scaled(entry["latency_ms"], drift)
             entry["drift_adjusted"] = drift
 
 
-def median_interval(values: list[float], confidence: float = 0.90, resamples: int = 2000) -> tuple[float, float]:
-    """A bootstrap confidence interval of the median of `values` (deterministic: a fixed seed)."""
-    data = np.asarray(values, dtype=np.float64)
-    if data.size < 2:
-        return float(data[0]), float(data[0])
-    rng = np.random.default_rng(0)
-    medians = np.median(data[rng.integers(0, data.size, (resamples, data.size))], axis=1)
-    tail = (1.0 - confidence) / 2
-    low, high = np.quantile(medians, [tail, 1.0 - tail])
-    return float(low), float(high)
+# The figures of a latency summary that are times (scaled by a drift); cv and count are not.
+_TIMES = ("p50", "p90", "p99", "mean", "std", "min", "max")
 
 
-def _leader_is_clear(samples: list[list[np.ndarray]]) -> bool:
-    """Whether the contender with the lowest median window median is below every rival's interval."""
-    medians = [[float(np.median(part)) for part in parts] for parts in samples]
-    intervals = [median_interval(values) for values in medians]
-    leader = min(range(len(medians)), key=lambda index: float(np.median(medians[index])))
-    return all(intervals[leader][1] < intervals[index][0] for index in range(len(medians)) if index != leader)
+def _scaled(latency: dict[str, Any], factor: float) -> dict[str, Any]:
+    return {**latency, **{name: latency[name] * factor for name in _TIMES if latency.get(name) is not None}}
 
 
 def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[str, Any], validation: _Validation,

@@ -77,6 +77,7 @@ from devices.batching import sample_rows
 from devices.bench import BenchmarkSettings, interleaved_window_medians
 from devices.metrics import evaluate as evaluate_outputs
 from devices.metrics import sqnr_db
+from devices.paired import median_interval
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_cnn, build_rounding_sensitive_mlp, rounding_images, rounding_inputs
@@ -409,6 +410,12 @@ def family_rows(search: dict, pick: dict) -> list[dict]:
             rows.append({"tool": f"Kiln {family}: {best['key']}", "path": Path(best["path"]), "backend": backend,
                          "kiln_backend_best": True, "family": family, "compile": best.get("compile"), "key": best["key"].split(COMPILE_SEPARATOR)[0]})
     return rows
+
+
+def round_interval(entry: dict) -> tuple[float, float]:
+    """The 95% interval of the median of a re-timed entry's round medians (devices.paired, the rule the decision uses)."""
+    _, low, high = median_interval(entry["timing"]["interleaved_medians_ms"])
+    return low, high
 
 
 def is_vendor_default(row: dict) -> bool:
@@ -760,7 +767,7 @@ def print_table(model: dict, rows: list[dict], kiln: dict, search: dict, search_
     confirmed = [e for e in measured if e.get("confirmed")]
     if confirmed:
         print("Kiln's final interleaved re-timing: " + ", ".join(
-            f"{e['id']} {e['latency_ms']['p50']:.3f}ms [{e['p50_ci'][0]:.3f}, {e['p50_ci'][1]:.3f}]" for e in confirmed)
+            f"{e['id']} {e['latency_ms']['p50']:.3f}ms [{round_interval(e)[0]:.3f}, {round_interval(e)[1]:.3f}]" for e in confirmed)
             + f" ({confirmed[0]['confirmed']} windows)")
     for note in search.get("notes") or []:
         print(f"Kiln search note: {note}")

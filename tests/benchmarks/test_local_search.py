@@ -6,24 +6,41 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from benchmarks import local_search
-from benchmarks.local_search import _leader_is_clear, confirmation_contenders, median_interval, search_locally
+from benchmarks.local_search import confirmation_contenders, search_locally
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
+from devices.paired import MIN_ROUNDS
 from workers.noise import latency_ratio, timing_of
 from workers.scoring import label_of
 
 
-def test_the_confidence_interval_of_a_median_separates_a_clear_leader_only():
-    assert median_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)
-    low, high = median_interval([10.0, 10.2, 9.9, 10.1, 10.0])
-    assert 9.9 <= low <= 10.0 <= high <= 10.2
-    import numpy as np
+class _FakeBackend:
+    """Compiles to runs that return five latencies around a fixed value, each with its own uniform noise."""
 
-    clear = [[np.array([10.0, 10.1])] * 5, [np.array([11.0, 11.2])] * 5]
-    tied = [[np.array([v]) for v in (10.0, 10.6, 9.8, 10.4, 10.1)], [np.array([v]) for v in (10.2, 9.9, 10.5, 10.0, 10.3)]]
-    assert _leader_is_clear(clear)
-    assert not _leader_is_clear(tied)
+    def __init__(self, latencies: tuple[float, ...]):
+        self.noise = iter(np.random.default_rng(3).uniform(0.9, 1.1, 4000))
+        self.latencies = iter(latencies)
+
+    def compile(self, *args, **kwargs):
+        value = next(self.latencies)
+        return SimpleNamespace(bind=lambda feeds: lambda: [value * next(self.noise) for _ in range(5)], close=lambda: None)
+
+
+@pytest.mark.parametrize(("latencies", "rounds"), [((1.0, 2.0), MIN_ROUNDS), ((1.0, 1.0), 15)])
+def test_the_local_re_timing_stops_by_the_rule_the_agent_stops_by(latencies, rounds, tmp_path, monkeypatch):
+    """A clear leader separates after MIN_ROUNDS rounds; a tie that never settles runs to the cap. No second interval rule."""
+    entries = [_passing(key, "onnxruntime", p50) for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
+    backend = _FakeBackend(latencies)
+    monkeypatch.setattr(local_search, "get_backend", lambda name: backend)
+    monkeypatch.setattr(local_search, "measure", lambda run, settings: {"samples_ms": np.asarray(run())})
+    local_search._confirm_fastest(entries, SimpleNamespace(benchmark_feeds={}), threads=1, work=tmp_path, windows=3)
+    assert [entry["confirmed"] for entry in entries] == [rounds, rounds]
+    # Each row is one measurement set: its p50 lies within its own min and max, below its p90.
+    for entry in entries:
+        latency = entry["latency_ms"]
+        assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
 
 
 def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_path):

@@ -245,7 +245,7 @@ def _random_device(rng: random.Random) -> list[dict]:
     return entries
 
 
-def test_agreement_over_many_random_devices_the_recommended_is_never_beaten_and_its_stated_ratio_is_the_tables():
+def test_agreement_over_many_random_devices_the_recommended_is_never_beaten_and_its_stated_ratio_is_recomputed_from_the_table():
     """The agreement test at the decision's level (tests/e2e walks finished jobs the same way, see test_decision_agreement)."""
     from tests.agreement import assert_decision_agrees
 

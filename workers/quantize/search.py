@@ -61,7 +61,7 @@ from workers.quantize.families import (
 from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice
 from workers.quantize.runtimes import for_targets
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS, is_transformer, ort_int8_scheme
-from workers.quantize.verdicts import family_verdicts, relative_noise
+from workers.quantize.verdicts import family_verdicts, faster_beyond_noise
 
 logger = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def _compile_candidates(state: SearchState, thread_choices: list[int] | None) ->
             tried.append((tag, options, measured_on(state.measured, key, backend)))
         winners = [(tag, options) for tag, options, entry in tried
                    if entry is not None and entry_p50(entry) is not None and entry_passes(entry)
-                   and entry_p50(entry) * (1.0 + relative_noise(entry, base)) < entry_p50(base)]
+                   and faster_beyond_noise(entry, base)]
         if len(winners) >= 2:
             combined: dict[str, Any] = {}
             for _, options in winners:
@@ -481,7 +481,7 @@ def _int8_activation(scheme: dict[str, Any], measured: list[dict[str, Any]]) -> 
         u8, s8 = measured_on(measured, PROBES["int8"], backend), measured_on(measured, S8_PROBE, backend)
         if u8 is None or s8 is None or entry_p50(u8) is None or entry_p50(s8) is None:
             continue
-        if entry_p50(s8) * (1.0 + relative_noise(u8, s8)) < entry_p50(u8):
+        if faster_beyond_noise(s8, u8):
             return S8
     return scheme["activation_type"]
 

@@ -1,15 +1,16 @@
 """What the auto search says about the families it measured: which pay, on which runtime, and which compile options won.
 
 The planner (workers.quantize.search) acts on these verdicts, and the report (kiln.reports.selectors) prints
-their reasons as the search card's notes, so both say the same thing about the same measurements.
+their reasons as the search card's notes, so both say the same thing about the same measurements. "Pays" and
+"won" are Kiln's one noise rule (workers/noise.py `latency_ratio`): faster beyond noise, the decision's words.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from devices.backends.options import describe as describe_compile_options
+from workers.noise import FASTER, LatencyRatio, latency_ratio, ratio_text, timing_of
 from workers.quantize.families import (
     COMPILE_SEPARATOR,
     FAMILY_NAMES,
@@ -28,27 +29,21 @@ from workers.quantize.families import (
 from workers.quantize.isa_families import int8_choice
 from workers.quantize.runtimes import ONNX_RUNTIMES
 
-# Below this relative gap two latencies are a tie, whatever their spread says.
-NOISE_FLOOR = 0.03
+
+def entry_ratio(fast: dict[str, Any], slow: dict[str, Any]) -> LatencyRatio:
+    """How much faster one measured entry is than another, by Kiln's one noise rule (workers/noise.py `latency_ratio`)."""
+    return latency_ratio(timing_of(fast), timing_of(slow))
 
 
-def relative_noise(*entries: dict[str, Any]) -> float:
-    """How far apart two p50s must be to differ: twice the combined standard error of the medians, at least NOISE_FLOOR."""
-    variance = 0.0
-    for entry in entries:
-        latency = entry.get("latency_ms") or {}
-        count = max(int(latency.get("count") or 1), 1)
-        variance += (float(latency.get("cv") or 0.0) ** 2) * (math.pi / 2) / count
-    return max(NOISE_FLOOR, 2.0 * math.sqrt(variance))
-
-
+def faster_beyond_noise(fast: dict[str, Any], slow: dict[str, Any]) -> bool:
+    return entry_ratio(fast, slow).comparison == FASTER
 
 
 def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per family (by precision): its probe's speed-up over the device's best FP32, per backend, and whether it pays.
 
     `{precision: {"family", "probe", "evidence", "speedup": {backend: x}, "fastest": {backend: key}, "paying_backends",
-    "reason"}}`; a family whose probe failed to build or measure pays nowhere. INT8 is judged per runtime on that runtime's
+    "reason", "against", "comparisons": {backend: LatencyRatio.as_dict()}}}` (`against`: the best FP32's key and backend); a family whose probe failed to build or measure pays nowhere. INT8 is judged per runtime on that runtime's
     own build: ONNX Runtime by Kiln's QDQ probe, OpenVINO and LiteRT by their native INT8 (`NATIVE_INT8_KEYS`). Where
     `isa` has no integer dot products, the INT8 families' probes were never proposed: their evidence is then the vendor
     INT8 defaults measured beside FP32 (`evidence` "vendor defaults"), and where one of those pays the family is reopened
@@ -71,11 +66,15 @@ def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = N
             entries += [entry for entry in measured if entry.get("key") in NATIVE_INT8_KEYS and not entry.get("compile")]
         if not entries:
             continue
-        speedup, fastest, paying = _speedups(entries, best_fp32)
+        comparisons, fastest = _comparisons(entries, best_fp32)
+        speedup = {backend: ratio.ratio for backend, ratio in comparisons.items()}
+        paying = [backend for backend, ratio in comparisons.items() if ratio.comparison == FASTER]
         name = FAMILY_NAMES[precision]
         reason = _verdict_reason(name, evidence, speedup, paying, best_fp32) + _per_backend(speedup, fastest)
         verdicts[precision] = {"family": name, "probe": probe, "evidence": evidence, "speedup": speedup, "fastest": fastest,
-                               "paying_backends": paying, "reason": reason}
+                               "paying_backends": paying, "reason": reason,
+                               "against": {"key": best_fp32.get("key"), "backend": best_fp32.get("backend")},
+                               "comparisons": {backend: ratio.as_dict() for backend, ratio in comparisons.items()}}
     return verdicts
 
 
@@ -87,28 +86,22 @@ def ranking_pays(verdicts: dict[str, dict[str, Any]]) -> bool:
     return any(set(verdicts.get(precision, {}).get("paying_backends") or []) & set(backends) for precision, backends in readers.items())
 
 
-def _speedups(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple[dict[str, float], dict[str, str], list[str]]:
-    """Per backend, the fastest entry's speed-up over the best FP32 and its key, and the backends where it is beyond noise."""
+def _comparisons(entries: list[dict[str, Any]], best_fp32: dict[str, Any]) -> tuple[dict[str, LatencyRatio], dict[str, str]]:
+    """Per backend, the fastest entry against the best FP32 (`entry_ratio`), and that entry's key."""
     fastest: dict[str, dict[str, Any]] = {}
     for entry in entries:
         backend = entry.get("backend")
         if entry_p50(entry) is not None and (backend not in fastest or entry_p50(entry) < entry_p50(fastest[backend])):
             fastest[backend] = entry
-    speedup: dict[str, float] = {}
-    paying: list[str] = []
-    for backend in sorted(fastest, key=str):
-        entry = fastest[backend]
-        speedup[backend] = entry_p50(best_fp32) / entry_p50(entry)
-        if speedup[backend] > 1.0 + relative_noise(entry, best_fp32):
-            paying.append(backend)
-    return speedup, {backend: fastest[backend].get("key", "") for backend in speedup}, paying
+    comparisons = {backend: entry_ratio(fastest[backend], best_fp32) for backend in sorted(fastest, key=str)}
+    return comparisons, {backend: fastest[backend].get("key", "") for backend in comparisons}
 
 
 def _per_backend(speedup: dict[str, float], fastest: dict[str, str]) -> str:
     """Each runtime's own figure, where the family was measured on more than one ("onnxruntime int8-minmax 0.99x")."""
     if len(speedup) < 2:
         return ""
-    return " (" + "; ".join(f"{backend} {fastest[backend]} {speedup[backend]:.2f}x" for backend in speedup) + ")"
+    return " (" + "; ".join(f"{backend} {fastest[backend]} {ratio_text(speedup[backend])}" for backend in speedup) + ")"
 
 
 def _verdict_reason(name: str, evidence: str, speedup: dict[str, float], paying: list[str], best_fp32: dict[str, Any]) -> str:
@@ -117,24 +110,30 @@ def _verdict_reason(name: str, evidence: str, speedup: dict[str, float], paying:
     if evidence == VENDOR_EVIDENCE:
         if paying:
             return (f"{name} reopened on {', '.join(paying)}: without integer dot products it was not proposed, but a vendor "
-                    f"INT8 default ran up to {best:.2f}x the best FP32 ({fp32_on}), so Kiln's recipes are tried there")
+                    f"INT8 default ran up to {ratio_text(best)} the best FP32 ({fp32_on}), so Kiln's recipes are tried there")
         if best is None:
             return f"{name} not searched: no integer dot products, and no vendor INT8 default could be measured"
         return (f"{name} not searched: no integer dot products, and the vendor INT8 defaults confirm it: "
-                f"{best:.2f}x the best FP32 ({fp32_on}), within noise or slower")
+                f"{ratio_text(best)} the best FP32 ({fp32_on}), within noise or slower")
     if paying:
         dropped = [backend for backend in speedup if backend not in paying]
         elsewhere = f"; not on {', '.join(dropped)}, where it is not searched further" if dropped else ""
-        return f"{name} pays on {', '.join(paying)}: up to {best:.2f}x the best FP32 on {fp32_on}{elsewhere}"
+        return f"{name} pays on {', '.join(paying)}: up to {ratio_text(best)} the best FP32 on {fp32_on}{elsewhere}"
     if best is None:
         return f"{name} could not be measured on this device; not searched further"
-    return (f"{name} does not pay on this device: {best:.2f}x the best FP32 "
+    return (f"{name} does not pay on this device: {ratio_text(best)} the best FP32 "
             f"({fp32_on}), within noise or slower; not calibrated further")
 
 
 def compile_winners(measured: list[dict[str, Any]]) -> list[str]:
-    """One line per backend where a compile option beat its base build: which options, how much faster."""
-    lines = []
+    """One line per backend where compile options were tried: the best of them against its base build, and whether it won."""
+    return [outcome["text"] for outcome in compile_outcomes(measured)]
+
+
+def compile_outcomes(measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per backend where compile options were tried: the fastest passing tuned build against its base build with runtime
+    defaults (`{"backend", "tuned": key, "base": key, "comparison": LatencyRatio.as_dict(), "text"}`)."""
+    outcomes = []
     for backend in sorted({entry.get("backend") for entry in measured if entry.get("compile")}):
         tuned = [entry for entry in measured if entry.get("backend") == backend and entry.get("compile")
                  and entry_p50(entry) is not None and entry_passes(entry)]
@@ -145,7 +144,8 @@ def compile_winners(measured: list[dict[str, Any]]) -> list[str]:
         base = measured_on(measured, base_key, backend)
         if base is None or entry_p50(base) is None:
             continue
-        ratio = entry_p50(base) / entry_p50(best)
-        verdict = "won" if ratio > 1.0 + relative_noise(best, base) else "did not pay (within noise or slower)"
-        lines.append(f"{backend}: {describe_compile_options(best['compile'])} {verdict}: {ratio:.2f}x {base_key} with runtime defaults")
-    return lines
+        ratio = entry_ratio(best, base)
+        verdict = "won" if ratio.comparison == FASTER else "did not pay (within noise or slower)"
+        text = f"{backend}: {describe_compile_options(best['compile'])} {verdict}: {ratio_text(ratio.ratio)} {base_key} with runtime defaults"
+        outcomes.append({"backend": backend, "tuned": best["key"], "base": base_key, "comparison": ratio.as_dict(), "text": text})
+    return outcomes
