@@ -48,7 +48,8 @@ def _measurement_values(job, task: DeviceTask, entry: dict, work: dict, recommen
                             "benchmark": metrics.get("settings") or {}},
         "agent": agent, "agent_name": agent.name, "device_key": device_key(agent), "agent_version": str(capabilities.get("agent_version") or ""),
         "capabilities": capabilities, "latency_ms": latency, "p50_ms": float(latency["p50"]), "std_ms": float(latency.get("std") or 0.0),
-        "runs": int(metrics.get("runs") or latency.get("count") or 0), "throughput_per_s": metrics.get("throughput_per_s"),
+        "runs": int(latency.get("count") or metrics.get("runs") or 0), "throughput_per_s": entry.get("throughput_per_s", metrics.get("throughput_per_s")),
+        # Memory and load time are the build's own, measured when the task compiled and timed it alone (its first pass).
         "peak_memory_mb": metrics.get("peak_memory_mb"), "load_ms": metrics.get("load_ms"), "accuracy": entry.get("accuracy") or {},
         "profile_by_op_type": (task.profile or {}).get("by_op_type") or [], "measured_at": task.finished_at or job.updated_at,
     }

@@ -83,6 +83,21 @@ describe('the decision, rendered', () => {
     expect(onRemeasure).toHaveBeenCalledOnce();
   });
 
+  it('badges a decision taken on busy rounds as provisional, with the server\'s words', () => {
+    const words = 'provisional: the device was busy in 6 of the 6 side-by-side rounds the decision rests on (burner 95%)';
+    const busy: Decision = { ...steady, text: `${steady.text.slice(0, -1)}; ${words}.`,
+      provisional: { busy: 6, windows: 6, attempts: 1, busiest: ['burner 95%'], text: words } };
+    render(<Recommendation device={device(busy)} />);
+    expect(screen.getByTestId('provisional-badge')).toHaveTextContent('Provisional: the device was busy');
+    expect(screen.getByTestId('provisional-badge')).toHaveAttribute('title', words);
+    expect(screen.getByTestId('verdict')).toHaveTextContent(words);
+  });
+
+  it('shows no provisional badge on a quiet decision', () => {
+    render(<Recommendation device={device(steady)} />);
+    expect(screen.queryByTestId('provisional-badge')).not.toBeInTheDocument();
+  });
+
   it('the job page\'s Result card renders the same decision', () => {
     render(<MemoryRouter><ResultSummary report={{ job: 1, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [device(steady)] }} jobId={1} /></MemoryRouter>);
     expect(screen.getByTestId('result-device')).toHaveTextContent('int8 · int8-mse on onnxruntime');

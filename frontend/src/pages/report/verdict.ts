@@ -18,3 +18,8 @@ export function headline(device: ReportDevice): string {
 export function tieBadge(decision: Decision): string | null {
   return decision.tie ? 'Tie within noise' : null;
 }
+
+/** The badge beside a verdict decided on rounds the device was busy in: Kiln re-times it once the device is quiet. */
+export function provisionalBadge(decision: Decision): string | null {
+  return decision.provisional ? 'Provisional: the device was busy' : null;
+}
