@@ -343,13 +343,24 @@ def _search_summary(job, devices: list[dict]) -> dict:
         target = device["target"]
         verdicts_by_device[target] = family_verdicts(measured, isa=isa)
         compile_by_device[target] = compile_outcomes(measured)
-        notes[target] = (chip_notes + [verdict["reason"] for verdict in verdicts_by_device[target].values()]
+        decided = (job.search.get("verdicts_decided") or {}).get(target) or {}
+        notes[target] = (chip_notes + [verdict["reason"] + _decided_otherwise(verdict, decided.get(precision))
+                                       for precision, verdict in verdicts_by_device[target].items()]
                          + [outcome["text"] for outcome in compile_by_device[target]])
     sensitivity = job.search.get("sensitivity") or []
     return {"auto": job.precisions == ["auto"], "rounds": job.search.get("round", 1), "tried": _rounds_tried(job), "sensitivity": sensitivity,
             "sensitivity_note": "" if sensitivity else _no_sensitivity_note(job, verdicts_by_device),
             "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes,
             "verdicts": verdicts_by_device, "compile": compile_by_device}
+
+
+def _decided_otherwise(verdict: dict, paying_then: list[str] | None) -> str:
+    """Where the search, on what it had measured when it planned, judged a family otherwise than the final table does: said,
+    so that a note read from the table does not claim the search went on (or stopped) where it did not."""
+    if paying_then is None or sorted(paying_then) == sorted(verdict["paying_backends"]):
+        return ""
+    where = f"it paid on {', '.join(paying_then)}" if paying_then else "it paid nowhere"
+    return f" (the search planned on its earlier measurements, where {where})"
 
 
 def _rounds_tried(job) -> list[dict]:
