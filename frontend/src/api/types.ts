@@ -572,6 +572,9 @@ export interface LatencyRatio {
   beyond_noise: boolean;
   rounds?: number | null;
   per_round?: number[];
+  /** The ratio and its interval as the server prints them, with the digits that decide them ("1.002x to 1.05x"). */
+  ratio_text?: string;
+  interval_text?: string;
 }
 
 export interface Decision {

@@ -8,7 +8,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../.
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
-import { decisionOf, headline, provisionalBadge, tieBadge } from './verdict';
+import { decisionOf, headline, provisionalBadge, ratioWords, tieBadge } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
 import { CalibrationSubset } from './CalibrationSubset';
 import { LearningCurves } from './LearningCurves';
@@ -118,9 +118,7 @@ export function SideBySide({ device }: { device: ReportDevice }) {
                 <th scope="row">{row.label}</th>
                 <td className="numeric">{formatMs(row.p50_ms)}</td>
                 <td>
-                  {row.against_recommended
-                    ? `${row.against_recommended.ratio.toFixed(2)}x (${row.against_recommended.low.toFixed(2)}x to ${row.against_recommended.high.toFixed(2)}x): ${row.against_recommended.comparison}`
-                    : 'recommended'}
+                  {row.against_recommended ? `${ratioWords(row.against_recommended)}: ${row.against_recommended.comparison}` : 'recommended'}
                 </td>
                 <td className="muted small">
                   {(row.against_recommended?.per_round ?? []).map((ratio) => ratio.toFixed(2)).join(' · ')}

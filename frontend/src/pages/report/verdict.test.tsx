@@ -93,6 +93,15 @@ describe('the decision, rendered', () => {
     expect(screen.getByTestId('verdict')).toHaveTextContent(words);
   });
 
+  it('prints a side-by-side ratio as the server wrote it, with the digits that decide it', () => {
+    const close: Decision = { ...steady, measurement: { ...steady.measurement!, finalists: [steady.measurement!.finalists[0], {
+      ...steady.measurement!.finalists[1],
+      against_recommended: { ratio: 1.0256, low: 1.0019, high: 1.0498, source: 'interleaved re-timing', comparison: 'faster', beyond_noise: true,
+        per_round: [1.02, 1.03], ratio_text: '1.03x', interval_text: '1.002x to 1.05x' } }] } };
+    render(<Recommendation device={device(close)} />);
+    expect(within(screen.getAllByTestId('side-by-side-row')[1]).getByText('1.03x (1.002x to 1.05x): faster')).toBeInTheDocument();
+  });
+
   it('shows no provisional badge on a quiet decision', () => {
     render(<Recommendation device={device(steady)} />);
     expect(screen.queryByTestId('provisional-badge')).not.toBeInTheDocument();
