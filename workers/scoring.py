@@ -279,6 +279,14 @@ def _first_pass_windows(entry: dict) -> list:
     return list((first_pass if first_pass is not None else entry.get("timing") or {}).get("windows") or [])
 
 
+def _first_pass_timing(entry: dict):
+    """The timing of an entry's first pass (a re-timed row's own timing is its side-by-side rounds')."""
+    first_pass = entry.get("first_pass")
+    if not first_pass or not (first_pass.get("latency_ms") or {}).get("p50"):
+        return timing_of(entry)
+    return timing_of({"latency_ms": first_pass["latency_ms"], "timing": {"window_medians_ms": first_pass.get("window_medians_ms") or []}})
+
+
 def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, int, list[str]]:
     """(windows re-taken because the device was busy, windows still busy when reported, windows a build of the host did not
     pause for, what kept it busy): each first-pass benchmark's window, and each round of the side-by-side re-timing once."""
@@ -335,7 +343,7 @@ def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[d
     """The device's timing noise in one paragraph: unstable first-pass runs, windows re-taken, and what the decision rests on."""
     timed = [e for e in entries if timing_of(e) is not None]
     unstable = [e for e in timed if e.get("unstable")]
-    spreads = [timing_of(e).relative_noise() for e in unstable]
+    spreads = [_first_pass_timing(e).relative_noise() for e in unstable]
     retaken, busy, unpaused, culprits = _windows(entries, retime_windows or [])
     sentences = []
     if unstable:
