@@ -10,7 +10,7 @@ detector, PP-OCRv6's tiny text detector and recognizer) this builds:
 - nncf.quantize with its defaults (ONNX backend; measured on OpenVINO and ONNX Runtime),
 - compile options beside them, on FP32: static shapes specialised to the data (OpenVINO reshape,
   ONNX Runtime free-dimension overrides), ORT's EXTENDED graph level, OpenVINO's THROUGHPUT hint,
-- Kiln's recommended variant for a 1% tolerance (workers.quantize.search.search_locally), compiled
+- Kiln's recommended variant for a 1% tolerance (benchmarks/local_search.py `search_locally`), compiled
   with the compile options the search chose,
 
 then measures them interleaved in one process (one thread each, round-robin windows A, B, C, …
@@ -69,6 +69,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
+from benchmarks.local_search import host_isa, search_locally
 from devices import contract
 from devices.artifacts import pack_openvino_ir
 from devices.backends.registry import get_backend
@@ -76,6 +77,7 @@ from devices.batching import sample_rows
 from devices.bench import BenchmarkSettings, interleaved_window_medians
 from devices.metrics import evaluate as evaluate_outputs
 from devices.metrics import sqnr_db
+from devices.paired import median_interval
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_cnn, build_rounding_sensitive_mlp, rounding_images, rounding_inputs
@@ -83,9 +85,10 @@ from tests.fixtures.zoo import MINILM_L3, available_zoo, zoo_model
 from workers.inspect import infer_output_kinds
 from workers.quantize import build_variant
 from workers.quantize.calibration import NpzCalibrationReader
+from workers.quantize.families import COMPILE_SEPARATOR
 from workers.quantize.isa_families import bf16_choice
 from workers.quantize.schemes import TRANSFORMER_INT8_OPS
-from workers.quantize.search import COMPILE_SEPARATOR, SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS, host_isa, search_locally
+from workers.quantize.search import SMOOTHED_BASE, SMOOTHED_FAMILY, SMOOTHED_OPTIONS
 from workers.quantize.sensitivity import rank_int4_weights, rank_nodes
 
 WINDOW = BenchmarkSettings(warmup_runs=3, warmup_seconds=0.05, min_runs=10, min_seconds=0.25)
@@ -227,7 +230,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
     from workers.datasets import iter_batches
 
     path, name, names = model["path"], model["name"].split()[0], input_names(model)
-    # `equivalent`: the search's key for the same configuration (workers.quantize.search.VENDOR_DEFAULTS).
+    # `equivalent`: the search's key for the same configuration (workers.quantize.families.VENDOR_DEFAULTS).
     rows = [{"tool": "FP32 (ONNX Runtime)", "path": path, "backend": "onnxruntime", "equivalent": "fp32"},
             {"tool": "FP32 (OpenVINO)", "path": path, "backend": "openvino", "equivalent": "fp32"}]
     if bf16_choice(host_isa()).proposed:
@@ -407,6 +410,12 @@ def family_rows(search: dict, pick: dict) -> list[dict]:
             rows.append({"tool": f"Kiln {family}: {best['key']}", "path": Path(best["path"]), "backend": backend,
                          "kiln_backend_best": True, "family": family, "compile": best.get("compile"), "key": best["key"].split(COMPILE_SEPARATOR)[0]})
     return rows
+
+
+def round_interval(entry: dict) -> tuple[float, float]:
+    """The 95% interval of the median of a re-timed entry's round medians (devices.paired, the rule the decision uses)."""
+    _, low, high = median_interval(entry["timing"]["interleaved_medians_ms"])
+    return low, high
 
 
 def is_vendor_default(row: dict) -> bool:
@@ -758,7 +767,7 @@ def print_table(model: dict, rows: list[dict], kiln: dict, search: dict, search_
     confirmed = [e for e in measured if e.get("confirmed")]
     if confirmed:
         print("Kiln's final interleaved re-timing: " + ", ".join(
-            f"{e['id']} {e['latency_ms']['p50']:.3f}ms [{e['p50_ci'][0]:.3f}, {e['p50_ci'][1]:.3f}]" for e in confirmed)
+            f"{e['id']} {e['latency_ms']['p50']:.3f}ms [{round_interval(e)[0]:.3f}, {round_interval(e)[1]:.3f}]" for e in confirmed)
             + f" ({confirmed[0]['confirmed']} windows)")
     for note in search.get("notes") or []:
         print(f"Kiln search note: {note}")

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
+from benchmarks.local_search import host_isa
 from devices import crosscheck
 from devices.agent.runner import TaskFailed, benchmark_batch_sizes, first_samples_outputs, load_npz, make_feeds, self_check
 from devices.backends.registry import get_backend
@@ -44,7 +45,6 @@ from tests.fixtures.zoo import MINILM_L3, available_zoo
 from workers.quantize.openvino_family import openvino_spec
 from workers.quantize.runtimes import spec_runtimes
 from workers.quantize.schemes import ort_int8_scheme
-from workers.quantize.search import host_isa
 from workers.quantize.variants import NotApplicable, build_variant
 from workers.reference import compute_reference_outputs
 

@@ -202,10 +202,25 @@ def interleaved_window_medians(
 def interleaved_round(runs: list[Callable[[], Any]], settings: BenchmarkSettings, *, shift: int,
                       should_stop: Callable[[], bool] | None = None) -> list[float]:
     """One round: every run timed once, in the order `rotated_order(len(runs), shift)`; each run's median, in run order."""
-    medians = [0.0] * len(runs)
+    return [float(np.median(samples)) for samples in interleaved_round_samples(runs, settings, shift=shift, should_stop=should_stop)]
+
+
+def interleaved_round_samples(runs: list[Callable[[], Any]], settings: BenchmarkSettings, *, shift: int,
+                              should_stop: Callable[[], bool] | None = None) -> list[np.ndarray]:
+    """One round as `interleaved_round` times it, with every run's samples (ms) rather than only their median: a re-timed
+    row's figures (p90, p99, min, max, throughput) then come from the same rounds as its median."""
+    samples: list[np.ndarray] = [np.empty(0)] * len(runs)
     for index in rotated_order(len(runs), shift):
-        medians[index] = float(measure(runs[index], settings, should_stop=should_stop)["latency_ms"]["p50"])
-    return medians
+        samples[index] = measure(runs[index], settings, should_stop=should_stop)["samples_ms"]
+    return samples
+
+
+def side_by_side_row(samples: list[np.ndarray], *, batch_size: int) -> dict:
+    """What one re-timed variant's rounds say, as one measurement set: the latency summary of all their samples and the
+    throughput it implies (`{"latency_ms", "throughput_per_s", "batch_size"}`)."""
+    latency = summarize_latencies(np.concatenate(samples))
+    return {"latency_ms": latency, "throughput_per_s": batch_size * 1000.0 / latency["mean"] if latency["mean"] else None,
+            "batch_size": batch_size}
 
 
 # ---------------------------------------------------------------------------------------------

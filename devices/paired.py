@@ -4,6 +4,10 @@ Finalists are timed in rotated rounds (`devices.bench.interleaved_window_medians
 once per round, so what disturbs the device in one round hits all of them alike and cancels in the
 per-round ratios. The agent stops adding rounds once `settled` says so; the server's verdict
 (workers/noise.py) reads the same ratios with the same interval, so the two never disagree.
+
+Kiln's one rule for "beyond noise" starts here: its confidence level (CONFIDENCE), its resolution (RESOLUTION) and its
+interval language (`compare`) live in this module because the agent stops its rounds by them and imports nothing of
+the server; workers/noise.py `latency_ratio` applies them to every comparison the product makes.
 """
 from __future__ import annotations
 
@@ -19,6 +23,16 @@ MIN_ROUNDS = 6
 RESOLUTION = 0.02
 # A rival whose whole (widened) interval lies within this of 1.0 is a settled tie: more rounds would not separate it.
 TIE_BAND = 0.04
+FASTER, SLOWER, TIE = "faster", "slower", "tie"
+
+
+def compare(low: float, high: float) -> str:
+    """The interval language: [low, high] wholly above 1.0 is "faster", wholly below "slower", else a "tie"."""
+    if low > 1.0:
+        return FASTER
+    if high < 1.0:
+        return SLOWER
+    return TIE
 
 
 def median(values: list[float]) -> float:
@@ -68,12 +82,12 @@ class Separation:
     @property
     def separated(self) -> bool:
         """The leader is faster than every rival at `CONFIDENCE` (each interval wholly above 1.0)."""
-        return all(low > 1.0 for _, low, _ in self.rivals.values())
+        return all(compare(low, high) == FASTER for _, low, high in self.rivals.values())
 
     @property
     def settled(self) -> bool:
         """Every rival is either beaten or a tie within TIE_BAND: more rounds would not change the verdict."""
-        return all(low > 1.0 or (low >= 1.0 - TIE_BAND and high <= 1.0 + TIE_BAND) for _, low, high in self.rivals.values())
+        return all(compare(low, high) == FASTER or (low >= 1.0 - TIE_BAND and high <= 1.0 + TIE_BAND) for _, low, high in self.rivals.values())
 
 
 def separation(round_medians: list[list[float]]) -> Separation:

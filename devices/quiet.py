@@ -427,6 +427,36 @@ def measure_quietly(measure: Callable[[], T], *, threads: int | None = None, sho
         time.sleep(pause_s * attempt)
 
 
+def wait_until_quiet(*, threads: int | None = None, timeout_s: float, should_stop: Callable[[], bool] | None = None,
+                     probe_s: float = 1.0, pause_s: float = 2.0, directory: Path | None = None) -> tuple[bool, float]:
+    """Before timing that must not be busy: probe the agent's cores in short quiet windows (Kiln's own builds paused, as
+    when it times) until other processes take no more than `busy_limit`, or `timeout_s` has passed; (quiet, seconds waited).
+
+    A decision taken on busy rounds is provisional, and the server re-times it with this wait first: load from outside
+    Kiln cannot be paused, only waited out. The host's builds run between probes.
+    """
+    started = time.monotonic()
+    while True:
+        with QuietWindow(threads=threads, should_stop=should_stop, directory=directory) as window:
+            _sleep(probe_s, should_stop)
+        waited = time.monotonic() - started
+        if not window.busy:
+            return True, waited
+        if waited >= timeout_s:
+            logger.info("the device stayed busy for %.0f s (%.2f cores taken by others: %s); timing anyway", waited,
+                        window.competing_cores, ", ".join(window.busiest) or "unknown")
+            return False, waited
+        _sleep(pause_s, should_stop)
+
+
+def _sleep(seconds: float, should_stop: Callable[[], bool] | None) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if should_stop is not None and should_stop():
+            raise WindowInterrupted("stopped while waiting for the device to be quiet")
+        time.sleep(min(POLL_S * 4, left))
+
+
 # -- the builder's side ----------------------------------------------------------------------
 
 class BuildPauser(threading.Thread):

@@ -1,43 +1,59 @@
-"""Whether one variant is faster than another beyond the noise its measurements showed. Pure.
+"""Kiln's one rule for "faster beyond noise": every faster / slower / tie / pays / regression comes from `latency_ratio`. Pure.
 
-The one decision function is `latency_ratio(fast, slow)`: it takes the timing samples of two
-variants and returns the ratio of their p50s with an interval. Samples come, best first, from
-interleaved re-timing (`interleaved_medians_ms`: per-round medians, rounds paired across variants,
-so that drift hits both sides alike), else from the benchmark's windows (`window_medians_ms`: the
-medians of three contiguous chunks of one run), else only from the per-run spread (cv and count).
+`latency_ratio(fast, slow)` takes the timing samples of two measurements and returns how much faster
+`fast` is, with an interval at devices.paired.CONFIDENCE (95%) widened by devices.paired.RESOLUTION (2%,
+what timing cannot resolve). Samples come, best first, from interleaved re-timing (`interleaved`:
+per-round medians, rounds paired across variants, so that drift hits both sides alike; the ratio is then
+the paired estimate, the median of the per-round ratios, and lies inside its interval), else from the
+benchmark's windows (`windows`: the medians of contiguous chunks of one run), else only from the per-run
+spread (cv and count).
 
-The interval language is fixed (`compare`): an interval wholly above 1.0 is "faster", wholly below
-is "slower", and only an interval that contains 1.0 is a "tie".
+The interval language is fixed (devices.paired `compare`): an interval wholly above 1.0 is "faster",
+wholly below is "slower", and only an interval that contains 1.0 is a "tie". Its text (`interval_text`)
+shows the digits that decide it: a bound that two decimals would round onto 1.00 gets more ("1.002x").
+The decision (workers/scoring.py), the search's family verdicts and compile-option notes
+(workers/quantize/verdicts.py), the planner (workers/quantize/search.py) and the performance database's
+regressions (kiln/reports/regressions.py) all ask this function; none has a threshold of its own.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
-from devices.paired import RESOLUTION, ratio_interval
+from devices.paired import CONFIDENCE, FASTER, RESOLUTION, SLOWER, TIE, compare, ratio_interval
 
-# Two-sided 95% normal quantile; the sampling error of a median is about 1.2533 times that of a mean.
-Z_95 = 1.96
+__all__ = ["CONFIDENCE", "FASTER", "INTERLEAVED", "RESOLUTION", "RUN_SPREAD", "SLOWER", "TIE", "UNKNOWN", "WINDOWS", "LatencyRatio",
+           "Timing", "compare", "interval_text", "latency_ratio", "ratio_text", "timing_of"]
+
+# The two-sided normal quantile of CONFIDENCE; the sampling error of a median is about 1.2533 times that of a mean.
+Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 MEDIAN_EFFICIENCY = 1.2533
 INTERLEAVED = "interleaved re-timing"
 WINDOWS = "benchmark windows"
 RUN_SPREAD = "per-run spread"
 UNKNOWN = "p50 only"
-FASTER, SLOWER, TIE = "faster", "slower", "tie"
+# Two decimals, and up to this many where two would round a ratio onto 1.00.
+MAX_DIGITS = 6
 
 
-def compare(low: float, high: float) -> str:
-    """The interval language: [low, high] wholly above 1.0 is "faster", wholly below "slower", else a "tie"."""
-    if low > 1.0:
-        return FASTER
-    if high < 1.0:
-        return SLOWER
-    return TIE
+def ratio_text(value: float) -> str:
+    """A ratio as "1.03x": two decimals, more where two would print a value that is not 1.0 as 1.00, because which side of
+    1.0 a bound lies on is what decides faster, slower or tie ("1.002x", "0.9996x")."""
+    digits = 2
+    while digits < MAX_DIGITS and value != 1.0 and f"{value:.{digits}f}" == f"{1.0:.{digits}f}":
+        digits += 1
+    return f"{value:.{digits}f}x"
+
+
+def interval_text(low: float, high: float) -> str:
+    """An interval as "1.002x to 1.05x" (`ratio_text` for each bound)."""
+    return f"{ratio_text(low)} to {ratio_text(high)}"
 
 
 @dataclass(frozen=True)
 class Timing:
-    """What a variant's benchmark says about its latency: p50, and the samples to judge its noise by."""
+    """What a measurement says about its latency: p50, and the samples to judge its noise by."""
 
     p50: float
     interleaved: tuple[float, ...] = ()
@@ -47,11 +63,11 @@ class Timing:
 
     def relative_noise(self) -> float:
         """How far this p50 may be off, as a fraction of it: the range of its window medians (drift
-        within the run), or the median's 95% sampling error from the per-run spread, whichever is larger."""
+        within the run), or the median's sampling error at CONFIDENCE from the per-run spread, whichever is larger."""
         if self.p50 <= 0:
             return 0.0
         window_range = (max(self.windows) - min(self.windows)) / self.p50 if len(self.windows) >= 2 else 0.0
-        sampling = Z_95 * MEDIAN_EFFICIENCY * self.cv / math.sqrt(self.count) if self.cv and self.count else 0.0
+        sampling = Z * MEDIAN_EFFICIENCY * self.cv / math.sqrt(self.count) if self.cv and self.count else 0.0
         return max(window_range, sampling)
 
     def source(self) -> str:
@@ -62,7 +78,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class LatencyRatio:
-    """`ratio` = slow p50 / fast p50 (above 1: `fast` is faster), with a 95% interval [`low`, `high`]."""
+    """How much faster `fast` is than `slow` (`ratio` above 1: faster), with its interval [`low`, `high`] at CONFIDENCE."""
 
     ratio: float
     low: float
@@ -81,13 +97,18 @@ class LatencyRatio:
         """`fast` is faster even at the low end of the interval."""
         return self.comparison == FASTER
 
+    def text(self) -> str:
+        """"1.03x (1.002x to 1.05x)": the ratio and its interval, with the digits that decide it."""
+        return f"{ratio_text(self.ratio)} ({interval_text(self.low, self.high)})"
+
     def as_dict(self) -> dict:
         return {"ratio": self.ratio, "low": self.low, "high": self.high, "source": self.source, "comparison": self.comparison,
-                "beyond_noise": self.beyond_noise, "rounds": self.rounds}
+                "beyond_noise": self.beyond_noise, "rounds": self.rounds, "ratio_text": ratio_text(self.ratio),
+                "interval_text": interval_text(self.low, self.high)}
 
 
 def timing_of(entry: dict) -> Timing | None:
-    """The timing samples of one report entry (see `_entry` in selectors); None when it has no p50."""
+    """The timing samples of one report entry (see `_entry` in kiln.reports.selectors); None when it has no p50."""
     latency = entry.get("latency_ms") or {}
     if not latency.get("p50"):
         return None
@@ -101,16 +122,20 @@ def timing_of(entry: dict) -> Timing | None:
     )
 
 
+def paired(fast: Timing, slow: Timing) -> bool:
+    """Whether the two were timed in the same interleaved rounds (enough of them to bound a median)."""
+    return len(fast.interleaved) >= 3 and len(fast.interleaved) == len(slow.interleaved)
+
+
 def latency_ratio(fast: Timing, slow: Timing) -> LatencyRatio:
     """How much faster `fast` is than `slow`, and whether beyond the noise of both measurements."""
-    ratio = slow.p50 / fast.p50
-    if len(fast.interleaved) >= 3 and len(fast.interleaved) == len(slow.interleaved):
-        # The point is the ratio of the p50s a table shows (each the median of its round medians), so a reader can check
-        # it by dividing; the interval is the paired one, which is what decides faster, slower or tie.
-        paired = [s / f for s, f in zip(slow.interleaved, fast.interleaved) if f > 0]
-        _, low, high = ratio_interval(paired)
-        return LatencyRatio(ratio, low, high, INTERLEAVED, rounds=len(paired), per_round=tuple(paired))
+    if paired(fast, slow):
+        # The paired estimate: the median of the per-round ratios, inside the interval that decides.
+        per_round = [s / f for s, f in zip(slow.interleaved, fast.interleaved) if f > 0]
+        middle, low, high = ratio_interval(per_round)
+        return LatencyRatio(middle, low, high, INTERLEAVED, rounds=len(per_round), per_round=tuple(per_round))
     # Independent runs: their relative errors add in quadrature, symmetric on a log scale, and what timing cannot resolve on top.
+    ratio = slow.p50 / fast.p50
     combined = math.hypot(fast.relative_noise(), slow.relative_noise()) + math.log1p(RESOLUTION)
     source = WINDOWS if WINDOWS in (fast.source(), slow.source()) else fast.source() if fast.source() != UNKNOWN else slow.source()
     return LatencyRatio(ratio, ratio * math.exp(-combined), ratio * math.exp(combined), source)

@@ -6,7 +6,7 @@ comes from, its accuracy cost, each other family and why it lost, failed builds 
 noise of the device told once. It is computed here, once per device, by the report stage; the report
 page, the job page, the CLI, the package README and the performance database only render it.
 
-Speed comparisons use one interval language (workers/noise.py `compare`): wholly above 1.0 is faster,
+Speed comparisons use Kiln's one noise rule (workers/noise.py `latency_ratio`, `compare`): wholly above 1.0 is faster,
 wholly below is slower, an interval containing 1.0 is a tie. The recommended variant is, by
 construction, never slower beyond noise than another variant within the tolerance: it is chosen among
 the variants no other variant within the tolerance beats.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from devices.contract import quality, score_accuracy
 from devices.labels import EFFECTIVE_PRECISIONS, effective_precision, variant_label
-from workers.noise import FASTER, INTERLEAVED, SLOWER, TIE, LatencyRatio, latency_ratio, timing_of
+from workers.noise import FASTER, INTERLEAVED, SLOWER, TIE, LatencyRatio, interval_text, latency_ratio, ratio_text, timing_of
 
 __all__ = ["REFUSED", "decide", "failure_reason", "fp32_noise", "label_of", "pareto_ids", "quality", "recommend", "recommendation",
            "score_accuracy"]
@@ -75,7 +75,12 @@ def _ratio(fast: dict, slow: dict) -> LatencyRatio:
 
 def _interval(ratio: LatencyRatio) -> str:
     rounds = f", {ratio.rounds} paired rounds" if ratio.source == INTERLEAVED and ratio.rounds else ""
-    return f"{ratio.low:.2f}x to {ratio.high:.2f}x{rounds}"
+    return f"{interval_text(ratio.low, ratio.high)}{rounds}"
+
+
+def _inverse(ratio: LatencyRatio) -> LatencyRatio:
+    """The same comparison read the other way round (how much faster `slow` is than `fast`)."""
+    return LatencyRatio(1 / ratio.ratio, 1 / ratio.high, 1 / ratio.low, ratio.source, ratio.rounds, tuple(1 / value for value in ratio.per_round))
 
 
 def _ratio_json(ratio: LatencyRatio, **extra) -> dict:
@@ -139,10 +144,10 @@ def _speed(chosen: dict, baseline: dict | None, speedup: LatencyRatio | None) ->
     if speedup is None:
         return "it is the FP32 reference", "FP32 itself"
     if speedup.comparison == FASTER:
-        return f"{speedup.ratio:.2f}x faster than FP32{where} ({_interval(speedup)})", f"{speedup.ratio:.2f}x faster"
+        return f"{ratio_text(speedup.ratio)} faster than FP32{where} ({_interval(speedup)})", f"{ratio_text(speedup.ratio)} faster"
     if speedup.comparison == SLOWER:
-        return f"{speedup.ratio:.2f}x FP32's speed{where}, slower ({_interval(speedup)})", f"{speedup.ratio:.2f}x (slower)"
-    return f"as fast as FP32{where} within noise: {speedup.ratio:.2f}x ({_interval(speedup)}), a tie", f"{speedup.ratio:.2f}x (tie)"
+        return f"{ratio_text(speedup.ratio)} FP32's speed{where}, slower ({_interval(speedup)})", f"{ratio_text(speedup.ratio)} (slower)"
+    return f"as fast as FP32{where} within noise: {ratio_text(speedup.ratio)} ({_interval(speedup)}), a tie", f"{ratio_text(speedup.ratio)} (tie)"
 
 
 def _cost(accuracy: dict) -> str:
@@ -161,7 +166,7 @@ def _ties_clause(chosen: dict, ties: list[tuple[dict, LatencyRatio]]) -> str:
         return ""
     other, ratio = ties[0]
     more = f" (and {len(ties) - 1} more)" if len(ties) > 1 else ""
-    return (f"; {label_of(other)}{more} measured {ratio.ratio:.2f}x faster ({_interval(ratio)}), a tie, "
+    return (f"; {label_of(other)}{more} measured {ratio_text(ratio.ratio)} faster ({_interval(ratio)}), a tie, "
             f"and {label_of(chosen)} is recommended because {_won_on(chosen, other)}")
 
 
@@ -221,11 +226,12 @@ def _why_not(entry: dict, chosen: dict | None, tolerance: dict) -> tuple[str, st
         return "not chosen", ""
     ratio = _ratio(chosen, entry)
     if ratio.comparison == FASTER:
-        return SLOWER, f"slower: the recommended is {ratio.ratio:.2f}x faster ({_interval(ratio)})"
+        return SLOWER, f"slower: the recommended is {ratio_text(ratio.ratio)} faster ({_interval(ratio)})"
     if ratio.comparison == SLOWER:
         # Not chosen although faster: it is faster only against the chosen one, which another variant ties with.
-        return FASTER, f"{1 / ratio.ratio:.2f}x faster ({_interval(ratio)}) than the recommended, which ties with a faster variant"
-    return TIE, f"a tie on speed ({ratio.ratio:.2f}x, {_interval(ratio)}), and the recommended was preferred because {_won_on(chosen, entry)}"
+        return FASTER, (f"{ratio_text(1 / ratio.ratio)} faster ({_interval(_inverse(ratio))}) than the recommended, which ties with a "
+                        "faster variant")
+    return TIE, f"a tie on speed ({ratio_text(ratio.ratio)}, {_interval(ratio)}), and the recommended was preferred because {_won_on(chosen, entry)}"
 
 
 def _family_rows(entries: list[dict], chosen: dict | None, tolerance: dict) -> list[dict]:
@@ -267,28 +273,77 @@ def _failure_rows(entries: list[dict], family_rows: list[dict], failed_builds: l
 
 # -- noise, told once per device ----------------------------------------------------------------
 
+def _first_pass_windows(entry: dict) -> list:
+    """The quiet windows of an entry's first pass (a re-timed row keeps them apart, under `first_pass`)."""
+    first_pass = entry.get("first_pass")
+    return list((first_pass if first_pass is not None else entry.get("timing") or {}).get("windows") or [])
+
+
+def _first_pass_timing(entry: dict):
+    """The timing of an entry's first pass (a re-timed row's own timing is its side-by-side rounds')."""
+    first_pass = entry.get("first_pass")
+    if not first_pass or not (first_pass.get("latency_ms") or {}).get("p50"):
+        return timing_of(entry)
+    return timing_of({"latency_ms": first_pass["latency_ms"], "timing": {"window_medians_ms": first_pass.get("window_medians_ms") or []}})
+
+
 def _windows(entries: list[dict], retime_windows: list[dict]) -> tuple[int, int, int, list[str]]:
     """(windows re-taken because the device was busy, windows still busy when reported, windows a build of the host did not
     pause for, what kept it busy): each first-pass benchmark's window, and each round of the side-by-side re-timing once."""
     retaken = busy = unpaused = 0
-    culprits: list[str] = []
-    windows = [window for entry in entries for window in (entry.get("timing") or {}).get("windows") or []] + list(retime_windows)
+    windows = [window for entry in entries for window in _first_pass_windows(entry)] + list(retime_windows)
     for window in windows:
         if isinstance(window, dict):
             retaken += int(window.get("retaken") or 0)
             busy += bool(window.get("busy"))
             unpaused += window.get("builds_paused") is False
-            for name in window.get("busiest") or []:
-                if name not in culprits:
-                    culprits.append(str(name))
-    return retaken, busy, unpaused, culprits[:3]
+    return retaken, busy, unpaused, _culprits(windows)
+
+
+def _culprits(windows: list) -> list[str]:
+    """What kept the device busy in these windows, busiest first as each window named them (at most three)."""
+    culprits: list[str] = []
+    for window in windows:
+        for name in (window.get("busiest") or []) if isinstance(window, dict) else []:
+            if name not in culprits:
+                culprits.append(str(name))
+    return culprits[:3]
+
+
+# A decision is provisional when at least this share of the windows it rests on were still busy after re-taking: paired rounds
+# cancel load that comes and goes, so a few busy rounds among many barely move the median of their ratios, but load that
+# stays (a process Kiln does not control on the device's cores) shifts how each variant runs, not only how long.
+PROVISIONAL_BUSY_SHARE = 0.25
+
+
+def _deciding_windows(chosen: dict, baseline: dict | None, measurement: dict | None, retime: dict | None) -> tuple[list[dict], str]:
+    """The windows the decision rests on, and what they are: the side-by-side rounds when the chosen variant was re-timed,
+    else the first-pass windows of the chosen variant and its FP32 baseline."""
+    if measurement is not None and (chosen.get("timing") or {}).get("interleaved_medians_ms") and (retime or {}).get("windows"):
+        return [w for w in retime["windows"] if isinstance(w, dict)], "side-by-side rounds"
+    entries = [chosen] + ([baseline] if baseline is not None and baseline is not chosen else [])
+    return [w for entry in entries for w in _first_pass_windows(entry) if isinstance(w, dict)], "timing windows"
+
+
+def provisional(windows: list[dict], what: str, retime: dict | None = None) -> dict | None:
+    """Whether a decision resting on `windows` is provisional (PROVISIONAL_BUSY_SHARE of them busy), and the words for it."""
+    busy = sum(bool(window.get("busy")) for window in windows)
+    if not windows or busy == 0 or busy < PROVISIONAL_BUSY_SHARE * len(windows):
+        return None
+    who = _culprits([window for window in windows if window.get("busy")])
+    attempts = int((retime or {}).get("quiet_attempts") or 0)
+    text = f"provisional: the device was busy in {busy} of the {len(windows)} {what} the decision rests on"
+    text += f" ({', '.join(who)})" if who else ""
+    if attempts:
+        text += f", still after {attempts} re-timing(s) that waited for a quiet device"
+    return {"busy": busy, "windows": len(windows), "attempts": attempts, "busiest": who, "text": text}
 
 
 def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[dict] | None = None) -> dict:
     """The device's timing noise in one paragraph: unstable first-pass runs, windows re-taken, and what the decision rests on."""
     timed = [e for e in entries if timing_of(e) is not None]
     unstable = [e for e in timed if e.get("unstable")]
-    spreads = [timing_of(e).relative_noise() for e in unstable]
+    spreads = [_first_pass_timing(e).relative_noise() for e in unstable]
     retaken, busy, unpaused, culprits = _windows(entries, retime_windows or [])
     sentences = []
     if unstable:
@@ -341,7 +396,8 @@ def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | 
     """The recommendation on one device, as one object (see the module docstring); `variant` is None when nothing was measured.
 
     `failed_builds` are variants whose host build failed (`{"variant", "key", "precision", "options", "backends", "error"}`);
-    `retime` is the device's side-by-side re-timing summary (`{"rounds", "stopped"}`) when it made one.
+    `retime` is the device's side-by-side re-timing summary (`{"rounds", "stopped", "windows", "quiet_attempts"}`) when it made
+    one. `provisional` is set (with its words, also at the end of `text`) when the windows the decision rests on were busy.
     """
     failed_builds = list(failed_builds or [])
     measured = _measured(entries)
@@ -351,22 +407,26 @@ def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | 
         return {"variant": None, "label": None, "effective_precision": None, "backend": None, "text": text, "speed": None, "short": None,
                 "cost": None, "comparison": None, "tie": False, "tied_with": [], "speedup": None, "accuracy": None, "within_tolerance": False,
                 "alternatives": rows + _failure_rows(entries, rows, failed_builds), "noise": _noise(entries, None),
-                "measurement": None}
+                "measurement": None, "provisional": None}
     chosen, unbeaten = _choose(measured)
     measurement = _measurement(entries, chosen, retime)
     if unbeaten:
-        ties = [(e, _ratio(e, chosen)) for e in sorted(unbeaten, key=lambda e: e["latency_ms"]["p50"])
-                if e is not chosen and e["latency_ms"]["p50"] < chosen["latency_ms"]["p50"]]
+        # The variants that measured faster than the chosen one (by the one rule's point estimate) yet do not beat it: ties.
+        ties = sorted(((e, ratio) for e in unbeaten if e is not chosen and (ratio := _ratio(e, chosen)).ratio > 1.0), key=lambda tie: -tie[1].ratio)
         baseline = _fp32_baseline(measured, chosen)
         speedup = _ratio(chosen, baseline) if baseline is not None and baseline is not chosen else None
         speed, short = _speed(chosen, baseline, speedup)
-        text = f"Use {label_of(chosen)}: {speed}{_ties_clause(chosen, ties)}{_others_clause(measured, chosen, baseline, ties)}; {_cost(chosen['accuracy'])}."
+        text = f"Use {label_of(chosen)}: {speed}{_ties_clause(chosen, ties)}{_others_clause(measured, chosen, baseline, ties)}; {_cost(chosen['accuracy'])}"
     else:
         ties, baseline, speedup = [], None, None
         short = "tolerance not met"
         speed = "no variant met the tolerance"
         text = (f"No variant met the tolerance; the most accurate is {label_of(chosen)} "
-                f"({chosen['accuracy']['metric']} {chosen['accuracy']['value']:.4g}, p50 {chosen['latency_ms']['p50']:.3f} ms).")
+                f"({chosen['accuracy']['metric']} {chosen['accuracy']['value']:.4g}, p50 {chosen['latency_ms']['p50']:.3f} ms)")
+    busy = provisional(*_deciding_windows(chosen, baseline, measurement, retime), retime)
+    if busy:
+        text, short = f"{text}; {busy['text']}", f"{short}, provisional"
+    text += "."
     rows = _family_rows(entries, chosen, tolerance)
     accuracy = chosen["accuracy"]
     return {
@@ -380,6 +440,7 @@ def decide(entries: list[dict], tolerance: dict, *, failed_builds: list[dict] | 
         "alternatives": rows + _failure_rows(entries, rows, failed_builds),
         "noise": _noise(entries, measurement, (retime or {}).get("windows")),
         "measurement": measurement,
+        "provisional": busy,
     }
 
 

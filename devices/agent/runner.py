@@ -524,7 +524,10 @@ class TaskRunner:
         Rounds continue until the leader separates at 95% or every rival is a settled tie (at least
         `min_rounds`), or `rounds` (the cap) is reached (devices/paired.py); each round is a quiet window,
         re-taken when busy. Sends `metrics.retime`: per variant (its measure task), its median in each
-        round; `metrics.stopped`: why the rounds stopped; `metrics.windows`: each round's window.
+        round and the summary of all its rounds' samples (`bench.side_by_side_row`: one measurement set for
+        the whole row); `metrics.stopped`: why the rounds stopped; `metrics.windows`: each round's window.
+        When the server asks (`wait_for_quiet_s`: the last rounds were busy), the rounds wait first for the
+        device to be quiet, up to that long, and `metrics.quiet_wait` says how that went.
         """
         plan = task["retime"]
         variants = plan.get("variants") or []
@@ -552,25 +555,37 @@ class TaskRunner:
                                                                     threads=self.threads, options=options))
             max_rounds = max(1, int(plan.get("rounds") or paired.MIN_ROUNDS))
             min_rounds = min(max_rounds, int(plan.get("min_rounds") or max_rounds))
-            self._enter(task, cancel, "benchmark", f"up to {max_rounds} interleaved rounds of {len(variants)} variants")
-            runs = [model.bind(make_feeds(model.input_specs, benchmark_batch_sizes(model.input_specs, [1])[0], validation))
-                    for model in compiled]
+            threads = max(model.threads for model in compiled)
+            batch_sizes = [benchmark_batch_sizes(model.input_specs, [1])[0] for model in compiled]
+            runs = [model.bind(make_feeds(model.input_specs, size, validation)) for model, size in zip(compiled, batch_sizes)]
             try:
-                medians, windows, stopped = self._interleaved_rounds(task, cancel, runs, bench.BenchmarkSettings.from_dict(plan.get("window")),
-                                                                     min_rounds=min_rounds, max_rounds=max_rounds,
-                                                                     threads=max(model.threads for model in compiled))
+                quiet_wait = self._wait_for_quiet(task, cancel, float(plan.get("wait_for_quiet_s") or 0.0), threads)
+                self._enter(task, cancel, "benchmark", f"up to {max_rounds} interleaved rounds of {len(variants)} variants")
+                samples, windows, stopped = self._interleaved_rounds(task, cancel, runs, bench.BenchmarkSettings.from_dict(plan.get("window")),
+                                                                     min_rounds=min_rounds, max_rounds=max_rounds, threads=threads)
             except (bench.BenchmarkInterrupted, quiet.WindowInterrupted):
                 self._check(task["id"], cancel)
                 raise
         finally:
             for model in compiled:
                 model.close()
+        medians = [[float(np.median(part)) for part in parts] for parts in samples]
         logger.info("re-timed %s in %d rounds (%s): %s", [row["key"] for row in variants], len(medians[0]), stopped,
                     [round(float(np.median(m)), 4) for m in medians])
-        return {"attempt": task["attempt"], "status": "succeeded", "error": None, "accuracy": None, "profile": None,
-                "metrics": {"retime": [{"task": int(row["task"]), "interleaved_medians_ms": values}
-                                       for row, values in zip(variants, medians)],
-                            "stopped": stopped, "windows": windows}}
+        rows = [{"task": int(row["task"]), "interleaved_medians_ms": values, **bench.side_by_side_row(parts, batch_size=size)}
+                for row, values, parts, size in zip(variants, medians, samples, batch_sizes)]
+        metrics = {"retime": rows, "stopped": stopped, "windows": windows}
+        if quiet_wait is not None:
+            metrics["quiet_wait"] = quiet_wait
+        return {"attempt": task["attempt"], "status": "succeeded", "error": None, "accuracy": None, "profile": None, "metrics": metrics}
+
+    def _wait_for_quiet(self, task: dict, cancel: threading.Event, timeout_s: float, threads: int) -> dict | None:
+        """Before rounds the server re-times because the last ones were busy: wait (up to `timeout_s`) for a quiet device."""
+        if timeout_s <= 0:
+            return None
+        self._enter(task, cancel, "benchmark", f"waiting up to {timeout_s:.0f} s for the device to be quiet (the last rounds were busy)")
+        was_quiet, waited = quiet.wait_until_quiet(threads=threads, timeout_s=timeout_s, should_stop=self._waiting(task, cancel))
+        return {"quiet": was_quiet, "waited_s": round(waited, 3)}
 
     def _timing_label(self, task: dict) -> str:
         """What this window times, for builds paused on this host: "local times job 2"."""
@@ -578,25 +593,28 @@ class TaskRunner:
         return f"{who} times job {task.get('job')}" if task.get("job") else f"{who} times a task"
 
     def _interleaved_rounds(self, task: dict, cancel: threading.Event, runs: list, settings: bench.BenchmarkSettings, *,
-                            min_rounds: int, max_rounds: int, threads: int) -> tuple[list[list[float]], list[dict], str]:
-        """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop; (medians, windows, why)."""
+                            min_rounds: int, max_rounds: int, threads: int) -> tuple[list[list[np.ndarray]], list[dict], str]:
+        """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop; (each run's samples per round,
+        windows, why)."""
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
+        samples: list[list[np.ndarray]] = [[] for _ in runs]
         medians: list[list[float]] = [[] for _ in runs]
         windows: list[dict] = []
         while True:
             done = len(medians[0])
-            values, window = quiet.measure_quietly(
-                lambda shift=done: bench.interleaved_round(runs, settings, shift=shift, should_stop=stop_or_cancel),
+            parts, window = quiet.measure_quietly(
+                lambda shift=done: bench.interleaved_round_samples(runs, settings, shift=shift, should_stop=stop_or_cancel),
                 threads=threads, should_stop=self._waiting(task, cancel), label=self._timing_label(task))
-            for index, value in enumerate(values):
-                medians[index].append(value)
+            for index, part in enumerate(parts):
+                samples[index].append(part)
+                medians[index].append(float(np.median(part)))
             windows.append(window.as_dict())
             stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds)
             # The rounds together outlast a lease: each round's progress report extends it.
             self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"
                         + (f": {stopped}" if stopped else ""))
             if stopped:
-                return medians, windows, stopped
+                return samples, windows, stopped
 
     def download_verified(self, key: str, spec: dict, destination: Path) -> Path:
         """Download a task file and check its sha256, trying DOWNLOAD_ATTEMPTS times in all."""

@@ -499,6 +499,13 @@ def print_report(report: dict) -> None:
         console.print(f"Re-run of job {rerun['job']}: " + ("; ".join(rerun.get("differences") or []) or "same toolchain."))
 
 
+def _ratio_words(ratio: dict) -> str:
+    """ "1.03x (1.002x to 1.05x" as the server wrote it (the digits that decide it); a report stored before it did, at 2 decimals."""
+    if ratio.get("ratio_text") and ratio.get("interval_text"):
+        return f"{ratio['ratio_text']} ({ratio['interval_text']}"
+    return f"{ratio['ratio']:.2f}x ({ratio['low']:.2f}x to {ratio['high']:.2f}x"
+
+
 def print_search_notes(notes: list[str]) -> None:
     """Why the `auto` search proposed or dropped each family on this device: the chip's reasons, then the measured verdicts."""
     if notes:
@@ -516,7 +523,7 @@ def print_decision_details(decision: dict) -> None:
     for row in measurement.get("finalists") or []:
         against = row.get("against_recommended")
         ratios = ", ".join(f"{value:.2f}" for value in (against or {}).get("per_round") or [])
-        versus = f": recommended {against['ratio']:.2f}x ({against['low']:.2f}x to {against['high']:.2f}x, {against['comparison']}); per round {ratios}" if against else ""
+        versus = f": recommended {_ratio_words(against)}, {against['comparison']}); per round {ratios}" if against else ""
         console.print(f"  side by side, {measurement['rounds']} rounds · {row['label']} p50 {_number(row['p50_ms'])} ms{versus}", markup=False)
     rows = decision.get("alternatives") or []
     if rows:

@@ -303,6 +303,12 @@ BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS",
 RETIME_MAX_ROUNDS = _env_int("KILN_RETIME_MAX_ROUNDS", 30, minimum=6)
 if RETIME_MAX_ROUNDS > 64:
     raise ImproperlyConfigured("KILN_RETIME_MAX_ROUNDS must be at most 64 (an agent reports at most 64 rounds).")
+# A decision whose deciding rounds were busy is provisional: the finalists are re-timed this many times more, each time after
+# the agent waited up to RETIME_QUIET_WAIT_S for its device to be quiet (kiln.pipeline.retime `retime_when_quiet`).
+RETIME_QUIET_ATTEMPTS = _env_int("KILN_RETIME_QUIET_ATTEMPTS", 2, minimum=0)
+if RETIME_QUIET_ATTEMPTS > 5:
+    raise ImproperlyConfigured("KILN_RETIME_QUIET_ATTEMPTS must be at most 5 (each attempt re-times every finalist).")
+RETIME_QUIET_WAIT_S = _env_int("KILN_RETIME_QUIET_WAIT_S", 300, minimum=1)
 # Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
 BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
 

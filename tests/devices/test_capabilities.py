@@ -86,7 +86,7 @@ def test_an_agent_confined_to_one_cpu_reports_one_core_and_runs_one_thread():
     not propose a second thread, and its ONNX Runtime sessions default to one intra-op thread."""
     script = ("import json, os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
               "from devices.agent.capabilities import collect_capabilities;"
-              "from workers.quantize.search import host_thread_choices;"
+              "from benchmarks.local_search import host_thread_choices;"
               "c = collect_capabilities(); print(json.dumps([c['cores'], c['logical_cores'], host_thread_choices()]))")
     output = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
                             env={**os.environ, "KILN_AGENT_BACKENDS": "onnxruntime",

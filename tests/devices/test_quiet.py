@@ -247,3 +247,27 @@ def test_the_builds_turn_follows_the_share_and_is_capped(monkeypatch):
     monkeypatch.setenv(quiet.BUILD_SHARE_ENV, "1.5")
     with pytest.raises(ValueError, match="KILN_AGENT_BUILD_SHARE"):
         quiet.build_share()
+
+
+def test_waiting_for_a_quiet_device_ends_as_soon_as_a_probe_is_quiet(tmp_path, monkeypatch):
+    monkeypatch.setenv(quiet.BUSY_CORES_ENV, "1000")
+    was_quiet, waited = quiet.wait_until_quiet(timeout_s=30, probe_s=0.2, directory=tmp_path)
+    assert was_quiet and waited < 5
+
+
+def test_waiting_for_a_quiet_device_gives_up_after_its_timeout_while_load_from_outside_kiln_goes_on(tmp_path, burner_binary, monkeypatch):
+    monkeypatch.setenv(quiet.BUSY_CORES_ENV, "0.2")
+    cores = sorted(os.sched_getaffinity(0))
+    burners = [spawn([str(burner_binary), "-c", BURN]) for _ in cores]
+    for burner in burners:
+        psutil.Process(burner.pid).cpu_affinity(cores)
+    try:
+        time.sleep(0.2)
+        was_quiet, waited = quiet.wait_until_quiet(timeout_s=1.0, probe_s=0.3, pause_s=0.1, directory=tmp_path)
+    finally:
+        for burner in burners:
+            stop(burner)
+    assert not was_quiet and 1.0 <= waited < 10
+    # Stopping (a cancel, the agent shutting down) interrupts the wait.
+    with pytest.raises(quiet.WindowInterrupted):
+        quiet.wait_until_quiet(timeout_s=30, probe_s=0.2, should_stop=lambda: True, directory=tmp_path)

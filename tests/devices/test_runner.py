@@ -319,6 +319,34 @@ def test_a_retime_task_times_the_finalists_in_quiet_rotated_rounds_until_the_lea
     assert all(slow > fast for fast, slow in zip(rows[7], rows[8]))
     assert len(metrics["windows"]) == 6 and all(window["before"]["loadavg"] and window["after"]["loadavg"] for window in metrics["windows"])
     assert "interleaved round 6 (at most 20): separated" in [hit.json()["message"] for hit in agent_server.hits("POST", PROGRESS.format(40))]
+    # Every figure of a re-timed row comes from those same rounds (issue 33): the summary of all their samples.
+    for row in metrics["retime"]:
+        latency = row["latency_ms"]
+        assert latency["count"] >= 6 * 3 and latency["min"] <= min(row["interleaved_medians_ms"])
+        assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert row["batch_size"] == 1 and row["throughput_per_s"] == pytest.approx(1000.0 / latency["mean"])
+    assert "quiet_wait" not in metrics
+
+
+def test_a_retime_task_the_server_sends_after_busy_rounds_waits_for_a_quiet_device_first(agent_server, runner, tiny_task_files, tmp_path,
+                                                                                        monkeypatch):
+    from devices import quiet
+
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    monkeypatch.setenv(quiet.RETAKES_ENV, "0")
+    monkeypatch.setenv(quiet.BUSY_CORES_ENV, "1000")  # quiet at the first probe, whatever else this host runs
+    files = {"validation": tiny_task_files["validation"], "retime-7": tiny_task_files["model"], "retime-8": _slow_model_bytes()}
+    task = agent_server.serve_task(41, files)
+    task["files"] = {"validation": task["files"]["validation"]}
+    task["retime"] = {"rounds": 6, "min_rounds": 6, "wait_for_quiet_s": 20,
+                      "window": {"warmup_runs": 1, "warmup_seconds": 0.0, "min_runs": 3, "min_seconds": 0.0},
+                      "variants": [{"task": 7, "key": "fp32", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-7")},
+                                   {"task": 8, "key": "slow", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-8")}]}
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(41)
+    assert result["metrics"]["quiet_wait"]["quiet"] is True and result["metrics"]["quiet_wait"]["waited_s"] < 20
+    messages = [hit.json()["message"] for hit in agent_server.hits("POST", PROGRESS.format(41))]
+    assert any(message.startswith("waiting up to 20 s for the device to be quiet") for message in messages), messages
 
 
 def task_files_entry(task: dict, files: dict, name: str) -> dict:

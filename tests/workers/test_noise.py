@@ -3,7 +3,21 @@ from __future__ import annotations
 
 import pytest
 
-from workers.noise import FASTER, INTERLEAVED, RUN_SPREAD, SLOWER, TIE, UNKNOWN, WINDOWS, Timing, compare, latency_ratio, timing_of
+from workers.noise import (
+    FASTER,
+    INTERLEAVED,
+    RUN_SPREAD,
+    SLOWER,
+    TIE,
+    UNKNOWN,
+    WINDOWS,
+    Timing,
+    compare,
+    interval_text,
+    latency_ratio,
+    ratio_text,
+    timing_of,
+)
 
 
 @pytest.mark.parametrize(("low", "high", "said"), [
@@ -58,7 +72,7 @@ def test_interleaved_rounds_are_paired_so_shared_drift_cancels():
     slow = Timing(p50=2.4, interleaved=tuple(1.2 * d for d in drift), windows=(1.2, 2.4, 3.6))
     ratio = latency_ratio(fast, slow)
     assert ratio.source == INTERLEAVED and ratio.rounds == 7 and ratio.per_round == pytest.approx([1.2] * 7)
-    # The point is the ratio of the p50s a table shows; the paired interval decides.
+    # The point is the paired estimate (the median of the per-round ratios), inside the paired interval that decides.
     # The interval is widened by what timing cannot resolve (devices.paired.RESOLUTION), here around an exact 1.2.
     assert ratio.ratio == pytest.approx(1.2) and ratio.low == pytest.approx(1.2 / 1.02) and ratio.comparison == FASTER
     # Read as unpaired windows, the same drift would swamp the difference.
@@ -78,3 +92,46 @@ def test_a_p50_alone_has_no_noise_and_the_entry_reader_finds_the_samples():
     timing = timing_of(entry)
     assert timing.windows == (1.9, 2.0, 2.1) and timing.interleaved == (2.0, 2.1, 1.9) and timing.cv == 0.1
     assert timing_of({"latency_ms": None}) is None
+
+
+def test_an_interval_prints_the_digits_that_decide_it():
+    assert interval_text(1.0019, 1.0512) == "1.002x to 1.05x"  # faster: its low end is above 1, and says so
+    assert interval_text(0.9996, 1.0512) == "0.9996x to 1.05x"  # a tie: its low end is below 1
+    assert interval_text(1.0, 1.2) == "1.00x to 1.20x" and ratio_text(2.0) == "2.00x" and ratio_text(0.95) == "0.95x"
+
+
+def _entry(key, precision, p50, windows, drop):
+    return {"id": f"{key}@onnxruntime", "key": key, "precision": precision, "backend": "onnxruntime", "compile": {},
+            "latency_ms": {"p50": p50}, "timing": {"window_medians_ms": list(windows)}, "size_bytes": 1000,
+            "accuracy": {"metric": "cosine", "value": 1.0 - drop, "drop": drop, "within_tolerance": True}}
+
+
+@pytest.mark.parametrize("int8_windows, said", [
+    ((9.73, 9.75, 9.765), FASTER),  # the issue's case: a low end of 1.0019, "1.00x" once rounded
+    ((9.5, 9.75, 9.9), TIE),        # the same p50 with windows that drift 4%
+])
+def test_fp32_at_10_ms_and_int8_at_9_75_ms_get_one_verdict_everywhere(int8_windows, said):
+    """Issue 36: the decision said "Use int8 … 1.03x faster (1.00x to 1.05x)" while the search note on the same page said "INT8
+    does not pay on this device: 1.03x … within noise", and a regression used a third rule. All three now ask latency_ratio."""
+    from kiln.reports.regressions import compare as regression
+    from workers.quantize.verdicts import family_verdicts
+    from workers.scoring import decide
+
+    fp32, int8 = _entry("fp32", "fp32", 10.0, (10.0, 10.0, 10.0), 0.0), _entry("int8-minmax", "int8", 9.75, int8_windows, 0.0001)
+    ratio = latency_ratio(timing_of(int8), timing_of(fp32))
+    assert ratio.comparison == said and ratio.low <= ratio.ratio <= ratio.high
+    decision = decide([fp32, int8], {"metric": "cosine", "max_drop": 0.01})
+    note = family_verdicts([fp32, int8])["int8"]
+    slower_again = regression(measured=timing_of(fp32), baseline=timing_of(int8))
+    interval = interval_text(ratio.low, ratio.high)
+    if said == FASTER:
+        assert interval.startswith("1.002x to ")
+        assert decision["variant"] == int8["id"] and decision["comparison"] == FASTER
+        assert f"1.03x faster than FP32 on onnxruntime ({interval})" in decision["text"]
+        assert note["paying_backends"] == ["onnxruntime"] and note["reason"].startswith("INT8 pays on onnxruntime: up to 1.03x")
+        assert slower_again["flagged"]
+    else:
+        assert interval.startswith("0.9") and "1.00x" not in interval
+        assert decision["variant"] == fp32["id"] and decision["tie"] and f"1.03x faster ({interval}), a tie" in decision["text"]
+        assert note["paying_backends"] == [] and note["reason"].startswith("INT8 does not pay on this device: 1.03x")
+        assert not slower_again["flagged"]

@@ -245,7 +245,7 @@ def _random_device(rng: random.Random) -> list[dict]:
     return entries
 
 
-def test_agreement_over_many_random_devices_the_recommended_is_never_beaten_and_its_stated_ratio_is_the_tables():
+def test_agreement_over_many_random_devices_the_recommended_is_never_beaten_and_its_stated_ratio_is_recomputed_from_the_table():
     """The agreement test at the decision's level (tests/e2e walks finished jobs the same way, see test_decision_agreement)."""
     from tests.agreement import assert_decision_agrees
 
@@ -260,3 +260,14 @@ def test_recommendation_returns_the_decision_it_was_computed_from():
     entries = [entry(1, "fp32", 2.0, 1.0, windows=steady(2.0)), entry(2, "int8", 1.0, 0.999, windows=steady(1.0))]
     chosen = recommendation(entries, TOLERANCE)
     assert chosen.variant == chosen.decision["variant"] == 2 and chosen.reason == chosen.decision["text"]
+
+
+def test_an_unstable_first_pass_is_told_by_its_own_windows_not_by_the_rounds_that_re_timed_it():
+    """A re-timed row keeps its first pass apart (issue 33): the noise paragraph's spread is the first pass's, the one it
+    speaks of, not the spread of the side-by-side rounds."""
+    fast = interleaved("int8@onnxruntime", "int8", "onnxruntime", [1.0 * d for d in DRIFT], precision="int8", value=0.999)
+    fast.update(unstable=True, first_pass={"latency_ms": {"p50": 1.0}, "window_medians_ms": [0.9, 1.0, 1.2], "windows": []})
+    slow = interleaved("fp32@onnxruntime", "fp32", "onnxruntime", [2.0 * d for d in DRIFT])
+    noise = decide([fast, slow], TOLERANCE)["noise"]
+    assert noise["unstable"] == 1 and noise["max_spread"] == pytest.approx(0.3)
+    assert "their windows disagreed by up to 30%" in noise["text"]

@@ -1,6 +1,6 @@
 """Build one precision variant of an ONNX model (fp32, fp16, int8, int8-dynamic, int4-weight), and search for the best one.
 
-`search.plan_round` / `search.search_locally` drive `precisions: auto`; `sensitivity.rank_nodes`
+`search.plan_round` plans the rounds of `precisions: auto` and `verdicts` says which families paid; `sensitivity.rank_nodes`
 ranks nodes by quantization error; `cache.variant_cache_key` names reusable builds;
 `calibration_methods` estimates activation ranges (MinMax, Percentile, Entropy, MSE).
 """

@@ -516,9 +516,12 @@ export interface ReportVariant {
   backend: string;
   precision: string;
   recipe: Record<string, unknown> | null;
-  /** The decision's latency: a finalist's is the median of its side-by-side rounds; the first pass is kept beside it. */
+  /** Which measurement set every figure of the row comes from: a finalist's side-by-side rounds, or the task's first pass. */
+  measurement_set?: 'side by side' | 'first pass';
   latency_ms: LatencyMs | null;
   latency_ms_first_pass?: LatencyMs | null;
+  /** The task's own benchmark, kept apart from a re-timed row's figures (memory and load time are measured there). */
+  first_pass?: { latency_ms: LatencyMs | null; throughput_per_s?: number | null; peak_memory_mb?: number | null; load_ms?: number | null } | null;
   timing?: { source?: string; window_medians_ms?: number[]; interleaved_medians_ms?: number[]; windows?: QuietWindow[] } | null;
   /** A quiet window stayed busy after its re-takes: the figure is marked. */
   busy?: boolean;
@@ -593,6 +596,9 @@ export interface LatencyRatio {
   beyond_noise: boolean;
   rounds?: number | null;
   per_round?: number[];
+  /** The ratio and its interval as the server prints them, with the digits that decide them ("1.002x to 1.05x"). */
+  ratio_text?: string;
+  interval_text?: string;
 }
 
 export interface Decision {
@@ -613,6 +619,8 @@ export interface Decision {
   alternatives?: WhyNotRow[];
   noise?: DecisionNoise | null;
   measurement?: DecisionMeasurement | null;
+  /** Set when the windows the decision rests on were busy: it says so, and Kiln re-times once the device is quiet. */
+  provisional?: { busy: number; windows: number; attempts: number; busiest: string[]; text: string } | null;
 }
 
 /** @deprecated the decision's earlier name */

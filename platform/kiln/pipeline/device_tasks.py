@@ -19,7 +19,7 @@ from kiln.registry.services import model_version_support_record
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
 from .queue import enqueue_stage, wake_agents
-from .retime import retime_results_store
+from .retime import retime_results_store, retime_when_quiet
 from .services import job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start, job_work_add
 from .support import runnable_backends, skipped_backends
 
@@ -136,9 +136,13 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
             retaken = sum(int(window.get("retaken") or 0) for window in metrics.get("windows") or [])
             rounds = len((metrics.get("retime") or [{}])[0].get("interleaved_medians_ms") or [])
             again = f"; {retaken} busy round(s) re-taken" if retaken else ""
+            waited = metrics.get("quiet_wait")
+            waited = (f"; after waiting {waited['waited_s']:.0f} s for a quiet device ({'it was' if waited['quiet'] else 'it stayed busy'})"
+                      if waited else "")
             job_event_add(job=task.job, stage="devices", message=f"{agent.name}: {stored} finalist(s) re-timed side by side in {rounds} "
-                          f"interleaved rounds ({metrics.get('stopped') or 'done'}){again}", task_id=task.id)
-            device_task_after_terminal(job_id=task.job_id)
+                          f"interleaved rounds ({metrics.get('stopped') or 'done'}){again}{waited}", task_id=task.id)
+            if not retime_when_quiet(task=task, metrics=metrics, agent_name=agent.name):
+                device_task_after_terminal(job_id=task.job_id)
             return True
         level = "info" if status == DeviceTaskStatus.SUCCEEDED else "error"
         detail = "" if status == DeviceTaskStatus.SUCCEEDED else f": {error}"
@@ -205,8 +209,11 @@ def device_tasks_release_retimes(*, agent_ids: list[int], reason: str) -> int:
             if not DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.QUEUED).update(
                     status=DeviceTaskStatus.CANCELED, error=reason, finished_at=timezone.now()):
                 continue
+            # A task queued again for a quiet re-timing already holds busy rounds: the decision rests on those, provisional.
+            fallback = ("the decision rests on the busy rounds already timed and stays provisional" if (task.metrics or {}).get("retime")
+                        else "the decision rests on the first pass")
             job_event_add(job=task.job, stage="devices", level="warning", task_id=task.id,
-                          message=f"The finalists were not re-timed side by side: {reason}; the decision rests on the first pass.")
+                          message=f"The finalists were not re-timed side by side: {reason}; {fallback}.")
             device_task_after_terminal(job_id=task.job_id)
         count += 1
     return count

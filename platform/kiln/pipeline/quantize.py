@@ -25,7 +25,9 @@ from workers.quantize.litert_family import explicit_specs as litert_explicit_spe
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
 from workers.quantize.round_budget import first_round, fit_round, is_refinement
 from workers.quantize.runtimes import for_targets
-from workers.quantize.search import BF16_KEY, FAMILY_COMPILE, family_verdicts, plan_round, ranking_pays
+from workers.quantize.families import BF16_KEY, FAMILY_COMPILE
+from workers.quantize.search import plan_round
+from workers.quantize.verdicts import family_verdicts, ranking_pays
 
 from . import specs, waiting
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
@@ -412,13 +414,16 @@ def _log_isa_families(job) -> None:
 
 
 def _log_verdicts(job, measured_by_target: dict[str, list[dict]]) -> None:
-    """Say once per family and target why the search went on with it or dropped it ("INT8 does not pay …")."""
+    """Say once per family and target why the search went on with it or dropped it ("INT8 does not pay …"), and keep where
+    it paid then: the report's notes are read from its final table, and say so where the search decided otherwise."""
     said = set(job.search.get("verdicts_said", []))
+    decided = job.search.setdefault("verdicts_decided", {})
     for target, entries in sorted(measured_by_target.items()):
-        for verdict in family_verdicts(entries, isa=job.search.get("isa")).values():
+        for precision, verdict in family_verdicts(entries, isa=job.search.get("isa")).items():
             if f"{target}:{verdict['family']}" in said:
                 continue
             said.add(f"{target}:{verdict['family']}")
+            decided.setdefault(target, {})[precision] = verdict["paying_backends"]
             job_event_add(job=job, stage="quantize", message=f"{target}: {verdict['reason']}.")
     job.search["verdicts_said"] = sorted(said)
 

@@ -5,8 +5,10 @@ them, so they cannot settle which of two close variants is faster. Once a job ha
 each device gets one RETIME task (pinned to the agent that measured its variants): the agent compiles the
 finalists again and times them in rotated, interleaved rounds until the leader separates at 95% or the
 round cap is hit (devices/paired.py). Each finalist's per-round medians land in its own metrics as
-`interleaved_medians_ms`; the report then takes every finalist's p50, the verdict, the speed-up and its
-interval from that one measurement set (workers/scoring.py `decide`).
+`interleaved_medians_ms`, with the summary of all its rounds' samples; the report then takes every figure of a finalist's
+row, the verdict, the speed-up and its interval from that one measurement set (workers/scoring.py `decide`). When the
+rounds the decision rests on were busy, the decision is provisional and the finalists are re-timed once the device is
+quiet (`retime_when_quiet`, at most KILN_RETIME_QUIET_ATTEMPTS times); a verdict that changes is a job event.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from devices.labels import effective_precision
 from devices.paired import MIN_ROUNDS
 from kiln.reports.selectors import device_reports
 
-from .models import DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
+from .models import DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 from .queue import wake_agents
+from .services import job_event_add
 
 # Every finalist is compiled and timed in every round: more than this and a round outlasts the drift it is meant to share.
 MAX_FINALISTS = 8
@@ -89,18 +92,71 @@ def retimed_tasks(task: DeviceTask) -> list[DeviceTask]:
 
 
 def retime_results_store(*, task: DeviceTask, metrics: dict) -> int:
-    """Put each re-timed task's interleaved round medians into its own metrics; returns how many were stored.
+    """Put each re-timed task's rounds into its own metrics: its interleaved round medians and the summary of all its rounds'
+    samples (`side_by_side`, the figures its report row shows); returns how many were stored.
 
     Rows naming a task outside this RETIME task's list are ignored, and every row must have the same
     number of rounds: unpaired rounds would not cancel the drift they are there to cancel. The rounds'
     quiet-window records stay on the RETIME task (its `metrics.windows`) and reach each finalist's timing.
+    A later re-timing (`retime_when_quiet`) replaces what an earlier one stored: a row shows one set.
     """
-    rows = {int(row["task"]): [float(v) for v in row["interleaved_medians_ms"]] for row in metrics.get("retime") or []}
+    rows = {int(row["task"]): row for row in metrics.get("retime") or []}
     targets = [t for t in retimed_tasks(task) if t.id in rows]
-    if len(targets) < 2 or len({len(rows[t.id]) for t in targets}) != 1:
+    if len(targets) < 2 or len({len(rows[t.id]["interleaved_medians_ms"]) for t in targets}) != 1:
         return 0
     for target in targets:
-        target.metrics = {**(target.metrics or {}), "interleaved_medians_ms": rows[target.id], "retime_task": task.id}
+        row = rows[target.id]
+        stored = {key: value for key, value in (target.metrics or {}).items() if key != "side_by_side"}
+        stored.update(interleaved_medians_ms=[float(v) for v in row["interleaved_medians_ms"]], retime_task=task.id)
+        if row.get("latency_ms"):
+            stored["side_by_side"] = {key: row.get(key) for key in ("latency_ms", "throughput_per_s", "batch_size")}
+        target.metrics = stored
         target.save(update_fields=["metrics"])
     return len(targets)
+
+
+def _decision_on(job, target: str) -> dict | None:
+    reports, _ = device_reports(job=job)
+    return next((report.details["decision"] for report in reports if report.target == target), None)
+
+
+def retime_when_quiet(*, task: DeviceTask, metrics: dict, agent_name: str) -> bool:
+    """After a RETIME task's rounds are stored: when the decision they give is provisional (its rounds were busy, workers/scoring.py
+    `provisional`) and attempts are left, queue the task again with a wait for a quiet device first; True when it did.
+
+    Each attempt's decision is remembered (`job.search["provisional"]`), so a verdict that changes from one to the next is
+    said as a job event; when no attempt is left the decision stays provisional and says so.
+    """
+    # The job row is locked: job.search is written by other steps of the pipeline too.
+    job = DeploymentJob.objects.select_for_update().get(pk=task.job_id)
+    attempt = int((task.retime or {}).get("quiet_attempt") or 0)
+    # Which attempt these rounds were (the decision says how many waited for a quiet device); the task's plan moves on below.
+    DeviceTask.objects.filter(pk=task.pk).update(metrics={**metrics, "quiet_attempt": attempt})
+    decision = _decision_on(job, task.target)
+    if decision is None:
+        return False
+    said = job.search.setdefault("provisional", {})
+    earlier = said.get(task.target)
+    if earlier and earlier["variant"] != decision["variant"]:
+        job_event_add(job=job, stage="devices", level="warning", task_id=task.id,
+                      message=f"{agent_name}: the verdict changed when the finalists were re-timed: it was {earlier['label']} "
+                              f"({earlier['short']}), it is now {decision['label']} ({decision['short']}).")
+    busy = decision.get("provisional")
+    said[task.target] = {"variant": decision["variant"], "label": decision["label"], "short": decision["short"], "attempt": attempt,
+                         "provisional": bool(busy)}
+    again = bool(busy) and attempt < settings.RETIME_QUIET_ATTEMPTS and task.pinned_agent_id is not None
+    if again:
+        DeviceTask.objects.filter(pk=task.pk).update(
+            status=DeviceTaskStatus.QUEUED, leased_by=None, lease_expires_at=None, finished_at=None, stage="queued",
+            message="waiting for a quiet device", progress=0.0,
+            retime={**(task.retime or {}), "quiet_attempt": attempt + 1, "wait_for_quiet_s": settings.RETIME_QUIET_WAIT_S})
+        job_event_add(job=job, stage="devices", level="warning", task_id=task.id,
+                      message=f"{agent_name}: the decision is {busy['text']}; re-timing the finalists once the device is quiet "
+                              f"(attempt {attempt + 1} of {settings.RETIME_QUIET_ATTEMPTS}, waiting up to {settings.RETIME_QUIET_WAIT_S} s).")
+        wake_agents(organization_id=task.organization_id, tasks=[task])
+    elif busy and attempt:
+        job_event_add(job=job, stage="devices", level="warning", task_id=task.id,
+                      message=f"{agent_name}: the device was still busy after {attempt} re-timing(s); the decision stays {busy['text']}.")
+    job.save(update_fields=["search", "updated_at"])
+    return again
 

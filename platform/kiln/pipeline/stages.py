@@ -233,7 +233,9 @@ def _store_package(job: DeploymentJob, report: DeviceReport, name: str) -> None:
         path = Path(scratch) / name
         if build_device_package(job=job, device=device, out_path=path):
             chosen = next(v for v in report.variants if v["id"] == report.recommended)
-            artifact_store(job=job, kind=ArtifactKind.PACKAGE, name=name, path=path, precision=chosen["precision"], backend=chosen["backend"])
+            # The package runs the chosen variant as it runs on the device: its effective precision (bf16 under OpenVINO's hint).
+            artifact_store(job=job, kind=ArtifactKind.PACKAGE, name=name, path=path, precision=chosen.get("effective_precision") or chosen["precision"],
+                           backend=chosen["backend"])
 
 
 @transaction.atomic

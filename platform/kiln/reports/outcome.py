@@ -10,7 +10,7 @@ from django.db.models.fields.json import KeyTransform
 from .models import Report
 
 # The parts of a stored decision (workers/scoring.py `decide`) a list shows; the rest (every alternative, every round) stays unread.
-OUTCOME_KEYS = ("label", "short", "comparison", "tie", "accuracy", "text", "speedup")
+OUTCOME_KEYS = ("label", "effective_precision", "short", "comparison", "tie", "accuracy", "text", "speedup", "provisional")
 
 
 def _decision_key(name: str) -> KeyTransform:
@@ -32,8 +32,8 @@ def _headline(report) -> dict:
     verdict = report.outcome_verdict or {}
     speedup = verdict.get("speedup") or {}
     comparison = "faster" if speedup.get("beyond_noise") else ("tie" if speedup else None)
-    return {"label": verdict.get("label"), "short": None, "comparison": comparison, "tie": verdict.get("tie", False),
-            "accuracy": verdict.get("accuracy"), "text": verdict.get("text"), "speedup": speedup}
+    return {"label": verdict.get("label"), "effective_precision": verdict.get("effective_precision"), "short": None, "comparison": comparison,
+            "tie": verdict.get("tie", False), "accuracy": verdict.get("accuracy"), "text": verdict.get("text"), "speedup": speedup, "provisional": None}
 
 
 def job_outcome(*, job) -> list[dict]:
@@ -45,7 +45,9 @@ def job_outcome(*, job) -> list[dict]:
         speedup = headline["speedup"] or {}
         outcome.append({
             "device": report.agent.name if report.agent else report.target, "agent": report.agent_id,
-            "recommended": headline["label"], "speedup": speedup.get("ratio"), "comparison": headline["comparison"],
+            # `precision`: what the recommended variant runs in (its effective precision: bf16 for an FP32 build under a bf16 hint).
+            "recommended": headline["label"], "precision": headline["effective_precision"], "speedup": speedup.get("ratio"),
+            "comparison": headline["comparison"], "provisional": bool(headline["provisional"]),
             "speedup_text": headline["short"], "beyond_noise": headline["comparison"] == "faster" if speedup else None,
             "tie": bool(headline["tie"]), "accuracy": headline["accuracy"], "verdict": headline["text"] or report.reason,
         })

@@ -20,6 +20,7 @@ from kiln import package_run
 from kiln.pipeline.models import Artifact
 from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
+from workers.noise import interval_text, ratio_text
 
 from . import signing
 
@@ -91,10 +92,11 @@ def _measurement_lines(decision: dict) -> list[str]:
         lines += [f"Timing on this device: {noise}", ""]
     measurement = decision.get("measurement")
     if measurement:
-        lines += [f"Finalists timed side by side in {measurement['rounds']} rounds (p50 = median of the round medians):", ""]
+        lines += [f"Finalists timed side by side in {measurement['rounds']} rounds (each finalist's figures from those rounds alone):", ""]
         for row in measurement.get("finalists") or []:
             against = row.get("against_recommended")
-            versus = f"; the recommended is {against['ratio']:.2f}x its speed ({against['low']:.2f}x to {against['high']:.2f}x), {against['comparison']}" if against else ""
+            versus = (f"; the recommended is {ratio_text(against['ratio'])} its speed ({interval_text(against['low'], against['high'])}), "
+                      f"{against['comparison']}" if against else "")
             lines.append(f"- {row['label']}: p50 {row['p50_ms']:.3g} ms{versus}")
         lines.append("")
     return lines

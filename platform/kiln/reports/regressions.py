@@ -1,16 +1,25 @@
-"""When a re-measured variant counts as slower: beyond the noise both measurements showed. Pure."""
+"""When a re-measured variant counts as a regression: slower beyond noise, by Kiln's one rule (workers/noise.py). Pure."""
 from __future__ import annotations
 
-# A slowdown must exceed this many standard deviations of the noisier run...
-NOISE_SIGMAS = 2.0
-# ...and this fraction of the baseline, so that a very steady benchmark does not flag 1% drifts.
-MIN_SLOWDOWN = 0.05
+from workers.noise import FASTER, Timing, interval_text, latency_ratio, ratio_text
 
 
-def compare(*, p50_ms: float, std_ms: float, baseline_p50_ms: float, baseline_std_ms: float) -> dict:
-    """`{"slowdown": new/old, "noise_ms", "flagged"}` for a new p50 against a baseline's."""
-    noise_ms = NOISE_SIGMAS * max(std_ms or 0.0, baseline_std_ms or 0.0)
-    delta = p50_ms - baseline_p50_ms
-    slowdown = p50_ms / baseline_p50_ms if baseline_p50_ms > 0 else None
-    flagged = bool(slowdown and delta > noise_ms and delta > MIN_SLOWDOWN * baseline_p50_ms)
-    return {"slowdown": slowdown, "delta_ms": delta, "noise_ms": noise_ms, "flagged": flagged}
+def measurement_timing(*, latency_ms: dict | None, p50_ms: float, std_ms: float = 0.0, runs: int = 0) -> Timing:
+    """The timing of one stored measurement: its latency summary (cv, count and the windows its rows keep), else p50, std and runs."""
+    latency = latency_ms or {}
+    cv = latency.get("cv")
+    if cv is None and std_ms and p50_ms:
+        cv = std_ms / p50_ms
+    return Timing(p50=float(p50_ms), windows=tuple(float(v) for v in latency.get("window_medians_ms") or ()), cv=cv,
+                  count=latency.get("count") or runs or None)
+
+
+def compare(*, measured: Timing, baseline: Timing) -> dict:
+    """`{"slowdown": new/old, "flagged", "low", "high", "text"}` for a new measurement against a baseline's.
+
+    Flagged when the baseline is faster than the new measurement beyond noise (`latency_ratio`), the words the decision uses.
+    """
+    ratio = latency_ratio(baseline, measured)
+    slowdown = measured.p50 / baseline.p50 if baseline.p50 > 0 else None
+    return {"slowdown": slowdown, "flagged": bool(slowdown) and ratio.comparison == FASTER, "low": ratio.low, "high": ratio.high,
+            "text": f"{ratio_text(ratio.ratio)} slower ({interval_text(ratio.low, ratio.high)})"}

@@ -17,7 +17,7 @@ from kiln.pipeline.selectors import variant_effective_precision
 from kiln.registry.selectors import model_version_onnx_path
 from workers.cost import op_work
 from workers.quantize.isa_families import isa_notes
-from workers.quantize.search import compile_winners, family_verdicts, ranking_pays
+from workers.quantize.verdicts import compile_outcomes, family_verdicts, ranking_pays
 from workers.scoring import REFUSED, decide, fp32_noise, pareto_ids, score_accuracy
 
 from .estimate import estimate_range
@@ -68,27 +68,53 @@ def _windows(raw) -> list[dict]:
     return [{key: window[key] for key in WINDOW_FIELDS if key in window} for window in raw or [] if isinstance(window, dict)]
 
 
-def _timing(metrics: dict) -> dict:
-    """The samples the noise of a latency is judged by (workers/noise.py): the headline batch's window medians, and
-    per-round medians of the side-by-side re-timing when the device did that; with the quiet windows they were taken in."""
-    rows = metrics.get("by_batch") or []
-    windows = rows[0].get("window_medians_ms") if rows and isinstance(rows[0], dict) else None
-    timing = {"window_medians_ms": [float(v) for v in windows or [] if _is_number(v)], "windows": _windows(metrics.get("windows")),
-              "source": "first pass"}
+SIDE_BY_SIDE, FIRST_PASS = "side by side", "first pass"
+
+
+def _rounds(metrics: dict) -> list[float]:
+    """A finalist's per-round medians from the side-by-side re-timing (kiln.pipeline.retime); [] when it was not re-timed."""
     interleaved = metrics.get("interleaved_medians_ms")
-    if isinstance(interleaved, list):
-        timing["interleaved_medians_ms"] = [float(v) for v in interleaved if _is_number(v)]
-        timing["source"] = "side by side"
-    return timing
+    return [float(v) for v in interleaved if _is_number(v)] if isinstance(interleaved, list) else []
 
 
-def _decision_latency(latency: dict | None, timing: dict) -> dict | None:
-    """The latency the table, the chart and the decision all read: a finalist's p50 is the median of its side-by-side round
-    medians (the same measurement set as the verdict); everything else keeps its first pass."""
-    rounds = timing.get("interleaved_medians_ms") or []
+def _first_pass(metrics: dict, latency: dict | None) -> dict:
+    """Every figure of the task's own benchmark (its first pass): latency, throughput, memory, load time, and the windows
+    its noise is judged by (the headline batch's window medians) with the quiet windows it ran in."""
+    rows = metrics.get("by_batch") or []
+    medians = rows[0].get("window_medians_ms") if rows and isinstance(rows[0], dict) else None
+    return {"latency_ms": latency, "throughput_per_s": metrics.get("throughput_per_s"), "batch_size": metrics.get("batch_size"),
+            "peak_memory_mb": metrics.get("peak_memory_mb"), "load_ms": metrics.get("load_ms"),
+            "first_inference_ms": metrics.get("first_inference_ms"),
+            "window_medians_ms": [float(v) for v in medians or [] if _is_number(v)], "windows": _windows(metrics.get("windows"))}
+
+
+def _side_by_side(metrics: dict, rounds: list[float], retime_windows: list[dict]) -> dict:
+    """A finalist's figures from its side-by-side rounds alone: the summary of all their samples when the agent sent it (an
+    agent of an earlier release sent only the round medians: then the p50 is their median and the other figures are blank,
+    the first pass being shown apart)."""
+    sent = metrics.get("side_by_side") or {}
+    latency = _checked_latency(sent) if sent.get("latency_ms") else {"p50": median(rounds)}
+    return {"latency_ms": latency, "throughput_per_s": sent.get("throughput_per_s"), "batch_size": sent.get("batch_size"),
+            "peak_memory_mb": None, "load_ms": None, "first_inference_ms": None, "window_medians_ms": rounds, "windows": retime_windows}
+
+
+def _measurement(metrics: dict, latency: dict | None, retime_windows: list[dict]) -> tuple[str, dict, dict]:
+    """(which measurement set the row shows, its figures, the first pass): a finalist re-timed side by side shows those
+    rounds alone, every other row its first pass; either way every figure of the row comes from one set."""
+    first_pass = _first_pass(metrics, latency)
+    rounds = _rounds(metrics)
     if latency is None or not rounds:
-        return latency
-    return {**latency, "p50": median(rounds)}
+        return FIRST_PASS, first_pass, first_pass
+    return SIDE_BY_SIDE, _side_by_side(metrics, rounds, retime_windows), first_pass
+
+
+def _timing(source: str, figures: dict, rounds: list[float]) -> dict:
+    """The samples the noise of the row's latency is judged by (workers/noise.py): the windows of its measurement set, and
+    its per-round medians when it was re-timed side by side; with the quiet windows they were taken in."""
+    timing = {"window_medians_ms": figures["window_medians_ms"], "windows": figures["windows"], "source": source}
+    if rounds:
+        timing["interleaved_medians_ms"] = rounds
+    return timing
 
 
 def _names(variant, backend: str) -> dict:
@@ -98,13 +124,14 @@ def _names(variant, backend: str) -> dict:
             "effective_precision": effective_precision(variant.precision, compile_options, backend, variant.options)}
 
 
-def _entry(task: DeviceTask, tolerance: dict) -> dict:
+def _entry(task: DeviceTask, tolerance: dict, retime_windows: list[dict]) -> dict:
     metrics = task.metrics or {}
     accuracy = task.accuracy or {}
     variant = task.variant
     artifact = task.compiled_artifact or variant.artifact
     latency = _checked_latency(metrics) if task.status == DeviceTaskStatus.SUCCEEDED else None
-    timing = _timing(metrics)
+    source, figures, first_pass = _measurement(metrics, latency, retime_windows)
+    timing = _timing(source, figures, _rounds(metrics) if source == SIDE_BY_SIDE else [])
     return {
         "id": task.id,
         "task": task.id,
@@ -120,12 +147,16 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
         "status": task.status,
         "error": task.error or None,
         "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
-        "latency_ms": _decision_latency(latency, timing),
+        # Every figure of the row from one measurement set (`measurement_set`); a re-timed row keeps its first pass apart.
+        "measurement_set": source,
+        "latency_ms": figures["latency_ms"],
+        "throughput_per_s": figures["throughput_per_s"],
+        "batch_size": figures["batch_size"],
+        "load_ms": figures["load_ms"],
+        "first_inference_ms": figures["first_inference_ms"],
+        "peak_memory_mb": figures["peak_memory_mb"],
+        "first_pass": first_pass,
         "latency_ms_first_pass": latency,
-        "throughput_per_s": metrics.get("throughput_per_s"),
-        "load_ms": metrics.get("load_ms"),
-        "first_inference_ms": metrics.get("first_inference_ms"),
-        "peak_memory_mb": metrics.get("peak_memory_mb"),
         "threads": metrics.get("threads"),
         "unstable": metrics.get("unstable"),
         "busy": any(window.get("busy") for window in timing["windows"]),
@@ -138,11 +169,11 @@ def _entry(task: DeviceTask, tolerance: dict) -> dict:
     }
 
 
-def _entry_or_error(task: DeviceTask, tolerance: dict) -> dict:
-    """The report entry of one task; a result that cannot be read becomes an entry with an error
-    instead of failing the whole report."""
+def _entry_or_error(task: DeviceTask, tolerance: dict, retime_windows: list[dict] | None = None) -> dict:
+    """The report entry of one task (`retime_windows`: the quiet windows of its device's side-by-side rounds); a result that
+    cannot be read becomes an entry with an error instead of failing the whole report."""
     try:
-        return _entry(task, tolerance)
+        return _entry(task, tolerance, retime_windows or [])
     except (UnreadableResult, TypeError, ValueError, KeyError, AttributeError) as exc:
         logger.warning("device task %s has an unreadable result: %s", task.id, exc)
         variant = task.variant
@@ -171,7 +202,10 @@ def _tasks_by_target(job) -> dict[str, list[DeviceTask]]:
 
 
 def _retimes_by_target(job) -> dict[str, DeviceTask]:
-    return {task.target: task for task in DeviceTask.objects.filter(job=job, purpose=DeviceTaskPurpose.RETIME, status=DeviceTaskStatus.SUCCEEDED)}
+    """Each device's RETIME task that has rounds: one that succeeded, or one queued again or canceled after it did (its metrics
+    are the rounds its finalists' rows show)."""
+    return {task.target: task for task in DeviceTask.objects.filter(job=job, purpose=DeviceTaskPurpose.RETIME).exclude(metrics={})
+            if (task.metrics or {}).get("retime")}
 
 
 def retime_summary(task: DeviceTask | None) -> dict | None:
@@ -182,7 +216,8 @@ def retime_summary(task: DeviceTask | None) -> dict | None:
     metrics = task.metrics or {}
     rows = metrics.get("retime") or []
     return {"task": task.id, "rounds": len(rows[0]["interleaved_medians_ms"]) if rows else 0, "stopped": metrics.get("stopped"),
-            "windows": _windows(metrics.get("windows"))}
+            "windows": _windows(metrics.get("windows")), "quiet_attempts": int(metrics.get("quiet_attempt") or 0),
+            "quiet_wait": metrics.get("quiet_wait")}
 
 
 def failed_builds(*, job) -> list[dict]:
@@ -219,7 +254,7 @@ def device_reports(*, job) -> tuple[list[DeviceReport], bool]:
     reports = []
     for target, members in groups.items():
         summary = retime_summary(retimes.get(target))
-        entries = [_entry_or_error(task, job.tolerance) for task in members]
+        entries = [_entry_or_error(task, job.tolerance, (summary or {}).get("windows")) for task in members]
         front = pareto_ids(entries)
         for entry in entries:
             entry["pareto"] = entry["id"] in front
@@ -297,22 +332,36 @@ def job_report(*, job) -> dict:
 
 def _search_summary(job, devices: list[dict]) -> dict:
     """Rounds and what each tried, sensitivity (or why there is none), the time budget and, per device, why families were
-    searched or dropped and which compile options won (judged, as the search judged them, on the first-pass timings)."""
-    notes = {}
-    verdicts_by_device = {}
+    searched or dropped and which compile options won: computed from the rows the device's table shows, by the rule the
+    decision uses, so every ratio in a note can be recomputed from the table (`verdicts` and `compile` say which rows).
+    The job's events keep what the planner decided at the time, on what it had measured then."""
+    notes, verdicts_by_device, compile_by_device = {}, {}, {}
     # Which families the targets' chip made worth searching (recorded when round 1 was planned), before the verdicts.
     isa = job.search.get("isa")
     chip_notes = isa_notes(isa) if isa is not None else []
     for device in devices:
-        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}",
-                     "latency_ms": variant.get("latency_ms_first_pass", variant.get("latency_ms"))} for variant in device.get("variants", [])]
-        verdicts_by_device[device["target"]] = family_verdicts(measured, isa=isa)
-        notes[device["target"]] = (chip_notes + [verdict["reason"] for verdict in verdicts_by_device[device["target"]].values()]
-                                   + compile_winners(measured))
+        measured = [{**variant, "id": f"{variant.get('key')}@{variant.get('backend')}"} for variant in device.get("variants", [])]
+        target = device["target"]
+        verdicts_by_device[target] = family_verdicts(measured, isa=isa)
+        compile_by_device[target] = compile_outcomes(measured)
+        decided = (job.search.get("verdicts_decided") or {}).get(target) or {}
+        notes[target] = (chip_notes + [verdict["reason"] + _decided_otherwise(verdict, decided.get(precision))
+                                       for precision, verdict in verdicts_by_device[target].items()]
+                         + [outcome["text"] for outcome in compile_by_device[target]])
     sensitivity = job.search.get("sensitivity") or []
     return {"auto": job.precisions == ["auto"], "rounds": job.search.get("round", 1), "tried": _rounds_tried(job), "sensitivity": sensitivity,
             "sensitivity_note": "" if sensitivity else _no_sensitivity_note(job, verdicts_by_device),
-            "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes}
+            "budget_minutes": job.search.get("budget_minutes"), "stopped": job.search.get("stopped"), "notes": notes,
+            "verdicts": verdicts_by_device, "compile": compile_by_device}
+
+
+def _decided_otherwise(verdict: dict, paying_then: list[str] | None) -> str:
+    """Where the search, on what it had measured when it planned, judged a family otherwise than the final table does: said,
+    so that a note read from the table does not claim the search went on (or stopped) where it did not."""
+    if paying_then is None or sorted(paying_then) == sorted(verdict["paying_backends"]):
+        return ""
+    where = f"it paid on {', '.join(paying_then)}" if paying_then else "it paid nowhere"
+    return f" (the search planned on its earlier measurements, where {where})"
 
 
 def _rounds_tried(job) -> list[dict]:

@@ -11,7 +11,7 @@ from workers.cost import op_work
 
 from .estimate import relative_error
 from .models import Measurement
-from .regressions import compare
+from .regressions import compare, measurement_timing
 from .selectors import DeviceReport, estimate_for_device
 
 
@@ -29,8 +29,10 @@ def _job_op_work(job) -> dict:
 
 def _measurement_values(job, task: DeviceTask, entry: dict, work: dict, recommended: bool) -> dict:
     metrics = task.metrics or {}
-    # The decision's latency (a finalist's side-by-side p50), so the database says what the report says.
-    latency = entry.get("latency_ms") or metrics.get("latency_ms") or {}
+    # The row's latency as the report shows it (a finalist's side-by-side set), with the windows its noise is judged by, so the
+    # database says what the report says and a later regression is judged by the same rule (kiln.reports.regressions).
+    latency = {**(entry.get("latency_ms") or metrics.get("latency_ms") or {}),
+               "window_medians_ms": list((entry.get("timing") or {}).get("window_medians_ms") or [])}
     agent = task.leased_by
     capabilities = agent.capabilities or {}
     variant = task.variant
@@ -46,10 +48,15 @@ def _measurement_values(job, task: DeviceTask, entry: dict, work: dict, recommen
                             "benchmark": metrics.get("settings") or {}},
         "agent": agent, "agent_name": agent.name, "device_key": device_key(agent), "agent_version": str(capabilities.get("agent_version") or ""),
         "capabilities": capabilities, "latency_ms": latency, "p50_ms": float(latency["p50"]), "std_ms": float(latency.get("std") or 0.0),
-        "runs": int(metrics.get("runs") or latency.get("count") or 0), "throughput_per_s": metrics.get("throughput_per_s"),
+        "runs": int(latency.get("count") or metrics.get("runs") or 0), "throughput_per_s": entry.get("throughput_per_s", metrics.get("throughput_per_s")),
+        # Memory and load time are the build's own, measured when the task compiled and timed it alone (its first pass).
         "peak_memory_mb": metrics.get("peak_memory_mb"), "load_ms": metrics.get("load_ms"), "accuracy": entry.get("accuracy") or {},
         "profile_by_op_type": (task.profile or {}).get("by_op_type") or [], "measured_at": task.finished_at or job.updated_at,
     }
+
+
+def _timing(measurement: Measurement):
+    return measurement_timing(latency_ms=measurement.latency_ms, p50_ms=measurement.p50_ms, std_ms=measurement.std_ms, runs=measurement.runs)
 
 
 def _flag_regression(measurement: Measurement) -> str | None:
@@ -61,13 +68,13 @@ def _flag_regression(measurement: Measurement) -> str | None:
     )
     if baseline is None:
         return None
-    verdict = compare(p50_ms=measurement.p50_ms, std_ms=measurement.std_ms, baseline_p50_ms=baseline.p50_ms, baseline_std_ms=baseline.std_ms)
+    verdict = compare(measured=_timing(measurement), baseline=_timing(baseline))
     measurement.baseline, measurement.slowdown, measurement.regression = baseline, verdict["slowdown"], verdict["flagged"]
     measurement.save(update_fields=["baseline", "slowdown", "regression"])
     if not verdict["flagged"]:
         return None
-    return (f"Regression: {measurement.variant_key} on {measurement.backend} ({measurement.agent_name}) is {verdict['slowdown']:.2f}x slower "
-            f"than in job {baseline.job_id}: p50 {baseline.p50_ms:.3f} → {measurement.p50_ms:.3f} ms, beyond the noise of ±{verdict['noise_ms']:.3f} ms.")
+    return (f"Regression: {measurement.variant_key} on {measurement.backend} ({measurement.agent_name}) is slower than in job "
+            f"{baseline.job_id} beyond the noise of both runs: p50 {baseline.p50_ms:.3f} → {measurement.p50_ms:.3f} ms, {verdict['text']}.")
 
 
 def regression_json(measurement: Measurement) -> dict | None:

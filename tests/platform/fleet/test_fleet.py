@@ -407,7 +407,8 @@ def test_finished_job_offers_a_package_of_the_recommended_variant(tenant, waitin
     report = tenant.client.get(f"/api/v1/jobs/{waiting_job}/report/").json()
     chosen = next(v for v in report["devices"][0]["variants"] if v["id"] == report["devices"][0]["recommended"])
     packages = [a for a in tenant.client.get(f"/api/v1/jobs/{waiting_job}/artifacts/").json() if a["kind"] == "package"]
-    assert len(packages) == 1 and packages[0]["precision"] == chosen["precision"]
+    # The package names what the pick runs in, its effective precision (issue 33: a bf16 pick's package said fp32).
+    assert len(packages) == 1 and packages[0]["precision"] == chosen["effective_precision"] == "int8"
     assert report["devices"][0]["package"]["download_url"] == packages[0]["download_url"]
     archive_path = tmp_path / packages[0]["name"]
     archive_path.write_bytes(b"".join(tenant.client.get(packages[0]["download_url"]).streaming_content))

@@ -61,12 +61,13 @@ def test_each_listed_job_is_its_detail_without_the_detail_fields(tenant, jobs):
     assert first["budget"] == {"minutes": 5, "started_at": 1.0, "work_seconds": 0.0, "seconds_left": None, "first_answer_at": None,
                                "stopped": "budget"}
     assert first["model"]["name"] == "model-0" and first["model"]["version"] == 1
+    # `precision` (what the pick runs in) and `provisional` joined the outcome with issue 33.
     assert first["outcome"] == [
-        {"device": "box-0", "agent": jobs[0].reports.get(target="onnxruntime").agent_id, "recommended": "int8", "speedup": 2.0,
-         "comparison": "faster", "speedup_text": "2.00x faster", "beyond_noise": True, "tie": False,
+        {"device": "box-0", "agent": jobs[0].reports.get(target="onnxruntime").agent_id, "recommended": "int8", "precision": None,
+         "speedup": 2.0, "comparison": "faster", "provisional": False, "speedup_text": "2.00x faster", "beyond_noise": True, "tie": False,
          "accuracy": {"metric": "cosine", "value": 0.999}, "verdict": "Use int8"},
-        {"device": "tensorrt", "agent": None, "recommended": None, "speedup": None, "comparison": None, "speedup_text": None,
-         "beyond_noise": None, "tie": False, "accuracy": None, "verdict": "no device measured it"},
+        {"device": "tensorrt", "agent": None, "recommended": None, "precision": None, "speedup": None, "comparison": None,
+         "provisional": False, "speedup_text": None, "beyond_noise": None, "tie": False, "accuracy": None, "verdict": "no device measured it"},
     ]
 
 

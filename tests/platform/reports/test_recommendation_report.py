@@ -14,12 +14,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def report_timings(agent, capture, timings: dict[str, tuple[float, list[float], bool, float]], rounds: dict[str, list[float]] | None = None,
-                   windows: list[dict] | None = None) -> None:
+                   windows: list[dict] | None = None, retime=None) -> None:
     """Lease every task and report, per precision, the p50, the benchmark's window medians, the unstable flag and top-1 agreement;
-    a re-timing task gets `rounds` (per precision, its median in each side-by-side round), or fails when there are none."""
+    a re-timing task gets `rounds` (per precision, its median in each side-by-side round), or fails when there are none
+    (`retime(task)`, when given, returns a re-timing task's metrics instead)."""
     while (response := agent.post("/api/agent/v1/tasks/lease", {"wait_s": 0}, format="json")).status_code == 200:
         task = response.json()
-        if task["retime"]:
+        if task["retime"] and retime is not None:
+            result = {"attempt": task["attempt"], "status": "succeeded", "error": "", "metrics": retime(task)}
+        elif task["retime"]:
             precisions = {row["task"]: row["key"] for row in task["retime"]["variants"]}
             result = ({"attempt": task["attempt"], "status": "succeeded", "error": "",
                        "metrics": {"retime": [{"task": task_id, "interleaved_medians_ms": rounds[key]} for task_id, key in precisions.items()],
@@ -120,8 +123,9 @@ def test_the_deployments_list_carries_each_devices_outcome_and_filters_by_model(
     listed = tenant.client.get(f"/api/v1/jobs/?model={model}").json()["results"]
     assert [job["id"] for job in listed] == [report["job"]]
     outcome = listed[0]["outcome"]
+    # `precision` is what the pick runs in and `provisional` whether its deciding windows were busy (issue 33).
     assert outcome == [{"device": "noisy-box", "agent": report["devices"][0]["agent"]["id"], "recommended": "int8 · int8-dynamic on onnxruntime",
-                        "speedup": 2.0, "comparison": "faster", "speedup_text": "2.00x faster", "beyond_noise": True, "tie": False,
+                        "precision": "int8", "provisional": False, "speedup": 2.0, "comparison": "faster", "speedup_text": "2.00x faster", "beyond_noise": True, "tie": False,
                         "accuracy": {"metric": "top1_agreement", "value": 0.998, "drop": pytest.approx(0.002)},
                         "verdict": report["devices"][0]["decision"]["text"]}]
     assert tenant.client.get(f"/api/v1/jobs/?model={model + 1000}").json()["results"] == []
@@ -129,3 +133,83 @@ def test_the_deployments_list_carries_each_devices_outcome_and_filters_by_model(
     assert other_tenant.client.get(f"/api/v1/jobs/?model={model}").json()["results"] == []
     tasks = tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["device_tasks"]
     assert {task["agent"]["name"] for task in tasks} == {"noisy-box"}
+
+
+def _window(busy: bool) -> dict:
+    return {"attempt": 1, "seconds": 0.5, "competing_cores": 0.9 if busy else 0.0, "limit_cores": 0.5, "busy": busy, "retaken": 0,
+            "busiest": ["burner 90%"] if busy else [], "before": {"loadavg": [1.0, 1.0, 1.0], "cpu_mhz": None},
+            "after": {"loadavg": [1.0, 1.0, 1.0], "cpu_mhz": None}}
+
+
+def _side_by_side(medians: list[float]) -> dict:
+    """What an agent sends for one re-timed variant: its round medians and the summary of all its rounds' samples."""
+    low, high = min(medians), max(medians)
+    p50 = sorted(medians)[len(medians) // 2]
+    latency = {"p50": p50, "p90": high * 0.99, "p99": high, "mean": sum(medians) / len(medians), "std": 0.1, "cv": 0.05,
+               "min": low * 0.98, "max": high * 1.01, "count": 10 * len(medians)}
+    return {"interleaved_medians_ms": medians, "latency_ms": latency, "batch_size": 1, "throughput_per_s": 1000.0 / latency["mean"]}
+
+
+def test_a_decision_on_busy_rounds_is_provisional_re_timed_once_the_device_is_quiet_and_a_changed_verdict_is_an_event(
+        tenant, model_files, django_capture_on_commit_callbacks, settings):
+    """Issue 33: a verdict decided on busy rounds was told with the confidence of one decided on a quiet device."""
+    from tests.agreement import assert_report_agrees
+
+    settings.RETIME_QUIET_ATTEMPTS, settings.RETIME_QUIET_WAIT_S = 2, 30
+    capture = django_capture_on_commit_callbacks
+    # Busy rounds make INT8 look twice as fast; on the quiet device FP32 and INT8 tie (and FP32, more accurate, is preferred).
+    attempts = [({"fp32": [2.2 * d for d in DRIFT], "int8-dynamic": [1.1 * d for d in DRIFT]}, [_window(True)] * 8),
+                ({"fp32": [2.0 * d for d in DRIFT], "int8-dynamic": [2.0 * d * f for d, f in zip(DRIFT, (1.01, 0.99) * 4)]}, [_window(False)] * 8)]
+    agent = register(tenant, "noisy-box")
+    version = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()["versions"][0]["id"]
+    with capture(execute=True):
+        job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": ["fp32", "int8-dynamic"]}, format="json").json()
+    waits = []
+
+    def retime(task):
+        if waits:
+            # Between the attempts the job's live report already says the decision is provisional.
+            live = tenant.client.get(f"/api/v1/jobs/{job['id']}/report/").json()["devices"][0]["decision"]
+            assert live["provisional"]["busy"] == 8 and "provisional: the device was busy in 8 of the 8 side-by-side rounds" in live["text"]
+            assert live["label"] == "int8 · int8-dynamic on onnxruntime"
+        rounds, windows = attempts[len(waits)]
+        waits.append(task["retime"]["wait_for_quiet_s"])
+        keys = {row["task"]: row["key"] for row in task["retime"]["variants"]}
+        return {"retime": [{"task": task_id, **_side_by_side(rounds[key])} for task_id, key in keys.items()], "stopped": "separated",
+                "windows": windows, **({"quiet_wait": {"quiet": True, "waited_s": 4.0}} if waits[-1] else {})}
+
+    report_timings(agent, capture, {"fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0), "int8-dynamic": (1.4, [1.39, 1.4, 1.41], False, 0.998)},
+                   retime=retime)
+    # The first rounds came at once; the second waited for a quiet device first, and was quiet: the job then reported.
+    assert waits == [0.0, 30.0]
+    report = tenant.client.get(f"/api/v1/jobs/{job['id']}/report/").json()
+    assert report["status"] == "succeeded", report
+    device = report["devices"][0]
+    decision = device["decision"]
+    assert decision["provisional"] is None and "provisional" not in decision["text"] and decision["label"] == "fp32 on onnxruntime"
+    events = [event["message"] for event in tenant.client.get(f"/api/v1/jobs/{job['id']}/").json()["events"]]
+    assert any("re-timing the finalists once the device is quiet (attempt 1 of 2, waiting up to 30 s)" in event for event in events), events
+    assert any("after waiting 4 s for a quiet device (it was)" in event for event in events), events
+    assert any("the verdict changed when the finalists were re-timed: it was int8 · int8-dynamic on onnxruntime (2.00x faster, provisional), "
+               "it is now fp32 on onnxruntime (FP32 itself)" in event for event in events), events
+    # Each re-timed row shows the quiet rounds alone (the first pass apart, labelled), and every view agrees with the table.
+    int8 = variant_of(device, "int8-dynamic")
+    assert int8["measurement_set"] == "side by side" and int8["first_pass"]["latency_ms"]["p50"] == 1.4 and int8["peak_memory_mb"] is None
+    assert int8["latency_ms"]["min"] <= int8["latency_ms"]["p50"] <= int8["latency_ms"]["max"]
+    assert_report_agrees(report)
+
+
+def test_a_decision_that_stays_busy_stays_provisional_after_its_attempts(tenant, model_files, django_capture_on_commit_callbacks, settings):
+    settings.RETIME_QUIET_ATTEMPTS, settings.RETIME_QUIET_WAIT_S = 1, 5
+    report = deploy(tenant, model_files, django_capture_on_commit_callbacks, {
+        "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
+        "int8-dynamic": (1.4, [1.39, 1.4, 1.41], False, 0.998),
+    }, rounds={"fp32": [2.2 * d for d in DRIFT], "int8-dynamic": [1.1 * d for d in DRIFT]}, windows=[_window(True)] * 8)
+    decision = report["devices"][0]["decision"]
+    assert decision["provisional"]["attempts"] == 1 and decision["short"] == "2.00x faster, provisional"
+    assert decision["text"].endswith("provisional: the device was busy in 8 of the 8 side-by-side rounds the decision rests on (burner 90%), "
+                                     "still after 1 re-timing(s) that waited for a quiet device.")
+    events = [event["message"] for event in tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["events"]]
+    assert any("the device was still busy after 1 re-timing(s); the decision stays provisional" in event for event in events), events
+    [listed] = tenant.client.get("/api/v1/jobs/").json()["results"]
+    assert listed["outcome"][0]["provisional"] is True

@@ -7,7 +7,8 @@ import pytest
 from devices.agent.capabilities import parse_cpuinfo
 from tests.fixtures.cpuinfo import GRAVITON3, HASWELL, RASPBERRY_PI_4, SAPPHIRE_RAPIDS
 from workers.quantize.isa_families import isa_families, isa_notes
-from workers.quantize.search import family_verdicts, plan_round
+from workers.quantize.search import plan_round
+from workers.quantize.verdicts import family_verdicts
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TOLERANCE = {"metric": "accuracy", "max_drop": 0.01}

@@ -1,28 +1,18 @@
-"""plan_round's rounds, tolerance parsing, and the local search end to end on the digits MLP."""
+"""plan_round's rounds, the family verdicts it acts on, and tolerance parsing."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 
-from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
-from workers.noise import latency_ratio, timing_of
-from workers.quantize import PRECISIONS, search
+from workers.quantize import PRECISIONS
 from workers.quantize.search import (
     InvalidTolerance,
-    _leader_is_clear,
-    compile_winners,
-    family_verdicts,
-    median_interval,
     parse_tolerance,
     plan_round,
     register_family,
-    search_locally,
     unregister_family,
 )
-from workers.scoring import label_of
+from workers.quantize.verdicts import compile_winners, family_verdicts
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TRANSFORMER_FACTS = {"op_histogram": {"MatMul": 8, "Add": 10, "LayerNormalization": 2, "Softmax": 1}}
@@ -300,18 +290,6 @@ def test_a_registered_family_proposes_its_own_candidates():
         unregister_family(learned)
 
 
-def test_the_confidence_interval_of_a_median_separates_a_clear_leader_only():
-    assert median_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)
-    low, high = median_interval([10.0, 10.2, 9.9, 10.1, 10.0])
-    assert 9.9 <= low <= 10.0 <= high <= 10.2
-    import numpy as np
-
-    clear = [[np.array([10.0, 10.1])] * 5, [np.array([11.0, 11.2])] * 5]
-    tied = [[np.array([v]) for v in (10.0, 10.6, 9.8, 10.4, 10.1)], [np.array([v]) for v in (10.2, 9.9, 10.5, 10.0, 10.3)]]
-    assert _leader_is_clear(clear)
-    assert not _leader_is_clear(tied)
-
-
 @pytest.mark.parametrize("text, expected", [
     ("1%", {"metric": "auto", "max_drop": 0.01}),
     ("accuracy:0.5%", {"metric": "accuracy", "max_drop": 0.005}),
@@ -336,70 +314,6 @@ def test_unparseable_tolerances_get_a_clear_message(bad, message):
     with pytest.raises(InvalidTolerance):
         plan_round(round_number=1, model_facts=CNN_FACTS, device_isa=VNNI, backends=["onnxruntime"],
                    has_calibration=True, tolerance=bad, sensitivity=None, measured=[])
-
-
-def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_path):
-    result = search_locally(model_path=mlp_files.model, calibration_path=mlp_files.calibration, validation_path=mlp_files.validation,
-                            tolerance="accuracy:1%", backends=("onnxruntime",), work_dir=tmp_path, max_rounds=2,
-                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
-    by_id = {entry["id"]: entry for entry in result["variants"]}
-    assert {"fp32@onnxruntime", "int8-minmax@onnxruntime"} <= set(by_id)
-    best = by_id[result["recommended"]]
-    assert best["accuracy"]["within_tolerance"]
-    # The fastest within tolerance, or one it does not beat beyond the measured noise (workers/noise.py).
-    fastest = min((e for e in by_id.values() if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
-    assert best is fastest or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
-    # Named as every table names it: effective precision first (devices/labels.py), then the recipe.
-    assert result["reason"].startswith(f"Use {label_of(best)}:") and label_of(best).endswith(" on onnxruntime")
-    # Off the Pareto set only as a tie within noise with what is on it (then the more accurate, then the smaller wins).
-    assert result["recommended"] in result["pareto"] or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
-    # Speed first: INT8's other calibration methods are built only when its cheapest build paid, and the notes say which.
-    int8_note = next(note for note in result["notes"] if note.startswith("INT8 "))
-    assert ("int8-mse@onnxruntime" in by_id) == int8_note.startswith("INT8 pays"), (int8_note, sorted(by_id))
-    assert ("does not pay on this device" in int8_note) != int8_note.startswith("INT8 pays")
-    # Every build ran in its own process and reports its peak memory, well under the default budget.
-    assert result["builds"] and all(0 < build["peak_rss_mb"] < 4096 for build in result["builds"])
-    # The MLP's input has a dynamic batch: static-shape specialisation was measured like a variant.
-    static = [entry for entry in result["variants"] if entry["key"].endswith("+static")]
-    assert static and static[0]["compile"] == {"static_shapes": {"input": [1, 64]}}
-    assert static[0]["accuracy"]["within_tolerance"]
-    # The final re-timing ran the contenders side by side, vendor defaults among them, in paired rounds
-    # whose medians the recommendation judges ties by (workers/noise.py reads them as interleaved re-timing).
-    confirmed = [entry for entry in by_id.values() if entry.get("confirmed")]
-    assert {"fp32@onnxruntime", "int8-ort-default@onnxruntime"} & {entry["id"] for entry in confirmed}
-    assert len({len(entry["timing"]["interleaved_medians_ms"]) for entry in confirmed}) == 1
-    if best.get("confirmed") and by_id["fp32@onnxruntime"].get("confirmed") and best["id"] != "fp32@onnxruntime":
-        assert latency_ratio(timing_of(best), timing_of(by_id["fp32@onnxruntime"])).source == "interleaved re-timing"
-
-
-def _passing(key, backend, p50, compile=None):
-    return {**_measured(key, key.split("-")[0] if key.startswith("int8") else "fp32", p50, True, backend=backend, compile=compile),
-            "path": f"/variants/{key}.onnx"}
-
-
-def test_the_final_re_timing_always_includes_every_passing_vendor_default():
-    from workers.quantize.search import confirmation_contenders
-
-    tuned = [_passing(f"int8-mse-keep{k}", "onnxruntime", 1.0 + k / 10) for k in range(1, 8)]
-    vendors = [_passing("fp32", "onnxruntime", 9.0), _passing("fp32", "openvino", 8.0), _passing("int8-ort-default", "onnxruntime", 5.0),
-               _passing("int8-nncf", "openvino", 4.0), _passing("fp32+static", "openvino", 7.0, compile={"static_shapes": {}})]
-    ids = {entry["id"] for entry in confirmation_contenders(tuned + vendors, max_contenders=3)}
-    assert ids == {"int8-mse-keep1@onnxruntime", "int8-mse-keep2@onnxruntime", "int8-mse-keep3@onnxruntime",
-                   "fp32@onnxruntime", "fp32@openvino", "int8-ort-default@onnxruntime", "int8-nncf@openvino"}
-
-
-def test_the_final_re_timing_measures_with_the_windows_the_device_re_timing_uses(mlp, mlp_files, tmp_path, monkeypatch):
-    used = []
-
-    def fake_measure(run, settings):
-        used.append(settings)
-        return {"samples_ms": np.full(10, 1.0 + len(used) % 2)}
-
-    monkeypatch.setattr(search, "measure", fake_measure)
-    entries = [{**_passing(key, "onnxruntime", p50), "path": str(mlp_files.model)} for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
-    search._confirm_fastest(entries, SimpleNamespace(benchmark_feeds={"input": mlp.x_val[:1]}), threads=1, work=tmp_path, windows=3)
-    assert used and all(settings == BenchmarkSettings.from_dict(INTERLEAVED_WINDOW) for settings in used)
-    assert all(entry["confirmed"] >= 3 for entry in entries)
 
 
 def test_once_int8_pays_a_clear_outlier_is_kept_in_float_with_only_compute_ops_quantized():
@@ -457,7 +371,6 @@ def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_
 
 def test_bf16_is_a_family_of_its_own_probed_only_where_the_cpu_and_the_runtime_act_on_it():
     from devices.labels import effective_precision
-    from workers.quantize.search import family_verdicts
 
     bf16_isa = [*VNNI, "avx512_bf16"]
     first = {s["key"]: s for s in plan_round(round_number=1, model_facts=SHAPE_FACTS, device_isa=bf16_isa, backends=["onnxruntime", "openvino"],
@@ -488,56 +401,3 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
 
 
-def test_search_locally_fits_each_later_round_to_its_time_left_and_stops_when_nothing_fits(mlp_files, tmp_path, monkeypatch):
-    from workers.quantize import round_budget
-
-    seen = []
-
-    def nothing_fits(specs, **kwargs):
-        seen.append(kwargs)
-        fitted = round_budget.fit_round(specs, **kwargs)
-        if kwargs["round_number"] == 1:
-            return fitted
-        return round_budget.FittedRound(kept=[], left_out=[spec["key"] for spec in specs], note="round 2: all left out")
-
-    monkeypatch.setattr(search, "fit_round", nothing_fits)
-    result = search_locally(model_path=mlp_files.model, calibration_path=mlp_files.calibration, validation_path=mlp_files.validation,
-                            tolerance="accuracy:1%", backends=("onnxruntime",), work_dir=tmp_path, max_rounds=3,
-                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
-    # Round 1 (the probes and vendor defaults) has no pace yet; round 2 is fitted with what round 1 measured and took.
-    assert [kwargs["round_number"] for kwargs in seen] == [1, 2]
-    assert seen[0]["measurements"] == 0 and seen[1]["measurements"] == len(result["variants"]) > 0
-    assert seen[1]["elapsed_s"] > 0 and seen[1]["seconds_left"] < 600
-    assert result["rounds"] == 1 and "would not cover round 2" in result["stopped"]
-    assert "round 2: all left out" in result["notes"]
-    assert result["recommended"] is not None
-
-
-def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_files, tmp_path):
-    result = search_locally(model_path=digits_files.model, calibration_path=digits_files.calibration,
-                            validation_path=digits_files.validation, tolerance="accuracy:2%", backends=("openvino",),
-                            work_dir=tmp_path, max_rounds=1,
-                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
-    by_id = {entry["id"]: entry for entry in result["variants"]}
-    assert {"fp32@openvino", "ov-int8@openvino"} <= set(by_id)
-    # Static INT8 on OpenVINO is NNCF's IR alone (issue 24): no QDQ recipe was measured there.
-    assert [key for key, entry in by_id.items() if entry["precision"] == "int8"] == ["ov-int8@openvino"]
-    assert by_id["ov-int8@openvino"]["accuracy"]["within_tolerance"]
-
-
-def test_the_search_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(tmp_path):
-    import onnx
-
-    from devices.metrics import evaluate
-    from tests.fixtures.models import build_masked_encoder, padded_mask, write_npz
-
-    onnx.save(build_masked_encoder(), tmp_path / "encoder.onnx")
-    mask = padded_mask([6, 4, 2, 1, 5], 6)
-    data = write_npz(tmp_path / "validation.npz", input=np.random.default_rng(5).standard_normal((5, 6, 8)).astype(np.float32),
-                     attention_mask=mask)
-    validation = search._Validation(tmp_path / "encoder.onnx", data, limit=4, declared=[])
-    assert validation.plan["outputs"][0]["options"]["mask"] == "attention_mask"
-    scrambled = validation.reference["last_hidden_state"].copy()
-    scrambled[mask[:4] == 0] = 5.0  # what a variant puts on padding does not count
-    hidden = evaluate({"last_hidden_state": scrambled}, validation.reference, validation.plan, inputs=validation.inputs)["outputs"]
-    assert hidden["last_hidden_state"]["errors"] == {} and hidden["last_hidden_state"]["metrics"]["max_abs_error"] == 0.0

@@ -8,7 +8,7 @@ import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../.
 import { capabilitySummary } from '../../components/capabilities';
 import { toleranceText } from '../../components/tolerance';
 import { formatMs, formatNumber } from '../../format';
-import { decisionOf, headline, tieBadge } from './verdict';
+import { decisionOf, headline, provisionalBadge, ratioWords, tieBadge } from './verdict';
 import { kindLabel } from '../../components/outputKinds';
 import { CalibrationSubset } from './CalibrationSubset';
 import { LearningCurves } from './LearningCurves';
@@ -30,6 +30,7 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
   const provisional = device.final === false;
   const decision = decisionOf(device);
   const badge = decision ? tieBadge(decision) : null;
+  const busy = decision ? provisionalBadge(decision) : null;
   return (
     <div className="recommendation" data-testid="recommendation">
       <div>
@@ -37,11 +38,18 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
         <strong data-testid="recommended-label">{decision?.label ?? variantLabel(variant)}</strong>
         {provisional ? <span className="muted small"> · still measuring; this page updates by itself</span> : null}
       </div>
-      {decision?.speed || decision?.cost || badge ? (
+      {decision?.speed || decision?.cost || badge || busy ? (
         <ul className="verdict-facts" aria-label="Verdict">
           {decision?.speed ? <li data-testid="verdict-speedup">{decision.speed}</li> : null}
           {decision?.cost ? <li data-testid="verdict-cost">{decision.cost}</li> : null}
           {badge ? <li><span className="badge badge-tie">{badge}</span></li> : null}
+          {busy ? (
+            <li>
+              <span className="badge badge-warn" title={decision?.provisional?.text} data-testid="provisional-badge">
+                {busy}
+              </span>
+            </li>
+          ) : null}
         </ul>
       ) : null}
       <p className="recommendation-reason" data-testid="verdict">{headline(device)}</p>
@@ -110,9 +118,7 @@ export function SideBySide({ device }: { device: ReportDevice }) {
                 <th scope="row">{row.label}</th>
                 <td className="numeric">{formatMs(row.p50_ms)}</td>
                 <td>
-                  {row.against_recommended
-                    ? `${row.against_recommended.ratio.toFixed(2)}x (${row.against_recommended.low.toFixed(2)}x to ${row.against_recommended.high.toFixed(2)}x): ${row.against_recommended.comparison}`
-                    : 'recommended'}
+                  {row.against_recommended ? `${ratioWords(row.against_recommended)}: ${row.against_recommended.comparison}` : 'recommended'}
                 </td>
                 <td className="muted small">
                   {(row.against_recommended?.per_round ?? []).map((ratio) => ratio.toFixed(2)).join(' · ')}

@@ -74,6 +74,18 @@ describe('ReportTable', () => {
     expect(within(outside).getByText('No')).toBeInTheDocument();
   });
 
+  it('labels a re-timed row as side by side and shows its first pass apart', () => {
+    const retimed: ReportVariant = {
+      ...variant(2, 'int8', 0.8, 0.965), measurement_set: 'side by side', peak_memory_mb: null,
+      timing: { source: 'side by side', interleaved_medians_ms: [0.8, 0.81, 0.79] },
+      first_pass: { latency_ms: { p50: 1.25, p90: 1.3, p99: 1.4, mean: 1.25, std: 0.01 }, peak_memory_mb: 20 },
+    };
+    render(<ReportTable variants={[variant(1, 'fp32', 2.0, 0.97), retimed]} recommended={2} deviceName="box" />);
+    const row = screen.getByTestId('recommended-row');
+    expect(within(row).getByTestId('side-by-side-mark')).toHaveTextContent('side by side · first pass 1.25 ms');
+    expect(screen.getAllByTestId('side-by-side-mark')).toHaveLength(1);
+  });
+
   it('sortVariants keeps missing values last in both directions', () => {
     expect(sortVariants(variants, 'p50', 'descending').map((v) => v.id)).toEqual([1, 3, 5, 2, 4]);
   });

@@ -83,6 +83,30 @@ describe('the decision, rendered', () => {
     expect(onRemeasure).toHaveBeenCalledOnce();
   });
 
+  it('badges a decision taken on busy rounds as provisional, with the server\'s words', () => {
+    const words = 'provisional: the device was busy in 6 of the 6 side-by-side rounds the decision rests on (burner 95%)';
+    const busy: Decision = { ...steady, text: `${steady.text.slice(0, -1)}; ${words}.`,
+      provisional: { busy: 6, windows: 6, attempts: 1, busiest: ['burner 95%'], text: words } };
+    render(<Recommendation device={device(busy)} />);
+    expect(screen.getByTestId('provisional-badge')).toHaveTextContent('Provisional: the device was busy');
+    expect(screen.getByTestId('provisional-badge')).toHaveAttribute('title', words);
+    expect(screen.getByTestId('verdict')).toHaveTextContent(words);
+  });
+
+  it('prints a side-by-side ratio as the server wrote it, with the digits that decide it', () => {
+    const close: Decision = { ...steady, measurement: { ...steady.measurement!, finalists: [steady.measurement!.finalists[0], {
+      ...steady.measurement!.finalists[1],
+      against_recommended: { ratio: 1.0256, low: 1.0019, high: 1.0498, source: 'interleaved re-timing', comparison: 'faster', beyond_noise: true,
+        per_round: [1.02, 1.03], ratio_text: '1.03x', interval_text: '1.002x to 1.05x' } }] } };
+    render(<Recommendation device={device(close)} />);
+    expect(within(screen.getAllByTestId('side-by-side-row')[1]).getByText('1.03x (1.002x to 1.05x): faster')).toBeInTheDocument();
+  });
+
+  it('shows no provisional badge on a quiet decision', () => {
+    render(<Recommendation device={device(steady)} />);
+    expect(screen.queryByTestId('provisional-badge')).not.toBeInTheDocument();
+  });
+
   it('the job page\'s Result card renders the same decision', () => {
     render(<MemoryRouter><ResultSummary report={{ job: 1, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [device(steady)] }} jobId={1} /></MemoryRouter>);
     expect(screen.getByTestId('result-device')).toHaveTextContent('int8 · int8-mse on onnxruntime');

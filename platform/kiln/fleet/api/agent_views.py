@@ -97,6 +97,8 @@ def _retime_payload(task) -> dict | None:
         "rounds": min(int((task.retime or {}).get("rounds") or RETIME_ROUNDS), settings.RETIME_MAX_ROUNDS),
         "min_rounds": int((task.retime or {}).get("min_rounds") or MIN_ROUNDS),
         "window": INTERLEAVED_WINDOW,
+        # Set when the last rounds were busy (kiln.pipeline.retime `retime_when_quiet`): wait this long for a quiet device first.
+        "wait_for_quiet_s": float((task.retime or {}).get("wait_for_quiet_s") or 0.0),
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
                       "compile": other.variant.options.get("compile") or {},
                       "model": _file_entry(task, f"{RETIME_FILE_PREFIX}{other.id}", other.variant.artifact.blob if other.variant.artifact else None)}

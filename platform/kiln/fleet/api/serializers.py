@@ -171,10 +171,21 @@ class BatchRowSerializer(serializers.Serializer):
 
 
 class RetimeRowSerializer(serializers.Serializer):
-    """One variant of a RETIME task: its measure task and its per-window medians, in round order."""
+    """One variant of a RETIME task: its measure task, its per-window medians in round order, and the summary of all its rounds'
+    samples (devices/bench.py `side_by_side_row`; absent from agents of an earlier release)."""
 
     task = serializers.IntegerField(min_value=1)
     interleaved_medians_ms = serializers.ListField(child=serializers.FloatField(min_value=0, max_value=MAX_MS), min_length=1, max_length=64)
+    latency_ms = LatencySerializer(required=False)
+    throughput_per_s = _number(max_value=1e12)
+    batch_size = _count(max_value=1 << 20)
+
+
+class QuietWaitSerializer(serializers.Serializer):
+    """How a RETIME task's wait for a quiet device went (devices/quiet.py `wait_until_quiet`)."""
+
+    quiet = serializers.BooleanField()
+    waited_s = serializers.FloatField(min_value=0, max_value=1e6)
 
 
 class RuntimeCheckSerializer(serializers.Serializer):
@@ -194,6 +205,7 @@ class MetricsSerializer(serializers.Serializer):
     retime = serializers.ListField(child=RetimeRowSerializer(), max_length=16, required=False)
     # Why a RETIME task's rounds stopped (devices/paired.py `stop_reason`).
     stopped = serializers.ChoiceField(choices=["separated", "tie settled", "cap"], required=False, allow_null=True)
+    quiet_wait = QuietWaitSerializer(required=False)
     # The quiet windows the timing ran in (devices/quiet.py `Window.as_dict`): load before and after, re-takes.
     windows = serializers.ListField(child=BoundedJSONField(max_bytes=2048, max_depth=3), max_length=64, required=False)
 
