@@ -18,6 +18,7 @@ from kiln.reports.selectors import device_reports
 from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
+from workers.quantize.families import BF16_KEY, FAMILY_COMPILE
 from workers.quantize.isa_families import bf16_choice, isa_notes
 from workers.quantize.isolated import BuildWatch, build_isolated, rank_nodes_isolated
 from workers.quantize.litert import PRECISIONS as LITERT_PRECISIONS
@@ -25,7 +26,6 @@ from workers.quantize.litert_family import explicit_specs as litert_explicit_spe
 from workers.quantize.openvino_family import explicit_specs as openvino_explicit_specs
 from workers.quantize.round_budget import first_round, fit_round, is_refinement
 from workers.quantize.runtimes import for_targets
-from workers.quantize.families import BF16_KEY, FAMILY_COMPILE
 from workers.quantize.search import plan_round
 from workers.quantize.verdicts import family_verdicts, ranking_pays
 
