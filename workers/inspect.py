@@ -437,3 +437,8 @@ def inspect_upload(request: dict, work: Path) -> dict[str, Any]:
     except Exception as error:  # a model the heuristics cannot read still uploads (the job infers again from values)
         kinds, facts["output_kinds_error"] = {}, f"{type(error).__name__}: {error}"
     return {"validation": validation, "facts": facts, "output_kinds": kinds}
+
+
+def validate_command(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `onnx.validate` command: the ONNX checker's verdict on a job's model (the validate stage)."""
+    return {"validation": validate_onnx(Path(request["model"]))}
