@@ -13,6 +13,7 @@ import json
 import pickletools
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -240,6 +241,40 @@ def _check_operators(archive: zipfile.ZipFile, names: list[str], kind: str) -> N
             )
     if kind == TORCHSCRIPT:
         check_load_time_code({_inner(name): text for name, text in texts.items()})
+    else:
+        for name, text in texts.items():
+            _check_export_targets(text, label=_inner(name))
+
+
+# What a torch.export graph may call besides `torch.ops.*` operators: Python's arithmetic on sizes.
+EXPORT_PYTHON_TARGET = re.compile(r"^(?:_operator|operator|math)\.\w+$|^torch\.(?:_?sym_\w+)$")
+
+
+def _node_targets(value) -> Iterator[str]:
+    """Every node `target` of a serialized torch.export program, nested graphs (cond, loops) included."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("target"), str) and "inputs" in item:
+                yield item["target"]
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+def _check_export_targets(text: str, *, label: str) -> None:
+    """A node whose target is a Python function (torch.load, builtins.exec) would have it called: refused by name here,
+    before the deserializer (whose own refusal names it by memory address)."""
+    try:
+        program = json.loads(text)
+    except ValueError:
+        raise RefusedTorchFile(f"{label} is not readable JSON.", code="invalid_model") from None
+    for target in sorted(set(_node_targets(program))):
+        if target.startswith("torch.ops.") or EXPORT_PYTHON_TARGET.match(target):
+            continue
+        raise RefusedTorchFile(f"The model calls {target} ({label}), which is not a PyTorch operator: a torch.export graph may "
+                               "call only operators, so the file is refused.", code="forbidden_operator")
 
 
 # -- code that runs while a TorchScript file loads ------------------------------------------

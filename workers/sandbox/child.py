@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .confine import Plan, enter
 from .namespaces import die_with_parent
+from .redact import without_addresses
 
 # Commands by name; the request names one, never a module path.
 COMMANDS = {
@@ -69,7 +70,7 @@ def _failure(error: BaseException) -> dict:
     if isinstance(error, MemoryError):  # the address-space limit: the parent names it (SandboxLimitExceeded)
         return {"error": "out of memory", "code": "sandbox_memory_limit"}
     code = getattr(error, "code", None)
-    text = str(error) if isinstance(code, str) else f"{type(error).__name__}: {error}"
+    text = without_addresses(str(error) if isinstance(code, str) else f"{type(error).__name__}: {error}")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 6:  # a TorchScript traceback: its first line and the cause at its end are what a user reads
         text = f"{lines[0]} ... {' '.join(lines[-3:])}"

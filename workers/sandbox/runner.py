@@ -26,6 +26,7 @@ import psutil
 
 from . import policy
 from .confine import LAYERS, Plan, readable_paths
+from .redact import without_addresses
 
 DEFAULT_MEMORY_MB = 6144
 DEFAULT_CPU_SECONDS = 600
@@ -167,7 +168,7 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
         output, returncode, usage = _run_child(private, packages, limits=limits, pause=pause, threads=threads, what=what)
         result = _read_result(private, returncode, output, limits=limits, usage=usage)
         if "error" in result:
-            message = str(result["error"]).replace(str(private) + os.sep, "").replace(str(private), "")
+            message = without_addresses(str(result["error"]).replace(str(private) + os.sep, "").replace(str(private), ""))
             if str(result.get("code") or "").startswith("sandbox_memory"):
                 raise SandboxLimitExceeded("memory", memory_mb or rss_mb or 0, what=what)
             raise (Unconfined if result.get("unconfined") else SandboxFailed)(message, code=result.get("code"))

@@ -23,6 +23,7 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.celery import app as celery_app
 from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
+from workers.inspect import NESTING_LIMIT
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.sandbox.runner import run_confined
@@ -115,6 +116,8 @@ def _check_input_sizes(signature: dict) -> None:
 
 def _model_problem(onnx_path: Path, filename: str, detail: str) -> str:
     """What the user uploaded instead of an ONNX model, and how to make one (see registry/messages.py)."""
+    if NESTING_LIMIT in detail:  # an ONNX model, but one the parser will not descend into: not a broken download
+        return f"{Path(filename).name or 'The file'}: {detail}. Flatten its control flow (fewer nested If/Loop) and export it again."
     parse_failed = "not a readable ONNX model" in detail or "parsing" in detail.lower() or "parse" in detail.lower()
     return unreadable_model_message(path=Path(onnx_path), filename=Path(filename).name or "The file", parse_failed=parse_failed,
                                     detail=detail)
