@@ -13,6 +13,7 @@ import json
 import pickletools
 import re
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -88,12 +89,23 @@ def scan_torch_file(path, *, max_entries: int = 10_000, max_total_bytes: int = 8
     except (zipfile.BadZipFile, OSError, ValueError) as error:
         raise RefusedTorchFile(f"This is not a PyTorch archive (a torch.export .pt2 or a TorchScript .pt zip): {error}", code="unsupported_format") from None
     with archive:
-        names = _checked_names(archive, max_entries=max_entries, max_total_bytes=max_total_bytes)
-        kind = _kind(names)
-        facts = TorchFileFacts(kind=kind)
-        _scan_archive(archive, facts, depth=0)
-        _check_operators(archive, names, kind)
+        try:
+            names = _checked_names(archive, max_entries=max_entries, max_total_bytes=max_total_bytes)
+            kind = _kind(names)
+            facts = TorchFileFacts(kind=kind)
+            _scan_archive(archive, facts, depth=0)
+            _check_operators(archive, names, kind)
+        except RefusedTorchFile:
+            raise
+        except DAMAGED as error:  # a central directory that reads, entries that do not: the file's fault, a 400
+            raise RefusedTorchFile(f"The archive is damaged (an entry cannot be read: {error}); save the model again.",
+                                   code="invalid_model") from None
     return facts
+
+
+# What reading a damaged zip's entries raises: a bad header or CRC, a bad offset, a name that does not decode,
+# a compression method or encryption zipfile does not read, a broken deflate stream.
+DAMAGED = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error)
 
 
 _PICKLE_REFUSAL = (
