@@ -13,7 +13,7 @@ from pathlib import Path
 
 from devices import support
 
-from .sandbox.runner import SandboxFailed, model_shown, run_confined
+from .sandbox.runner import SandboxFailed, Unconfined, model_shown, run_confined
 
 TIMEOUT_S = 300.0
 
@@ -42,6 +42,8 @@ def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None
     shared = model_shown(Path(model_path), folder)
     try:
         return _ask(Path(model_path), names, timeout_s, shared)
+    except Unconfined as refused:  # no runtime crashed: this host parses no user's file at all
+        raise SupportCheckFailed(f"the operator-support check did not run ({refused})") from None
     except SandboxFailed as failed:
         if not names:
             raise SupportCheckFailed(f"the operator-support check failed ({failed})") from None

@@ -88,3 +88,19 @@ def test_sandboxed_failures_name_objects_without_their_addresses():
                          "'Linear (of Python compilation unit at: 0x5628be226440)' near <_io.BytesIO object at 0x7f12ab34cd56>")
     text = _failure(error)["error"]
     assert "0x" not in text and "function load" in text and "'Linear'" in text and "_io.BytesIO" in text, text
+
+
+def test_a_line_of_text_holding_a_nul_is_a_dataset_not_an_out_of_range_value(tenant, tmp_path):
+    """Found by the fuzzer: the preview stored the line as it was, and PostgreSQL's JSON refuses a NUL."""
+    import json
+
+    from tests.fixtures.text import MAX_LENGTH, train_tokenizer
+
+    text = tmp_path / "lines.txt"
+    text.write_bytes(b"a first line\nthe sec\x00ond one\n")
+    recipe = {"type": "text", "inputs": {"input_ids": "ids", "attention_mask": "attention_mask"}, "max_length": MAX_LENGTH}
+    with open(train_tokenizer(tmp_path / "tokenizer.json"), "rb") as tokenizer, open(text, "rb") as handle:
+        made = tenant.client.post("/api/v1/datasets/", {"kind": "validation", "recipe": json.dumps(recipe), "file": handle,
+                                                        "tokenizer": tokenizer}, format="multipart")
+    assert made.status_code == 201, made.content
+    assert made.json()["previews"][1]["text"] == "the sec\u2400ond one"
