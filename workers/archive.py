@@ -199,27 +199,33 @@ def _extract_member(
     max_ratio: float,
 ) -> int:
     """Stream one entry to disk, counting real bytes because declared sizes can lie; return the new total."""
-    # O_EXCL and O_NOFOLLOW: never overwrite, never write through a link planted by an earlier entry.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
-    descriptor = os.open(target, flags, 0o644)
-    created.append(target)
-    written_total = written_before
-    written_entry = 0
-    ratio_limit = max_ratio * max(info.compress_size, 1)
+    # Opening an entry reads its local header (a bad offset, a name that does not decode): the archive's fault, a 400.
     try:
-        with os.fdopen(descriptor, "wb") as output, archive.open(info) as source:
-            while chunk := source.read(_CHUNK_BYTES):
-                written_entry += len(chunk)
-                written_total += len(chunk)
-                if written_entry > info.file_size:
-                    raise UnsafeArchive(f"entry {info.filename!r} holds more bytes than its header declares")
-                if written_total > max_total_bytes:
-                    raise UnsafeArchive(f"the archive expands to more than {max_total_bytes} bytes")
-                if written_entry > ratio_limit:
-                    raise UnsafeArchive(f"entry {info.filename!r} compresses more than {max_ratio}:1; refusing a likely zip bomb")
-                output.write(chunk)
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as error:
+        source = archive.open(info)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as error:
         raise UnsupportedArchive(f"entry {info.filename!r} cannot be read: {error}") from error
+    with source:
+        # O_EXCL and O_NOFOLLOW: never overwrite, never write through a link planted by an earlier entry.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        descriptor = os.open(target, flags, 0o644)
+        created.append(target)
+        written_total = written_before
+        written_entry = 0
+        ratio_limit = max_ratio * max(info.compress_size, 1)
+        try:
+            with os.fdopen(descriptor, "wb") as output:
+                while chunk := source.read(_CHUNK_BYTES):
+                    written_entry += len(chunk)
+                    written_total += len(chunk)
+                    if written_entry > info.file_size:
+                        raise UnsafeArchive(f"entry {info.filename!r} holds more bytes than its header declares")
+                    if written_total > max_total_bytes:
+                        raise UnsafeArchive(f"the archive expands to more than {max_total_bytes} bytes")
+                    if written_entry > ratio_limit:
+                        raise UnsafeArchive(f"entry {info.filename!r} compresses more than {max_ratio}:1; refusing a likely zip bomb")
+                    output.write(chunk)
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as error:
+            raise UnsupportedArchive(f"entry {info.filename!r} cannot be read: {error}") from error
     return written_total
 
 

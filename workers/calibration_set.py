@@ -95,3 +95,16 @@ def write_calibration_calls(model_path: str | Path, dataset_path: str | Path, pl
     if not calls:
         raise ValueError("the calibration set has no calls to feed")
     return {"samples": samples, "calls": calls}
+
+
+CALLS_FILE = "calibration-calls.zip"
+
+
+def calibration_command(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `calibration.calls` command: choose the samples (when the job asks for a subset) and write their
+    calls (left as `calibration-calls.zip` in its folder), reading the user's dataset and running the user's model."""
+    subset = request.get("subset")
+    chosen = choose_samples(request["dataset"], **subset) if subset else None
+    written = write_calibration_calls(request["model"], request["dataset"], request["feeds"], work / CALLS_FILE,
+                                      indices=chosen["indices"] if chosen else None)
+    return {"chosen": chosen, "written": written}

@@ -60,13 +60,23 @@ def inspect_onnx(path: str | Path) -> dict[str, Any]:
     }
 
 
+# The protobuf parser's depth limit (upb says "MaxDepth", the C++ runtime "too deep"): an If, Loop or Scan body is a
+# graph inside a node inside a graph, so about 30 levels of control flow reach it.
+PROTOBUF_DEPTH_LIMIT = 100
+NESTING_LIMIT = "nesting limit"
+_TOO_DEEP = ("maxdepth", "too deep", "recursion")
+
+
 def load_graph_only(path: str | Path) -> onnx.ModelProto:
     """Load a model's protobuf without its external weights, raising InvalidModel if it is unreadable."""
     path = Path(path)
     _require_nonempty_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as error:
+    except (DecodeError, RuntimeError, ValueError, OSError, RecursionError) as error:
+        if any(marker in str(error).lower() for marker in _TOO_DEEP) or isinstance(error, RecursionError):
+            raise InvalidModel(f"the model nests subgraphs (If, Loop or Scan bodies) deeper than the ONNX parser's {NESTING_LIMIT} "
+                               f"of {PROTOBUF_DEPTH_LIMIT} protobuf levels, so it cannot be read") from None
         raise InvalidModel(f"{path.name} is not a readable ONNX model (corrupt, truncated or another format): {error}") from error
     if not model.HasField("graph") or not (model.graph.node or model.graph.output):
         raise InvalidModel(f"{path.name} is not a readable ONNX model: it holds no graph")
@@ -108,6 +118,12 @@ def _describe_checker_error(path: Path, error: Exception) -> str:
     text = str(error).strip() or type(error).__name__
     lowered = text.lower()
     if isinstance(error, DecodeError) or "parse" in lowered or "protobuf" in lowered:
+        # The path-based checker says only "Unable to parse proto"; the parser itself says why (a nesting limit, say).
+        try:
+            load_graph_only(path)
+        except InvalidModel as unreadable:
+            if NESTING_LIMIT in str(unreadable):
+                return str(unreadable)
         return f"not a readable ONNX model (corrupt, truncated or another format): {text}"
     # Random bytes sometimes decode as an (empty) protobuf; say "not ONNX" rather than quote the checker.
     try:
@@ -437,3 +453,8 @@ def inspect_upload(request: dict, work: Path) -> dict[str, Any]:
     except Exception as error:  # a model the heuristics cannot read still uploads (the job infers again from values)
         kinds, facts["output_kinds_error"] = {}, f"{type(error).__name__}: {error}"
     return {"validation": validation, "facts": facts, "output_kinds": kinds}
+
+
+def validate_command(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `onnx.validate` command: the ONNX checker's verdict on a job's model (the validate stage)."""
+    return {"validation": validate_onnx(Path(request["model"]))}

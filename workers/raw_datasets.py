@@ -46,11 +46,12 @@ def build_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], out_path: st
         previews, label_names = [], {}
         try:
             for name, tensors, label, preview in samples:
+                label = _storable(label)
                 if label is not None:
                     tensors = {**tensors, LABELS: np.asarray(label_names.setdefault(label, len(label_names)), np.int64)}
                 writer.add(name, tensors)
                 if (name in shown) if shown is not None else len(previews) < PREVIEWS:
-                    previews.append(preview())
+                    previews.append(_storable(preview()))
             if not writer.count:
                 raise RecipeError(f"{display_name} holds no {'lines' if recipe['type'] == 'text' else recipe['type'] + ' files'}")
             if label_names and writer.count != writer.counts.get(LABELS, 0):
@@ -119,13 +120,24 @@ def preview_raw_dataset(raw_path: str | Path, recipe: dict[str, Any], *, display
         for key, value in tensors.items():
             arrays.setdefault(key, {"dtype": value.dtype.name, "shape": list(value.shape),
                                     "min": round(float(value.min()), 4) if value.size else None, "max": round(float(value.max()), 4) if value.size else None})
-        previews.append({**preview(), "label": label})
+        previews.append(_storable({**preview(), "label": label}))
     if not previews:
         raise RecipeError(f"{display_name} holds no {recipe['type']} files")
     return {"files": len(counted), "arrays": arrays, "previews": previews, "classes": class_counts(counted)}
 
 
 Sample = tuple[str, dict[str, np.ndarray], "str | None", Any]
+
+
+def _storable(value):
+    """`value` with every NUL in its text shown as ␀: a line or a file name may hold one, a database text column may not."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\u2400")
+    if isinstance(value, dict):
+        return {_storable(key): _storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item) for item in value]
+    return value
 
 
 def _samples(raw_path: Path, recipe: dict[str, Any], display_name: str, tokenizer_json: str | None,

@@ -13,6 +13,7 @@ from devices import feeds
 from devices.backends.onnxruntime import ort_dtype
 from devices.batching import sample_rows
 from workers.datasets import dataset_samples, iter_batches
+from workers.inspect import infer_output_kinds
 
 
 def compute_reference_outputs(
@@ -100,3 +101,16 @@ def _write_npz_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+REFERENCE_FILE = "reference.npz"
+
+
+def reference_command(request: dict, work: Path) -> dict[str, Any]:
+    """The sandbox's `reference.compute` command: the FP32 outputs (left as `reference.npz` in its folder) and the
+    kinds of outputs they show (workers.inspect.infer_output_kinds), both read from the user's model and data."""
+    out = work / REFERENCE_FILE
+    summary = compute_reference_outputs(request["model"], request["inputs"], out, plan=request.get("feeds"))
+    with np.load(out, allow_pickle=False) as archive:
+        reference = {name: archive[name] for name in archive.files}
+    return {"summary": summary, "output_kinds": infer_output_kinds(request["model"], reference)}

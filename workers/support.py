@@ -13,7 +13,7 @@ from pathlib import Path
 
 from devices import support
 
-from .sandbox.runner import SandboxFailed, run_confined
+from .sandbox.runner import SandboxFailed, Unconfined, model_shown, run_confined
 
 TIMEOUT_S = 300.0
 
@@ -29,15 +29,7 @@ def check_command(request: dict, work: Path) -> dict:
 
 def _ask(model_path: Path, backends: list[str] | None, timeout_s: float, shared: tuple[Path, ...]) -> list[dict]:
     return run_confined("support.check", {"model": str(model_path), "backends": backends}, shared=shared, wall_seconds=int(timeout_s),
-                        allow_unconfined=True)["answers"]
-
-
-def _shown(model_path: Path, folder: Path | None) -> tuple[Path, ...]:
-    """What the child may read: the model's own folder when it is one (an extracted zip), else the file and its `.data`."""
-    if folder is not None:
-        return (folder,)
-    side = model_path.with_name(model_path.name + ".data")
-    return (model_path, side) if side.is_file() else (model_path,)
+                        what="the operator-support check")["answers"]
 
 
 def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None, *, timeout_s: float = TIMEOUT_S,
@@ -47,9 +39,11 @@ def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None
     `folder`: the model's own folder, when its external data lies there under names of its own (an extracted zip).
     """
     names = sorted(set(backends)) if backends is not None else None
-    shared = _shown(Path(model_path), folder)
+    shared = model_shown(Path(model_path), folder)
     try:
         return _ask(Path(model_path), names, timeout_s, shared)
+    except Unconfined as refused:  # no runtime crashed: this host parses no user's file at all
+        raise SupportCheckFailed(f"the operator-support check did not run ({refused})") from None
     except SandboxFailed as failed:
         if not names:
             raise SupportCheckFailed(f"the operator-support check failed ({failed})") from None

@@ -756,13 +756,14 @@ def devices_table(rows: list[dict], now: datetime | None = None) -> Table:
 
 @devices.command("add")
 @click.argument("token_name")
+@click.option("--expires-in-days", type=click.IntRange(1, 3650), help="The token enrols no device after this many days (default: never).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def devices_add(ctx, token_name: str, as_json: bool) -> None:
+def devices_add(ctx, token_name: str, expires_in_days: int | None, as_json: bool) -> None:
     """Make a registration token and print the commands to run on the device (install, register and run)."""
     client = _client(ctx)
     setup = client.agent_setup()
-    token = client.create_registration_token(token_name)
+    token = client.create_registration_token(token_name, expires_in_days=expires_in_days)
     up = token["register_command"].replace("kiln-agent register", "kiln-agent up", 1)
     if as_json:
         return _print_json({**setup, "token": token["token"], "register_command": token["register_command"], "up_command": up})
@@ -770,7 +771,8 @@ def devices_add(ctx, token_name: str, as_json: bool) -> None:
         errors.print(f"[yellow]warning[/yellow]: {setup['warning']}")
         for url in setup.get("suggested_urls") or []:
             errors.print(f"  this server's address: {url}")
-    click.echo("On the device (the token is shown once):")
+    expiry = f", and enrols devices until {str(token['expires_at'])[:16].replace('T', ' ')} UTC" if token.get("expires_at") else ""
+    click.echo(f"On the device (the token is shown once{expiry}):")
     click.echo(f"  1. {setup['install_command']}")
     click.echo(f"  2. {up}")
     click.echo("  3. kiln-agent install-service   # optional: keeps it running after log-out and reboots")

@@ -298,9 +298,11 @@ class Client(HttpClient):
         """The server's address as devices reach it (with a warning when loopback) and the agent's install command."""
         return self.get("agents/setup/")
 
-    def create_registration_token(self, name: str) -> dict:
-        """A registration token for new devices (the secret is in this answer only) with its register command."""
-        return self.post("agents/registration-tokens/", {"name": name})
+    def create_registration_token(self, name: str, *, expires_in_days: int | None = None) -> dict:
+        """A registration token for new devices (the secret is in this answer only) with its register command; with
+        `expires_in_days`, it enrols no device after that many days."""
+        body = {"name": name, **({"expires_in_days": expires_in_days} if expires_in_days else {})}
+        return self.post("agents/registration-tokens/", body)
 
     def package_signing_key(self) -> str:
         """The server's Ed25519 public key (PEM) that signs deployment packages."""

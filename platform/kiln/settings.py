@@ -10,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kiln.core.client_address import InvalidProxyList, parse_trusted_proxies
 from kiln.storage_settings import blob_storage_settings
 from workers import routing as _routing
+from workers.sandbox import policy as sandbox_policy
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BASE_DIR.parent
@@ -202,11 +203,15 @@ MAX_INPUT_ELEMENTS = _env_int("KILN_MAX_INPUT_ELEMENTS", 2**28, minimum=1)
 # PyTorch uploads are loaded and exported in a sandboxed child process with these limits.
 TORCH_SANDBOX_MEMORY_MB = _env_int("KILN_TORCH_SANDBOX_MEMORY_MB", 6144, minimum=1024)
 TORCH_SANDBOX_CPU_SECONDS = _env_int("KILN_TORCH_SANDBOX_CPU_SECONDS", 600, minimum=10)
-# Where the kernel grants none of the OS confinements (workers/sandbox/confine.py), PyTorch files are refused
-# unless the operator accepts running them with rlimits and the in-process guard only.
-SANDBOX_ALLOW_UNCONFINED = _env_bool("KILN_SANDBOX_ALLOW_UNCONFINED", False)
-# The identity a sandbox started by root takes (read by workers/sandbox/runner.py from the environment).
-SANDBOX_UID = _env_int("KILN_SANDBOX_UID", 65534, minimum=1)
+# Where the kernel grants none of the OS confinements (workers/sandbox/confine.py), users' files are refused;
+# KILN_SANDBOX_ALLOW_UNCONFINED=true runs them with rlimits and the in-process guard only, in tests and
+# development (KILN_DEBUG=true) only. KILN_SANDBOX_UID is the identity a sandbox started by root takes.
+# workers.sandbox.policy owns both (the sandbox runner reads them there too); a server start refuses an unsafe one.
+try:
+    SANDBOX_ALLOW_UNCONFINED = sandbox_policy.allow_unconfined()
+    SANDBOX_UID = sandbox_policy.sandbox_uid()
+except sandbox_policy.UnsafeSandboxSetting as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 UPLOAD_TMP_DIR.mkdir(parents=True, exist_ok=True)
 FILE_UPLOAD_TEMP_DIR = str(UPLOAD_TMP_DIR)
 # Every upload streams to a temp file, hashed on the way and cut off at the limit; set globally

@@ -73,11 +73,19 @@ def _target_name(target) -> str:
 
 
 def _script_operators(module) -> set[str]:
-    """Every node kind of each method TorchScript compiled, calls inlined and nested blocks included."""
+    """Every node kind of each method TorchScript compiled, of the module and of every submodule (`__setstate__` and the
+    helpers it calls included), calls inlined and nested blocks included.
+
+    Methods are read from the compiled module (`_c._get_method`), never through Python attribute lookup, which finds
+    the Python class's own `__setstate__` (a function without a graph) instead of the compiled one.
+    """
     found: set[str] = set()
-    pending = [module.inlined_graph]
-    for method_name in module._c._method_names():
-        pending.append(getattr(module, method_name).graph)
+    graphs = [module.inlined_graph]
+    for submodule in module.modules():
+        compiled = submodule._c
+        graphs.extend(compiled._get_method(name).graph for name in compiled._method_names())
+    # `graphs` holds every graph to the end: a block (an if's branch, a loop's body) is only valid while its graph lives.
+    pending = list(graphs)
     while pending:
         block = pending.pop()
         for node in block.nodes():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.sandbox.confine import NOBODY
 from workers.sandbox.runner import DEFAULT_CPU_SECONDS, DEFAULT_MEMORY_MB, SandboxFailed, Unconfined, run_confined
 
 __all__ = ["SandboxFailed", "Unconfined", "run_in_sandbox"]
@@ -11,7 +10,7 @@ COMMANDS = {"convert": "torch.convert", "parity": "torch.parity"}
 
 
 def run_in_sandbox(request: dict, *, files: dict[str, Path], memory_mb: int = DEFAULT_MEMORY_MB, cpu_seconds: int = DEFAULT_CPU_SECONDS,
-                   allow_unconfined: bool = False, check_operators: bool = True, uid: int = NOBODY) -> dict:
+                   allow_unconfined: bool | None = None, check_operators: bool = True, uid: int | None = None) -> dict:
     """Run `request["command"]` ("convert" or "parity"); a converted model lands at `request["onnx_out"]`.
 
     `check_operators=False` exists for the tests that prove the OS confinement holds on its own.

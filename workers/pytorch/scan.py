@@ -7,11 +7,14 @@ pickled module) is refused outright: loading one means running whatever its pick
 """
 from __future__ import annotations
 
+import ast
 import io
 import json
 import pickletools
 import re
 import zipfile
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -86,12 +89,23 @@ def scan_torch_file(path, *, max_entries: int = 10_000, max_total_bytes: int = 8
     except (zipfile.BadZipFile, OSError, ValueError) as error:
         raise RefusedTorchFile(f"This is not a PyTorch archive (a torch.export .pt2 or a TorchScript .pt zip): {error}", code="unsupported_format") from None
     with archive:
-        names = _checked_names(archive, max_entries=max_entries, max_total_bytes=max_total_bytes)
-        kind = _kind(names)
-        facts = TorchFileFacts(kind=kind)
-        _scan_archive(archive, facts, depth=0)
-        _check_operators(archive, names, kind)
+        try:
+            names = _checked_names(archive, max_entries=max_entries, max_total_bytes=max_total_bytes)
+            kind = _kind(names)
+            facts = TorchFileFacts(kind=kind)
+            _scan_archive(archive, facts, depth=0)
+            _check_operators(archive, names, kind)
+        except RefusedTorchFile:
+            raise
+        except DAMAGED as error:  # a central directory that reads, entries that do not: the file's fault, a 400
+            raise RefusedTorchFile(f"The archive is damaged (an entry cannot be read: {error}); save the model again.",
+                                   code="invalid_model") from None
     return facts
+
+
+# What reading a damaged zip's entries raises: a bad header or CRC, a bad offset, a name that does not decode,
+# a compression method or encryption zipfile does not read, a broken deflate stream.
+DAMAGED = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error)
 
 
 _PICKLE_REFUSAL = (
@@ -229,27 +243,194 @@ def _check_operators(archive: zipfile.ZipFile, names: list[str], kind: str) -> N
     else:
         sources = [name for name in names if _inner(name).startswith("models/") and name.endswith(".json")]
         pattern = EXPORT_TARGET
-    for name in sources:
-        text = archive.read(name).decode("utf-8", errors="replace")
+    texts = {name: archive.read(name).decode("utf-8", errors="replace") for name in sources}
+    for name, text in texts.items():
         for namespace in sorted(set(pattern.findall(text)) - ALLOWED_OP_NAMESPACES):
             raise RefusedTorchFile(
                 f"The model calls operators of the {namespace!r} namespace ({_inner(name)}), which need custom code; "
                 "only PyTorch's built-in operators can be loaded.",
                 code="custom_code",
             )
-        if kind == TORCHSCRIPT:
-            _check_load_time_code(text, label=_inner(name))
+    if kind == TORCHSCRIPT:
+        check_load_time_code({_inner(name): text for name, text in texts.items()})
+    else:
+        for name, text in texts.items():
+            _check_export_targets(text, label=_inner(name))
 
 
-SETSTATE = re.compile(r"^(?P<indent>[ \t]*)def __setstate__\(.*?(?=^(?P=indent)def |\Z)", re.MULTILINE | re.DOTALL)
-SCRIPT_CALL = re.compile(r"\b(?:torch|ops\.(\w+))\.(\w+)\(")
+# What a torch.export graph may call besides `torch.ops.*` operators: Python's arithmetic on sizes.
+EXPORT_PYTHON_TARGET = re.compile(r"^(?:_operator|operator|math)\.\w+$|^torch\.(?:_?sym_\w+)$")
+
+
+def _node_targets(value) -> Iterator[str]:
+    """Every node `target` of a serialized torch.export program, nested graphs (cond, loops) included."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("target"), str) and "inputs" in item:
+                yield item["target"]
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+def _check_export_targets(text: str, *, label: str) -> None:
+    """A node whose target is a Python function (torch.load, builtins.exec) would have it called: refused by name here,
+    before the deserializer (whose own refusal names it by memory address)."""
+    try:
+        program = json.loads(text)
+    except ValueError:
+        raise RefusedTorchFile(f"{label} is not readable JSON.", code="invalid_model") from None
+    for target in sorted(set(_node_targets(program))):
+        if target.startswith("torch.ops.") or EXPORT_PYTHON_TARGET.match(target):
+            continue
+        raise RefusedTorchFile(f"The model calls {target} ({label}), which is not a PyTorch operator: a torch.export graph may "
+                               "call only operators, so the file is refused.", code="forbidden_operator")
+
+
+# -- code that runs while a TorchScript file loads ------------------------------------------
+
+# Calls TorchScript's printer writes that are the language itself, not operators or the archive's code.
+SCRIPT_BUILTINS = frozenset({"getattr", "hasattr", "uninitialized", "annotate", "unchecked_cast", "isinstance", "len", "int",
+                             "float", "bool", "str", "range", "enumerate", "zip", "min", "max", "abs", "round", "list", "dict",
+                             "tuple", "print", "divmod", "ord", "chr", "hash", "sorted", "all", "any", "sum"})
+
+
+@dataclass
+class _Function:
+    """One function of the archive's TorchScript code: a class's method (with the name its receiver has) or a free function."""
+
+    qualified: str
+    node: ast.FunctionDef
+    receiver: str | None = None
+    owner: str | None = None
+
+
+@dataclass
+class _Program:
+    """The archive's TorchScript code: classes by qualified name (their methods by name) and free functions."""
+
+    classes: dict[str, dict[str, _Function]] = field(default_factory=dict)
+    functions: dict[str, _Function] = field(default_factory=dict)
+
+    def methods_named(self, name: str) -> list[_Function]:
+        return [methods[name] for methods in self.classes.values() if name in methods]
+
+
+def _module_name(label: str) -> str:
+    """`code/__torch__/torch/nn/modules/linear.py` -> `__torch__.torch.nn.modules.linear`."""
+    return ".".join(PurePosixPath(label).with_suffix("").parts[1:])
+
+
+def _program(sources: dict[str, str]) -> _Program:
+    program = _Program()
+    for label, text in sources.items():
+        module = _module_name(label)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            raise RefusedTorchFile(f"The TorchScript code in {label} could not be read, so what it runs while loading cannot be "
+                                   "checked; the file is refused.", code="load_time_code") from None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                qualified = f"{module}.{node.name}"
+                program.classes[qualified] = {
+                    item.name: _Function(f"{qualified}.{item.name}", item, item.args.args[0].arg if item.args.args else None, qualified)
+                    for item in node.body if isinstance(item, ast.FunctionDef)}
+            elif isinstance(node, ast.FunctionDef):
+                program.functions[f"{module}.{node.name}"] = _Function(f"{module}.{node.name}", node)
+    return program
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """`a.b.c` as text, or None when the expression is not a plain dotted name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _callees(program: _Program, function: _Function, operators_called: set[str]) -> tuple[list[_Function], list[str]]:
+    """What one function calls: the archive's functions it may reach (every candidate when the receiver's class is not
+    known), the operators (added to `operators_called`), and the calls that cannot be followed."""
+    reached: list[_Function] = []
+    unknown: list[str] = []
+    for node in ast.walk(function.node):
+        if not isinstance(node, ast.Call):
+            continue
+        target = node.func
+        dotted = _dotted(target)
+        if dotted and dotted.startswith("torch.") and dotted.count(".") == 1:
+            operators_called.add(f"aten::{dotted.split('.')[1]}")
+        elif dotted and dotted.startswith("ops.") and dotted.count(".") == 2:
+            _, namespace, name = dotted.split(".")
+            operators_called.add(f"{namespace}::{name}")
+        elif dotted and dotted.startswith("__torch__."):
+            if dotted in program.functions:
+                reached.append(program.functions[dotted])
+            elif dotted in program.classes and "__init__" in program.classes[dotted]:
+                reached.append(program.classes[dotted]["__init__"])
+            elif dotted not in program.classes:
+                unknown.append(dotted)
+        elif isinstance(target, ast.Name):
+            if target.id not in SCRIPT_BUILTINS:
+                unknown.append(target.id)
+        elif isinstance(target, ast.Attribute):
+            receiver = target.value
+            own = function.owner and isinstance(receiver, ast.Name) and receiver.id == function.receiver
+            candidates = ([program.classes[function.owner][target.attr]] if own and target.attr in program.classes[function.owner]
+                          else program.methods_named(target.attr))
+            # A method no class of the archive defines is a built-in type's (a list's append, a packed weight's unpack).
+            reached.extend(candidates)
+        else:
+            unknown.append(ast.unparse(target))
+    return reached, unknown
+
+
+def _load_time_reach(program: _Program, start: _Function) -> tuple[list[str], set[str], list[str]]:
+    """Every function `start` may run (the names), every operator they call, and every call that cannot be followed."""
+    seen: dict[str, _Function] = {}
+    pending = [start]
+    operators_called: set[str] = set()
+    unknown: list[str] = []
+    while pending:
+        function = pending.pop()
+        if function.qualified in seen:
+            continue
+        seen[function.qualified] = function
+        reached, cannot = _callees(program, function, operators_called)
+        pending.extend(reached)
+        unknown += cannot
+    return [name.removeprefix("__torch__.") for name in seen], operators_called, unknown
+
+
+def check_load_time_code(sources: dict[str, str]) -> None:
+    """`__setstate__` runs while TorchScript loads the file, before the sandbox can read the loaded graph: every method
+    and function it may reach (calls on `self` followed within its class, other method calls to every method of that
+    name in the archive) must call only allow-listed operators. `sources` maps `code/...py` labels to their text."""
+    if not any("__setstate__" in text for text in sources.values()):
+        return
+    program = _program(sources)
+    for methods in program.classes.values():
+        if "__setstate__" not in methods:
+            continue
+        start = methods["__setstate__"]
+        reached, operators_called, unknown = _load_time_reach(program, start)
+        where = f"{start.qualified.removeprefix('__torch__.')} (run while the file loads"
+        where += f", with {', '.join(name for name in reached[1:])})" if len(reached) > 1 else ")"
+        if unknown:
+            raise RefusedTorchFile(f"{where} calls {', '.join(sorted(set(unknown)))}, which Kiln cannot follow; load-time code it "
+                                   "cannot check is refused. Trace the model without a custom __setstate__.", code="load_time_code")
+        try:
+            operators.check(operators_called, where=where)
+        except operators.RefusedOperators as refused:
+            raise RefusedTorchFile(str(refused), code=refused.code) from None
 
 
 def _check_load_time_code(text: str, *, label: str) -> None:
-    """`__setstate__` runs while TorchScript loads the file, before the sandbox can read the loaded graph: check its calls here."""
-    for body in SETSTATE.finditer(text):
-        called = {f"{namespace or 'aten'}::{name}" for namespace, name in SCRIPT_CALL.findall(body.group(0))}
-        try:
-            operators.check(called, where=f"{label} (its __setstate__, which runs at load)")
-        except operators.RefusedOperators as refused:
-            raise RefusedTorchFile(str(refused), code=refused.code) from None
+    """One code file's load-time code, checked on its own (`check_load_time_code` checks an archive's files together)."""
+    check_load_time_code({label: text})

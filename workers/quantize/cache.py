@@ -96,6 +96,30 @@ def model_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def cache_entry(*, cache_dir: str | Path, model_path: str | Path, precision: str, options: dict[str, Any] | None,
+                calibration_path: str | Path | None) -> tuple[str, Path]:
+    """The cache key of one build and the folder its entry lives in (present or not)."""
+    key = variant_cache_key(
+        model_sha256=model_sha256(model_path), precision=precision, options=dict(options or {}),
+        calibration_sha256=file_sha256(calibration_path) if calibration_path is not None else None,
+    )
+    return key, Path(cache_dir) / key[:2] / key
+
+
+def cache_take(entry: Path, out_path: str | Path) -> dict[str, Any] | None:
+    """A stored build's result, its artifact copied to `out_path`; None when the entry is not there."""
+    if not (entry / "result.json").is_file():
+        return None
+    result = json.loads((entry / "result.json").read_text())
+    _materialize(entry / "model.onnx", Path(out_path))
+    return result
+
+
+def cache_put(entry: Path, out_path: str | Path, result: dict[str, Any]) -> None:
+    """Store a fresh build under its entry (atomically; two workers storing one key leave one complete copy)."""
+    _store(entry, Path(out_path), result)
+
+
 def cached_build_variant(
     *,
     cache_dir: str | Path,
@@ -109,19 +133,14 @@ def cached_build_variant(
     from workers.quantize.variants import build_variant
 
     options = dict(options or {})
-    key = variant_cache_key(
-        model_sha256=model_sha256(model_path), precision=precision, options=options,
-        calibration_sha256=file_sha256(calibration_path) if calibration_path is not None else None,
-    )
-    entry = Path(cache_dir) / key[:2] / key
-    out_path = Path(out_path)
-    if (entry / "result.json").is_file():
-        result = json.loads((entry / "result.json").read_text())
-        _materialize(entry / "model.onnx", out_path)
-        return {**result, "cache": "hit", "cache_key": key}
+    key, entry = cache_entry(cache_dir=cache_dir, model_path=model_path, precision=precision, options=options,
+                             calibration_path=calibration_path)
+    stored = cache_take(entry, out_path)
+    if stored is not None:
+        return {**stored, "cache": "hit", "cache_key": key}
     result = build_variant(model_path=model_path, precision=precision, out_path=out_path,
                            calibration_path=calibration_path, options=options)
-    _store(entry, out_path, result)
+    cache_put(entry, out_path, result)
     return {**result, "cache": "miss", "cache_key": key}
 
 

@@ -1,28 +1,26 @@
-"""One variant build in its own process, under a memory budget: a clear error instead of the OOM killer.
+"""One variant build in the OS sandbox, under a memory budget: a clear error instead of the OOM killer.
 
-Calibration, sensitivity analysis and NNCF keep their working set in the process that runs them.
-A child process per build lets a watchdog in the parent read the child's resident memory (with its
-own children) several times a second and stop it, naming the budget, before the kernel has to
-pick a victim, which on a worker host would be the Celery worker itself. The child reports its
-peak RSS (`ru_maxrss`), so every build says what it cost. Only JSON crosses the boundary.
-
-Run as `python -m workers.quantize.isolated REQUEST.json RESULT.json` by `build_isolated` and
-`rank_nodes_isolated` (the sensitivity analysis, which runs the model over calibration batches too).
+Calibration, sensitivity analysis and NNCF parse the user's model and calibration data with native code
+(ONNX, ONNX Runtime's quantizer and sessions, NNCF, OpenVINO's reader, the LiteRT converter), so every build
+runs as a sandboxed child (workers/sandbox: an unprivileged user, no network, a private file tree) that
+sees the model and the calibration data read-only and writes only its own folder. The parent watches the
+child's tree: past the resident-memory budget it is killed (SIGKILL) and BuildMemoryExceeded names the
+budget, before the kernel has to pick a victim, which on a worker host would be the Celery worker itself.
+Every build says what it cost (`peak_rss_mb`, the watch's samples). Only JSON and the artifact cross the
+boundary.
 
 While an agent on the same host times a measurement, the child is paused (devices/quiet.py
 `BuildPauser`): a build never competes with a device for its cores, and the time paused does not
 count against the build's time limit.
+
+A build cache (`cache_dir`, the local search) is read and written by the parent only: a confined build can
+never write an entry another model's build would read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import functools
 import os
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,16 +28,34 @@ from pathlib import Path
 from typing import Any
 
 from devices.quiet import BuildPauser
-from workers import host_memory
+from workers.sandbox.runner import SandboxLimitExceeded, model_shown, run_confined
 
 DEFAULT_MEMORY_BUDGET_MB = 4096
 MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
-POLL_SECONDS = 0.1
 _ERRORS = ("NotApplicable", "QuantizationError", "ValueError")
 
 
-class BuildMemoryExceeded(RuntimeError):
-    """A build outgrew the memory budget and was stopped; the message names the budget."""
+class BuildMemoryExceeded(SandboxLimitExceeded):
+    """A build outgrew the memory budget and was stopped; the message names the budget (`limit` is "memory")."""
+
+    def __init__(self, what: str, budget: int):
+        super().__init__("memory", budget, what=what)
+        self.args = (f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped; "
+                     "raise the budget or use fewer calibration samples",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class BuildTimeExceeded(SandboxLimitExceeded, TimeoutError):
+    """A build ran (paused time left out) past its time limit and was stopped (`limit` is "wall")."""
+
+    def __init__(self, what: str, timeout_s: float):
+        super().__init__("wall", timeout_s, what=what)
+        self.args = (f"{what} took longer than {timeout_s:.0f} s and was stopped",)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 def memory_budget_mb() -> int:
@@ -66,50 +82,74 @@ def build_isolated(
     cache_dir: str | Path | None = None,
     memory_budget: int | None = None,
     timeout_s: float = 3600.0,
+    model_folder: Path | None = None,
     watch: BuildWatch | None = None,
 ) -> dict[str, Any]:
-    """`build_variant` (or `cached_build_variant` with `cache_dir`) in a child process; adds `peak_rss_mb` and `build_s`.
+    """`build_variant` in the sandbox (served from `cache_dir` when given and stored there); adds `peak_rss_mb`, `build_s`
+    and `paused_s` (and `cache`, `cache_key` with a cache).
 
-    Raises the child's NotApplicable / QuantizationError as the same types, BuildMemoryExceeded when
-    the child's RSS passes `memory_budget` MB (default: `memory_budget_mb()`), TimeoutError after `timeout_s`.
+    `model_folder` is the model's own folder when it has one (an extracted zip with its external data). Raises the
+    child's NotApplicable / QuantizationError / ValueError as the same types, BuildMemoryExceeded when the child's RSS
+    passes `memory_budget` MB (default: `memory_budget_mb()`), BuildTimeExceeded (a TimeoutError) after `timeout_s`.
     """
-    from workers.quantize.variants import NotApplicable, QuantizationError
-
-    request = {"kind": "build", "model_path": str(model_path), "precision": precision, "out_path": str(out_path),
-               "calibration_path": str(calibration_path) if calibration_path is not None else None,
-               "options": options or {}, "cache_dir": str(cache_dir) if cache_dir is not None else None}
     started = time.monotonic()
-    try:
-        result = _run_child(request, f"the {precision} build", memory_budget, timeout_s, watch)
-    except BuildMemoryExceeded:
-        Path(out_path).unlink(missing_ok=True)
-        raise
-    if "error" in result:
-        kind, message = result["error"]["type"], result["error"]["message"]
+    out_path = Path(out_path)
+    entry = key = None
+    if cache_dir is not None:
+        from workers.quantize.cache import cache_entry, cache_take
+
+        key, entry = cache_entry(cache_dir=cache_dir, model_path=model_path, precision=precision, options=options,
+                                 calibration_path=calibration_path)
+        stored = cache_take(entry, out_path)
+        if stored is not None:
+            return {**stored, "cache": "hit", "cache_key": key, "peak_rss_mb": 0.0, "build_s": time.monotonic() - started, "paused_s": 0.0}
+    request = {"model_path": str(model_path), "model_folder": str(model_folder) if model_folder else None,
+               "precision": precision, "out_name": out_path.name,
+               "calibration_path": str(calibration_path) if calibration_path is not None else None, "options": options or {}}
+    result = _run_child("quantize.build", request, f"the {precision} build", memory_budget, timeout_s,
+                        shared=_shown(model_path, model_folder, calibration_path), outputs={f"out/{out_path.name}": out_path}, watch=watch)
+    if "build_error" in result:
+        from workers.quantize.variants import NotApplicable, QuantizationError
+
+        kind, message = result["build_error"]["type"], result["build_error"]["message"]
         raise {"NotApplicable": NotApplicable, "QuantizationError": QuantizationError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
     built = result["built"]
     built["peak_rss_mb"] = result["peak_rss_mb"]
     built["build_s"] = time.monotonic() - started
     built["paused_s"] = result.get("paused_s", 0.0)
     built["memory_wait_s"] = result.get("memory_wait_s", 0.0)
+    built["sandbox"] = result.get("sandbox")  # which confinements held the build (workers/sandbox/confine.py)
+    if entry is not None:
+        from workers.quantize.cache import cache_put
+
+        cache_put(entry, out_path, {name: value for name, value in built.items()
+                                    if name not in ("peak_rss_mb", "build_s", "paused_s", "memory_wait_s")})
+        built.update(cache="miss", cache_key=key)
     return built
 
 
 def rank_nodes_isolated(*, model_path: str | Path, calibration_path: str | Path, max_samples: int = 64,
-                        memory_budget: int | None = None, timeout_s: float = 3600.0, watch: BuildWatch | None = None) -> list[dict[str, Any]]:
-    """`sensitivity.rank_nodes` in a child process under the same memory budget as a build."""
-    request = {"kind": "rank_nodes", "model_path": str(model_path), "calibration_path": str(calibration_path),
-               "max_samples": int(max_samples)}
-    result = _run_child(request, "the sensitivity analysis", memory_budget, timeout_s, watch)
-    if "error" in result:
-        raise RuntimeError(result["error"]["message"])
+                        memory_budget: int | None = None, timeout_s: float = 3600.0, model_folder: Path | None = None,
+                        watch: BuildWatch | None = None) -> list[dict[str, Any]]:
+    """`sensitivity.rank_nodes` in the sandbox under the same memory budget as a build."""
+    request = {"model_path": str(model_path), "model_folder": str(model_folder) if model_folder else None,
+               "calibration_path": str(calibration_path), "max_samples": int(max_samples)}
+    result = _run_child("quantize.rank", request, "the sensitivity analysis", memory_budget, timeout_s,
+                        shared=_shown(model_path, model_folder, calibration_path), watch=watch)
+    if "build_error" in result:
+        raise RuntimeError(result["build_error"]["message"])
     return result["ranking"]
+
+
+def _shown(model_path: str | Path, model_folder: Path | None, calibration_path: str | Path | None) -> tuple[Path, ...]:
+    """What a build may read: the model (with its external data) and the calibration data, nothing else of the host."""
+    return (*model_shown(model_path, model_folder), *((Path(calibration_path),) if calibration_path is not None else ()))
 
 
 @dataclass
 class BuildWatch:
     """Who to tell while a build waits: for host memory (`on_memory_wait(reason)`), paused for a device's timing window
-    (`on_pause(what the device times)`), going on again (`on_continue()`)."""
+    (`on_pause(what the device times)`), going on again (`on_continue()`); `what` names the build in the host's ledger."""
 
     what: str = "a build"
     on_memory_wait: Callable[[str], None] | None = None
@@ -117,152 +157,83 @@ class BuildWatch:
     on_continue: Callable[[], None] | None = None
 
 
-def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, timeout_s: float,
-               watch: BuildWatch | None = None) -> dict[str, Any]:
-    """Run one request in a child process under the watchdog, once its memory budget fits on this host
-    (workers/host_memory.py); the child's JSON result with `peak_rss_mb`."""
+def _run_child(command: str, request: dict[str, Any], what: str, memory_budget: int | None, timeout_s: float, *,
+               shared: tuple[Path, ...], outputs: dict[str, Path] | None = None, watch: BuildWatch | None = None) -> dict[str, Any]:
+    """Run one request confined, once its memory budget fits on the host, its resident memory watched against the budget
+    and paused while an agent times."""
     budget = memory_budget or memory_budget_mb()
     watch = watch or BuildWatch(what=what)
-    with host_memory.reserved(budget, what=watch.what, on_wait=watch.on_memory_wait) as waited_s:
-        result = _run_child_booked(request, what, budget, timeout_s, watch)
-    result["memory_wait_s"] = round(waited_s, 3)
-    return result
-
-
-def _run_child_booked(request: dict[str, Any], what: str, budget: int, timeout_s: float, watch: BuildWatch) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="kiln-build-") as scratch:
-        request_path, result_path = Path(scratch) / "request.json", Path(scratch) / "result.json"
-        request_path.write_text(json.dumps(request))
-        stderr_path = Path(scratch) / "stderr.txt"
-        # The child runs in the scratch directory: onnxruntime.quantization writes scratch models into the cwd.
-        with open(stderr_path, "wb") as stderr_file:
-            process = subprocess.Popen([sys.executable, "-m", "workers.quantize.isolated", str(request_path), str(result_path)],
-                                       cwd=scratch, env=_child_env(), stdout=subprocess.DEVNULL, stderr=stderr_file)
-        memory = _Watchdog(process.pid, budget)
-        pauser = BuildPauser(process.pid, on_pause=watch.on_pause, on_continue=watch.on_continue)
-        memory.start()
-        pauser.start()
-        try:
-            _wait_running(process, timeout_s, pauser, what)
-        finally:
-            pauser.stop()
-            memory.stop()
-        stderr = stderr_path.read_bytes()
-        paused_s = pauser.paused_seconds()
-        if memory.exceeded:
-            raise BuildMemoryExceeded(
-                f"{what} used more than the build memory budget of {budget} MB "
-                f"({MEMORY_BUDGET_ENV}) and was stopped; raise the budget or use fewer calibration samples")
-        if not result_path.is_file():
-            tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"{what} process died (exit {process.returncode}): {' | '.join(tail)}")
-        result = json.loads(result_path.read_text())
-    # The watchdog's samples, not the child's ru_maxrss: Linux carries ru_maxrss across execve, so
-    # a child of a large parent would report the parent's peak. ru_maxrss only fills in for a child
-    # too short-lived to be sampled.
-    result["peak_rss_mb"] = memory.peak_mb or result.get("peak_rss_mb") or 0.0
-    # How long the build stood paused while an agent of this host timed (devices/quiet.py).
-    result["paused_s"] = round(paused_s, 3)
-    return result
-
-
-def _wait_running(process: subprocess.Popen, timeout_s: float, pauser: BuildPauser, what: str) -> None:
-    """Wait for the child; kill it once it has *run* (paused time left out) for longer than `timeout_s`."""
-    started = time.monotonic()
-    while True:
-        try:
-            process.wait(timeout=POLL_SECONDS)
-            return
-        except subprocess.TimeoutExpired:
-            if time.monotonic() - started - pauser.paused_seconds() > timeout_s:
-                pauser.stop()
-                process.kill()
-                process.wait()
-                raise TimeoutError(f"{what} took longer than {timeout_s:.0f} s and was stopped") from None
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    return env
-
-
-class _Watchdog(threading.Thread):
-    """Polls a process tree's resident memory; kills the tree once it passes the budget."""
-
-    def __init__(self, pid: int, budget_mb: int):
-        super().__init__(daemon=True)
-        self.pid, self.budget_mb = pid, budget_mb
-        self.peak_mb = 0.0
-        self.exceeded = False
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._done.wait(POLL_SECONDS):
-            try:
-                tree = [root, *root.children(recursive=True)]
-                rss_mb = sum(_rss(process) for process in tree) / (1024 * 1024)
-            except psutil.NoSuchProcess:
-                return
-            self.peak_mb = max(self.peak_mb, rss_mb)
-            if rss_mb > self.budget_mb:
-                self.exceeded = True
-                for process in reversed(tree):
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        process.kill()
-                return
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(timeout=2)
-
-
-def _rss(process) -> int:
-    import psutil
-
+    pause = functools.partial(BuildPauser, on_pause=watch.on_pause, on_continue=watch.on_continue)
     try:
-        return process.memory_info().rss
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return 0
+        # No address-space limit: runtimes reserve far more than they touch; the watch counts what is resident.
+        # No CPU-time limit either: a build uses every core it is given, and its time limit is the wall clock.
+        result = run_confined(command, request, shared=shared, outputs=outputs, memory_mb=None, cpu_seconds=None,
+                              wall_seconds=timeout_s, rss_mb=budget, pause=pause, threads=None, what=what, booked_as=watch.what,
+                              on_memory_wait=watch.on_memory_wait)
+    except SandboxLimitExceeded as exceeded:
+        for destination in (outputs or {}).values():
+            Path(destination).unlink(missing_ok=True)
+        if exceeded.limit == "wall":
+            raise BuildTimeExceeded(what, timeout_s) from None
+        raise BuildMemoryExceeded(what, budget) from None
+    usage = result.get("usage") or {}
+    # The watch's samples, not the child's ru_maxrss: Linux carries ru_maxrss across execve, so a child of a large
+    # parent would report the parent's peak. ru_maxrss only fills in for a child too short-lived to be sampled.
+    result["peak_rss_mb"] = usage.get("peak_rss_mb") or result.get("peak_rss_mb") or 0.0
+    # How long the build stood paused while an agent of this host timed (devices/quiet.py), and waited for memory.
+    result["paused_s"] = round(usage.get("paused_s") or 0.0, 3)
+    result["memory_wait_s"] = round(usage.get("memory_wait_s") or 0.0, 3)
+    return result
 
 
-def _serve(request: dict[str, Any]) -> dict[str, Any]:
-    if request.get("kind", "build") == "rank_nodes":
+def _staged_model(request: dict[str, Any], work: Path) -> str:
+    """The model as seen from the child's own folder: links to its file(s), so that a tool that writes beside the model
+    (ONNX Runtime's quantizer writes `<model>-inferred`) writes in the child's folder, not beside the user's upload."""
+    model, folder = Path(request["model_path"]), request.get("model_folder")
+    staged = work / "model"
+    if folder:
+        for path in Path(folder).rglob("*"):
+            if path.is_file():
+                link = staged / path.relative_to(folder)
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(path)
+        return str(staged / model.relative_to(folder))
+    staged.mkdir()
+    for path in model_shown(model):
+        (staged / path.name).symlink_to(path)
+    return str(staged / model.name)
+
+
+def _serve(request: dict[str, Any], work: Path) -> dict[str, Any]:
+    request = {**request, "model_path": _staged_model(request, work)}
+    if "max_samples" in request:
         from workers.quantize.sensitivity import rank_nodes
 
         return {"ranking": rank_nodes(model_path=request["model_path"], calibration_path=request["calibration_path"],
                                       max_samples=request["max_samples"])}
-    arguments = {key: request[key] for key in ("model_path", "precision", "out_path", "calibration_path", "options")}
-    if request.get("cache_dir"):
-        from workers.quantize.cache import cached_build_variant
-
-        return {"built": cached_build_variant(cache_dir=request["cache_dir"], **arguments)}
     from workers.quantize.variants import build_variant
 
-    return {"built": build_variant(**arguments)}
+    arguments = {key: request[key] for key in ("model_path", "precision", "calibration_path", "options")}
+    return {"built": build_variant(out_path=work / "out" / Path(request["out_name"]).name, **arguments)}
 
 
-def _child(request_path: str, result_path: str) -> None:
+def build_command(request: dict[str, Any], work: Path) -> dict[str, Any]:
+    """The sandbox's `quantize.build` (and `quantize.rank`) command; a build's own errors come back by type."""
     import resource
 
-    request = json.loads(Path(request_path).read_text())
+    # onnxruntime.quantization writes scratch models into the current folder: the child's own.
+    os.chdir(work)
     try:
-        result: dict[str, Any] = _serve(request)
+        result: dict[str, Any] = _serve(request, work)
     except Exception as error:
         kind = type(error).__name__
-        result = {"error": {"type": kind if kind in _ERRORS else "RuntimeError", "message": f"{error}" if kind in _ERRORS
-                            else f"{kind}: {error}"}}
+        result = {"build_error": {"type": kind if kind in _ERRORS else "RuntimeError",
+                                  "message": f"{error}" if kind in _ERRORS else f"{kind}: {error}"}}
     # ru_maxrss is in kilobytes on Linux.
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    Path(result_path).write_text(json.dumps(result, default=str))
+    return result
 
 
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
+rank_command = build_command
+
+

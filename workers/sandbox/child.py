@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import resource
 import sys
 from pathlib import Path
 
 from .confine import Plan, enter
+from .namespaces import die_with_parent
+from .redact import without_addresses
 
 # Commands by name; the request names one, never a module path.
 COMMANDS = {
@@ -21,6 +24,11 @@ COMMANDS = {
     "torch.parity": "workers.pytorch.commands:parity",
     "onnx.inspect": "workers.inspect:inspect_upload",
     "onnx.convert": "workers.convert:convert_command",
+    "onnx.validate": "workers.inspect:validate_command",
+    "reference.compute": "workers.reference:reference_command",
+    "calibration.calls": "workers.calibration_set:calibration_command",
+    "quantize.build": "workers.quantize.isolated:build_command",
+    "quantize.rank": "workers.quantize.isolated:rank_command",
     "dataset.inspect": "workers.dataset_commands:inspect",
     "dataset.hdf5": "workers.dataset_commands:hdf5",
     "dataset.raw": "workers.dataset_commands:raw",
@@ -30,9 +38,12 @@ COMMANDS = {
 
 
 def apply_limits(limits: dict) -> None:
-    memory = int(limits["memory_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_seconds"]), int(limits["cpu_seconds"]) + 5))
+    """The kernel's own backstops (the parent also watches the whole tree); a None limit is left unset."""
+    if limits.get("memory_mb"):
+        memory = int(limits["memory_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    if limits.get("cpu_seconds"):
+        resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_seconds"]), int(limits["cpu_seconds"]) + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_bytes"]), int(limits["file_bytes"])))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -42,8 +53,8 @@ def _run(request: dict, work: Path) -> tuple[dict, int]:
     if request.get("require_os_confinement") and not granted.os_confined():
         reasons = "; ".join(granted.notes) or "no reason given"
         return {"error": "this server's kernel grants none of the sandbox's confinements (user or mount namespaces, Landlock, "
-                         f"seccomp: {reasons}), so it does not load PyTorch files; an operator can allow it with "
-                         "KILN_SANDBOX_ALLOW_UNCONFINED=true", "unconfined": True, "sandbox": granted.as_dict()}, 3
+                         f"seccomp: {reasons}), so it parses no user's model or dataset; in development only, "
+                         "KILN_SANDBOX_ALLOW_UNCONFINED=true (with KILN_DEBUG=true) runs it unconfined", "unconfined": True, "sandbox": granted.as_dict()}, 3
     module_name, function_name = COMMANDS[request["command"]].split(":")
     function = getattr(importlib.import_module(module_name), function_name)
     try:
@@ -56,8 +67,10 @@ def _run(request: dict, work: Path) -> tuple[dict, int]:
 
 def _failure(error: BaseException) -> dict:
     """An error a command raised on purpose (it has a `code`) is told as is; anything else with its type."""
+    if isinstance(error, MemoryError):  # the address-space limit: the parent names it (SandboxLimitExceeded)
+        return {"error": "out of memory", "code": "sandbox_memory_limit"}
     code = getattr(error, "code", None)
-    text = str(error) if isinstance(code, str) else f"{type(error).__name__}: {error}"
+    text = without_addresses(str(error) if isinstance(code, str) else f"{type(error).__name__}: {error}")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 6:  # a TorchScript traceback: its first line and the cause at its end are what a user reads
         text = f"{lines[0]} ... {' '.join(lines[-3:])}"
@@ -68,6 +81,10 @@ def main(request_path: str) -> int:
     request_file = Path(request_path)
     work = request_file.parent
     request = json.loads(request_file.read_text())
+    # Die with the worker that started this child, even one killed outright (no orphan keeps parsing).
+    die_with_parent()
+    if request.get("parent_pid") and os.getppid() != request["parent_pid"]:
+        return 4
     apply_limits(request["limits"])
     result, status = _run(request, work)
     (work / "result.json").write_text(json.dumps(result, default=str))

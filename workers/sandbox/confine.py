@@ -110,6 +110,8 @@ def enter(plan: Plan) -> Granted:
             granted.notes.append(f"file tree: {error}")
     if "user" in plan.layers:
         _drop_identity(granted, plan, privileged=privileged)
+    # A change of identity clears the parent-death signal: set it again, so this process dies with its parent.
+    namespaces.die_with_parent()
     _restrict(granted, plan)
     return granted
 
@@ -137,12 +139,15 @@ def _become_pid_one() -> None:
     if child == 0:
         namespaces.die_with_parent()
         return
+    # The child is its namespace's init, which ignores every signal it has no handler for (SIGTERM included,
+    # even from root outside): whatever would end this process ends the child with SIGKILL.
     for forwarded in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(forwarded, lambda number, _frame: os.kill(child, number))
+        signal.signal(forwarded, lambda _number, _frame: os.kill(child, signal.SIGKILL))
     _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
+        if number not in (signal.SIGKILL, signal.SIGSTOP):  # neither can have a handler, nor be given one back
+            signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 

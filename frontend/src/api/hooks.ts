@@ -363,8 +363,11 @@ export function useRegistrationTokens() {
 export function useCreateRegistrationToken() {
   const client = useQueryClient();
   return useMutation({
-    mutationFn: (name: string) =>
-      api<RegistrationToken>('agents/registration-tokens/', { method: 'POST', body: { name } }),
+    mutationFn: ({ name, expiresInDays }: { name: string; expiresInDays: number | null }) =>
+      api<RegistrationToken>('agents/registration-tokens/', {
+        method: 'POST',
+        body: expiresInDays ? { name, expires_in_days: expiresInDays } : { name },
+      }),
     onSuccess: () => client.invalidateQueries({ queryKey: keys.registrationTokens }),
   });
 }

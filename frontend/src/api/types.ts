@@ -441,6 +441,9 @@ export interface RegistrationToken {
   name: string;
   prefix?: string;
   created_at?: string;
+  /** When it stops enrolling devices; null: never. */
+  expires_at?: string | null;
+  expired?: boolean;
   revoked?: boolean;
   token?: string;
   register_command?: string;

@@ -13,7 +13,7 @@ import {
 import type { Agent, AgentSetup, RegistrationToken } from '../api/types';
 import { CopyButton, EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
-import { InlineForm, TextField } from '../components/FormFields';
+import { InlineForm, SelectField, TextField } from '../components/FormFields';
 import { ListStates } from '../components/ListStates';
 import { RevokeAction } from '../components/RowAction';
 import { formatDate, formatRelative } from '../format';
@@ -318,13 +318,14 @@ function RegistrationTokens() {
   const create = useCreateRegistrationToken();
   const revoke = useRevokeRegistrationToken();
   const [name, setName] = useState('');
+  const [expiresInDays, setExpiresInDays] = useState('');
   const [created, setCreated] = useState<RegistrationToken | null>(null);
   const [knownIds, setKnownIds] = useState<Set<number>>(new Set());
   const agents = useAgents();
   const list = rows(tokens.data);
 
   const submit = () => {
-    create.mutate(name.trim(), {
+    create.mutate({ name: name.trim(), expiresInDays: expiresInDays ? Number(expiresInDays) : null }, {
       onSuccess: (token) => {
         setKnownIds(new Set(rows(agents.data).map((agent) => agent.id)));
         setCreated(token);
@@ -355,6 +356,18 @@ function RegistrationTokens() {
           onChange={(event) => setName(event.target.value)}
           data-testid="registration-token-name"
         />
+        <SelectField
+          label="Expires"
+          value={expiresInDays}
+          onChange={(event) => setExpiresInDays(event.target.value)}
+          data-testid="registration-token-expiry"
+        >
+          <option value="">Never</option>
+          <option value="1">In 1 day</option>
+          <option value="7">In 7 days</option>
+          <option value="30">In 30 days</option>
+          <option value="365">In a year</option>
+        </SelectField>
       </InlineForm>
       <ErrorMessage error={create.error ?? revoke.error} />
       {created?.token ? (
@@ -366,7 +379,13 @@ function RegistrationTokens() {
       ) : null}
       <ListStates pending={tokens.isPending} empty={list.length === 0}>
         <DataTable
-          columns={['Name', { label: 'Prefix', className: 'col-p3' }, { label: 'Created', className: 'col-p2' }, 'Status']}
+          columns={[
+            'Name',
+            { label: 'Prefix', className: 'col-p3' },
+            { label: 'Created', className: 'col-p2' },
+            { label: 'Expires', className: 'col-p2' },
+            'Status',
+          ]}
           actions
           className="table table-compact table-cards"
           caption="Registration tokens"
@@ -377,7 +396,16 @@ function RegistrationTokens() {
               <td>{token.name}</td>
               <td>{token.prefix ? <code>{token.prefix}…</code> : '—'}</td>
               <td>{formatDate(token.created_at)}</td>
-              <td>{token.revoked ? <StatusBadge status="revoked" /> : <StatusBadge status="succeeded" label="Active" />}</td>
+              <td>{token.expires_at ? formatDate(token.expires_at) : 'Never'}</td>
+              <td>
+                {token.revoked ? (
+                  <StatusBadge status="revoked" />
+                ) : token.expired ? (
+                  <StatusBadge status="failed" label="Expired" />
+                ) : (
+                  <StatusBadge status="succeeded" label="Active" />
+                )}
+              </td>
               <td>
                 <RevokeAction
                   revoked={token.revoked}

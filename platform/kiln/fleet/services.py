@@ -51,10 +51,12 @@ MAX_LOG_CHARS = 64 * 1024
 
 # -- enrolment ------------------------------------------------------------------------------
 
-def registration_token_create(*, organization, user, name: str) -> tuple[RegistrationToken, str]:
+def registration_token_create(*, organization, user, name: str, expires_at=None) -> tuple[RegistrationToken, str]:
+    """A registration token (its secret shown once); with `expires_at`, it enrols nothing from then on."""
     issued = issue_token(REGISTRATION_TOKEN_PREFIX)
     token = RegistrationToken.objects.create(
-        organization=organization, name=name or "agents", lookup_prefix=issued.lookup_prefix, digest=issued.digest, created_by=user
+        organization=organization, name=name or "agents", lookup_prefix=issued.lookup_prefix, digest=issued.digest, created_by=user,
+        expires_at=expires_at,
     )
     return token, issued.secret
 
@@ -73,6 +75,10 @@ def agent_register(*, registration_secret: str, name: str, labels: dict, capabil
     registration = registration_token_from_secret(secret=registration_secret or "")
     if registration is None:
         raise KilnError("Invalid or revoked registration token.", code="invalid_registration_token", status_code=401)
+    if registration.expired:
+        raise KilnError(f"This registration token expired on {registration.expires_at:%Y-%m-%d %H:%M} UTC and enrols no device; "
+                        "ask an owner of the organization for a new one (Devices page, or `kiln devices add`).",
+                        code="registration_token_expired", status_code=401)
     issued = issue_token(AGENT_TOKEN_PREFIX)
     agent = Agent.objects.create(
         organization=registration.organization,

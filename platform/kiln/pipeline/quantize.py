@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
+from django.conf import settings
 from django.db import transaction
 
 from devices import artifacts
@@ -15,7 +16,7 @@ from devices.feeds import needs_calls
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.selectors import blob_file
 from kiln.reports.selectors import device_reports
-from workers.calibration_set import LISTED_INDICES, choose_samples, write_calibration_calls
+from workers.calibration_set import CALLS_FILE, LISTED_INDICES
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key
 from workers.quantize.families import BF16_KEY, FAMILY_COMPILE
@@ -28,12 +29,13 @@ from workers.quantize.round_budget import first_round, fit_round, is_refinement
 from workers.quantize.runtimes import for_targets
 from workers.quantize.search import plan_round
 from workers.quantize.verdicts import family_verdicts, ranking_pays
+from workers.sandbox.runner import SandboxFailed, model_shown, run_confined
 
 from . import specs, waiting
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
 from .retime import job_retime_finalists
-from .runner import run_stage_open, scratch_dir, working_model_path
+from .runner import StageFailed, model_folder, run_stage_open, scratch_dir, working_model_path
 from .selectors import search_seconds_left, search_work_seconds
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start, job_work_add
 from .support import runnable_backends, skipped_backends
@@ -83,12 +85,19 @@ def _write_calibration_calls(job) -> dict:
     """Choose the calibration samples and write their calls once per job (state values from the FP32 model)."""
     feeds = job.feeds
     dataset_path = blob_file(job.calibration_dataset.blob)
-    subset = feeds.get("calibration_subset")
-    chosen = choose_samples(dataset_path, **subset) if subset else None
+    model_path = working_model_path(job)
     with scratch_dir() as scratch:
         out = scratch / CALIBRATION_CALLS
-        written = write_calibration_calls(working_model_path(job), dataset_path, feeds["calibration"], out,
-                                          indices=chosen["indices"] if chosen else None)
+        # The user's dataset is read and the user's model run: in the sandbox.
+        try:
+            made = run_confined("calibration.calls", {"model": str(model_path), "dataset": str(dataset_path), "feeds": feeds["calibration"],
+                                                      "subset": feeds.get("calibration_subset")},
+                                shared=(*model_shown(model_path, model_folder(job)), dataset_path), outputs={CALLS_FILE: out},
+                                memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
+                                what="writing the calibration calls")
+        except SandboxFailed as failed:
+            raise StageFailed(f"The calibration calls could not be written: {failed}") from None
+        chosen, written = made["chosen"], made["written"]
         artifact_store(job=job, kind=ArtifactKind.REFERENCE, name=CALIBRATION_CALLS, path=out, precision="fp32")
     used = {**written, "of": job.calibration_dataset.samples}
     if chosen:
@@ -120,7 +129,7 @@ def _sensitivity(job, measured: list[dict]) -> list[dict] | None:
     if not ranking_pays(family_verdicts(measured, isa=job.search.get("isa"))):
         return None
     try:
-        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job),
+        ranking = rank_nodes_isolated(model_path=working_model_path(job), calibration_path=calibration_path(job), model_folder=model_folder(job),
                                       watch=build_watch(job_id=job.id, what=f"the sensitivity analysis of job {job.id}"))
     except Exception as exc:
         job_event_add(job=job, stage="quantize", level="warning", message=f"Sensitivity analysis failed: {exc}")
@@ -286,10 +295,11 @@ def _build_variant_artifact(variant: Variant, job: DeploymentJob) -> None:
     calibration = calibration_path(job)
     with scratch_dir() as scratch:
         out = scratch / f"{variant.key}.onnx"
-        # A child process under the build memory budget (KILN_BUILD_MEMORY_MB): a clear error, never the OOM killer.
+        # In the sandbox, under the build memory budget (KILN_BUILD_MEMORY_MB): a clear error, never the OOM killer.
         built = build_isolated(
             model_path=working_model_path(job), precision=variant.precision, out_path=out, calibration_path=calibration,
-            options=_build_options(variant), watch=build_watch(job_id=job.id, what=f"the build of {variant.key} (job {job.id})"),
+            options=_build_options(variant), model_folder=model_folder(job),
+            watch=build_watch(job_id=job.id, what=f"the build of {variant.key} (job {job.id})"),
         )
         # Named for what it holds: a LiteRT variant is a .tflite, not an .onnx.
         artifact = artifact_store(job=job, kind=ArtifactKind.VARIANT, name=variant.key + artifacts.suffix_for(out), path=out,

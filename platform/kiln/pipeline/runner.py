@@ -11,6 +11,7 @@ from pathlib import Path
 from celery.exceptions import SoftTimeLimitExceeded
 
 from devices.quiet import wait_while_timing
+from kiln.registry.models import SourceFormat
 from kiln.registry.selectors import blob_file, model_version_onnx_path
 from workers.routing import CONTROL, work_class_of
 
@@ -95,6 +96,9 @@ def run_stage_open(job_id: int, stage: str, body: Callable[[DeploymentJob], str]
     job_stage_start(job=job, stage=stage)
     try:
         job_event_add(job=job, stage=stage, message=body(job))
+    except StageFailed as exc:
+        job_fail(job=job, stage=stage, message=str(exc))
+        return False
     except Exception as exc:
         logger.exception("stage %s of job %s crashed", stage, job_id, extra={"job_id": job_id})
         job_fail(job=job, stage=stage, message=f"{type(exc).__name__}: {exc}")
@@ -111,3 +115,11 @@ def working_model_path(job: DeploymentJob) -> Path:
     if job.converted_blob_id:
         return blob_file(job.converted_blob)
     return source_model_path(job)
+
+
+def model_folder(job: DeploymentJob, *, source: bool = False) -> Path | None:
+    """The folder of the job's model (the source one, else the working one) when it has its own: an extracted zip
+    with its external data, which a sandbox must see whole; None when the model is one file."""
+    if (source or not job.converted_blob_id) and job.model_version.source_format == SourceFormat.ONNX_ZIP:
+        return source_model_path(job).parent
+    return None

@@ -21,15 +21,14 @@ from kiln.reports.models import Report
 from kiln.reports.packaging import build_device_package, package_name
 from kiln.reports.selectors import DeviceReport, device_json, device_reports
 from kiln.reports.services import device_estimate, measurements_record
-from workers.inspect import infer_output_kinds, validate_onnx
 from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
-from workers.reference import compute_reference_outputs
-from workers.sandbox.runner import run_confined
+from workers.reference import REFERENCE_FILE
+from workers.sandbox.runner import model_shown, run_confined
 
 from .device_tasks import job_dispatch_device_tasks
 from .models import ArtifactKind, DeploymentJob
 from .queue import enqueue_stage
-from .runner import StageFailed, load_active_job, run_stage, scratch_dir, source_model_path
+from .runner import StageFailed, load_active_job, model_folder, run_stage, scratch_dir, source_model_path
 from .services import artifact_store, job_event_add, job_stage_start, job_succeed
 
 logger = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ SYNTHETIC_SAMPLES = 16
 # -- validate -------------------------------------------------------------------------------
 
 def _validate(job) -> str:
-    result = validate_onnx(source_model_path(job))
+    result = _confined(job, "onnx.validate", {"model": str(source_model_path(job))}, what="the ONNX checker")["validation"]
     if not result["ok"]:
         raise StageFailed(f"The ONNX checker rejected the model: {result['error']}")
     return "The ONNX checker accepted the model."
@@ -69,8 +68,7 @@ def _pytorch_parity(job) -> str:
         try:
             result = run_in_sandbox({"command": "parity", "kind": version.source_format, "max_samples": PARITY_SAMPLES},
                                     files={"model": blob_file(version.blob), "onnx": source_model_path(job), "inputs": inputs},
-                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
-                                    allow_unconfined=settings.SANDBOX_ALLOW_UNCONFINED, uid=settings.SANDBOX_UID)
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
         except SandboxFailed as failed:
             raise StageFailed(f"The PyTorch model could not be compared with its ONNX export: {failed}") from None
     parity = result["parity"]
@@ -82,6 +80,17 @@ def _pytorch_parity(job) -> str:
     if not parity["passed"]:
         raise StageFailed(f"The ONNX export does not match the PyTorch model on the job's inputs: {summary}.")
     return summary
+
+
+def _confined(job, command: str, request: dict, *, what: str, shared: tuple[Path, ...] = (), outputs: dict | None = None) -> dict:
+    """A stage's parse of the user's model (and data) in the sandbox (workers/sandbox): the source model is shown to it
+    read-only with anything else in `shared`; a failure of the sandbox is the stage's failure, with its reason."""
+    try:
+        return run_confined(command, request, shared=(*model_shown(source_model_path(job), model_folder(job, source=True)), *shared),
+                            outputs=outputs, memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
+                            what=what)
+    except SandboxFailed as failed:
+        raise StageFailed(f"{what[0].upper()}{what[1:]} could not run on the model: {failed}") from None
 
 
 def _convert(job) -> str:
@@ -115,7 +124,7 @@ def _convert_confined(source: Path, out: Path) -> dict:
     try:
         return run_confined("onnx.convert", {"model": str(source)}, shared=(source,), outputs={"converted/converted.onnx": out},
                             memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
-                            allow_unconfined=True, uid=settings.SANDBOX_UID)
+                            what="the conversion")
     except SandboxFailed as failed:
         raise StageFailed(f"The model could not be converted: {failed}") from None
 
@@ -169,10 +178,12 @@ def _reference(job) -> str:
     with scratch_dir() as scratch:
         inputs = _validation_inputs(job, scratch)
         out = scratch / "reference.npz"
-        summary = compute_reference_outputs(source_model_path(job), inputs, out, plan=plan)
+        computed = _confined(job, "reference.compute", {"model": str(source_model_path(job)), "inputs": str(inputs), "feeds": plan},
+                             what="the FP32 reference run", shared=(Path(inputs),), outputs={REFERENCE_FILE: out})
+        summary = computed["summary"]
         reference = artifact_store(job=job, kind=ArtifactKind.REFERENCE, name="reference-outputs.npz", path=out, precision="fp32")
         validation_blob = blob_create(organization=job.organization, path=inputs)
-        job.evaluation = _evaluation_plan(job, out)
+        job.evaluation = _evaluation_plan(job, list(summary["outputs"]), computed["output_kinds"])
         if plan:
             job.evaluation["feeds"] = plan
     job.reference_blob = reference.blob
@@ -184,15 +195,13 @@ def _reference(job) -> str:
     return f"FP32 reference outputs on {summary['samples']} samples{calls}."
 
 
-def _evaluation_plan(job, reference_path: Path) -> dict:
-    """Kinds per output (the user's overrides, else inferred from the graph and FP32's values) and what each device measures."""
-    with np.load(reference_path, allow_pickle=False) as archive:
-        reference = {name: archive[name] for name in archive.files}
-    kinds = infer_output_kinds(source_model_path(job), reference)
+def _evaluation_plan(job, reference: list[str], kinds: dict) -> dict:
+    """Kinds per output (the user's overrides, else `kinds`, inferred in the sandbox from the graph and FP32's values) and
+    what each device measures; `reference` names the outputs the FP32 run wrote."""
     for name, kind in (job.model_version.output_kind_overrides or {}).items():
         if name in kinds and kinds[name]["kind"] != kind:
             kinds[name] = {"kind": kind, "reason": "set by the user", "source": "override"}
-    order = [output["name"] for output in job.model_version.signature.get("outputs", []) if output["name"] in reference] or list(reference)
+    order = [output["name"] for output in job.model_version.signature.get("outputs", []) if output["name"] in reference] or reference
     has_labels = bool(job.validation_dataset_id and job.validation_dataset.has_labels)
     plan = evaluation_plan(output_kinds=kinds, output_order=order, declared=job.metrics or [], has_labels=has_labels)
     for entry in plan["outputs"]:

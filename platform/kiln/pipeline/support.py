@@ -13,7 +13,7 @@ from workers.support import SupportCheckFailed, check_isolated
 
 from .models import DeploymentJob
 from .queue import enqueue_stage
-from .runner import StageFailed, run_stage, working_model_path
+from .runner import StageFailed, model_folder, run_stage, working_model_path
 from .services import job_event_add
 
 # Asked when no agent is known yet (a job waiting for its first device): every backend an agent may bring.
@@ -40,7 +40,7 @@ def _offered_backends(job: DeploymentJob) -> list[str]:
 def _support(job: DeploymentJob) -> str:
     model_path = working_model_path(job)
     try:
-        answers = check_isolated(model_path, _offered_backends(job))
+        answers = check_isolated(model_path, _offered_backends(job), folder=model_folder(job))
     except (SupportCheckFailed, OSError, ValueError) as exc:
         # The check is advice: without it the job goes on, and each device's own check still runs before it compiles.
         job_event_add(job=job, stage="support", level="warning", message=f"Operator support could not be checked: {exc}")

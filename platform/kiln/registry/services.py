@@ -25,6 +25,7 @@ from kiln.pipeline.models import DeploymentJob
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.celery import app as celery_app
 from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
+from workers.inspect import NESTING_LIMIT
 from workers.pytorch.sandbox import SandboxFailed, Unconfined, run_in_sandbox
 from workers.pytorch.scan import RefusedTorchFile, scan_torch_file
 from workers.routing import CHECK
@@ -118,6 +119,8 @@ def _check_input_sizes(signature: dict) -> None:
 
 def _model_problem(onnx_path: Path, filename: str, detail: str) -> str:
     """What the user uploaded instead of an ONNX model, and how to make one (see registry/messages.py)."""
+    if NESTING_LIMIT in detail:  # an ONNX model, but one the parser will not descend into: not a broken download
+        return f"{Path(filename).name or 'The file'}: {detail}. Flatten its control flow (fewer nested If/Loop) and export it again."
     parse_failed = "not a readable ONNX model" in detail or "parsing" in detail.lower() or "parse" in detail.lower()
     return unreadable_model_message(path=Path(onnx_path), filename=Path(filename).name or "The file", parse_failed=parse_failed,
                                     detail=detail)
@@ -194,8 +197,7 @@ def _convert_torch_upload(upload_path: Path, staging: Path, *, filename: str) ->
     onnx_path = staging / CONVERTED_ONNX_MEMBER
     try:
         conversion = run_in_sandbox({"command": "convert", "kind": facts.kind, "onnx_out": str(onnx_path)}, files={"model": upload_path},
-                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS,
-                                    allow_unconfined=settings.SANDBOX_ALLOW_UNCONFINED, uid=settings.SANDBOX_UID)
+                                    memory_mb=settings.TORCH_SANDBOX_MEMORY_MB, cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
     except Unconfined as refused:
         shutil.rmtree(staging, ignore_errors=True)
         raise KilnError(f"{filename} was not loaded: {refused}", code="sandbox_unavailable", status_code=503) from None
@@ -458,7 +460,9 @@ def _parse_dataset_confined(command: str, upload_path: Path, *, filename: str, o
     try:
         return run_confined(command, {"path": str(upload_path), "display_name": filename, "max_bytes": settings.MAX_DATASET_BYTES, **request},
                             shared=(upload_path,), outputs=outputs, memory_mb=settings.TORCH_SANDBOX_MEMORY_MB,
-                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS, allow_unconfined=True, uid=settings.SANDBOX_UID)
+                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+    except Unconfined as refused:
+        raise KilnError(f"{filename} was not read: {refused}", code="sandbox_unavailable", status_code=503) from None
     except SandboxFailed as failed:
         message = redact_server_paths(str(failed), {upload_path: filename, upload_path.name: filename})
         raise KilnError(f"{prefix}{message}" if failed.code else f"{filename} could not be read: {message}", code="invalid_dataset") from None
@@ -737,7 +741,9 @@ def _inspect_confined(onnx_path: Path, *, shared: Path) -> dict:
     """The ONNX checker, the description and the output kinds, parsed in the sandbox (workers.inspect.inspect_upload)."""
     try:
         return run_confined("onnx.inspect", {"model": str(onnx_path)}, shared=(Path(shared),), memory_mb=settings.TORCH_SANDBOX_MEMORY_MB,
-                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS, allow_unconfined=True, uid=settings.SANDBOX_UID)
+                            cpu_seconds=settings.TORCH_SANDBOX_CPU_SECONDS)
+    except Unconfined as refused:
+        raise KilnError(f"The model was not read: {refused}", code="sandbox_unavailable", status_code=503) from None
     except SandboxFailed as failed:
         return {"validation": {"ok": False, "error": str(failed)}}
 

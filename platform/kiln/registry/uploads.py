@@ -71,7 +71,7 @@ def parse_metadata(header: str) -> dict[str, str]:
             continue
         try:
             pairs[key] = base64.b64decode(encoded.strip(), validate=True).decode("utf-8") if encoded.strip() else ""
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):  # not base64, not ASCII, not UTF-8 once decoded
             raise KilnError(f"Upload-Metadata value of {key!r} is not base64 text.", code="invalid_metadata") from None
     return pairs
 

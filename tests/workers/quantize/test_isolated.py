@@ -88,7 +88,8 @@ def test_a_build_pauses_while_an_agent_of_this_host_times_and_the_pause_is_not_h
     time.sleep(3.0)
     import psutil
 
-    children = [child for child in psutil.Process().children() if "workers.quantize.isolated" in " ".join(child.cmdline())]
+    # The build is a sandboxed child (workers.sandbox.child) and the process it forked into its own PID namespace.
+    children = [child for child in psutil.Process().children(recursive=True) if "workers.sandbox.child" in " ".join(child.cmdline())]
     assert children and all(child.status() == psutil.STATUS_STOPPED for child in children)
     assert builder.is_alive() and not (tmp_path / "p.onnx").exists()
     release.set()

@@ -1,3 +1,6 @@
+from datetime import timedelta
+
+from django.utils import timezone
 from rest_framework import serializers
 
 from devices import support
@@ -31,11 +34,15 @@ class AgentSerializer(serializers.ModelSerializer):
 class RegistrationTokenSerializer(serializers.ModelSerializer):
     prefix = serializers.SerializerMethodField()
     revoked = serializers.SerializerMethodField()
+    expired = serializers.SerializerMethodField()
     agents = serializers.SerializerMethodField()
 
     class Meta:
         model = RegistrationToken
-        fields = ["id", "name", "prefix", "created_at", "revoked", "agents"]
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "expired", "revoked", "agents"]
+
+    def get_expired(self, token) -> bool:
+        return token.expired
 
     def get_prefix(self, token) -> str:
         return f"kiln_reg_{token.lookup_prefix}"
@@ -47,8 +54,30 @@ class RegistrationTokenSerializer(serializers.ModelSerializer):
         return token.agents.count()
 
 
+MAX_TOKEN_DAYS = 3650
+
+
 class RegistrationTokenCreateSerializer(serializers.Serializer):
+    """A new registration token: a name, and when it stops enrolling (`expires_in_days` or `expires_at`; neither: never)."""
+
     name = serializers.CharField(max_length=120, required=False, default="agents")
+    expires_in_days = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_TOKEN_DAYS)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:  # a misspelt expiry must not make a token that never expires
+            raise serializers.ValidationError(f"unknown field(s): {', '.join(unknown)} (a registration token takes name, "
+                                              "expires_in_days or expires_at)")
+        days, until = attrs.pop("expires_in_days", None), attrs.get("expires_at")
+        if days is not None and until is not None:
+            raise serializers.ValidationError("give expires_in_days or expires_at, not both")
+        now = timezone.now()
+        if days is not None:
+            attrs["expires_at"] = now + timedelta(days=days)
+        elif until is not None and not now < until <= now + timedelta(days=MAX_TOKEN_DAYS):
+            raise serializers.ValidationError(f"expires_at must be in the future and at most {MAX_TOKEN_DAYS} days away")
+        return attrs
 
 
 # Bounds of what an agent may send: generous for real machines, small enough that a hostile or

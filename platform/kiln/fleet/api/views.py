@@ -55,7 +55,8 @@ class RegistrationTokenListView(APIView):
     def post(self, request):
         data = RegistrationTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, secret = services.registration_token_create(organization=request.organization, user=request.user, name=data.validated_data["name"])
+        token, secret = services.registration_token_create(organization=request.organization, user=request.user, name=data.validated_data["name"],
+                                                           expires_at=data.validated_data.get("expires_at"))
         body = {**RegistrationTokenSerializer(token).data, "token": secret, "register_command": setup.register_command(setup.server_url(request)[0], secret)}
         return Response(body, status=status.HTTP_201_CREATED)
 

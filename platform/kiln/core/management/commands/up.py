@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand
 
 from kiln.accounts.models import Role
 from workers.routing import BUILD, CHECK, CONTROL, worker_command
-from workers.sandbox.report import granted_names
+from workers.sandbox.report import granted_names, in_force
 from workers.sandbox.runner import SandboxFailed, probe
 
 # uvicorn's worker without its own reading of X-Forwarded-For (see kiln.core.web_worker).
@@ -52,13 +52,15 @@ def _demo_credentials() -> dict:
 
 
 def sandbox_summary() -> str:
+    """The start-up line's account of the sandbox: the confinement in force, what it holds, and whether every escape tried was stopped."""
     try:
         report = probe(uid=settings.SANDBOX_UID)
     except SandboxFailed as failed:
         return f"could not start ({failed})"
     escaped = [name for name, outcome in report["escapes"].items() if not outcome.startswith("refused")]
     granted = ", ".join(granted_names(report["sandbox"])) or "no OS confinement"
-    return granted + (f"; NOT stopped: {', '.join(escaped)}" if escaped else "; every escape attempt stopped")
+    held = f"; NOT stopped: {', '.join(escaped)}" if escaped else "; every escape attempt stopped"
+    return f"{granted}{held}; {in_force(report['sandbox'], allow_unconfined=settings.SANDBOX_ALLOW_UNCONFINED)}"
 
 
 def web_server_command(bin_dir: Path, *, bind: str, workers: int, platform_dir: Path) -> list[str]:
