@@ -76,7 +76,7 @@ def build_isolated(
                "options": options or {}, "cache_dir": str(cache_dir) if cache_dir is not None else None}
     started = time.monotonic()
     try:
-        result = _run_child(request, f"the {precision} build", memory_budget, timeout_s)
+        result = _run_child(request, f"the {precision} build ({describe_recipe(options or {})})", memory_budget, timeout_s)
     except BuildMemoryExceeded:
         Path(out_path).unlink(missing_ok=True)
         raise
@@ -111,7 +111,7 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
         # The child runs in the scratch directory: onnxruntime.quantization writes scratch models into the cwd.
         with open(stderr_path, "wb") as stderr_file:
             process = subprocess.Popen([sys.executable, "-m", "workers.quantize.isolated", str(request_path), str(result_path)],
-                                       cwd=scratch, env=_child_env(), stdout=subprocess.DEVNULL, stderr=stderr_file)
+                                       cwd=scratch, env=_child_env(budget), stdout=subprocess.DEVNULL, stderr=stderr_file)
         watch = _Watchdog(process.pid, budget)
         pauser = BuildPauser(process.pid)
         watch.start()
@@ -124,9 +124,13 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
         stderr = stderr_path.read_bytes()
         paused_s = pauser.paused_seconds()
         if watch.exceeded:
+            # Calibration streams within the budget and says itself what it needs (workers.quantize.streaming); what
+            # the watchdog stops is another part of the build (pre-processing, the quantizer, a tool), still growing.
             raise BuildMemoryExceeded(
-                f"{what} used more than the build memory budget of {budget} MB "
-                f"({MEMORY_BUDGET_ENV}) and was stopped; raise the budget or use fewer calibration samples")
+                f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped: "
+                f"it held {watch.peak_mb:.0f} MB, still growing, after {watch.elapsed_s:.0f} s. What would fit: a budget "
+                f"of more than {_round_up(watch.peak_mb * 1.5)} MB to be safe, or a precision that needs no calibration "
+                "(int8-dynamic, int4-weight)")
         if not result_path.is_file():
             tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"{what} process died (exit {process.returncode}): {' | '.join(tail)}")
@@ -138,6 +142,18 @@ def _run_child(request: dict[str, Any], what: str, memory_budget: int | None, ti
     # How long the build stood paused while an agent of this host timed (devices/quiet.py).
     result["paused_s"] = round(paused_s, 3)
     return result
+
+
+def describe_recipe(options: dict[str, Any]) -> str:
+    """A build's options in a few words, for its errors ("tool onnxruntime, calibration_method minmax, per_channel False")."""
+    named = ("runtime", "tool", "calibration_method", "calibrator", "per_channel", "activation_type", "quant_format",
+             "model_type", "learn", "smooth_quant")
+    words = [f"{key} {options[key]}" for key in named if key in options]
+    return ", ".join(words) or "default options"
+
+
+def _round_up(mb: float, step: int = 256) -> int:
+    return int(-(-mb // step) * step)
 
 
 def _wait_running(process: subprocess.Popen, timeout_s: float, pauser: BuildPauser, what: str) -> None:
@@ -155,8 +171,11 @@ def _wait_running(process: subprocess.Popen, timeout_s: float, pauser: BuildPaus
                 raise TimeoutError(f"{what} took longer than {timeout_s:.0f} s and was stopped") from None
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(budget_mb: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if budget_mb is not None:
+        # The child plans its own working set (calibration batches, workers.quantize.streaming) against the same budget.
+        env[MEMORY_BUDGET_ENV] = str(budget_mb)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     return env
@@ -170,6 +189,8 @@ class _Watchdog(threading.Thread):
         self.pid, self.budget_mb = pid, budget_mb
         self.peak_mb = 0.0
         self.exceeded = False
+        self.elapsed_s = 0.0
+        self._watch_started = time.monotonic()
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -188,6 +209,7 @@ class _Watchdog(threading.Thread):
             self.peak_mb = max(self.peak_mb, rss_mb)
             if rss_mb > self.budget_mb:
                 self.exceeded = True
+                self.elapsed_s = time.monotonic() - self._watch_started
                 for process in reversed(tree):
                     with contextlib.suppress(psutil.NoSuchProcess):
                         process.kill()
