@@ -76,10 +76,11 @@ class ActivationStream:
 
     `what` names the recipe in errors ("int8 calibration (minmax)"). `batch_size` is the most samples fed at once; the
     budget may allow fewer. A model with a fixed batch is fed that batch, and the last partial batch is left out.
+    `threads` 0 is ONNX Runtime's default (every core), as its own calibrators run.
     """
 
     def __init__(self, model_path: str | Path, tensor_names: list[str], *, batch_size: int = 16, what: str = "calibration",
-                 threads: int = 1, budget_mb: int | None = None):
+                 threads: int = 0, budget_mb: int | None = None):
         self.model_path = Path(model_path)
         self.names = list(dict.fromkeys(tensor_names))
         self.requested_batch = max(1, int(batch_size))
