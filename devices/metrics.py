@@ -180,6 +180,171 @@ def vector_cosines(output, reference) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Embeddings, heat maps and distributions over bins: agreement on what users do with them
+
+
+def neighbour_agreement(output, reference) -> float | None:
+    """Share of samples whose nearest other sample by cosine is the one FP32 picks (a retrieval's or a downstream
+    nearest-class decision). Samples are the first axis, each flattened; None with fewer than three samples."""
+    output, reference = np.asarray(output, np.float64), np.asarray(reference, np.float64)
+    _check_shapes(output, reference)
+    if output.ndim == 0 or output.shape[0] < 3:
+        return None
+    return float(np.mean(_nearest_other(output) == _nearest_other(reference)))
+
+
+def _nearest_other(array: np.ndarray) -> np.ndarray:
+    vectors = array.reshape(array.shape[0], -1)
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    return np.argmax(similarity, axis=1)
+
+
+# A region smaller than this share of the map is a speck users' post-processing drops (DB text detection, saliency ROIs).
+DEFAULT_MIN_REGION = 0.001
+REGION_MATCH_IOU = 0.5
+# A heat map's peak agrees when it moved by at most this share of the map's longer side (and never less than a pixel).
+PEAK_RADIUS = 0.02
+
+
+def heat_maps(array) -> np.ndarray:
+    """[maps, H, W]: a [N, 1, H, W] or [N, H, W] output (any leading axes) as single-channel maps."""
+    array = np.asarray(array, np.float64)
+    if array.ndim < 2:
+        raise ValueError(f"a heat map needs at least two spatial axes, got shape {list(array.shape)}")
+    return array.reshape(-1, array.shape[-2], array.shape[-1])
+
+
+def connected_regions(foreground: np.ndarray) -> tuple[np.ndarray, int]:
+    """(labels, count) of the 4-connected areas of one 2-D boolean map; 0 is background. numpy only: labels spread
+    as the smallest index among neighbours until nothing changes (as many steps as the longest region is long)."""
+    height, width = foreground.shape
+    big = height * width + 1
+    labels = np.where(foreground, np.arange(1, height * width + 1).reshape(height, width), big)
+    while True:
+        spread = labels.copy()
+        spread[1:, :] = np.minimum(spread[1:, :], labels[:-1, :])
+        spread[:-1, :] = np.minimum(spread[:-1, :], labels[1:, :])
+        spread[:, 1:] = np.minimum(spread[:, 1:], labels[:, :-1])
+        spread[:, :-1] = np.minimum(spread[:, :-1], labels[:, 1:])
+        spread = np.where(foreground, spread, big)
+        if np.array_equal(spread, labels):
+            break
+        labels = spread
+    roots = np.unique(labels[foreground])
+    relabelled = np.zeros((height, width), dtype=np.int64)
+    relabelled[foreground] = np.searchsorted(roots, labels[foreground]) + 1
+    return relabelled, len(roots)
+
+
+def _regions(heat_map: np.ndarray, threshold: float, min_area: int) -> list[np.ndarray]:
+    labels, count = connected_regions(heat_map >= threshold)
+    areas = np.bincount(labels.reshape(-1), minlength=count + 1)
+    return [labels == index for index in range(1, count + 1) if areas[index] >= min_area]
+
+
+def region_agreement(output, reference, threshold: float = contract.DEFAULT_MASK_THRESHOLD,
+                     min_region: float = DEFAULT_MIN_REGION) -> dict[str, float]:
+    """Regions (connected areas at `threshold`, specks under `min_region` of the map left out) matched one to one with
+    FP32's at IoU >= 0.5, over every map: F1, recall and precision; two maps without regions agree."""
+    ours_maps, theirs_maps = heat_maps(output), heat_maps(reference)
+    _check_shapes(ours_maps, theirs_maps)
+    min_area = max(1, int(round(min_region * ours_maps.shape[1] * ours_maps.shape[2])))
+    matched = found = expected = 0
+    for ours_map, theirs_map in zip(ours_maps, theirs_maps):
+        ours, theirs = _regions(ours_map, threshold, min_area), _regions(theirs_map, threshold, min_area)
+        found, expected = found + len(ours), expected + len(theirs)
+        taken: set[int] = set()
+        for region in theirs:
+            best, best_iou = None, REGION_MATCH_IOU
+            for index, candidate in enumerate(ours):
+                if index in taken:
+                    continue
+                iou = np.count_nonzero(region & candidate) / max(1, np.count_nonzero(region | candidate))
+                if iou >= best_iou:
+                    best, best_iou = index, iou
+            if best is not None:
+                taken.add(best)
+                matched += 1
+    if found + expected == 0:
+        return {"region_f1": 1.0, "region_recall": 1.0, "region_precision": 1.0, "regions": 0}
+    return {"region_f1": 2.0 * matched / (found + expected), "region_recall": matched / expected if expected else 1.0,
+            "region_precision": matched / found if found else 1.0, "regions": expected}
+
+
+def heat_map_peak_agreement(output, reference, threshold: float = contract.DEFAULT_MASK_THRESHOLD) -> float | None:
+    """Share of maps whose hottest point is within PEAK_RADIUS of FP32's, over the maps where FP32's peak reaches the
+    threshold (elsewhere there is no peak to find); None when no map has one."""
+    ours_maps, theirs_maps = heat_maps(output), heat_maps(reference)
+    _check_shapes(ours_maps, theirs_maps)
+    height, width = theirs_maps.shape[1:]
+    peaked = theirs_maps.reshape(len(theirs_maps), -1).max(axis=1) >= threshold
+    if not peaked.any():
+        return None
+    radius = max(1.0, PEAK_RADIUS * max(height, width))
+    ours = np.array(np.unravel_index(np.argmax(ours_maps[peaked].reshape(int(peaked.sum()), -1), axis=1), (height, width)))
+    theirs = np.array(np.unravel_index(np.argmax(theirs_maps[peaked].reshape(int(peaked.sum()), -1), axis=1), (height, width)))
+    return float(np.mean(np.hypot(*(ours - theirs)) <= radius))
+
+
+# Bins on each side of the peak that the decoded value averages over (CREPE's weighted argmax takes four).
+DECODE_WINDOW = 4
+DECODE_TOLERANCE_BINS = 0.5
+# Rows whose FP32 peak is below this share of the highest peak in the data have no clear answer (CREPE's unvoiced frames).
+CLEAR_PEAK_SHARE = 0.5
+
+
+def decode_around_peak(rows: np.ndarray, window: int = DECODE_WINDOW) -> tuple[np.ndarray, np.ndarray]:
+    """(peak bin, decoded position in bins) per row: the weighted mean of the bin indices within `window` of the peak."""
+    rows = np.asarray(rows, np.float64)
+    peaks = np.argmax(rows, axis=1)
+    offsets = np.arange(-window, window + 1)
+    index = np.clip(peaks[:, None] + offsets[None, :], 0, rows.shape[1] - 1)
+    inside = (peaks[:, None] + offsets[None, :] >= 0) & (peaks[:, None] + offsets[None, :] < rows.shape[1])
+    weights = np.where(inside, np.maximum(np.take_along_axis(rows, index, axis=1), 0.0), 0.0)
+    total = weights.sum(axis=1)
+    decoded = np.where(total > 0, (weights * index).sum(axis=1) / np.where(total > 0, total, 1.0), peaks)
+    return peaks, decoded
+
+
+def distribution_agreement(output, reference, window: int = DECODE_WINDOW,
+                           tolerance_bins: float = DECODE_TOLERANCE_BINS) -> dict[str, float]:
+    """A distribution over the last axis's ordered bins, decoded around its peak, against FP32's, over the rows where FP32
+    has a clear peak: the share decoded within `tolerance_bins`, the share whose peak is within a bin, the mean error."""
+    output, reference = np.asarray(output, np.float64), np.asarray(reference, np.float64)
+    _check_shapes(output, reference)
+    ours, theirs = output.reshape(-1, output.shape[-1]), reference.reshape(-1, reference.shape[-1])
+    heights = theirs.max(axis=1) - np.median(theirs, axis=1)
+    clear = heights >= CLEAR_PEAK_SHARE * heights.max() if heights.size and heights.max() > 0 else np.ones(len(theirs), bool)
+    our_peaks, our_values = decode_around_peak(ours[clear], window)
+    their_peaks, their_values = decode_around_peak(theirs[clear], window)
+    error = np.abs(our_values - their_values)
+    return {"decoded_agreement": float(np.mean(error <= tolerance_bins + 1e-9)),
+            "peak_agreement": float(np.mean(np.abs(our_peaks - their_peaks) <= 1)),
+            "decoded_error_bins": float(np.mean(error)), "rows_judged": int(clear.sum())}
+
+
+def smooth_peaked_rows(values, *, min_bins: int = 16) -> bool:
+    """Whether FP32's rows over the last axis look like a distribution over ordered bins: a clear peak whose neighbouring
+    bins carry a good part of its height (a blurred one-hot, as CREPE's pitch bins), unlike independent classes."""
+    array = np.asarray(values, np.float64)
+    if array.ndim < 2 or array.shape[-1] < min_bins or not np.isfinite(array).all():
+        return False
+    rows = array.reshape(-1, array.shape[-1])
+    rows = rows - np.median(rows, axis=1, keepdims=True)
+    heights = rows.max(axis=1)
+    clear = heights >= CLEAR_PEAK_SHARE * heights.max() if heights.max() > 0 else np.zeros(len(rows), bool)
+    if clear.sum() < 1:
+        return False
+    rows, heights = rows[clear], heights[clear]
+    peaks = np.argmax(rows, axis=1)
+    left = rows[np.arange(len(rows)), np.clip(peaks - 1, 0, rows.shape[1] - 1)]
+    right = rows[np.arange(len(rows)), np.clip(peaks + 1, 0, rows.shape[1] - 1)]
+    return bool(np.median(np.maximum(left, right) / heights) >= 0.3 and np.median(np.minimum(left, right) / heights) >= 0.1)
+
+
+# ---------------------------------------------------------------------------------------------
 # Token masks: an encoder's padding positions do not count
 
 
@@ -550,13 +715,25 @@ def kind_figures(kind: str, output: np.ndarray, reference: np.ndarray, options: 
         figures["id_agreement"] = float(np.mean(output == reference)) if output.size else 1.0
     elif kind == "probability_map":
         figures["mask_iou"] = mask_iou(output, reference, options.get("threshold", contract.DEFAULT_MASK_THRESHOLD))
+    elif kind == "heat_map":
+        threshold = options.get("threshold", contract.DEFAULT_MASK_THRESHOLD)
+        figures.update(region_agreement(output, reference, threshold, options.get("min_region", DEFAULT_MIN_REGION)))
+        figures["peak_agreement"] = heat_map_peak_agreement(output, reference, threshold)
+        figures["mask_iou"] = mask_iou(output, reference, threshold)
+    elif kind == "distribution":
+        figures.update(distribution_agreement(output, reference, int(options.get("window", DECODE_WINDOW))))
     elif kind == "embedding":
         cosines = vector_cosines(output, reference)
         figures["cosine_mean"] = float(np.mean(cosines))
         figures["cosine_p5"] = float(np.percentile(cosines, 5))
+        figures["neighbour_agreement"] = neighbour_agreement(output, reference)
     elif kind == "detection":
         figures.update(detection_agreement(output, reference, options))
     return figures
+
+
+# Declared figures measured by another kind's metrics.
+_DECLARED_KINDS = {"regions": "heat_map", "peak": "heat_map", "decoded": "distribution", "neighbours": "embedding"}
 
 
 def _label_metric(kind: str, declared: dict[str, Any] | None, output: np.ndarray, reference: np.ndarray, labels: np.ndarray,
@@ -592,7 +769,7 @@ def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.nda
     kind, options = entry["kind"], dict(entry.get("options") or {})
     declared = entry.get("declared") or []
     for item in declared:
-        if item["kind"] in ("mask_iou", "detection"):
+        if item["kind"] in ("mask_iou", "detection", "regions"):
             options.update({key: item[key] for key in ("threshold", "match_iou", "nms_iou") if key in item})
     result: dict[str, Any] = {"kind": kind, "primary": bool(entry.get("primary")), "metrics": {}, "reference": {}, "errors": {},
                               "primary_metric": contract.KIND_METRICS[kind][0]}
@@ -639,6 +816,9 @@ def evaluate_output(entry: dict[str, Any], output: np.ndarray, reference: np.nda
                 result["metrics"]["mask_iou"] = mask_iou(output, reference, options.get("threshold", contract.DEFAULT_MASK_THRESHOLD))
             elif item["kind"] == "detection" and kind != "detection":
                 result["metrics"].update(detection_agreement(output, reference, options))
+            elif item["kind"] in _DECLARED_KINDS and contract.declared_figure(item) not in result["metrics"]:
+                # Another kind's figure declared for this output (a recipe's or a user's choice): measured as that kind does.
+                result["metrics"].update(kind_figures(_DECLARED_KINDS[item["kind"]], output, reference, {**options, **item}))
         except Exception as error:
             logger.warning("metric %s on %s failed: %s", item["kind"], entry["name"], error)
             result["errors"][figure] = f"{type(error).__name__}: {error}"

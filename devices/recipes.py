@@ -103,10 +103,45 @@ def parse_recipe(raw: Any) -> dict[str, Any]:
         raise RecipeError(f"a recipe is an object whose type is one of {', '.join(TYPES)}")
     parser = {"image": _image_recipe, "audio": _audio_recipe, "text": _text_recipe}[raw["type"]]
     recipe = parser(raw)
+    if "outputs" in raw:
+        recipe["outputs"] = parse_output_kinds(raw["outputs"])
     unknown = sorted(set(raw) - set(recipe))
     if unknown:
         raise RecipeError(f"unknown recipe field(s) for {raw['type']}: {', '.join(unknown)}")
     return recipe
+
+
+# What a recipe may say of a model output: the post-processing the user really runs, as a kind and its options.
+_OUTPUT_OPTIONS = {"threshold": (0.0, 1.0), "window": (1, 64), "min_region": (0.0, 0.5)}
+
+
+def parse_output_kinds(raw: Any) -> dict[str, dict[str, Any]]:
+    """A recipe's `outputs`: `{output name: {"kind": one of contract.OUTPUT_KINDS, "threshold", "window", "min_region"}}`
+    (a heat map thresholded at 0.3 into text regions, a distribution decoded over 4 bins each side); it replaces the kind
+    Kiln infers for that output."""
+    from devices.contract import OUTPUT_KINDS
+
+    if not isinstance(raw, dict) or len(raw) > 64:
+        raise RecipeError('outputs must be an object like {"probabilities": {"kind": "heat_map", "threshold": 0.3}}')
+    parsed: dict[str, dict[str, Any]] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not name or len(name) > 200 or not isinstance(spec, dict):
+            raise RecipeError("each entry of outputs is an output name with an object like {\"kind\": \"heat_map\"}")
+        if spec.get("kind") not in OUTPUT_KINDS:
+            raise RecipeError(f"outputs.{name}.kind must be one of {', '.join(OUTPUT_KINDS)}")
+        unknown = sorted(set(spec) - {"kind", *_OUTPUT_OPTIONS})
+        if unknown:
+            raise RecipeError(f"outputs.{name} takes no {', '.join(unknown)}")
+        entry: dict[str, Any] = {"kind": spec["kind"]}
+        for option, (low, high) in _OUTPUT_OPTIONS.items():
+            if option not in spec:
+                continue
+            value = spec[option]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high or value != value:
+                raise RecipeError(f"outputs.{name}.{option} must be a number from {low} to {high}")
+            entry[option] = int(value) if option == "window" else float(value)
+        parsed[name] = entry
+    return parsed
 
 
 def _name(raw: dict, key: str, default: str) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from devices.metrics import rows_sum_to_one
+from devices.metrics import rows_sum_to_one, smooth_peaked_rows
 
 # Legacy models (IR < 3) carry no opset_import; the spec says they mean opset 1.
 _LEGACY_OPSET = 1
@@ -328,6 +328,9 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
     if op == "TopK":
         produced_index = list(node.output).index(_producer_output(name, producers, node))
         return _kind("class_ids", "TopK indices") if produced_index == 1 else _kind("regression", "TopK values")
+    distribution = _distribution(op, rank, values)
+    if distribution is not None:
+        return distribution
     if op in ("Softmax", "LogSoftmax"):
         axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), -1 if opset >= 13 else 1)
         if rank and rank >= 3 and (axis % rank) == 1:
@@ -342,12 +345,18 @@ def _infer_kind(name: str, dtype: str, shape: list | None, producers, ops: set[s
     if op == "Div" and _is_written_out_softmax(node, producers):
         # Without FP32's values (which also tell the axis), the graph's own pattern: Magika's JAX export ends this way.
         return _kind("class_scores", "a softmax written out as Exp / ReduceSum / Div: class probabilities over the last axis")
+    if op == "Sigmoid" and rank == 4 and shape[1] == 1 and all(isinstance(dim, str) or dim > 1 for dim in shape[2:]):
+        return _kind("heat_map", "Sigmoid output of one channel per pixel: a heat map users threshold into regions, judged by "
+                     "the regions and the peak it gives, not the mask IoU of its whole foreground")
     if op == "Sigmoid":
         return _kind("probability_map", "Sigmoid output: independent probabilities" + (" per pixel" if rank and rank >= 4 else ""))
     if op in ("LpNormalization", "LayerNormalization") or any(hint in name.lower() for hint in _EMBEDDING_NAMES):
         return _kind("embedding", f"produced by {op}" if op in ("LpNormalization", "LayerNormalization") else f"named {name!r}")
     if op == "Div" and _ancestors_have(node, producers, "ReduceL2", 3):
         return _kind("embedding", "L2-normalized vectors")
+    if _unit_rows(rank, values):
+        return _kind("embedding", f"{op} output whose FP32 rows all have L2 norm 1: embeddings, judged by cosine and nearest "
+                     "neighbours, not relative L2", source="reference")
     if op in ("Gemm", "MatMul") and rank is not None and rank >= 2 and (not isinstance(static[-1], int) or static[-1] >= 2):
         return _kind("class_scores", f"{op} logits over the last axis" + (" per position" if rank >= 3 else ""))
     if rank == 3:
@@ -388,6 +397,25 @@ def _class_probabilities(op: str | None, rank: int | None, values) -> dict[str, 
         return _kind("class_scores", f"{op} output whose FP32 values over axis 1 are non-negative and sum to 1: class probabilities "
                      "per position", source="reference", axis=1)
     return None
+
+
+def _distribution(op: str | None, rank: int | None, values) -> dict[str, Any] | None:
+    """Sigmoid or softmax values over ordered bins, known from FP32's rows: a clear peak whose neighbours carry part of it
+    (a blurred one-hot, as CREPE's 360 pitch bins), decoded around the peak; independent classes have no such neighbours."""
+    if values is None or op not in ("Sigmoid", "Softmax") or rank not in (2, 3) or not smooth_peaked_rows(values):
+        return None
+    bins = np.asarray(values).shape[-1]
+    return _kind("distribution", f"{op} over {bins} ordered bins whose FP32 rows peak smoothly (neighbouring bins share the "
+                 "peak): a distribution decoded around its peak, judged by the decoded value and the peak", source="reference")
+
+
+def _unit_rows(rank: int | None, values) -> bool:
+    if values is None or rank != 2:
+        return False
+    array = np.asarray(values, np.float64)
+    if array.shape[-1] < 8 or not np.isfinite(array).all():
+        return False
+    return bool(np.all(np.abs(np.linalg.norm(array, axis=-1) - 1.0) <= 1e-3))
 
 
 def _producer_output(name: str, producers, node: onnx.NodeProto) -> str:

@@ -33,6 +33,7 @@ METHODS = ("minmax", "percentile", "entropy", "mse")
 # anything; MinMax only needs the extremes to be representative.
 MIN_SAMPLES = {"minmax": 8, "percentile": 16, "entropy": 16, "mse": 16, "distribution": 16}
 HISTOGRAM_BINS = 4096
+_ADD_CHUNK = 1 << 20
 DEFAULT_PERCENTILE = 99.999
 UINT8_LEVELS = 256
 # The MSE search tries ranges shrunk from MinMax by these factors, besides the named methods.
@@ -88,9 +89,12 @@ class Histogram:
             self.counts[len(self.counts) // 2] += values.size
             return
         bins = len(self.counts)
-        index = ((values.astype(np.float64) + self.absmax) * (bins / (2 * self.absmax))).astype(np.int64)
-        np.clip(index, 0, bins - 1, out=index)
-        self.counts += np.bincount(index, minlength=bins)
+        # A chunk at a time: the float64 and index copies of a whole large activation would double its memory.
+        for start in range(0, values.size, _ADD_CHUNK):
+            chunk = values[start:start + _ADD_CHUNK]
+            index = ((chunk.astype(np.float64) + self.absmax) * (bins / (2 * self.absmax))).astype(np.int64)
+            np.clip(index, 0, bins - 1, out=index)
+            self.counts += np.bincount(index, minlength=bins)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,13 +235,16 @@ class CalibrationResult:
     ranges: dict[str, tuple[float, float]]
     rules: dict[str, str] = field(default_factory=dict)
     samples: int = 0
+    # How the streamed passes were fed within the memory budget (streaming.ActivationStream.plan).
+    streaming: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         chosen: dict[str, int] = {}
         for rule in self.rules.values():
             family = rule.split("-")[0]
             chosen[family] = chosen.get(family, 0) + 1
-        return {"method": self.method, "tensors": len(self.ranges), "samples": self.samples, "rules": chosen}
+        return {"method": self.method, "tensors": len(self.ranges), "samples": self.samples, "rules": chosen,
+                "streaming": self.streaming}
 
 
 def check_sample_count(samples: int, method: str) -> None:
@@ -270,25 +277,22 @@ def calibrate(
         raise CalibrationError(f"calibration dataset unusable: {error}") from error
     samples = min(available, max_samples) if max_samples else available
     check_sample_count(samples, method)
-    with ActivationTap(model_path, tensor_names=tensor_names) as tap:
-        extremes: dict[str, list[float]] = {}
-        served = 0
-        for batch_samples, activations in tap.stream(calibration_path, batch_size=batch_size, limit=samples):
-            served += batch_samples
-            for name, value in activations.items():
-                low, high = float(value.min()), float(value.max())
-                if name in extremes:
-                    extremes[name][0] = min(extremes[name][0], low)
-                    extremes[name][1] = max(extremes[name][1], high)
-                else:
-                    extremes[name] = [low, high]
+    from workers.quantize.streaming import ActivationStream
+
+    if tensor_names is None:
+        tensor_names = float_activation_names(onnx.load(str(model_path), load_external_data=False))
+    with ActivationStream(model_path, tensor_names, batch_size=batch_size, what=f"{method} calibration") as stream:
+        stats = stream.reduce(calibration_path, limit=samples)
+        served = stream.samples_served
         if method == "minmax":
-            ranges = {name: _contain_zero(low, high) for name, (low, high) in extremes.items()}
-            return CalibrationResult(method, ranges, {name: "minmax" for name in ranges}, served)
-        histograms = {name: Histogram.empty(low, high, bins) for name, (low, high) in extremes.items()}
-        for _, activations in tap.stream(calibration_path, batch_size=batch_size, limit=samples):
-            for name, value in activations.items():
-                histograms[name].add(value)
+            ranges = {name: _contain_zero(float(item.minimum), float(item.maximum)) for name, item in stats.items()}
+            return CalibrationResult(method, ranges, {name: "minmax" for name in ranges}, served, dict(stream.plan))
+        histograms = {name: Histogram.empty(float(item.minimum), float(item.maximum), bins) for name, item in stats.items()}
+        for _group, batches in stream.groups(calibration_path, limit=samples):
+            for _rows, activations in batches:
+                for name, value in activations.items():
+                    histograms[name].add(value)
+        plan = dict(stream.plan)
     kept_whole = output_tensors(onnx.load(str(model_path), load_external_data=False)) if method in TAIL_CLIPPING else set()
     ranges, rules = {}, {}
     for name, histogram in histograms.items():
@@ -297,7 +301,7 @@ def calibrate(
         else:
             low, high, rule = range_for(histogram, method, percentile=percentile)
         ranges[name], rules[name] = (low, high), rule
-    return CalibrationResult(method, ranges, rules, served)
+    return CalibrationResult(method, ranges, rules, served, plan)
 
 
 def output_tensors(model: onnx.ModelProto) -> set[str]:
@@ -338,13 +342,13 @@ def write_ort_calibration_cache(result: CalibrationResult, path: str | Path) -> 
 def activation_absmax(model_path: str | Path, calibration_path: str | Path, *, max_samples: int = 32,
                       batch_size: int = 16) -> dict[str, float]:
     """Largest |value| of every float activation over (part of) the calibration set."""
+    from workers.quantize.streaming import ActivationStream
+
     samples = min(dataset_samples(calibration_path), max_samples)
-    peaks: dict[str, float] = {}
-    with ActivationTap(model_path) as tap:
-        for _, activations in tap.stream(calibration_path, batch_size=batch_size, limit=samples):
-            for name, value in activations.items():
-                peaks[name] = max(peaks.get(name, 0.0), float(np.max(np.abs(value))) if value.size else 0.0)
-    return peaks
+    names = float_activation_names(onnx.load(str(model_path), load_external_data=False))
+    with ActivationStream(model_path, names, batch_size=batch_size, what="the fp16 range check") as stream:
+        stats = stream.reduce(calibration_path, limit=samples)
+    return {name: max(abs(float(item.minimum)), abs(float(item.maximum))) for name, item in stats.items()}
 
 
 class ActivationTap:

@@ -40,8 +40,11 @@ class BuildMemoryExceeded(SandboxLimitExceeded):
 
     def __init__(self, what: str, budget: int):
         super().__init__("memory", budget, what=what)
-        self.args = (f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped; "
-                     "raise the budget or use fewer calibration samples",)
+        # Calibration streams within the budget and says itself what it needs (workers.quantize.streaming); what the
+        # watch stops is another part of the build (pre-processing, the quantizer, a tool), still growing.
+        self.args = (f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped. "
+                     f"What would fit: a budget of more than {_round_up(budget * 1.5)} MB to be safe, or a precision that needs "
+                     "no calibration (int8-dynamic, int4-weight)",)
 
     def __str__(self) -> str:
         return self.args[0]
@@ -106,7 +109,7 @@ def build_isolated(
     request = {"model_path": str(model_path), "model_folder": str(model_folder) if model_folder else None,
                "precision": precision, "out_name": out_path.name,
                "calibration_path": str(calibration_path) if calibration_path is not None else None, "options": options or {}}
-    result = _run_child("quantize.build", request, f"the {precision} build", memory_budget, timeout_s,
+    result = _run_child("quantize.build", request, f"the {precision} build ({describe_recipe(options or {})})", memory_budget, timeout_s,
                         shared=_shown(model_path, model_folder, calibration_path), outputs={f"out/{out_path.name}": out_path}, watch=watch)
     if "build_error" in result:
         from workers.quantize.variants import NotApplicable, QuantizationError
@@ -162,6 +165,8 @@ def _run_child(command: str, request: dict[str, Any], what: str, memory_budget: 
     """Run one request confined, once its memory budget fits on the host, its resident memory watched against the budget
     and paused while an agent times."""
     budget = memory_budget or memory_budget_mb()
+    # The child plans its own working set (calibration batches, workers.quantize.streaming) against the same budget.
+    request = {**request, "memory_budget_mb": budget}
     watch = watch or BuildWatch(what=what)
     pause = functools.partial(BuildPauser, on_pause=watch.on_pause, on_continue=watch.on_continue)
     try:
@@ -204,7 +209,21 @@ def _staged_model(request: dict[str, Any], work: Path) -> str:
     return str(staged / model.name)
 
 
+def describe_recipe(options: dict[str, Any]) -> str:
+    """A build's options in a few words, for its errors ("tool onnxruntime, calibration_method minmax, per_channel False")."""
+    named = ("runtime", "tool", "calibration_method", "calibrator", "per_channel", "activation_type", "quant_format",
+             "model_type", "learn", "smooth_quant")
+    words = [f"{key} {options[key]}" for key in named if key in options]
+    return ", ".join(words) or "default options"
+
+
+def _round_up(mb: float, step: int = 256) -> int:
+    return int(-(-mb // step) * step)
+
+
 def _serve(request: dict[str, Any], work: Path) -> dict[str, Any]:
+    if request.get("memory_budget_mb"):
+        os.environ[MEMORY_BUDGET_ENV] = str(int(request["memory_budget_mb"]))
     request = {**request, "model_path": _staged_model(request, work)}
     if "max_samples" in request:
         from workers.quantize.sensitivity import rank_nodes

@@ -280,8 +280,6 @@ def _build_int8_static(
         quantize_static,
     )
 
-    from workers.quantize.calibration import NpzCalibrationReader
-
     if calibration_path is None:
         raise QuantizationError("int8 needs a calibration dataset")
     tool = options.get("tool", "onnxruntime")
@@ -327,30 +325,29 @@ def _build_int8_static(
     float_outputs = list(options.get("float_outputs") or [])
     large = model_size_bytes(model_path) > LARGE_MODEL_BYTES
     model = load_graph_only(model_path)
-    input_names = _feed_names(model)
 
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".int8-") as scratch:
         source, preprocess = preprocess_for_quantization(model_path, Path(scratch), skip=bool(options.get("skip_preprocess")), large=large)
         if per_channel:
             source = per_channel_opset(source, Path(scratch))
         batch_size, static = _calibration_batch_size(model, options)
+        samples = usable
         if static:
             # A fixed-batch model cannot take a short last batch; calibrate on whole batches only.
-            limit = usable - usable % batch_size
-            if limit == 0:
+            samples = usable - usable % batch_size
+            if samples == 0:
                 raise QuantizationError(f"the model takes batches of {batch_size}; the calibration set has only {usable} samples")
-        elif method_key != "minmax":
-            # ORT's histogram calibrators stack per-batch outputs and break on a ragged last batch.
-            batch_size = 1
-        reader = NpzCalibrationReader(calibration_path, input_names=input_names, batch_size=batch_size, limit=limit)
-        cache_path, kiln_summary = None, None
+        # Both calibrators stream within the build memory budget (workers.quantize.streaming) and hand quantize_static
+        # their ranges as its calibration cache: onnxruntime's own calibrators would hold samples x activations.
         if kiln_calibrator:
-            cache_path, kiln_summary = _kiln_ranges(source, calibration_path, Path(scratch), method_key, options, limit or usable)
+            cache_path, summary = _kiln_ranges(source, calibration_path, Path(scratch), method_key, options, samples)
+        else:
+            cache_path, summary = _ort_ranges(source, calibration_path, Path(scratch), method_key, options, samples, batch_size)
         try:
             quantize_static(
                 str(source),
                 str(out_path),
-                None if kiln_calibrator else reader,
+                None,
                 quant_format=getattr(QuantFormat, QUANT_FORMATS[quant_format]),
                 op_types_to_quantize=options.get("op_types_to_quantize"),
                 per_channel=per_channel,
@@ -377,7 +374,8 @@ def _build_int8_static(
         "weight_symmetric": True,
         "activation_type": activation_name,
         "activation_symmetric": activation_name == "int8",
-        "samples": kiln_summary["samples"] if kiln_summary else reader.samples_read,
+        "samples": summary["samples"],
+        "calibration_streaming": summary["streaming"],
         "preprocess": preprocess,
         "nodes_excluded": nodes_to_exclude,
         "op_types": options.get("op_types_to_quantize") or "all supported",
@@ -386,9 +384,11 @@ def _build_int8_static(
         recipe["float_outputs"] = float_outputs
     if reduce_range:
         recipe["reduce_range"] = True
-    if kiln_summary:
+    if kiln_calibrator:
         recipe["calibrator"] = "kiln (streaming histograms)"
-        recipe["range_rules"] = kiln_summary["rules"]
+        recipe["range_rules"] = summary["rules"]
+    else:
+        recipe["calibrator"] = "onnxruntime's method, streamed"
     return recipe
 
 
@@ -438,6 +438,21 @@ def _kiln_ranges(
     except CalibrationError as error:
         raise QuantizationError(str(error)) from error
     return write_ort_calibration_cache(result, scratch / "ranges.json"), result.summary()
+
+
+def _ort_ranges(source: Path, calibration_path: str | Path, scratch: Path, method: str, options: dict[str, Any], samples: int,
+                batch_size: int) -> tuple[Path, dict[str, Any]]:
+    """ONNX Runtime's calibration method, streamed (workers.quantize.ort_calibration), written as quantize_static's cache."""
+    from workers.quantize.calibration_methods import CalibrationError
+    from workers.quantize.ort_calibration import ort_ranges, write_ort_cache
+
+    try:
+        ranges, stream = ort_ranges(source, calibration_path, method=_CALIBRATION_METHODS[method], limit=samples,
+                                    op_types=options.get("op_types_to_quantize"), batch_size=batch_size,
+                                    what=f"int8 calibration ({method}, onnxruntime's method)")
+    except CalibrationError as error:
+        raise QuantizationError(str(error)) from error
+    return write_ort_cache(ranges, scratch / "ranges.json"), {"samples": stream.samples_served, "streaming": dict(stream.plan)}
 
 
 def _check_fp16_range(model_path: Path, calibration_path: str | Path) -> None:

@@ -195,9 +195,19 @@ def _reference(job) -> str:
     return f"FP32 reference outputs on {summary['samples']} samples{calls}."
 
 
+def _options_words(declared: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in declared.items())
+
+
 def _evaluation_plan(job, reference: list[str], kinds: dict) -> dict:
     """Kinds per output (the user's overrides, else `kinds`, inferred in the sandbox from the graph and FP32's values) and
     what each device measures; `reference` names the outputs the FP32 run wrote."""
+    # The validation set's recipe may name the post-processing the user runs (devices.recipes.parse_output_kinds); the
+    # user's own override on the model version still has the last word.
+    recipe = (job.validation_dataset.recipe or {}) if job.validation_dataset_id else {}
+    for name, declared in (recipe.get("outputs") or {}).items():
+        if name in kinds:
+            kinds[name] = {**declared, "reason": f"named by the validation set's recipe ({_options_words(declared)})", "source": "recipe"}
     for name, kind in (job.model_version.output_kind_overrides or {}).items():
         if name in kinds and kinds[name]["kind"] != kind:
             kinds[name] = {"kind": kind, "reason": "set by the user", "source": "override"}

@@ -257,6 +257,39 @@ def test_the_evaluation_plan_follows_the_model_and_the_declared_metrics(tenant, 
         assert task_payload(task)["evaluation"] == job["evaluation"]
 
 
+def test_the_validation_sets_recipe_names_an_outputs_kind_and_the_users_override_still_wins(tenant, uploaded,
+                                                                                          django_capture_on_commit_callbacks):
+    from kiln.registry.models import Dataset
+
+    Dataset.objects.filter(pk=uploaded["validation"]).update(
+        recipe={"type": "image", "outputs": {"logits": {"kind": "distribution", "window": 2}}})
+    with django_capture_on_commit_callbacks(execute=True):
+        response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"], validation_dataset=uploaded["validation"])
+    assert response.status_code == 201, response.content
+    [entry] = tenant.client.get(f"/api/v1/jobs/{response.json()['id']}/").json()["evaluation"]["outputs"]
+    assert entry["kind"] == "distribution" and entry["options"] == {"window": 2}
+    assert entry["reason"] == "named by the validation set's recipe (kind distribution, window 2)"
+
+    version = DeploymentJob._meta.get_field("model_version").related_model.objects.get(pk=uploaded["version"])
+    version.output_kind_overrides = {"logits": "class_scores"}
+    version.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = create_job(tenant, model_version=uploaded["version"], precisions=["fp32"], validation_dataset=uploaded["validation"])
+    [entry] = tenant.client.get(f"/api/v1/jobs/{response.json()['id']}/").json()["evaluation"]["outputs"]
+    assert entry["kind"] == "class_scores" and entry["reason"] == "set by the user"
+
+
+def test_a_recipe_names_output_kinds_it_knows_with_bounded_options():
+    from devices.recipes import RecipeError, parse_recipe
+
+    recipe = parse_recipe({"type": "image", "size": [32, 32], "outputs": {"maps": {"kind": "heat_map", "threshold": 0.3}}})
+    assert recipe["outputs"] == {"maps": {"kind": "heat_map", "threshold": 0.3}}
+    for bad, fragment in (({"maps": {"kind": "mask"}}, "kind must be one of"), ({"maps": {"kind": "heat_map", "threshold": 3}}, "threshold"),
+                          ({"maps": {"kind": "heat_map", "colour": 1}}, "takes no colour"), (["maps"], "outputs must be an object")):
+        with pytest.raises(RecipeError, match=fragment):
+            parse_recipe({"type": "image", "size": [32, 32], "outputs": bad})
+
+
 def test_the_search_budget_is_shown_and_a_spent_budget_stops_the_search_with_the_reason(tenant, uploaded):
     import time
 
