@@ -9,6 +9,7 @@ warning: a budget that can never fit must not hold a job forever).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import json
 import logging
@@ -34,6 +35,9 @@ LEDGER_LOCK = "memory.lock"
 DEFAULT_SHARE = 0.8
 POLL_S = 1.0
 DEFAULT_WAIT_S = 1800.0
+# How long work started here waits for memory at most: a build in a worker may wait its turn, an upload read inside its
+# HTTP request may not (kiln.registry.services.upload_check_slot sets it short there).
+MAX_WAIT_S: contextvars.ContextVar[float] = contextvars.ContextVar("kiln_host_memory_max_wait_s", default=DEFAULT_WAIT_S)
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,11 @@ def waiting_reason(megabytes: int, *, total_mb: int | None = None, directory: Pa
 
 
 @contextlib.contextmanager
-def reserved(megabytes: int, *, what: str, on_wait: Callable[[str], None] | None = None, wait_s: float = DEFAULT_WAIT_S,
+def reserved(megabytes: int, *, what: str, on_wait: Callable[[str], None] | None = None, wait_s: float | None = None,
              total_mb: int | None = None, directory: Path | None = None) -> Iterator[float]:
-    """Hold `megabytes` of the host's memory for the body; wait (calling `on_wait` once with the reason) until they fit.
-    Yields the seconds waited."""
+    """Hold `megabytes` of the host's memory for the body; wait (calling `on_wait` once with the reason) until they fit,
+    at most `wait_s` (default: MAX_WAIT_S of this context). Yields the seconds waited."""
+    wait_s = MAX_WAIT_S.get() if wait_s is None else wait_s
     started = time.monotonic()
     told = False
     booking = try_book(megabytes, what=what, total_mb=total_mb, directory=directory)

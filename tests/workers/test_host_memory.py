@@ -52,3 +52,15 @@ def test_the_host_total_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv(host_memory.HOST_MEMORY_ENV, "lots")
     with pytest.raises(ValueError, match="KILN_HOST_MEMORY_MB"):
         host_memory.host_memory_mb()
+
+
+def test_work_started_inside_a_request_waits_only_briefly_then_runs(tmp_path):
+    first = host_memory.try_book(3000, what="a build", total_mb=4000, directory=tmp_path)
+    token = host_memory.MAX_WAIT_S.set(0.5)
+    try:
+        started = time.monotonic()
+        with host_memory.reserved(2000, what="an upload", total_mb=4000, directory=tmp_path) as waited:
+            assert 0.5 <= waited < 5 and time.monotonic() - started < 5
+    finally:
+        host_memory.MAX_WAIT_S.reset(token)
+        host_memory.release(first, tmp_path)

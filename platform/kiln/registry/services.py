@@ -22,6 +22,7 @@ from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.capacity import LimitReached, slot_held
 from kiln.pipeline.models import DeploymentJob
+from workers import host_memory
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.celery import app as celery_app
 from workers.dataset_commands import HDF5_SAMPLES, RAW_PREPARED
@@ -279,10 +280,15 @@ def _enqueue_support_check(version: ModelVersion) -> None:
     transaction.on_commit(lambda: celery_app.signature(SUPPORT_TASK_NAME, args=[version_id]).delay())
 
 
+UPLOAD_MEMORY_WAIT_S = 30.0
+
+
 @contextmanager
 def upload_check_slot(*, organization_id: int, what: str) -> Iterator[None]:
     """Hold one of the organization's sandboxed-check slots while an upload is read (kiln.pipeline.capacity); over the
     per-organization or per-host limit, a 429 that names it (nothing is kept; the user sends it again later)."""
+    # Read inside its HTTP request: it waits for the host's memory briefly, then runs (its sandbox still has its limits).
+    short_wait = host_memory.MAX_WAIT_S.set(UPLOAD_MEMORY_WAIT_S)
     try:
         with slot_held(organization_id=organization_id, work_class=CHECK, holder=what):
             yield
@@ -290,6 +296,8 @@ def upload_check_slot(*, organization_id: int, what: str) -> Iterator[None]:
         raise KilnError(f"{what[:1].upper()}{what[1:]} was not read: {reached.refused.message}. Send it again then.",
                         code="limit_reached", status_code=429, details={"limit": reached.refused.limit, "running": reached.refused.running,
                                                                          "scope": reached.refused.scope}) from None
+    finally:
+        host_memory.MAX_WAIT_S.reset(short_wait)
 
 
 def model_create(*, organization, user, name: str, upload) -> Model:
