@@ -41,7 +41,8 @@ def _env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 
 DEBUG = _env_bool("KILN_DEBUG", False)
-DATA_DIR = Path(os.environ.get("KILN_DATA_DIR", REPO_ROOT / "var")).resolve()
+# An empty KILN_DATA_DIR (a shell that exported it blank) is unset, never the current folder.
+DATA_DIR = Path(os.environ.get("KILN_DATA_DIR") or REPO_ROOT / "var").resolve()
 
 SECRET_KEY = os.environ.get("KILN_SECRET_KEY", "")
 if not SECRET_KEY:
