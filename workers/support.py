@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from devices import support
+from devices import operator_support, support
 
 from .sandbox.runner import SandboxFailed, Unconfined, model_shown, run_confined
 
@@ -52,6 +52,6 @@ def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None
         try:
             answers += _ask(Path(model_path), [name], timeout_s, shared)
         except SandboxFailed as failed:
-            answers.append(support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
-                                          reason=f"{name} crashed while reading the model ({failed})"))
+            answers.append(operator_support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
+                                                   reason=f"{name} crashed while reading the model ({failed})"))
     return answers

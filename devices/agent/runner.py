@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, crosscheck, feeds, metrics, paired, quiet, support
+from devices import bench, crosscheck, feeds, metrics, operator_support, paired, quiet, support
 from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
@@ -408,10 +408,10 @@ class TaskRunner:
         backend = get_backend(backend_name)
         self._enter(task, cancel, "support", f"asking {backend_name} {backend.version() or ''} which operators it runs")
         self.support = support.ask(backend, paths["model"])
-        logger.info("operator support: %s", support.summary(self.support))
-        if not support.runnable(self.support):
+        logger.info("operator support: %s", operator_support.summary(self.support))
+        if not operator_support.runnable(self.support):
             # The runtime said no before anything was built: that reason is the task's, not a compile crash.
-            raise TaskFailed(self.support.get("reason") or support.summary(self.support))
+            raise TaskFailed(self.support.get("reason") or operator_support.summary(self.support))
         self._enter(task, cancel, "compile", f"compiling with {backend_name}")
         bench.reset_peak_rss()
         started = time.perf_counter_ns()

@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
-from devices import support
+from devices import operator_support
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
 
 from ..heartbeats import heartbeats_overlay
@@ -304,15 +304,15 @@ class AccuracySerializer(BoundedJSONField):
 
 
 class SupportAnswerSerializer(serializers.Serializer):
-    """The agent's runtime on the variant's operators (devices/support.py), asked before it compiled; unknown keys are dropped."""
+    """The agent's runtime on the variant's operators (devices/operator_support.py's shape), asked before it compiled; unknown keys are dropped."""
 
     backend = serializers.CharField(max_length=32)
     runtime = _text(64)
     version = _text(64)
     device = _text(64)
     source = _text(200)
-    verdict = serializers.ChoiceField(choices=list(support.VERDICTS))
-    reason = TruncatedCharField(max_chars=support.MAX_REASON_CHARS, required=False, allow_blank=True, allow_null=True)
+    verdict = serializers.ChoiceField(choices=list(operator_support.VERDICTS))
+    reason = TruncatedCharField(max_chars=operator_support.MAX_REASON_CHARS, required=False, allow_blank=True, allow_null=True)
     native = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
     fallback = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
     unsupported = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
