@@ -39,7 +39,7 @@ from benchmarks.local_search import host_isa
 from devices import crosscheck
 from devices.agent.runner import TaskFailed, benchmark_batch_sizes, first_samples_outputs, load_npz, make_feeds, self_check
 from devices.backends.registry import get_backend
-from devices.metrics import cosine_similarity
+from kiln_contract.metrics import cosine_similarity
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import MINILM_L3, available_zoo
 from workers.quantize.errors import NotApplicable

@@ -2,7 +2,7 @@
 
 `ask` puts one backend's question (`Backend.operator_support`) and turns a backend with no way to answer, or whose
 asking broke, into an `unknown` answer; `check` asks every backend this machine offers. The answers have
-devices/operator_support.py's shape.
+kiln_contract/operator_support.py's shape.
 
 `python -m devices.support model.onnx` prints what this machine's runtimes say.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from devices.backends.base import Backend
 from devices.backends.registry import available_backends
-from devices.operator_support import first_lines, summary, unknown
+from kiln_contract.operator_support import first_lines, summary, unknown
 
 
 def ask(backend: Backend, model_path: str | Path) -> dict:

@@ -11,6 +11,7 @@ interpreter.
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -22,12 +23,16 @@ from tests.imports_of import imported_modules, modules_under, strongly_connected
 
 REPO = Path(__file__).resolve().parents[1]
 # Every first-party import package: its import name and its folder.
-PACKAGES = {"kiln": REPO / "platform" / "kiln", "workers": REPO / "workers", "devices": REPO / "devices", "tests": REPO / "tests"}
+PACKAGES = {"kiln": REPO / "platform" / "kiln", "workers": REPO / "workers", "devices": REPO / "devices", "kiln_contract": REPO / "kiln_contract",
+            "kiln_client": REPO / "kiln_client", "tests": REPO / "tests"}
+# The installables that ship without the server, and the only first-party packages each may import (DESIGN.md section 1:
+# the agent imports neither Django, kiln nor workers; the contract imports nothing of Kiln; the client needs no agent).
+MAY_IMPORT = {"kiln_contract": set(), "kiln_client": {"kiln_contract"}, "devices": {"kiln_contract"}}
 # Modules that hid a cycle or an upward import behind a function-local import before; each must import first.
 ONCE_HIDDEN = ["kiln.reports.selectors", "kiln.reports.services", "kiln.pipeline.stages", "kiln.pipeline.selectors",
-               "kiln.pipeline.retime", "kiln.cli", "kiln.client", "workers.quantize.search", "workers.quantize.verdicts", "workers.scoring",
+               "kiln.pipeline.retime", "kiln_client.cli", "kiln_client.client", "workers.quantize.search", "workers.quantize.verdicts", "workers.scoring",
                "workers.quantize.variants", "workers.quantize.streaming", "workers.quantize.calibration_methods", "workers.learned.recipes",
-               "devices.support", "devices.backends.registry", "devices.agent.client", "devices.agent.resumable"]
+               "devices.support", "devices.backends.registry", "devices.agent.client", "kiln_contract.resumable"]
 
 
 def import_graph(packages: dict[str, Path]) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
@@ -43,9 +48,14 @@ def import_graph(packages: dict[str, Path]) -> tuple[dict[str, set[str]], dict[t
     return graph, where
 
 
+@functools.cache
+def product_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    return import_graph(PACKAGES)
+
+
 def cycles(packages: dict[str, Path]) -> list[str]:
     """Each strongly connected component of more than one module, with the imports that bind it."""
-    graph, where = import_graph(packages)
+    graph, where = product_graph() if packages is PACKAGES else import_graph(packages)
     found = []
     for component in strongly_connected_components(graph):
         if len(component) > 1:
@@ -63,6 +73,14 @@ def test_every_top_level_package_is_in_the_graph():
 def test_no_two_modules_import_each_other_even_inside_functions():
     found = cycles(PACKAGES)
     assert not found, "\n\n".join(found)
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_a_package_that_ships_without_the_server_imports_only_what_it_may(package):
+    graph, where = product_graph()
+    reached = [f"{module} -> {target} ({'; '.join(where[module, target])})" for module in sorted(graph) if module.split(".")[0] == package
+               for target in sorted(graph[module]) if target.split(".")[0] not in {package, *MAY_IMPORT[package]}]
+    assert not reached, "\n".join(reached)
 
 
 def test_a_cycle_hidden_in_a_function_and_a_relative_import_is_found(tmp_path):

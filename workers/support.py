@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from devices import operator_support, support
+from devices import support
+from kiln_contract import operator_support
 
 from .sandbox.runner import SandboxFailed, Unconfined, model_shown, run_confined
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from devices import operator_support
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
 from devices.backends.options import parse_compile_options
 from devices.cpus import usable_cores
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from devices import operator_support
 from devices.artifacts import OPENVINO_IR, artifact_format, read_openvino_ir
 from devices.backends.base import Backend, CompiledModel, TensorSpec, model_layer_names, summarize_profile
 from devices.backends.options import parse_compile_options
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ QUANTIZED_OPS = frozenset({"FakeQuantize"})
 QUANTIZED_WEIGHT_TYPES = frozenset({"u8", "i8", "u4", "i4", "nf4"})
 
 
-# OpenVINO's element types as the labels (devices.labels) name precisions.
+# OpenVINO's element types as the labels (kiln_contract.labels) name precisions.
 FLOAT_PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 

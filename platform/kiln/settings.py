@@ -387,7 +387,7 @@ CSRF_FAILURE_VIEW = "kiln.core.views.csrf_failure"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")
-# The agent's and the client's wheels served at /downloads/ (`make wheels`, or the Docker image, puts them there).
+# The contract's, the agent's and the client's wheels served at /downloads/ (`make wheels`, or the Docker image, puts them there).
 DOWNLOADS_DIR = Path(os.environ.get("KILN_DOWNLOADS_DIR", REPO_ROOT / "dist")).resolve()
 # Where devices install the agent from (the wheels this server serves); empty: <PUBLIC_URL or the request's host>/downloads/.
 DOWNLOADS_URL = os.environ.get("KILN_DOWNLOADS_URL", "").strip()

@@ -1,4 +1,4 @@
-"""Operator support from the runtimes' own answers (devices/support.py asks, devices/operator_support.py shapes the answer, each backend's operator_support)."""
+"""Operator support from the runtimes' own answers (devices/support.py asks, kiln_contract/operator_support.py shapes the answer, each backend's operator_support)."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from devices import operator_support, support
+from devices import support
 from devices.backends.onnxruntime import OnnxRuntimeBackend
+from kiln_contract import operator_support
 from tests.fixtures.models import build_loop_decoder
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None

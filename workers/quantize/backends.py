@@ -6,8 +6,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from devices import operator_support, support
+from devices import support
 from devices.artifacts import OPENVINO_IR, TFLITE, artifact_format
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ This module owns that decision: `runnable_backends` is what planning and dispatc
 """
 from __future__ import annotations
 
-from devices import operator_support
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.services import model_version_support_record
+from kiln_contract import operator_support
 from workers.support import SupportCheckFailed, check_isolated
 
 from .models import DeploymentJob
