@@ -49,13 +49,13 @@ def import_graph(packages: dict[str, Path]) -> tuple[dict[str, set[str]], dict[t
 
 
 @functools.cache
-def product_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+def repository_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
     return import_graph(PACKAGES)
 
 
 def cycles(packages: dict[str, Path]) -> list[str]:
     """Each strongly connected component of more than one module, with the imports that bind it."""
-    graph, where = product_graph() if packages is PACKAGES else import_graph(packages)
+    graph, where = repository_graph() if packages is PACKAGES else import_graph(packages)
     found = []
     for component in strongly_connected_components(graph):
         if len(component) > 1:
@@ -77,7 +77,7 @@ def test_no_two_modules_import_each_other_even_inside_functions():
 
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_a_package_that_ships_without_the_server_imports_only_what_it_may(package):
-    graph, where = product_graph()
+    graph, where = repository_graph()
     reached = [f"{module} -> {target} ({'; '.join(where[module, target])})" for module in sorted(graph) if module.split(".")[0] == package
                for target in sorted(graph[module]) if target.split(".")[0] not in {package, *MAY_IMPORT[package]}]
     assert not reached, "\n".join(reached)
