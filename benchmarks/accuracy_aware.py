@@ -1,7 +1,7 @@
 """The accuracy-aware vendor tools beside Kiln (issue 35): NNCF's accuracy control on OpenVINO and Olive on ONNX Runtime.
 
 Both are judged by the very figure Kiln's tolerance reads (the primary output's metric of its kind against FP32 on ONNX
-Runtime, devices.metrics and devices.contract), so that each tool's own search aims at what the table then measures:
+Runtime, kiln_contract.metrics and kiln_contract.contract), so that each tool's own search aims at what the table then measures:
 
 - `nncf_accuracy_control`: `nncf.quantize_with_accuracy_control` on OpenVINO's model (its documented flow: INT8, then
   the layers that cost most go back to float until the drop on the validation set is at most `max_drop`, ABSOLUTE),
@@ -34,8 +34,8 @@ OLIVE_TIMEOUT_S = 1800
 
 def kiln_figure(model: dict, reference: dict[str, np.ndarray], plan: dict) -> tuple[Callable[[dict], float], str, bool]:
     """(score of a set of outputs, the figure's name, higher is better): the figure Kiln's tolerance reads on the primary output."""
-    from devices import contract
-    from devices.metrics import evaluate as evaluate_outputs
+    from kiln_contract import contract
+    from kiln_contract.metrics import evaluate as evaluate_outputs
 
     inputs = _validation_inputs(model)
 
@@ -172,8 +172,8 @@ _USER_SCRIPT = textwrap.dedent('''
     def kiln_figure(model, device, execution_providers, settings_path=None):
         import onnxruntime as ort
 
-        from devices import contract
-        from devices.metrics import evaluate
+        from kiln_contract import contract
+        from kiln_contract.metrics import evaluate
 
         settings = json.loads(Path(settings_path).read_text())
         with np.load(settings["validation"]) as archive:

@@ -42,9 +42,11 @@ def before_child(model: str, calibration: str, options_json: str, out: str) -> N
     """The calibration of this recipe as it was, then quantize_static (run in a child process)."""
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
 
+    from workers.inspect import load_graph_only
     from workers.quantize.calibration import NpzCalibrationReader
     from workers.quantize.calibration_methods import ActivationTap, CalibrationResult, Histogram, mse_range, write_ort_calibration_cache
-    from workers.quantize.variants import _CALIBRATION_METHODS, _calibration_batch_size, _feed_names, load_graph_only, preprocess_for_quantization
+    from workers.quantize.preprocess import preprocess_for_quantization
+    from workers.quantize.variants import _CALIBRATION_METHODS, _calibration_batch_size, _feed_names
 
     options = json.loads(options_json)
     scratch = Path(out).parent

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from devices import contract
 from devices.agent.capabilities import cpu_isa
 from devices.backends.registry import get_backend
-from devices.batching import sample_rows
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
 from devices.cpus import usable_cores
-from devices.metrics import evaluate
-from devices.paired import MIN_ROUNDS, stop_reason
+from kiln_contract import contract
+from kiln_contract.batching import sample_rows
+from kiln_contract.metrics import evaluate
+from kiln_contract.paired import MIN_ROUNDS, stop_reason
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.quantize.families import COMPILE_SEPARATOR, VENDOR_DEFAULTS, is_vendor_default
@@ -288,7 +288,7 @@ def confirmation_contenders(entries: list[dict[str, Any]], max_contenders: int =
 
 def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, threads: int | None, work: Path,
                      windows: int, max_windows: int = 15) -> None:
-    """Re-time the contenders (`confirmation_contenders`) side by side, as a device's RETIME task does (devices/paired.py).
+    """Re-time the contenders (`confirmation_contenders`) side by side, as a device's RETIME task does (kiln_contract/paired.py).
 
     Rounds are measured minutes apart, and on a busy machine the load drifts between them, so
     first-pass timings from different rounds do not compare. The contenders are timed again in

@@ -16,7 +16,7 @@ language (faster / slower / tie):
 - raw: each variant benchmarked once, one after the other (the first pass: separate windows), the verdict read
   from each run's own window medians as the report read first passes;
 - Kiln: the pair timed side by side in rotated rounds until the leader separates at 95% (or 12 rounds), read as
-  the decision reads them (devices/paired.py, workers/noise.py).
+  the decision reads them (kiln_contract/paired.py, workers/noise.py).
 
 Prints, per pair and condition, the spread of each ratio over the repetitions (min to max, and the coefficient
 of variation) and the verdicts each gave; then peak memory and wall time. Kiln's decision should be the same
@@ -41,8 +41,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices import bench, paired, quiet
+from devices import bench, quiet
 from devices.backends.onnxruntime import OnnxRuntimeBackend
+from kiln_contract import paired
 from workers.noise import Timing, latency_ratio
 
 FIRST_PASS = {"warmup_runs": 10, "warmup_seconds": 0.2, "min_runs": 50, "min_seconds": 1.0}

@@ -26,7 +26,7 @@ the same options) says "same build": its ratio is 1.00 by construction, whatever
 the random-weight models on cosine similarity to FP32 (drop ≤ 0.01), the real models with `auto`
 at 1%: each by the metric of its output's kind (top-1 agreement per position for CTC recognizers,
 mask IoU for the text probability map, detection F1 against FP32's detections), all through
-devices.metrics and devices.contract, as on a device. Every row, Kiln's pick included, is compiled
+kiln_contract.metrics and kiln_contract.contract, as on a device. Every row, Kiln's pick included, is compiled
 again from its file and measured against FP32 on ONNX Runtime here, independently of the search. A second table compares
 plain round-to-nearest INT4 weights with Kiln's INT4/INT8 mix on the digits CNN and the digits MLP.
 
@@ -74,14 +74,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "benchmarks")]
 
 from benchmarks.local_search import host_isa, search_locally
-from devices import contract
 from devices.artifacts import pack_openvino_ir
 from devices.backends.registry import get_backend
-from devices.batching import sample_rows
 from devices.bench import BenchmarkSettings, interleaved_window_medians
-from devices.metrics import evaluate as evaluate_outputs
-from devices.metrics import sqnr_db
-from devices.paired import median_interval
+from kiln_contract import contract
+from kiln_contract.batching import sample_rows
+from kiln_contract.metrics import evaluate as evaluate_outputs
+from kiln_contract.metrics import sqnr_db
+from kiln_contract.paired import median_interval
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_cnn, build_rounding_sensitive_mlp, rounding_images, rounding_inputs
@@ -339,7 +339,7 @@ def run_all(compiled, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def evaluate(rows: list[dict], model: dict, work: Path) -> None:
-    """Each row's accuracy by the kind's metric (devices.metrics), against FP32 on ONNX Runtime, judged by the contract."""
+    """Each row's accuracy by the kind's metric (kiln_contract.metrics), against FP32 on ONNX Runtime, judged by the contract."""
     inputs, labels = load_validation(model["validation"], input_names(model))
     reference = plan = None
     for index, row in enumerate(rows):
@@ -448,7 +448,7 @@ def family_rows(search: dict, pick: dict) -> list[dict]:
 
 
 def round_interval(entry: dict) -> tuple[float, float]:
-    """The 95% interval of the median of a re-timed entry's round medians (devices.paired, the rule the decision uses)."""
+    """The 95% interval of the median of a re-timed entry's round medians (kiln_contract.paired, the rule the decision uses)."""
     _, low, high = median_interval(entry["timing"]["interleaved_medians_ms"])
     return low, high
 

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devices import recipes
+from kiln_contract import recipes
 from workers.raw_datasets import build_raw_dataset
 
 

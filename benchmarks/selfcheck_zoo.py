@@ -39,13 +39,14 @@ from benchmarks.local_search import host_isa
 from devices import crosscheck
 from devices.agent.runner import TaskFailed, benchmark_batch_sizes, first_samples_outputs, load_npz, make_feeds, self_check
 from devices.backends.registry import get_backend
-from devices.metrics import cosine_similarity
+from kiln_contract.metrics import cosine_similarity
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import MINILM_L3, available_zoo
+from workers.quantize.errors import NotApplicable
 from workers.quantize.openvino_family import openvino_spec
 from workers.quantize.runtimes import spec_runtimes
 from workers.quantize.schemes import ort_int8_scheme
-from workers.quantize.variants import NotApplicable, build_variant
+from workers.quantize.variants import build_variant
 from workers.reference import compute_reference_outputs
 
 CALIBRATION_SAMPLES = 16

@@ -28,7 +28,7 @@ import numpy as np
 from devices.artifacts import ONNX, OPENVINO_IR, TFLITE, artifact_format
 from devices.backends.base import BackendUnavailable, CompiledModel
 from devices.backends.registry import get_backend
-from devices.metrics import cosine_similarity
+from kiln_contract.metrics import cosine_similarity
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Build the agent's and the client's wheels into a folder: what the server serves at /downloads/.
+"""Build the contract's, the agent's and the client's wheels into a folder: what the server serves at /downloads/.
 
-    python distributions/build.py dist/              # kiln-agent and kiln-client
+    python distributions/build.py dist/              # kiln-contract, kiln-agent and kiln-client
     python distributions/build.py dist/ --server     # and kiln-server
     python distributions/build.py dist/ --isolated   # build each in a fresh environment (needs the index; the Docker image)
 
@@ -17,7 +17,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PROJECTS = {"agent": HERE / "agent", "client": HERE / "client", "server": REPO}
+PROJECTS = {"contract": HERE / "contract", "agent": HERE / "agent", "client": HERE / "client", "server": REPO}
+# What a device or a laptop installs from the server; kiln-server is built only on request.
+SERVED = ("contract", "agent", "client")
 
 
 def _clean(project: Path) -> None:
@@ -28,7 +30,7 @@ def _clean(project: Path) -> None:
             shutil.rmtree(info, ignore_errors=True)
 
 
-def build(out_dir: Path, names: tuple[str, ...] = ("agent", "client"), *, isolated: bool = False) -> list[Path]:
+def build(out_dir: Path, names: tuple[str, ...] = SERVED, *, isolated: bool = False) -> list[Path]:
     """Build the named distributions' wheels into `out_dir`; returns every kiln wheel there."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -52,7 +54,7 @@ def main() -> int:
     parser.add_argument("--server", action="store_true", help="build kiln-server's wheel too")
     parser.add_argument("--isolated", action="store_true", help="use pip's build isolation")
     args = parser.parse_args()
-    names = ("agent", "client", "server") if args.server else ("agent", "client")
+    names = (*SERVED, "server") if args.server else SERVED
     for wheel in build(args.out_dir, names, isolated=args.isolated):
         print(wheel)
     return 0

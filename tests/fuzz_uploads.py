@@ -230,7 +230,7 @@ def _archive_errors():
 
 
 def _recipe_errors():
-    from devices.recipes import RecipeError
+    from kiln_contract.recipes import RecipeError
 
     return (RecipeError,)
 
@@ -255,13 +255,13 @@ def _byte_count(header: str):
 
 
 def _recipe(text: str):
-    from devices.recipes import parse_recipe
+    from kiln_contract.recipes import parse_recipe
 
     return parse_recipe(text)
 
 
 def _wav_header(data: bytes):
-    from devices.recipes import check_wav_header
+    from kiln_contract.recipes import check_wav_header
 
     return check_wav_header(data)
 

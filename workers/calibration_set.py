@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from devices import feeds
 from devices.backends.onnxruntime import ort_dtype
+from kiln_contract import feeds
 from workers.reference import session_runner
 
 # Sample indices listed in a report; the seed and count reproduce the rest.

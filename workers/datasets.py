@@ -1,5 +1,5 @@
 """Read and check datasets: an `.npz` of named arrays (first axis = samples, optional `labels`), or a
-zip of one `.npz` per sample whose shapes may differ (see devices/feeds.py for how either is fed).
+zip of one `.npz` per sample whose shapes may differ (see kiln_contract/feeds.py for how either is fed).
 
 Arrays are read from the archive as streams of whole samples, never as whole arrays, so memory
 stays bounded by one batch (or one scan block) however big the file is. The exception is an
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from devices import feeds, npzio
-from devices.npzio import ArrayHeader as _ArrayHeader
-from devices.recipes import AUDIO_SUFFIXES, IMAGE_SUFFIXES
+from kiln_contract import feeds, npzio
+from kiln_contract.npzio import ArrayHeader as _ArrayHeader
+from kiln_contract.recipes import AUDIO_SUFFIXES, IMAGE_SUFFIXES
 
 LABELS = "labels"
 # Numeric dtypes a model input (or labels) can have; anything else is refused from the header.
@@ -70,7 +70,7 @@ def check_dataset_against_signature(
     """List, in words, every way a dataset does not fit a model signature (empty when it fits).
 
     Each array's layout is told by its rank against the model input's (batch-first, stacked
-    feeds, or sequences of feeds; devices/feeds.py); symbolic model dimensions accept any size.
+    feeds, or sequences of feeds; kiln_contract/feeds.py); symbolic model dimensions accept any size.
     """
     return feeds.plan_problems(dataset_info, signature, state=state, initial_state=initial_state)[1]
 

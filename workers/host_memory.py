@@ -5,6 +5,9 @@ its budget into one ledger (`memory.json` in the host's quiet folder, devices/qu
 when the work ends. An entry whose process is gone no longer counts, so a killed worker never leaves memory booked.
 Work that does not fit waits, saying why (`on_wait`), until it does or `wait_s` passes (then it runs anyway, with a
 warning: a budget that can never fit must not hold a job forever).
+
+One build's own budget (`KILN_BUILD_MEMORY_MB`, `memory_budget_mb`) is read here too: the build sandbox books it and
+stops a build at it (workers.quantize.isolated), and calibration plans its working set within it (workers.quantize.streaming).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from workers.routing import physical_memory_mb
 logger = logging.getLogger(__name__)
 
 HOST_MEMORY_ENV = "KILN_HOST_MEMORY_MB"
+DEFAULT_MEMORY_BUDGET_MB = 4096
+MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
 LEDGER = "memory.json"
 LEDGER_LOCK = "memory.lock"
 # What Kiln's bounded work may book of the machine's memory when KILN_HOST_MEMORY_MB is unset: the rest is for the
@@ -63,6 +68,20 @@ def host_memory_mb() -> int:
         raise ValueError(f"{HOST_MEMORY_ENV} must be a whole number of megabytes, got {raw!r}") from None
     if value < 256:
         raise ValueError(f"{HOST_MEMORY_ENV} must be at least 256 (MB), got {value}")
+    return value
+
+
+def memory_budget_mb() -> int:
+    """The per-build RSS budget in MB: KILN_BUILD_MEMORY_MB, default 4096; a bad value raises at once."""
+    raw = os.environ.get(MEMORY_BUDGET_ENV, "")
+    if not raw:
+        return DEFAULT_MEMORY_BUDGET_MB
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{MEMORY_BUDGET_ENV} must be a whole number of megabytes, got {raw!r}") from None
+    if value < 256:
+        raise ValueError(f"{MEMORY_BUDGET_ENV} must be at least 256 (MB), got {value}")
     return value
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from devices.metrics import rows_sum_to_one, smooth_peaked_rows
+from kiln_contract.metrics import rows_sum_to_one, smooth_peaked_rows
 
 # Legacy models (IR < 3) carry no opset_import; the spec says they mean opset 1.
 _LEGACY_OPSET = 1
@@ -212,7 +212,7 @@ _DETECTION_STRIDES = (8, 16, 32)
 
 
 def infer_output_kinds(model: onnx.ModelProto | str | Path, reference: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
-    """A kind per output (see devices.contract.OUTPUT_KINDS) with the reason, from the producing op,
+    """A kind per output (see kiln_contract.contract.OUTPUT_KINDS) with the reason, from the producing op,
     the shape and, when given, FP32's reference values (`[samples, ...]` per output).
 
     Each value is `{"kind", "reason", "source"}` plus what the kind's metric needs (the class

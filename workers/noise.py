@@ -1,14 +1,14 @@
 """Kiln's one rule for "faster beyond noise": every faster / slower / tie / pays / regression comes from `latency_ratio`. Pure.
 
 `latency_ratio(fast, slow)` takes the timing samples of two measurements and returns how much faster
-`fast` is, with an interval at devices.paired.CONFIDENCE (95%) widened by devices.paired.RESOLUTION (2%,
+`fast` is, with an interval at kiln_contract.paired.CONFIDENCE (95%) widened by kiln_contract.paired.RESOLUTION (2%,
 what timing cannot resolve). Samples come, best first, from interleaved re-timing (`interleaved`:
 per-round medians, rounds paired across variants, so that drift hits both sides alike; the ratio is then
 the paired estimate, the median of the per-round ratios, and lies inside its interval), else from the
 benchmark's windows (`windows`: the medians of contiguous chunks of one run), else only from the per-run
 spread (cv and count).
 
-The interval language is fixed (devices.paired `compare`): an interval wholly above 1.0 is "faster",
+The interval language is fixed (kiln_contract.paired `compare`): an interval wholly above 1.0 is "faster",
 wholly below is "slower", and only an interval that contains 1.0 is a "tie". Its text (`interval_text`)
 shows the digits that decide it: a bound that two decimals would round onto 1.00 gets more ("1.002x").
 The decision (workers/scoring.py), the search's family verdicts and compile-option notes
@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from devices.paired import CONFIDENCE, FASTER, RESOLUTION, SLOWER, TIE, compare, ratio_interval
+from kiln_contract.paired import CONFIDENCE, FASTER, RESOLUTION, SLOWER, TIE, compare, ratio_interval
 
 __all__ = ["CONFIDENCE", "FASTER", "INTERLEAVED", "RESOLUTION", "RUN_SPREAD", "SLOWER", "TIE", "UNKNOWN", "WINDOWS", "LatencyRatio",
            "Timing", "compare", "interval_text", "latency_ratio", "ratio_text", "timing_of"]

@@ -1,5 +1,5 @@
 """Turn raw data (a zip of images or WAV files, a text file of lines) into a dataset through its
-declared recipe (devices/recipes.py), one sample at a time.
+declared recipe (kiln_contract/recipes.py), one sample at a time.
 
 Memory holds one sample: each input's rows are appended to a scratch file as they are made, and
 the `.npz` is assembled from those files at the end. Any sample that cannot be prepared stops the
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from devices import recipes
-from devices.recipes import RecipeError
+from kiln_contract import recipes
+from kiln_contract.recipes import RecipeError
 
 PREVIEWS = 4
 # A preview shows one file of each class (class folder), up to this many classes, then fills up to PREVIEWS.

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from devices import feeds
 from devices.backends.onnxruntime import ort_dtype
-from devices.batching import sample_rows
+from kiln_contract import feeds
+from kiln_contract.batching import sample_rows
 from workers.datasets import dataset_samples, iter_batches
 from workers.inspect import infer_output_kinds
 
@@ -22,7 +22,7 @@ def compute_reference_outputs(
 ) -> dict[str, Any]:
     """Run the FP32 model on CPU over a validation set and write its outputs, by output name, to an .npz.
 
-    With a feed `plan` (devices/feeds.py) that is not plain batch-first, every sample is fed as
+    With a feed `plan` (kiln_contract/feeds.py) that is not plain batch-first, every sample is fed as
     its exact tensors, sequences call by call with state carried, and the outputs are stacked
     call by call. Outputs are gathered in memory before writing, so they (not the inputs) bound
     memory use.

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from devices.contract import quality, score_accuracy
-from devices.labels import EFFECTIVE_PRECISIONS, effective_precision, variant_label
+from kiln_contract.contract import quality, score_accuracy
+from kiln_contract.labels import EFFECTIVE_PRECISIONS, effective_precision, variant_label
 from workers.noise import FASTER, INTERLEAVED, SLOWER, TIE, LatencyRatio, interval_text, latency_ratio, ratio_text, timing_of
 
 __all__ = ["REFUSED", "decide", "failure_reason", "fp32_noise", "label_of", "pareto_ids", "quality", "recommend", "recommendation",
@@ -50,7 +50,7 @@ def _compile(entry: dict) -> dict:
 
 
 def effective_of(entry: dict) -> str:
-    """What the entry's variant runs in on its backend (devices.labels)."""
+    """What the entry's variant runs in on its backend (kiln_contract.labels)."""
     return entry.get("effective_precision") or effective_precision(entry.get("precision") or "fp32", _compile(entry), entry.get("backend"),
                                                                    entry.get("options"))
 

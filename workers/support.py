@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from devices import support
+from kiln_contract import operator_support
 
 from .sandbox.runner import SandboxFailed, Unconfined, model_shown, run_confined
 
@@ -52,6 +53,6 @@ def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None
         try:
             answers += _ask(Path(model_path), [name], timeout_s, shared)
         except SandboxFailed as failed:
-            answers.append(support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
-                                          reason=f"{name} crashed while reading the model ({failed})"))
+            answers.append(operator_support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
+                                                   reason=f"{name} crashed while reading the model ({failed})"))
     return answers

@@ -1,11 +1,11 @@
-"""The agent protocol (`/api/agent/v1/`) over the retrying HTTP base (`devices.agent.http`)."""
+"""The agent protocol (`/api/agent/v1/`) over the retrying HTTP base (`kiln_contract.http`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from devices.agent.http import ApiError, HttpClient, RetryPolicy, ServerUnavailable
-from devices.agent.resumable import file_sha256, upload_file
+from kiln_contract.http import ApiError, HttpClient, RetryPolicy, ServerUnavailable
+from kiln_contract.resumable import file_sha256, upload_file
 
 # The agent's callers catch the base's errors through this module too.
 __all__ = ["AgentClient", "AgentUnauthorized", "ApiError", "HttpClient", "RetryPolicy", "ServerUnavailable", "StaleAttempt"]

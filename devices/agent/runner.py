@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import bench, crosscheck, feeds, metrics, paired, quiet, support
+from devices import bench, crosscheck, quiet, support
 from devices.agent import arm
 from devices.agent.client import AgentClient, AgentUnauthorized, ApiError, ServerUnavailable, StaleAttempt
 from devices.backends.base import CompiledModel, TensorSpec
 from devices.backends.options import InvalidCompileOptions, parse_compile_options
 from devices.backends.registry import get_backend
-from devices.batching import sample_rows
+from kiln_contract import feeds, metrics, operator_support, paired
+from kiln_contract.batching import sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -408,10 +409,10 @@ class TaskRunner:
         backend = get_backend(backend_name)
         self._enter(task, cancel, "support", f"asking {backend_name} {backend.version() or ''} which operators it runs")
         self.support = support.ask(backend, paths["model"])
-        logger.info("operator support: %s", support.summary(self.support))
-        if not support.runnable(self.support):
+        logger.info("operator support: %s", operator_support.summary(self.support))
+        if not operator_support.runnable(self.support):
             # The runtime said no before anything was built: that reason is the task's, not a compile crash.
-            raise TaskFailed(self.support.get("reason") or support.summary(self.support))
+            raise TaskFailed(self.support.get("reason") or operator_support.summary(self.support))
         self._enter(task, cancel, "compile", f"compiling with {backend_name}")
         bench.reset_peak_rss()
         started = time.perf_counter_ns()
@@ -522,7 +523,7 @@ class TaskRunner:
         """A RETIME task: compile the finalists again and time them side by side in rotated, interleaved rounds.
 
         Rounds continue until the leader separates at 95% or every rival is a settled tie (at least
-        `min_rounds`), or `rounds` (the cap) is reached (devices/paired.py); each round is a quiet window,
+        `min_rounds`), or `rounds` (the cap) is reached (kiln_contract/paired.py); each round is a quiet window,
         re-taken when busy. Sends `metrics.retime`: per variant (its measure task), its median in each
         round and the summary of all its rounds' samples (`bench.side_by_side_row`: one measurement set for
         the whole row); `metrics.stopped`: why the rounds stopped; `metrics.windows`: each round's window.

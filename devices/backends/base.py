@@ -91,7 +91,7 @@ class Backend(abc.ABC):
 
     def operator_support(self, model_path: Path) -> dict:
         """Which of the model's operators this runtime runs natively, which fall back and which it cannot run, from
-        the runtime's own answer, in `devices.support`'s shape. Ask through `devices.support.ask`, which turns this
+        the runtime's own answer, in `kiln_contract.operator_support`'s shape. Ask through `devices.support.ask`, which turns this
         default (a backend with no way to ask) into an `unknown` answer."""
         raise NotImplementedError(f"the {self.name} backend cannot report operator support")
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from devices import support
 from devices.backends.base import Backend, CompiledModel, TensorSpec, summarize_profile
 from devices.backends.options import parse_compile_options
 from devices.cpus import usable_cores
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 
@@ -227,18 +227,18 @@ class OnnxRuntimeBackend(Backend):
         try:
             session = ort.InferenceSession(str(model_path), options, providers=providers)
         except Exception as exc:
-            message = support.first_lines(str(exc))
-            return support.answer(**facts, unsupported=_refused_nodes(message), refused=True,
+            message = operator_support.first_lines(str(exc))
+            return operator_support.answer(**facts, unsupported=_refused_nodes(message), refused=True,
                                   reason=f"ONNX Runtime {ort.__version__} cannot load the model: {message}")
         placement = getattr(session, "get_provider_graph_assignment_info", None)
         if placement is None:
-            return support.unknown(backend=self.name, runtime="ONNX Runtime", version=ort.__version__, device=providers[0],
+            return operator_support.unknown(backend=self.name, runtime="ONNX Runtime", version=ort.__version__, device=providers[0],
                                    reason=f"ONNX Runtime {ort.__version__} loads the model but does not report node placement")
         native, fallback = [], []
         for subgraph in placement():
             nodes = [(node.name, node.op_type) for node in subgraph.get_nodes()]
             (native if subgraph.ep_name == providers[0] else fallback).extend(nodes)
-        return support.answer(**facts, native=native, fallback=fallback)
+        return operator_support.answer(**facts, native=native, fallback=fallback)
 
     def compile(
         self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,

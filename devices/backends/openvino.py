@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from devices import support
 from devices.artifacts import OPENVINO_IR, artifact_format, read_openvino_ir
 from devices.backends.base import Backend, CompiledModel, TensorSpec, model_layer_names, summarize_profile
 from devices.backends.options import parse_compile_options
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +21,8 @@ ARTIFACT_NAME = "model.openvino.blob"
 DEVICE = "CPU"
 # Graph plumbing every model has; operator support is about the operations between them.
 STRUCTURAL_OPS = frozenset({"Parameter", "Result", "Constant"})
+# The operations whose subgraphs may hold what a runtime refuses.
+CONTROL_FLOW = ("Loop", "Scan", "If")
 
 
 def _unconverted_operations(message: str) -> list[str]:
@@ -31,14 +33,44 @@ def _unconverted_operations(message: str) -> list[str]:
     return [name.strip().split("::")[-1] for name in found.group(1).split(",") if name.strip()]
 
 
+def containers(model_path: Path, op_types: set[str], message: str = "") -> list[str]:
+    """The top-level nodes (a Loop, If or Scan) whose subgraphs hold any of `op_types`, as "Loop 'decoder'"; when a
+    runtime's message names no operation but speaks of a loop (a scan, an if), the model's nodes of that kind."""
+    import onnx
+
+    def inner_types(graph) -> set[str]:
+        found = set()
+        for node in graph.node:
+            found.add(node.op_type)
+            for attribute in node.attribute:
+                for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+                    found |= inner_types(subgraph)
+        return found
+
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception:
+        return []
+    named = []
+    spoken_of = {kind for kind in CONTROL_FLOW if re.search(rf"\b{kind}", message, re.IGNORECASE)}
+    for node in graph.node:
+        subgraphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+        subgraphs += [g for a in node.attribute for g in a.graphs]
+        holds = subgraphs and set().union(*(inner_types(g) for g in subgraphs)) & op_types
+        if holds or (subgraphs and not op_types and node.op_type in spoken_of):
+            named.append(f"{node.op_type} {(node.name or node.output[0])!r}")
+    return named
+
+
 # Operations whose presence makes a model quantized for OpenVINO: FakeQuantize (an NNCF IR, or a QDQ ONNX file as
 # OpenVINO reads it) and the integer constants of compressed weights (decompressed by Convert, Subtract, Multiply).
 QUANTIZED_OPS = frozenset({"FakeQuantize"})
 QUANTIZED_WEIGHT_TYPES = frozenset({"u8", "i8", "u4", "i4", "nf4"})
 
 
-# OpenVINO's element types as the labels (devices.labels) name precisions.
+# OpenVINO's element types as the labels (kiln_contract.labels) name precisions.
 FLOAT_PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
 
 
 def is_quantized(model) -> bool:
@@ -86,7 +118,7 @@ def compile_model(core, model, threads: int | None, options: dict[str, Any]):
         # OpenVINO 2026.4's CPU plugin finds no kernel ("No suitable implementations") for QDQ graphs with signed
         # 8-bit activations (quantize_static's defaults) in its bf16 default; in f32 they compile and run in INT8.
         logger.info("quantized model does not compile in the CPU plugin's default precision, compiling in f32: %s",
-                    support.first_lines(str(error)))
+                    operator_support.first_lines(str(error)))
         config = {**config, "INFERENCE_PRECISION_HINT": "f32"}
         return core.compile_model(model, DEVICE, config), config
 
@@ -277,12 +309,12 @@ class OpenVinoBackend(Backend):
         try:
             model = read_artifact(core, model_path)
         except Exception as exc:
-            message = support.first_lines(str(exc))
+            message = operator_support.first_lines(str(exc))
             refused = _unconverted_operations(message)
-            where = support.containers(Path(model_path), set(refused), message)
+            where = containers(Path(model_path), set(refused), message)
             inside = f" (inside {', '.join(where)})" if where else ""
             nodes = [(where[0] if where else op, op) for op in refused] or [(node, node.split(" ", 1)[0]) for node in where]
-            return support.answer(**facts, unsupported=nodes, refused=True,
+            return operator_support.answer(**facts, unsupported=nodes, refused=True,
                                   reason=f"OpenVINO {version} cannot read the model{inside}: {message}")
         supported = core.query_model(model, DEVICE)
         native, unsupported = [], []
@@ -291,7 +323,7 @@ class OpenVinoBackend(Backend):
                 continue
             (native if op.get_friendly_name() in supported else unsupported).append((op.get_friendly_name(), op.get_type_name()))
         reason = f"the OpenVINO {version} CPU plugin does not run {', '.join(sorted({t for _, t in unsupported}))}" if unsupported else None
-        return support.answer(**facts, native=native, unsupported=unsupported, reason=reason)
+        return operator_support.answer(**facts, native=native, unsupported=unsupported, reason=reason)
 
     def compile(
         self, model_path: str | Path, work_dir: str | Path, *, threads: int | None = None,

@@ -6,7 +6,8 @@
 #   bash distributions/arm64/setup.sh [OUT_DIR] [AGENT_WHEEL]      (as root; .ci/run runs it)
 #
 # OUT_DIR (default var/arm64) gets root/ (an arm64 sysroot: Debian's python3.11 and the libraries it and the wheels link
-# against), wheelhouse/ (the agent wheel's dependencies for manylinux aarch64) and .ready when both are complete.
+# against), wheelhouse/ (the agent wheel's dependencies for manylinux aarch64; kiln-contract, pure Python, comes from the
+# agent wheel's folder and is not kept) and .ready when both are complete.
 # Each step is skipped when its result is already there, so a second run takes a second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,8 +59,8 @@ if [[ ! -f "$OUT/wheelhouse/.for-$(basename "$WHEEL")" ]]; then
   log "downloading the agent's dependencies for manylinux aarch64"
   "$PYTHON" -m pip download -q -d "$OUT/wheelhouse" --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
     --platform manylinux_2_28_aarch64 --platform manylinux_2_27_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
-    "$WHEEL" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-  rm -f "$OUT"/wheelhouse/kiln_agent-*.whl "$OUT"/wheelhouse/.for-*
+    --find-links "$(dirname "$WHEEL")" "$WHEEL" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+  rm -f "$OUT"/wheelhouse/kiln_*.whl "$OUT"/wheelhouse/.for-*
   ls "$OUT"/wheelhouse/onnxruntime-*aarch64*.whl >/dev/null
   touch "$OUT/wheelhouse/.for-$(basename "$WHEEL")"
 fi

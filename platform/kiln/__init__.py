@@ -1,13 +1,13 @@
-"""Kiln. The Django project lives in this package; `kiln.Client` is the Python client of its REST API.
+"""Kiln. The Django project lives in this package; `kiln.Client` is the Python client of its REST API, kept for scripts
+written against it where the server is installed: it is `kiln_client.Client` (kiln_client/, the kiln-client wheel).
 
-The client is imported lazily so that `import kiln` (and Django's start-up) never pulls it in, and
-so that the client never needs Django: the kiln-client wheel (this module, client, cli, package_run) is enough for `kiln.Client(...)`.
+The client is imported lazily so that `import kiln` (and Django's start-up) never pulls it in.
 """
 
 
 def __getattr__(name: str):
     if name in ("Client", "ApiError", "ServerUnavailable"):
-        from kiln import client
+        import kiln_client
 
-        return getattr(client, name)
+        return getattr(kiln_client, name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -315,7 +315,7 @@ RETIME_QUIET_ATTEMPTS = _env_int("KILN_RETIME_QUIET_ATTEMPTS", 2, minimum=0)
 if RETIME_QUIET_ATTEMPTS > 5:
     raise ImproperlyConfigured("KILN_RETIME_QUIET_ATTEMPTS must be at most 5 (each attempt re-times every finalist).")
 RETIME_QUIET_WAIT_S = _env_int("KILN_RETIME_QUIET_WAIT_S", 300, minimum=1)
-# Read again by workers.quantize.isolated in each build; checked here so a bad value stops start-up.
+# Read again by workers.host_memory in each build; checked here so a bad value stops start-up.
 BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
 
 # Work classes (workers/routing.py): control steps, builds and sandboxed checks each have a queue and a worker of their
@@ -388,7 +388,7 @@ CSRF_FAILURE_VIEW = "kiln.core.views.csrf_failure"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 PUBLIC_URL = os.environ.get("KILN_PUBLIC_URL", "").rstrip("/")
-# The agent's and the client's wheels served at /downloads/ (`make wheels`, or the Docker image, puts them there).
+# The contract's, the agent's and the client's wheels served at /downloads/ (`make wheels`, or the Docker image, puts them there).
 DOWNLOADS_DIR = Path(os.environ.get("KILN_DOWNLOADS_DIR", REPO_ROOT / "dist")).resolve()
 # Where devices install the agent from (the wheels this server serves); empty: <PUBLIC_URL or the request's host>/downloads/.
 DOWNLOADS_URL = os.environ.get("KILN_DOWNLOADS_URL", "").strip()

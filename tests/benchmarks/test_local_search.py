@@ -11,7 +11,7 @@ import pytest
 from benchmarks import local_search
 from benchmarks.local_search import confirmation_contenders, search_locally
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings
-from devices.paired import MIN_ROUNDS
+from kiln_contract.paired import MIN_ROUNDS
 from workers.noise import latency_ratio, timing_of
 from workers.scoring import label_of
 
@@ -54,7 +54,7 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_pat
     # The fastest within tolerance, or one it does not beat beyond the measured noise (workers/noise.py).
     fastest = min((e for e in by_id.values() if e["accuracy"]["within_tolerance"]), key=lambda e: e["latency_ms"]["p50"])
     assert best is fastest or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
-    # Named as every table names it: effective precision first (devices/labels.py), then the recipe.
+    # Named as every table names it: effective precision first (kiln_contract/labels.py), then the recipe.
     assert result["reason"].startswith(f"Use {label_of(best)}:") and label_of(best).endswith(" on onnxruntime")
     # Off the Pareto set only as a tie within noise with what is on it (then the more accurate, then the smaller wins).
     assert result["recommended"] in result["pareto"] or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
@@ -146,7 +146,7 @@ def test_search_locally_on_openvino_measures_nncfs_ir_and_no_qdq_file(digits_fil
 def test_the_search_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(tmp_path):
     import onnx
 
-    from devices.metrics import evaluate
+    from kiln_contract.metrics import evaluate
     from tests.fixtures.models import build_masked_encoder, padded_mask, write_npz
 
     onnx.save(build_masked_encoder(), tmp_path / "encoder.onnx")

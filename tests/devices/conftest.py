@@ -291,9 +291,9 @@ def agent_server():
 def masked_encoder_case(tmp_path):
     """A masked encoder, its inputs with padding, its plan (as a task carries it, through JSON) and an FP32
     reference whose padded positions hold other values than the device will produce."""
-    from devices import contract
     from devices.agent.runner import evaluate_outputs
     from devices.backends import get_backend
+    from kiln_contract import contract
     from tests.fixtures.models import build_masked_encoder, padded_mask
     from workers.inspect import infer_output_kinds
 

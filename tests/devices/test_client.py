@@ -4,7 +4,7 @@ import socket
 import pytest
 
 from devices.agent.client import AgentClient, AgentUnauthorized, StaleAttempt
-from devices.agent.http import ApiError, RetryPolicy, ServerUnavailable, parse_retry_after
+from kiln_contract.http import ApiError, RetryPolicy, ServerUnavailable, parse_retry_after
 
 from .conftest import Answer, FakeAgentServer
 
@@ -171,7 +171,7 @@ def test_a_download_redirected_to_storage_leaves_the_agent_token_behind(agent_se
 
 
 def test_dropped_chunk_resumes_from_the_servers_offset(agent_server, client, tmp_path):
-    from devices.agent.resumable import upload_file
+    from kiln_contract.resumable import upload_file
 
     data = bytes(range(256)) * 4096  # 1 MiB
     source = tmp_path / "engine.bin"

@@ -1,4 +1,4 @@
-"""devices/feeds.py: layouts told apart by rank, per-sample zips, and sequences run with state carried."""
+"""kiln_contract/feeds.py: layouts told apart by rank, per-sample zips, and sequences run with state carried."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from devices import feeds
 from devices.agent.runner import evaluate_calls, first_call_feeds, first_samples_outputs
 from devices.backends.registry import get_backend
 from devices.crosscheck import source_check
+from kiln_contract import feeds
 from tests.fixtures.feeds_models import MIXED_SIGNATURE, RUNNING_SUM_SIGNATURE, mixed_inputs_model, running_sum_model
 from tests.fixtures.models import write_npz
 from workers.datasets import inspect_dataset

@@ -228,7 +228,7 @@ def test_register_without_a_token_says_what_to_set(tmp_path):
 
 def test_the_agent_imports_neither_django_nor_the_server():
     code = (
-        "import sys, devices.agent.cli, devices.agent.loop, devices.agent.runner, devices.metrics, "
+        "import sys, devices.agent.cli, devices.agent.loop, devices.agent.runner, kiln_contract.metrics, "
         "devices.bench, devices.backends.registry\n"
         "devices.backends.registry.available_backends()\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'kiln', 'workers', 'celery'})\n"

@@ -234,7 +234,7 @@ def test_metric_plugins_run_on_the_agent_and_a_raising_one_is_reported(agent_ser
     assert "the plugin fell over" in logits["errors"]["plugin:broken"]
     assert "not installed on this agent" in logits["errors"]["plugin:not_installed"]
     assert logits["metrics"]["top1_agreement"] == 1.0
-    from devices import contract
+    from kiln_contract import contract
 
     verdict = contract.score_accuracy({"metric": "auto", "max_drop": 0.0}, result["accuracy"])
     assert verdict["within_tolerance"] and verdict["metric"] == "plugin:label_hits"

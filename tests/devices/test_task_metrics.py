@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from devices import contract, metrics
+from kiln_contract import contract, metrics
 from workers.inspect import infer_output_kinds
 
 TOLERANCE = {"metric": "auto", "max_drop": 0.01}

@@ -13,7 +13,7 @@ from tests.docs.conftest import REPO, mkdocs_build
 DOCS = REPO / "docs"
 README = REPO / "README.md"
 # What the code reads: settings and the modules they use, the workers, the agent, the client.
-CODE_READING_SETTINGS = [REPO / "platform" / "kiln", REPO / "workers", REPO / "devices"]
+CODE_READING_SETTINGS = [REPO / "platform" / "kiln", REPO / "workers", REPO / "devices", REPO / "kiln_contract", REPO / "kiln_client"]
 # Where a documented variable may be read besides the code above (the tests' own settings, the Makefile, CI, compose).
 OTHER_READERS = [REPO / "tests", REPO / "Makefile", REPO / ".ci" / "run", REPO / "docker-compose.yml", REPO / "Dockerfile",
                  REPO / "distributions"]
@@ -149,7 +149,7 @@ def test_every_link_in_the_readme_resolves():
 # Where each section of the README as it was before the docs site (1,732 lines) now lives, with a phrase that shows it.
 README_SECTIONS = {
     "The two commands": ("getting-started.md", "tests/run_shards.py"),
-    "Three installables": ("getting-started.md", "[tool.kiln] client-modules"),
+    "Three installables": ("getting-started.md", "`pip install kiln-client` installs no ONNX Runtime or OpenVINO"),
     "Walk-through (browser)": ("guides/browser.md", "**Compare** puts two"),
     "Walk-through (command line)": ("guides/cli.md", "kiln perf --estimate 2"),
     "Adding a device": ("guides/devices.md", "loginctl enable-linger"),

@@ -34,7 +34,7 @@ if not READY and not os.environ.get("KILN_REQUIRE_ARM64"):
 
 @pytest.fixture
 def served_wheels(settings, tmp_path):
-    """The server serves the agent and client wheels built from this tree."""
+    """The server serves the contract, agent and client wheels built from this tree."""
     assert READY, f"KILN_REQUIRE_ARM64 is set but no aarch64 emulation is prepared under {ARM64_ROOT}: run {SETUP}"
     sys.path.insert(0, str(REPO / "distributions"))
     try:
@@ -52,15 +52,18 @@ def _emulated(site: Path, *args: str) -> list[str]:
 
 
 def _install_from_server(url: str, target: Path, download_dir: Path) -> None:
-    """What a device does: fetch the agent wheel from the Kiln it talks to, install it with its aarch64 dependencies."""
+    """What a device does: fetch the agent wheel and the contract it requires from the Kiln it talks to, install them
+    with their aarch64 dependencies."""
     listing = requests.get(f"{url}/api/v1/downloads/", timeout=30).json()
-    agent = next(row for row in listing["files"] if row["distribution"] == "agent")
-    wheel = download_dir / agent["name"]
-    wheel.write_bytes(requests.get(agent["url"], timeout=60).content)
+    wheels = []
+    for distribution in ("contract", "agent"):
+        row = next(row for row in listing["files"] if row["distribution"] == distribution)
+        wheels.append(download_dir / row["name"])
+        wheels[-1].write_bytes(requests.get(row["url"], timeout=60).content)
     platforms = [flag for platform in AARCH64_PLATFORMS for flag in ("--platform", platform)]
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--no-index", "--find-links", str(ARM64_ROOT / "wheelhouse"),
                     "--target", str(target), "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                    *platforms, str(wheel)], check=True, timeout=300, capture_output=True)
+                    *platforms, *map(str, wheels)], check=True, timeout=300, capture_output=True)
 
 
 def test_an_emulated_aarch64_agent_installs_from_the_server_and_finishes_a_job(kiln_stack, served_wheels, model_files, tmp_path):
@@ -68,8 +71,8 @@ def test_an_emulated_aarch64_agent_installs_from_the_server_and_finishes_a_job(k
     api = Api(kiln_stack.url, tenant.token)
     site = tmp_path / "aarch64-site"
     _install_from_server(kiln_stack.url, site, tmp_path)
-    assert (site / "devices" / "agent" / "runner.py").exists() and list(site.glob("onnxruntime-*.dist-info"))
-    assert not list(site.glob("[Dd]jango*")) and not (site / "kiln").exists() and not (site / "workers").exists()
+    assert (site / "devices" / "agent" / "runner.py").exists() and (site / "kiln_contract" / "metrics.py").exists() and list(site.glob("onnxruntime-*.dist-info"))
+    assert not list(site.glob("[Dd]jango*")) and not (site / "kiln").exists() and not (site / "workers").exists() and not (site / "kiln_client").exists()
 
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "KILN_AGENT_CONFIG": str(tmp_path / "agent.json"), "HOME": str(tmp_path)}
     subprocess.run(_emulated(site, "-m", "devices.agent", "register", "--server", kiln_stack.url, "--registration-token",

@@ -22,7 +22,7 @@ def kiln(kiln_stack, tmp_path):
     env.pop("KILN_TOKEN", None)
 
     def run(*args, check: int | None = 0, timeout: float = 400):
-        result = subprocess.run([sys.executable, "-m", "kiln.cli", *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout,
+        result = subprocess.run([sys.executable, "-m", "kiln_client.cli", *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout,
                                 cwd=tmp_path)
         if check is not None:
             assert result.returncode == check, f"kiln {' '.join(map(str, args))} → {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{kiln_stack.logs()}"
@@ -133,5 +133,5 @@ def _agent_id(tenant) -> int:
 def test_without_a_server_the_cli_says_how_to_log_in(tmp_path):
     env = {**os.environ, "KILN_CLIENT_CONFIG": str(tmp_path / "none.json")}
     env.pop("KILN_SERVER", None)
-    result = subprocess.run([sys.executable, "-m", "kiln.cli", "models", "list"], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "kiln_client.cli", "models", "list"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "kiln login" in result.stderr

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def run_kiln(env, tmp_path, *args, check: int | None = 0, columns: int = 200):
-    result = subprocess.run([sys.executable, "-m", "kiln.cli", *map(str, args)], env={**env, "COLUMNS": str(columns)}, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "kiln_client.cli", *map(str, args)], env={**env, "COLUMNS": str(columns)}, capture_output=True,
                             text=True, timeout=300, cwd=tmp_path)
     if check is not None:
         assert result.returncode == check, f"kiln {' '.join(map(str, args))} → {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -91,7 +91,7 @@ def test_devices_jobs_show_wait_and_report_while_running(kiln_stack, model_files
     assert f"Job {job_id}" in shown and "validate" in shown
 
     # `kiln jobs wait` follows it while the scripted agent answers; it ends with the report and exit 0.
-    waiter = subprocess.Popen([sys.executable, "-m", "kiln.cli", "jobs", "wait", str(job_id)], env={**env, "COLUMNS": "80"}, cwd=tmp_path,
+    waiter = subprocess.Popen([sys.executable, "-m", "kiln_client.cli", "jobs", "wait", str(job_id)], env={**env, "COLUMNS": "80"}, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240

@@ -14,7 +14,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from devices import metrics
+from kiln_contract import metrics
 from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import zoo_model

@@ -140,9 +140,9 @@ def _write_file(path, size: int) -> str:
 
 
 def test_interrupted_gigabyte_upload_resumes_with_the_right_digest_and_flat_memory(gunicorn, tmp_path, capsys):
-    from kiln.client import Client
     from kiln.registry.models import Blob
     from kiln.registry.storage import delete_file, local_path
+    from kiln_client.client import Client
 
     process, port = gunicorn
     tenant = make_tenant(username="big", organization="Big Files")

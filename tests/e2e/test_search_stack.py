@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from devices.metrics import cosine_similarity
+from kiln_contract.metrics import cosine_similarity
 from tests.agreement import assert_decision_agrees
 from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures.models import write_npz

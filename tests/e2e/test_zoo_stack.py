@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices import metrics
 from devices.backends.registry import get_backend
+from kiln_contract import metrics
 from tests.e2e.test_pipeline_stack import Api
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import zoo_model

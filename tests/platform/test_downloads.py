@@ -1,10 +1,11 @@
-"""/downloads/: the agent's and the client's wheels this server was built with, and nothing else from the folder."""
+"""/downloads/: the contract's, the agent's and the client's wheels this server was built with, and nothing else from the folder."""
 from __future__ import annotations
 
 import hashlib
 
 import pytest
 
+CONTRACT = "kiln_contract-0.1.0-py3-none-any.whl"
 AGENT = "kiln_agent-0.1.0-py3-none-any.whl"
 CLIENT = "kiln_client-0.1.0-py3-none-any.whl"
 
@@ -13,7 +14,7 @@ CLIENT = "kiln_client-0.1.0-py3-none-any.whl"
 def downloads(settings, tmp_path):
     folder = tmp_path / "dist"
     folder.mkdir()
-    for name in (AGENT, CLIENT, "kiln_server-0.1.0-py3-none-any.whl", "notes.txt", "kiln_agent-0.1.0.tar.gz"):
+    for name in (CONTRACT, AGENT, CLIENT, "kiln_server-0.1.0-py3-none-any.whl", "notes.txt", "kiln_agent-0.1.0.tar.gz"):
         (folder / name).write_bytes(f"bytes of {name}".encode())
     (tmp_path / "secret.whl").write_bytes(b"outside")
     settings.DOWNLOADS_DIR = folder
@@ -21,17 +22,19 @@ def downloads(settings, tmp_path):
     return folder
 
 
-def test_the_listing_names_only_the_agent_and_client_wheels_with_digests_and_install_commands(client, downloads):
+def test_the_listing_names_only_the_contract_agent_and_client_wheels_with_digests_and_install_commands(client, downloads):
     answer = client.get("/api/v1/downloads/")
     assert answer.status_code == 200
     body = answer.json()
-    assert [row["name"] for row in body["files"]] == [CLIENT, AGENT]
+    assert [row["name"] for row in body["files"]] == [CONTRACT, CLIENT, AGENT]
     agent = next(row for row in body["files"] if row["distribution"] == "agent")
     assert agent["sha256"] == hashlib.sha256(f"bytes of {AGENT}".encode()).hexdigest() and agent["version"] == "0.1.0"
     assert agent["url"] == f"http://testserver/downloads/{AGENT}"
-    assert body["install"]["agent"] == f"pip install http://testserver/downloads/{AGENT}"
-    assert body["install"]["agent_openvino"] == f'pip install "kiln-agent[openvino] @ http://testserver/downloads/{AGENT}"'
-    assert body["install"]["client"] == f"pip install http://testserver/downloads/{AGENT} http://testserver/downloads/{CLIENT}"
+    # The agent and the client each with the contract they require, from this server: the client without the agent.
+    assert body["install"]["agent"] == f"pip install http://testserver/downloads/{CONTRACT} http://testserver/downloads/{AGENT}"
+    assert body["install"]["agent_openvino"] == (f"pip install http://testserver/downloads/{CONTRACT} "
+                                                 f'"kiln-agent[openvino] @ http://testserver/downloads/{AGENT}"')
+    assert body["install"]["client"] == f"pip install http://testserver/downloads/{CONTRACT} http://testserver/downloads/{CLIENT}"
     assert body["hint"] is None
 
 
@@ -57,7 +60,8 @@ def test_the_index_page_is_a_find_links_page_with_sha256_fragments(client, downl
 
 def test_the_public_url_names_the_server_in_commands(client, downloads, settings):
     settings.PUBLIC_URL = "https://kiln.example.com"
-    assert client.get("/api/v1/downloads/").json()["install"]["agent"] == f"pip install https://kiln.example.com/downloads/{AGENT}"
+    assert client.get("/api/v1/downloads/").json()["install"]["agent"] == (f"pip install https://kiln.example.com/downloads/{CONTRACT} "
+                                                                         f"https://kiln.example.com/downloads/{AGENT}")
 
 
 def test_without_wheels_it_says_how_to_build_them(client, settings, tmp_path):

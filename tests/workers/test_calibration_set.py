@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices import feeds
+from kiln_contract import feeds
 from tests.fixtures.feeds_models import RUNNING_SUM_SIGNATURE, running_sum_model
 from tests.fixtures.models import write_npz
 from workers.calibration_set import choose_samples, write_calibration_calls

@@ -199,7 +199,7 @@ def test_a_softmax_written_as_exp_reducesum_div_is_told_by_its_graph_and_its_val
     import numpy as np
     import onnxruntime as ort
 
-    from devices import contract, metrics
+    from kiln_contract import contract, metrics
     from workers.inspect import infer_output_kinds
 
     model = _exp_then_divide(by_sum)

@@ -73,7 +73,7 @@ def test_interleaved_rounds_are_paired_so_shared_drift_cancels():
     ratio = latency_ratio(fast, slow)
     assert ratio.source == INTERLEAVED and ratio.rounds == 7 and ratio.per_round == pytest.approx([1.2] * 7)
     # The point is the paired estimate (the median of the per-round ratios), inside the paired interval that decides.
-    # The interval is widened by what timing cannot resolve (devices.paired.RESOLUTION), here around an exact 1.2.
+    # The interval is widened by what timing cannot resolve (kiln_contract.paired.RESOLUTION), here around an exact 1.2.
     assert ratio.ratio == pytest.approx(1.2) and ratio.low == pytest.approx(1.2 / 1.02) and ratio.comparison == FASTER
     # Read as unpaired windows, the same drift would swamp the difference.
     assert not latency_ratio(Timing(p50=1.8, windows=(1.0, 2.0, 3.0)), Timing(p50=2.0, windows=(1.2, 2.4, 3.6))).beyond_noise

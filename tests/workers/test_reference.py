@@ -49,7 +49,7 @@ def test_dataset_without_the_model_input_fails(digits_path, tmp_path):
 
 
 def test_stacked_feeds_keep_int_and_bool_dtypes_and_scalars(tmp_path):
-    from devices.feeds import resolve_plan
+    from kiln_contract.feeds import resolve_plan
     from tests.fixtures.feeds_models import MIXED_SIGNATURE, mixed_inputs_model
     from workers.datasets import inspect_dataset
 

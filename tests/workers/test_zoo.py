@@ -8,9 +8,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-from devices import contract, metrics
 from devices.agent.runner import evaluate_outputs
 from devices.backends.registry import get_backend
+from kiln_contract import contract, metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import MINILM_L3, ZOO
 from workers.inspect import infer_output_kinds

@@ -25,8 +25,9 @@ from onnx import numpy_helper
 
 from workers.convert import LARGE_MODEL_BYTES
 from workers.inspect import model_size_bytes
+from workers.learned.options import LEARN_OPTIONS
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
-from workers.quantize.variants import LEARN_OPTIONS, per_channel_opset, preprocess_for_quantization
+from workers.quantize.preprocess import per_channel_opset, preprocess_for_quantization
 
 from .brecq import BLOCK_LAYERS, block_nearest_error, find_blocks, learn_block, single_blocks
 from .layers import (

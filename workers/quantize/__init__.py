@@ -7,13 +7,8 @@ ranks nodes by quantization error; `cache.variant_cache_key` names reusable buil
 
 from workers.quantize.backends import runnable_backends
 from workers.quantize.calibration import NpzCalibrationReader
-from workers.quantize.variants import (
-    MIN_CALIBRATION_SAMPLES,
-    PRECISIONS,
-    NotApplicable,
-    QuantizationError,
-    build_variant,
-)
+from workers.quantize.errors import NotApplicable, QuantizationError
+from workers.quantize.variants import MIN_CALIBRATION_SAMPLES, PRECISIONS, build_variant
 
 __all__ = [
     "MIN_CALIBRATION_SAMPLES",

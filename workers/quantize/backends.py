@@ -8,6 +8,7 @@ from pathlib import Path
 
 from devices import support
 from devices.artifacts import OPENVINO_IR, TFLITE, artifact_format
+from kiln_contract import operator_support
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     try:
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:
-        return f"ONNX Runtime {ort.__version__} cannot load the model: {support.first_lines(str(error))}"
+        return f"ONNX Runtime {ort.__version__} cannot load the model: {operator_support.first_lines(str(error))}"
     return None
 
 
@@ -61,7 +62,7 @@ def _litert_refusal(path: Path) -> str | None:
         with tempfile.TemporaryDirectory(prefix="kiln-litert-check-") as scratch:
             LiteRtBackend().compile(path, scratch, threads=1).close()
     except Exception as error:
-        return f"LiteRT cannot load the model: {support.first_lines(str(error))}"
+        return f"LiteRT cannot load the model: {operator_support.first_lines(str(error))}"
     return None
 
 
@@ -80,7 +81,7 @@ def _openvino_refusal(path: Path) -> str | None:
     except Exception as error:
         # A refusal of the reader is told as the agent's support check tells it (naming the Loop that holds what it refused).
         answer = support.ask(OpenVinoBackend(), path)
-        if answer["verdict"] == support.CANNOT_RUN and answer.get("reason"):
+        if answer["verdict"] == operator_support.CANNOT_RUN and answer.get("reason"):
             return answer["reason"]
-        return f"OpenVINO {OpenVinoBackend().version()} cannot compile the model: {support.first_lines(str(error))}"
+        return f"OpenVINO {OpenVinoBackend().version()} cannot compile the model: {operator_support.first_lines(str(error))}"
     return None

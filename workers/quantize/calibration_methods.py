@@ -27,6 +27,7 @@ import onnx
 
 from workers.datasets import InvalidDataset, batch_rows, dataset_samples, iter_batches
 from workers.inspect import PASS_THROUGH
+from workers.quantize.streaming import ActivationStream, CalibrationError, expose_tensors
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 # Tail estimates (percentile, entropy, the MSE search) need enough values in the tails to mean
@@ -46,10 +47,6 @@ TAIL_CLIPPING = ("entropy", "percentile")
 # Operators whose outputs hold their inputs' values, only rearranged, selected or joined: a tensor that reaches a graph
 # output through them is, value for value, part of that output.
 _VALUE_PRESERVING = PASS_THROUGH | {"Concat", "Split", "Tile"}
-
-
-class CalibrationError(ValueError):
-    """The calibration data cannot give usable ranges; the message says why in a user's words."""
 
 
 @dataclass
@@ -277,8 +274,6 @@ def calibrate(
         raise CalibrationError(f"calibration dataset unusable: {error}") from error
     samples = min(available, max_samples) if max_samples else available
     check_sample_count(samples, method)
-    from workers.quantize.streaming import ActivationStream
-
     if tensor_names is None:
         tensor_names = float_activation_names(onnx.load(str(model_path), load_external_data=False))
     with ActivationStream(model_path, tensor_names, batch_size=batch_size, what=f"{method} calibration") as stream:
@@ -342,8 +337,6 @@ def write_ort_calibration_cache(result: CalibrationResult, path: str | Path) -> 
 def activation_absmax(model_path: str | Path, calibration_path: str | Path, *, max_samples: int = 32,
                       batch_size: int = 16) -> dict[str, float]:
     """Largest |value| of every float activation over (part of) the calibration set."""
-    from workers.quantize.streaming import ActivationStream
-
     samples = min(dataset_samples(calibration_path), max_samples)
     names = float_activation_names(onnx.load(str(model_path), load_external_data=False))
     with ActivationStream(model_path, names, batch_size=batch_size, what="the fp16 range check") as stream:
@@ -443,12 +436,3 @@ def float_activation_names(model: onnx.ModelProto) -> list[str]:
             seen.add(name)
             names.append(name)
     return names
-
-
-def expose_tensors(model: onnx.ModelProto, names: list[str]) -> None:
-    """Add `names` to the model's outputs (in place) so a session can return them."""
-    existing = {value.name for value in model.graph.output}
-    inputs = {value.name for value in model.graph.input}
-    for name in names:
-        if name not in existing and name not in inputs:
-            model.graph.output.append(onnx.ValueInfoProto(name=name))

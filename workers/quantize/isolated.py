@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from devices.quiet import BuildPauser
+from workers.host_memory import MEMORY_BUDGET_ENV, memory_budget_mb
+from workers.quantize.errors import NotApplicable, QuantizationError
 from workers.sandbox.runner import SandboxLimitExceeded, model_shown, run_confined
 
-DEFAULT_MEMORY_BUDGET_MB = 4096
-MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
 _ERRORS = ("NotApplicable", "QuantizationError", "ValueError")
 
 
@@ -59,20 +59,6 @@ class BuildTimeExceeded(SandboxLimitExceeded, TimeoutError):
 
     def __str__(self) -> str:
         return self.args[0]
-
-
-def memory_budget_mb() -> int:
-    """The per-build RSS budget in MB: KILN_BUILD_MEMORY_MB, default 4096; a bad value raises at once."""
-    raw = os.environ.get(MEMORY_BUDGET_ENV, "")
-    if not raw:
-        return DEFAULT_MEMORY_BUDGET_MB
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be a whole number of megabytes, got {raw!r}") from None
-    if value < 256:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be at least 256 (MB), got {value}")
-    return value
 
 
 def build_isolated(
@@ -112,8 +98,6 @@ def build_isolated(
     result = _run_child("quantize.build", request, f"the {precision} build ({describe_recipe(options or {})})", memory_budget, timeout_s,
                         shared=_shown(model_path, model_folder, calibration_path), outputs={f"out/{out_path.name}": out_path}, watch=watch)
     if "build_error" in result:
-        from workers.quantize.variants import NotApplicable, QuantizationError
-
         kind, message = result["build_error"]["type"], result["build_error"]["message"]
         raise {"NotApplicable": NotApplicable, "QuantizationError": QuantizationError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
     built = result["built"]

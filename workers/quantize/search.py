@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from devices import contract
-from devices.labels import ignored_options
+from kiln_contract import contract
+from kiln_contract.labels import ignored_options
 from workers.learned.search import learned_proposals
 from workers.quantize import litert_family, openvino_family
 from workers.quantize.families import (

@@ -13,7 +13,7 @@ statistics come from two passes over augmented graphs, each streamed batch by ba
    that working set, and each batch's values go into histograms of a range fixed by pass 1, so the counts add up
    exactly: the result is the one a single pass over every sample at once would give.
 
-The budget is the build's (`KILN_BUILD_MEMORY_MB`, workers/quantize/isolated.py). When even one sample does not fit,
+The budget is the build's (`KILN_BUILD_MEMORY_MB`, workers/host_memory.py). When even one sample does not fit,
 `CalibrationMemoryError` says what the calibration needed and what budget would fit, before the watchdog has to stop it.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from workers.datasets import InvalidDataset, batch_rows, iter_batches
-from workers.quantize.calibration_methods import CalibrationError, expose_tensors
+from workers.host_memory import MEMORY_BUDGET_ENV, memory_budget_mb
 
 MB = 1024 * 1024
 # The share of what the budget leaves (after this process as it stands) that the activations may take: the rest is
@@ -40,6 +40,10 @@ HISTOGRAM_CHUNK = 1 << 20
 # Bytes per element of the temporaries of one histogram chunk (float64 values, int64 indices, a mask).
 _CHUNK_BYTES_PER_ELEMENT = 24
 _SUFFIXES = {"min": "ReduceMin", "max": "ReduceMax"}
+
+
+class CalibrationError(ValueError):
+    """The calibration data cannot give usable ranges; the message says why in a user's words."""
 
 
 class CalibrationMemoryError(CalibrationError):
@@ -64,8 +68,6 @@ class TensorStats:
 def memory_allowance_bytes(budget_mb: int | None = None) -> int:
     """What the activations may take: a share of the build budget less what this process already holds."""
     import psutil
-
-    from workers.quantize.isolated import memory_budget_mb
 
     budget = (budget_mb or memory_budget_mb()) * MB
     return max(0, int((budget - psutil.Process().memory_info().rss) * ACTIVATION_SHARE))
@@ -267,8 +269,6 @@ class ActivationStream:
     def _memory_error(self, needed_bytes: int, part: str) -> CalibrationMemoryError:
         import psutil
 
-        from workers.quantize.isolated import MEMORY_BUDGET_ENV, memory_budget_mb
-
         budget = self.budget_mb or memory_budget_mb()
         held = psutil.Process().memory_info().rss
         # What a budget must be for this one feed to take no more than the activations' share of what is left.
@@ -382,3 +382,12 @@ def _check_finite_inputs(batch: dict[str, np.ndarray], served: int) -> None:
             raise CalibrationError(
                 f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
                 "clean the calibration set: ranges cannot be estimated from non-finite values")
+
+
+def expose_tensors(model: onnx.ModelProto, names: list[str]) -> None:
+    """Add `names` to the model's outputs (in place) so a session can return them."""
+    existing = {value.name for value in model.graph.output}
+    inputs = {value.name for value in model.graph.input}
+    for name in names:
+        if name not in existing and name not in inputs:
+            model.graph.output.append(onnx.ValueInfoProto(name=name))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -12,13 +11,14 @@ from typing import Any
 import onnx
 
 from devices.artifacts import ONNX, artifact_format
-from workers.convert import LARGE_MODEL_BYTES, save_model, upgrade_opset
+from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
+from workers.learned.options import LEARN_OPTIONS
 from workers.quantize.backends import load_check
+from workers.quantize.errors import NotApplicable, QuantizationError
+from workers.quantize.preprocess import per_channel_opset, preprocess_for_quantization
 from workers.workdir import working_directory
-
-logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "int4-weight")
 # Fewer samples than this give activation ranges that are mostly noise.
@@ -35,8 +35,6 @@ _INTEGER_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 QUANT_FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
 FP16_MAX = 65504.0
 
-# Learned rounding or QAT on top of an INT8 build (workers.learned), whichever runtime it is built for.
-LEARN_OPTIONS = ("learn", "learn_seconds", "learn_samples", "learn_memory_mb", "learn_rate")
 # `runtime: "litert"` builds the precision as a LiteRT flatbuffer instead (workers.quantize.litert).
 _OPTIONS = {
     "fp32": {"runtime"},
@@ -62,14 +60,6 @@ _OPTIONS = {
         "max_calibration_samples",
     },
 }
-
-
-class NotApplicable(Exception):
-    """This precision makes no sense for this model (e.g. int4 weights without MatMul weights)."""
-
-
-class QuantizationError(Exception):
-    """The variant could not be built; the message says why in words a user can act on."""
 
 
 def build_variant(
@@ -470,44 +460,6 @@ def _check_fp16_range(model_path: Path, calibration_path: str | Path) -> None:
             f"fp16 would overflow: {len(overflowing)} activation(s) exceed the FP16 maximum {FP16_MAX:g} on the "
             f"calibration data, largest {listed}; keep the ops producing them in float (op_block_list) or use fp32/int8"
         )
-
-
-def preprocess_for_quantization(model_path: Path, scratch: Path, *, skip: bool, large: bool) -> tuple[Path, str]:
-    """Run ORT's recommended pre-quantization pass (shape inference, BatchNormalization folded into convolutions, ...);
-    on failure quantize the model as it is. Returns the model to quantize and what was done."""
-    if skip:
-        return model_path, "skipped: turned off by option"
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    output = scratch / "preprocessed.onnx"
-    try:
-        # Its shape inference drops scratch files into the current directory when some shape stays unknown.
-        with working_directory(scratch):
-            quant_pre_process(
-                str(model_path), str(output), save_as_external_data=large, all_tensors_to_one_file=True,
-                external_data_location="preprocessed.onnx.data",
-            )
-    except Exception as error:
-        logger.info("quant_pre_process failed on %s: %s", model_path.name, error)
-        return model_path, f"skipped: {type(error).__name__}: {error}"
-    return output, "applied"
-
-
-# DequantizeLinear takes a per-channel `axis` from opset 13 on; below it, a per-channel QDQ graph is invalid and no runtime loads it.
-PER_CHANNEL_OPSET = 13
-
-
-def per_channel_opset(source: Path, scratch: Path) -> Path:
-    """`source` at opset 13 or later, converted when older (three real models of the zoo are at opsets 11 and 12): ORT's
-    quantizer writes per-channel DequantizeLinear nodes with `axis` whatever the model's opset, into a graph nothing loads.
-    (An upload's conversion stage already raises the opset; a model handed to `build_variant` directly may not have had it.)"""
-    output = scratch / f"opset{PER_CHANNEL_OPSET}.onnx"
-    try:
-        skipped = upgrade_opset(source, output, target_opset=PER_CHANNEL_OPSET)
-    except Exception as error:
-        raise QuantizationError(f"per-channel int8 needs ONNX opset {PER_CHANNEL_OPSET}, and converting this model failed "
-                                f"({type(error).__name__}: {error}); set per_channel to false") from error
-    return source if skipped else output
 
 
 def _build_int8_dynamic(model_path: Path, out_path: Path, *, options: dict[str, Any], **_: Any) -> dict[str, Any]:

@@ -38,7 +38,7 @@ DEFAULT_WALL_SECONDS = 900
 WATCH_SECONDS = 0.1
 MAX_FILE_BYTES = 8 << 30
 # The project's packages a child may import; the project root itself (data folder, secret key, .git) stays out.
-CHILD_PACKAGES = ("workers", "devices")
+CHILD_PACKAGES = ("workers", "devices", "kiln_contract")
 
 
 def package_folder(name: str) -> Path:

@@ -1,6 +1,6 @@
 import type { OutputKind } from '../api/types';
 
-/** Each output kind in words, with the metric Kiln judges it by (devices/contract.py KIND_METRICS). */
+/** Each output kind in words, with the metric Kiln judges it by (kiln_contract/contract.py KIND_METRICS). */
 export const KIND_LABELS: Record<OutputKind, { label: string; metric: string }> = {
   class_scores: { label: 'Class scores', metric: 'top-1 agreement (ties excluded), top-5' },
   class_ids: { label: 'Class ids', metric: 'id agreement' },
@@ -24,8 +24,8 @@ export function declaredOptions(kind: string): ('threshold' | 'blank' | 'plugin'
   return [];
 }
 
-/** The figure `auto` judges an output of each kind by (devices/contract.py KIND_METRICS), and the label metric that
- * replaces it when the validation set has labels that fit (devices/metrics.py `_label_metric`). */
+/** The figure `auto` judges an output of each kind by (kiln_contract/contract.py KIND_METRICS), and the label metric that
+ * replaces it when the validation set has labels that fit (kiln_contract/metrics.py `_label_metric`). */
 const AUTO_FIGURES: Record<OutputKind, { figure: string; labelled?: string }> = {
   class_scores: { figure: 'top1_agreement', labelled: 'top1_accuracy' },
   class_ids: { figure: 'id_agreement' },
@@ -36,7 +36,7 @@ const AUTO_FIGURES: Record<OutputKind, { figure: string; labelled?: string }> = 
   regression: { figure: 'relative_l2' },
 };
 
-/** The figure a declared metric's tolerance reads (devices/contract.py DECLARABLE). */
+/** The figure a declared metric's tolerance reads (kiln_contract/contract.py DECLARABLE). */
 const DECLARED_FIGURES: Record<string, string> = {
   top1_agreement: 'top1_agreement', top5_agreement: 'top5_agreement', id_agreement: 'id_agreement', mask_iou: 'mask_iou',
   relative_l2: 'relative_l2', sqnr: 'sqnr_db', cosine: 'cosine_p5', sentence_cosine: 'sentence_cosine_p5', detection: 'detection_f1',

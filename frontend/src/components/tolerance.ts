@@ -43,7 +43,7 @@ export function percentWarning(text: string): string | null {
  */
 type Scale = 'points' | 'fraction' | 'rise';
 
-/** Each figure a tolerance can read (devices/contract.py METRICS), in words, with its scale and FP32's own value when fixed. */
+/** Each figure a tolerance can read (kiln_contract/contract.py METRICS), in words, with its scale and FP32's own value when fixed. */
 const FIGURES: Record<string, { name: string; scale: Scale; ideal?: number }> = {
   top1_agreement: { name: 'top-1 agreement', scale: 'points', ideal: 1 },
   top5_agreement: { name: 'top-5 agreement', scale: 'points', ideal: 1 },
@@ -61,7 +61,7 @@ const FIGURES: Record<string, { name: string; scale: Scale; ideal?: number }> = 
   cer: { name: 'character error rate', scale: 'rise' },
 };
 
-/** The figure each tolerance metric reads (devices/contract.py TOLERANCE_FIGURES); auto reads each primary output's own. */
+/** The figure each tolerance metric reads (kiln_contract/contract.py TOLERANCE_FIGURES); auto reads each primary output's own. */
 const TOLERANCE_FIGURES: Record<string, string> = {
   accuracy: 'top1_accuracy', cosine: 'cosine', top1_agreement: 'top1_agreement', mask_iou: 'mask_iou', relative_l2: 'relative_l2',
   detection_f1: 'detection_f1', cer: 'cer', sequence_accuracy: 'sequence_accuracy', mean_iou: 'mean_iou',

@@ -1,11 +1,12 @@
-"""The agent's and the client's wheels this server was built with, so that a device installs from the Kiln it talks to.
+"""The contract's, the agent's and the client's wheels this server was built with, so that a device installs from the Kiln it
+talks to.
 
     GET /downloads/                 a page of links (pip's --find-links reads it) with the install commands
     GET /downloads/<wheel>          one wheel
     GET /api/v1/downloads/          the same as JSON, for the Devices page: files, sha256s, install commands
 
-Only `kiln_agent-*.whl` and `kiln_client-*.whl` in KILN_DOWNLOADS_DIR are served (`make wheels` and the Docker
-image put them there). They hold no secret and a device needs them before it has any token, so no sign-in is asked.
+Only `kiln_contract-*.whl`, `kiln_agent-*.whl` and `kiln_client-*.whl` in KILN_DOWNLOADS_DIR are served (`make wheels`
+and the Docker image put them there); the agent and the client both require kiln-contract. They hold no secret and a device needs them before it has any token, so no sign-in is asked.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 from django.conf import settings
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 
-# A wheel of one of the two installables a device or a laptop needs; nothing else in the folder is ever served.
-WHEEL_NAME = re.compile(r"^kiln_(agent|client)-[0-9][0-9A-Za-z.+!]*-py3-none-any\.whl$")
+# A wheel of one of the installables a device or a laptop needs; nothing else in the folder is ever served.
+WHEEL_NAME = re.compile(r"^kiln_(contract|agent|client)-[0-9][0-9A-Za-z.+!]*-py3-none-any\.whl$")
 BUILD_HINT = "No agent or client wheel is built on this server: run `make wheels` (the Docker image builds them)."
 
 _digests: dict[tuple[str, float, int], str] = {}
@@ -43,7 +44,7 @@ def _sha256(path: Path) -> str:
 
 
 def wheels() -> list[dict]:
-    """The served wheels: name, distribution ("agent" or "client"), version, size and sha256, newest version first."""
+    """The served wheels: name, distribution ("contract", "agent" or "client"), version, size and sha256, newest version first."""
     folder = Path(settings.DOWNLOADS_DIR)
     found = [path for path in folder.glob("kiln_*.whl") if WHEEL_NAME.match(path.name) and path.is_file()] if folder.is_dir() else []
     rows = [{"name": path.name, "distribution": WHEEL_NAME.match(path.name).group(1), "version": path.name.split("-")[1],
@@ -60,13 +61,14 @@ def install_commands(rows: list[dict], base: str) -> dict | None:
     newest = {}
     for row in rows:
         newest.setdefault(row["distribution"], row)
-    if "agent" not in newest:
+    if "agent" not in newest or "contract" not in newest:
         return None
-    agent = base + newest["agent"]["name"]
-    commands = {"agent": f"pip install {agent}", "agent_openvino": f'pip install "kiln-agent[openvino] @ {agent}"'}
+    # Each wheel by URL: the kiln-contract requirement of the agent and the client is then met by this server's wheel,
+    # never by a namesake elsewhere.
+    contract, agent = base + newest["contract"]["name"], base + newest["agent"]["name"]
+    commands = {"agent": f"pip install {contract} {agent}", "agent_openvino": f'pip install {contract} "kiln-agent[openvino] @ {agent}"'}
     if "client" in newest:
-        # Both by URL: the client's kiln-agent requirement is then met by this server's wheel, never by a namesake elsewhere.
-        commands["client"] = f"pip install {agent} {base + newest['client']['name']}"
+        commands["client"] = f"pip install {contract} {base + newest['client']['name']}"
     return commands
 
 
@@ -89,7 +91,7 @@ def downloads_index(request):
     commands = install_commands(rows, base) or {}
     how = "\n".join(f"<pre>{html.escape(command)}</pre>" for command in commands.values())
     body = (f"<!doctype html><html><head><meta charset='utf-8'><title>Kiln downloads</title></head><body>"
-            f"<h1>Kiln agent and client</h1><ul>\n{links}\n</ul>{how or '<p>' + html.escape(BUILD_HINT) + '</p>'}</body></html>")
+            f"<h1>Kiln agent, client and contract</h1><ul>\n{links}\n</ul>{how or '<p>' + html.escape(BUILD_HINT) + '</p>'}</body></html>")
     return HttpResponse(body, content_type="text/html; charset=utf-8")
 
 

@@ -39,7 +39,7 @@ def is_loopback(url: str) -> bool:
 
 
 def downloads_url(server: str) -> str:
-    """Where the server offers the agent and client wheels: `KILN_DOWNLOADS_URL`, else `<server>/downloads/`."""
+    """Where the server offers the contract, agent and client wheels: `KILN_DOWNLOADS_URL`, else `<server>/downloads/`."""
     return settings.DOWNLOADS_URL or f"{server}/downloads/"
 
 

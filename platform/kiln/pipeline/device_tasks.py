@@ -13,9 +13,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from devices.labels import ignored_options
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.services import model_version_support_record
+from kiln_contract.labels import ignored_options
 
 from .models import TERMINAL_TASK_STATUSES, DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, JobStatus, VariantStatus
 from .queue import enqueue_stage, wake_agents

@@ -35,7 +35,7 @@ class DeploymentJob(models.Model):
     # FP32 reference exists: kinds per output, primaries, options).
     metrics = models.JSONField(default=list, blank=True)
     evaluation = models.JSONField(default=dict, blank=True)
-    # How the datasets are fed (devices/feeds.py): {"state": {output: input}, "initial_state": {...},
+    # How the datasets are fed (kiln_contract/feeds.py): {"state": {output: input}, "initial_state": {...},
     # "calibration": plan, "validation": plan, "calibration_subset": {...}}.
     feeds = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=24, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)

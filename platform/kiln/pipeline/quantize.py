@@ -12,10 +12,10 @@ from django.conf import settings
 from django.db import transaction
 
 from devices import artifacts
-from devices.feeds import needs_calls
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.selectors import blob_file
 from kiln.reports.selectors import device_reports
+from kiln_contract.feeds import needs_calls
 from workers.calibration_set import CALLS_FILE, LISTED_INDICES
 from workers.quantize import NotApplicable
 from workers.quantize.cache import variant_cache_key

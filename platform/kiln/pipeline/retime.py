@@ -4,7 +4,7 @@ A device's first-pass timings come from separate tasks run minutes apart, and th
 them, so they cannot settle which of two close variants is faster. Once a job has nothing left to build,
 each device gets one RETIME task (pinned to the agent that measured its variants): the agent compiles the
 finalists again and times them in rotated, interleaved rounds until the leader separates at 95% or the
-round cap is hit (devices/paired.py). Each finalist's per-round medians land in its own metrics as
+round cap is hit (kiln_contract/paired.py). Each finalist's per-round medians land in its own metrics as
 `interleaved_medians_ms`, with the summary of all its rounds' samples; the report then takes every figure of a finalist's
 row, the verdict, the speed-up and its interval from that one measurement set (workers/scoring.py `decide`). When the
 rounds the decision rests on were busy, the decision is provisional and the finalists are re-timed once the device is
@@ -15,9 +15,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
-from devices.labels import effective_precision
-from devices.paired import MIN_ROUNDS
 from kiln.reports.selectors import device_reports
+from kiln_contract.labels import effective_precision
+from kiln_contract.paired import MIN_ROUNDS
 
 from .models import DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 from .queue import wake_agents

@@ -6,9 +6,9 @@ from datetime import timedelta
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.shortcuts import get_object_or_404
 
-from devices.labels import effective_precision
 from kiln.core.errors import KilnError
 from kiln.reports.outcome import job_outcome_reports
+from kiln_contract.labels import effective_precision
 
 from . import specs
 from .models import Artifact, DeploymentJob, DeviceTask, JobEvent
@@ -44,7 +44,7 @@ def search_work_seconds(job: DeploymentJob) -> float:
 
 
 def variant_effective_precision(variant) -> str:
-    """What a variant computes in (devices.labels): an FP32 build under OpenVINO's bf16 hint is bf16. The compile options
+    """What a variant computes in (kiln_contract.labels): an FP32 build under OpenVINO's bf16 hint is bf16. The compile options
     count on the variant's one runtime when it has one (ONNX Runtime ignores the hint); on several, as planned."""
     backends = variant.backends or []
     return effective_precision(variant.precision, variant.options.get("compile") or {}, backends[0] if len(backends) == 1 else None,

@@ -8,11 +8,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from devices.contract import LABEL_DECLARATIONS
-from devices.feeds import plan_problems
 from kiln.core.errors import KilnError
 from kiln.fleet.models import Agent
 from kiln.registry.services import blob_create, storage_quota_check
+from kiln_contract.contract import LABEL_DECLARATIONS
+from kiln_contract.feeds import plan_problems
 
 from . import specs
 from .models import STAGES, Artifact, DeploymentJob, DeviceTask, DeviceTaskStatus, JobEvent, JobStatus
@@ -29,7 +29,7 @@ def _initial_stages() -> list[dict]:
 
 
 def _check_dataset(dataset, *, organization, signature, role: str, state: dict, initial_state: dict) -> dict | None:
-    """The dataset's feed plan (devices/feeds.py) for this model, or a 400 saying every way it does not fit."""
+    """The dataset's feed plan (kiln_contract/feeds.py) for this model, or a 400 saying every way it does not fit."""
     if dataset is None:
         return None
     if dataset.organization_id != organization.id:

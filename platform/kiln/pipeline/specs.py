@@ -1,12 +1,12 @@
 """Parsing and checking of what a job asks for: precisions, tolerance, declared metrics, targets.
 
-The rules themselves live in `devices.contract`; this module turns their complaints into 400s.
+The rules themselves live in `kiln_contract.contract`; this module turns their complaints into 400s.
 """
 from __future__ import annotations
 
-from devices import contract
 from kiln.core.errors import KilnError
 from kiln.core.fields import MAX_ID
+from kiln_contract import contract
 
 PRECISIONS = contract.PRECISIONS
 AUTO = contract.AUTO

@@ -13,7 +13,6 @@ import numpy as np
 from django.conf import settings
 from django.db import transaction
 
-from devices.contract import evaluation_plan
 from kiln.registry.models import CONVERTED_FORMATS, SourceFormat
 from kiln.registry.selectors import blob_file
 from kiln.registry.services import blob_create
@@ -21,6 +20,7 @@ from kiln.reports.models import Report
 from kiln.reports.packaging import build_device_package, package_name
 from kiln.reports.selectors import DeviceReport, device_json, device_reports
 from kiln.reports.services import device_estimate, measurements_record
+from kiln_contract.contract import evaluation_plan
 from workers.pytorch.sandbox import SandboxFailed, run_in_sandbox
 from workers.reference import REFERENCE_FILE
 from workers.sandbox.runner import model_shown, run_confined
@@ -202,7 +202,7 @@ def _options_words(declared: dict) -> str:
 def _evaluation_plan(job, reference: list[str], kinds: dict) -> dict:
     """Kinds per output (the user's overrides, else `kinds`, inferred in the sandbox from the graph and FP32's values) and
     what each device measures; `reference` names the outputs the FP32 run wrote."""
-    # The validation set's recipe may name the post-processing the user runs (devices.recipes.parse_output_kinds); the
+    # The validation set's recipe may name the post-processing the user runs (kiln_contract.recipes.parse_output_kinds); the
     # user's own override on the model version still has the last word.
     recipe = (job.validation_dataset.recipe or {}) if job.validation_dataset_id else {}
     for name, declared in (recipe.get("outputs") or {}).items():

@@ -6,9 +6,9 @@ This module owns that decision: `runnable_backends` is what planning and dispatc
 """
 from __future__ import annotations
 
-from devices import support
 from kiln.fleet.selectors import targets_resolve
 from kiln.registry.services import model_version_support_record
+from kiln_contract import operator_support
 from workers.support import SupportCheckFailed, check_isolated
 
 from .models import DeploymentJob
@@ -45,14 +45,14 @@ def _support(job: DeploymentJob) -> str:
         # The check is advice: without it the job goes on, and each device's own check still runs before it compiles.
         job_event_add(job=job, stage="support", level="warning", message=f"Operator support could not be checked: {exc}")
         return "not checked"
-    skipped = {a["backend"]: a.get("reason") or support.summary(a) for a in answers if not support.runnable(a)}
+    skipped = {a["backend"]: a.get("reason") or operator_support.summary(a) for a in answers if not operator_support.runnable(a)}
     job.support = {"answers": answers, "skipped": skipped}
     job.save(update_fields=["support", "updated_at"])
     sha256 = (job.converted_blob or job.model_version.onnx_blob or job.model_version.blob).sha256
     model_version_support_record(version=job.model_version, answers=answers, where="server", sha256=sha256)
     for answer in answers:
-        if support.runnable(answer):
-            job_event_add(job=job, stage="support", message=support.summary(answer))
+        if operator_support.runnable(answer):
+            job_event_add(job=job, stage="support", message=operator_support.summary(answer))
         else:
             job_event_add(job=job, stage="support", level="warning", message=f"{skipped[answer['backend']]} Skipped {answer['backend']} for this job.")
     if answers and len(skipped) == len(answers):

@@ -3,13 +3,13 @@
 The proposal reads the signature (input name, rank, layout, size, dtype) and the output kinds (a classifier
 gets the normalisation classifiers are usually trained with, a detector plain 0..1 pixels). Each choice comes
 with its reason, so that the user can see what to change; the recipe itself is checked by
-devices.recipes.parse_recipe like any other.
+kiln_contract.recipes.parse_recipe like any other.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from devices.recipes import parse_recipe
+from kiln_contract.recipes import parse_recipe
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]

@@ -16,12 +16,12 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from devices.contract import OUTPUT_KINDS
-from devices.recipes import RecipeError, parse_recipe
 from kiln.accounts.models import Organization
 from kiln.core.errors import Conflict, KilnError, redact_server_paths, upload_too_large
 from kiln.pipeline.capacity import LimitReached, slot_held
 from kiln.pipeline.models import DeploymentJob
+from kiln_contract.contract import OUTPUT_KINDS
+from kiln_contract.recipes import RecipeError, parse_recipe
 from workers import host_memory
 from workers.archive import UnsafeArchive, UnsupportedArchive, extract_model_archive
 from workers.celery import app as celery_app

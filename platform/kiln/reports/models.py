@@ -37,7 +37,7 @@ class Measurement(models.Model):
     variant_key = models.CharField(max_length=120)
     variant_sha256 = models.CharField(max_length=64, blank=True, default="")
     precision = models.CharField(max_length=32)
-    # What the device computed in (devices/labels.py): an FP32 build under OpenVINO's bf16 hint is bf16 here, not fp32.
+    # What the device computed in (kiln_contract/labels.py): an FP32 build under OpenVINO's bf16 hint is bf16 here, not fp32.
     effective_precision = models.CharField(max_length=32, blank=True, default="", db_index=True)
     label = models.CharField(max_length=300, blank=True, default="")
     # Whether the job's decision recommended this variant on this device, and which measurement its p50 comes from.

@@ -15,16 +15,17 @@ import unicodedata
 import zipfile
 from pathlib import Path
 
-from devices import artifacts, feeds, recipes
-from kiln import package_run
+from devices import artifacts
 from kiln.pipeline.models import Artifact
 from kiln.registry.models import Blob
 from kiln.registry.selectors import blob_file
+from kiln_client import package_run
+from kiln_contract import feeds, recipes
 from workers.noise import interval_text, ratio_text
 
 from . import signing
 
-# The package's run.py is the client's own verifier (kiln/package_run.py, shipped in the kiln-client wheel too).
+# The package's run.py is the client's own verifier (kiln_client/package_run.py, shipped in the kiln-client wheel too).
 RUN_SCRIPT_PATH = Path(package_run.__file__)
 RECIPE_SCRIPT_PATH = Path(recipes.__file__)
 FEEDS_SCRIPT_PATH = Path(feeds.__file__)

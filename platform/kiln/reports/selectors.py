@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from django.core.cache import cache
 from django.urls import reverse
 
-from devices.labels import effective_precision, variant_label
-from devices.paired import median
 from kiln.core.errors import KilnError
 from kiln.pipeline.models import ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus, VariantStatus
 from kiln.pipeline.selectors import variant_effective_precision
 from kiln.registry.selectors import model_version_onnx_path
+from kiln_contract.labels import effective_precision, variant_label
+from kiln_contract.paired import median
 from workers.cost import op_work
 from workers.quantize.isa_families import isa_notes
 from workers.quantize.verdicts import compile_outcomes, family_verdicts, ranking_pays

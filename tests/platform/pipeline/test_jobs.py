@@ -280,7 +280,7 @@ def test_the_validation_sets_recipe_names_an_outputs_kind_and_the_users_override
 
 
 def test_a_recipe_names_output_kinds_it_knows_with_bounded_options():
-    from devices.recipes import RecipeError, parse_recipe
+    from kiln_contract.recipes import RecipeError, parse_recipe
 
     recipe = parse_recipe({"type": "image", "size": [32, 32], "outputs": {"maps": {"kind": "heat_map", "threshold": 0.3}}})
     assert recipe["outputs"] == {"maps": {"kind": "heat_map", "threshold": 0.3}}

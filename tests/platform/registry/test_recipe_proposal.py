@@ -129,7 +129,7 @@ def test_the_preview_counts_every_class_and_shows_one_file_of_each_as_the_tensor
     assert [p["label"] for p in body["previews"]] == ["circle", "square", "star", "triangle"]
     assert body["recipe"]["scale"] == pytest.approx(1 / 255)
     # The thumbnail holds the tensor's pixels: 16x16 shown as whole 6x6 blocks, equal to the crop decode_image makes.
-    from devices.recipes import decode_image, parse_recipe
+    from kiln_contract.recipes import decode_image, parse_recipe
 
     first = Image.open(io.BytesIO(__import__("base64").b64decode(body["previews"][0]["thumbnail"].split(",", 1)[1])))
     assert first.size == (96, 96) and body["previews"][0]["size"] == [16, 16]

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln import package_run
+from kiln_client import package_run
 from tests.devices.conftest import build_tiny_cnn
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None

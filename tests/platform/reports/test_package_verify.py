@@ -22,8 +22,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from devices import feeds, recipes
-from kiln import package_run
+from kiln_client import package_run
+from kiln_contract import feeds, recipes
 from tests.devices.conftest import build_tiny_cnn
 
 IMAGE_RECIPE = {"type": "image", "input": "input", "size": [8, 8], "resize": "stretch", "color": "L", "scale": 1 / 255,

@@ -7,8 +7,8 @@ import shutil
 import pytest
 from rich.console import Console
 
-from kiln import cli
 from kiln.pipeline.models import DeploymentJob, Variant
+from kiln_client import cli
 from tests.conftest import upload
 
 from .conftest import CAPABILITIES, measure, register

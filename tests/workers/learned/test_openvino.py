@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from devices import metrics
 from devices.backends.registry import get_backend
+from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
 from workers.learned.layers import find_layers

@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from devices import metrics
+from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
 from tests.fixtures.zoo import MINILM_L3, zoo_model

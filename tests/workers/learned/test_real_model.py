@@ -15,7 +15,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from devices import metrics
+from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import zoo_model
 from tests.workers.helpers import run_on_device_backend

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from devices import metrics
+from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
 from tests.workers.helpers import run_on_device_backend

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from devices.artifacts import IR_WEIGHTS, IR_XML, OPENVINO_IR, artifact_format
-from devices.metrics import cosine_similarity
+from kiln_contract.metrics import cosine_similarity
 from workers.quantize import QuantizationError, build_variant
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino is not installed")

@@ -370,7 +370,7 @@ def test_the_ort_defaults_candidate_is_the_very_build_a_user_gets_from_quantize_
 
 
 def test_bf16_is_a_family_of_its_own_probed_only_where_the_cpu_and_the_runtime_act_on_it():
-    from devices.labels import effective_precision
+    from kiln_contract.labels import effective_precision
 
     bf16_isa = [*VNNI, "avx512_bf16"]
     first = {s["key"]: s for s in plan_round(round_number=1, model_facts=SHAPE_FACTS, device_isa=bf16_isa, backends=["onnxruntime", "openvino"],

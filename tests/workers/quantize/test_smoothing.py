@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from devices.metrics import vector_cosines
+from kiln_contract.metrics import vector_cosines
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import MINILM_L3
 from workers.quantize import build_variant

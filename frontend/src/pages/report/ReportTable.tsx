@@ -23,7 +23,7 @@ export function priorityClass(column: { priority?: 2 | 3; numeric?: boolean }): 
 }
 
 export function variantLabel(variant: ReportVariant): string {
-  // The server's label names what runs first (devices/labels.py); reports stored before labels name the recipe key.
+  // The server's label names what runs first (kiln_contract/labels.py); reports stored before labels name the recipe key.
   return variant.label ?? `${variant.key ?? variant.precision} · ${variant.backend}`;
 }
 

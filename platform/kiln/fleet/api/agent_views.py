@@ -16,7 +16,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devices.bench import INTERLEAVED_WINDOW
-from devices.paired import MIN_ROUNDS
 from kiln.accounts.api.views import CredentialsThrottled
 from kiln.core.db import run_in_db_thread
 from kiln.core.errors import KilnError, RequestTooLarge, error_body
@@ -26,6 +25,7 @@ from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
 from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
 from kiln.registry.services import storage_quota_check
+from kiln_contract.paired import MIN_ROUNDS
 
 from .. import artifact_uploads, services
 from ..authentication import AgentTokenAuthentication, IsAgent
@@ -93,7 +93,7 @@ def _retime_payload(task) -> dict | None:
     if task.purpose != DeviceTaskPurpose.RETIME:
         return None
     return {
-        # `rounds` is the cap; the agent stops earlier once the leader separates (devices/paired.py).
+        # `rounds` is the cap; the agent stops earlier once the leader separates (kiln_contract/paired.py).
         "rounds": min(int((task.retime or {}).get("rounds") or RETIME_ROUNDS), settings.RETIME_MAX_ROUNDS),
         "min_rounds": int((task.retime or {}).get("min_rounds") or MIN_ROUNDS),
         "window": INTERLEAVED_WINDOW,

@@ -3,8 +3,8 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
-from devices import support
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
+from kiln_contract import operator_support
 
 from ..heartbeats import heartbeats_overlay
 from ..models import Agent, RegistrationToken
@@ -232,7 +232,7 @@ class MetricsSerializer(serializers.Serializer):
     """Speed of one task (devices/bench.py `run_benchmark`), or a RETIME task's rows; unknown keys are dropped."""
 
     retime = serializers.ListField(child=RetimeRowSerializer(), max_length=16, required=False)
-    # Why a RETIME task's rounds stopped (devices/paired.py `stop_reason`).
+    # Why a RETIME task's rounds stopped (kiln_contract/paired.py `stop_reason`).
     stopped = serializers.ChoiceField(choices=["separated", "tie settled", "cap"], required=False, allow_null=True)
     quiet_wait = QuietWaitSerializer(required=False)
     # The quiet windows the timing ran in (devices/quiet.py `Window.as_dict`): load before and after, re-takes.
@@ -288,7 +288,7 @@ ACCURACY_NUMBERS = ("cosine", "sqnr_db", "max_abs_error", "top1_agreement", "top
 
 
 class AccuracySerializer(BoundedJSONField):
-    """Accuracy against the FP32 reference (devices/metrics.py): a bounded object whose headline
+    """Accuracy against the FP32 reference (kiln_contract/metrics.py): a bounded object whose headline
     numbers, when present, are numbers."""
 
     def __init__(self, **kwargs):
@@ -304,15 +304,15 @@ class AccuracySerializer(BoundedJSONField):
 
 
 class SupportAnswerSerializer(serializers.Serializer):
-    """The agent's runtime on the variant's operators (devices/support.py), asked before it compiled; unknown keys are dropped."""
+    """The agent's runtime on the variant's operators (kiln_contract/operator_support.py's shape), asked before it compiled; unknown keys are dropped."""
 
     backend = serializers.CharField(max_length=32)
     runtime = _text(64)
     version = _text(64)
     device = _text(64)
     source = _text(200)
-    verdict = serializers.ChoiceField(choices=list(support.VERDICTS))
-    reason = TruncatedCharField(max_chars=support.MAX_REASON_CHARS, required=False, allow_blank=True, allow_null=True)
+    verdict = serializers.ChoiceField(choices=list(operator_support.VERDICTS))
+    reason = TruncatedCharField(max_chars=operator_support.MAX_REASON_CHARS, required=False, allow_blank=True, allow_null=True)
     native = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
     fallback = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)
     unsupported = BoundedDictField(child=serializers.IntegerField(min_value=0, max_value=MAX_COUNT), max_items=MAX_PROFILE_ROWS, max_key_length=200, required=False)

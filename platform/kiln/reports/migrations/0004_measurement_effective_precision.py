@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 def backfill(apps, schema_editor):
     """Rows measured before effective precisions: name what each ran in from its precision and compile options."""
-    from devices.labels import effective_precision, variant_label
+    from kiln_contract.labels import effective_precision, variant_label
 
     Measurement = apps.get_model("reports", "Measurement")
     for row in Measurement.objects.filter(effective_precision="").iterator():

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from devices import contract, metrics
+from kiln_contract import contract, metrics
 from tests.imports_of import packages_imported
 
 
@@ -226,7 +226,7 @@ def test_a_declared_metric_that_raises_is_reported_and_the_others_stand():
 def test_metrics_module_imports_numpy_and_the_contract_only():
     imported = packages_imported(metrics.__file__)
     assert "numpy" in imported
-    assert imported <= {"__future__", "collections", "logging", "math", "typing", "numpy", "devices", "importlib"}
+    assert imported <= {"__future__", "collections", "logging", "math", "typing", "numpy", "kiln_contract", "importlib"}
 
 
 def test_a_detection_head_in_two_outputs_is_matched_as_one():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.paired import MIN_ROUNDS, RESOLUTION, median_interval, separation, stop_reason
+from kiln_contract.paired import MIN_ROUNDS, RESOLUTION, median_interval, separation, stop_reason
 
 DRIFT = [1.0, 1.6, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7, 1.2, 1.4, 0.8, 1.05]
 

@@ -1,13 +1,13 @@
-"""`kiln.Client`: the REST API (`/api/v1/`, docs/api.md) from Python, with the agent's retries.
+"""`kiln_client.Client`: the REST API (`/api/v1/`, docs/api.md) from Python, with the agent's retries.
 
-    import kiln
-    client = kiln.Client("http://127.0.0.1:8000", token="kiln_pat_…")
+    import kiln_client
+    client = kiln_client.Client("http://127.0.0.1:8000", token="kiln_pat_…")
     model = client.upload_model("digits.onnx")
     job = client.create_job(model_version=model["versions"][0]["id"], precisions=["fp32", "int8"], ...)
     job = client.wait_for_job(job["id"])
 
 Retries (connection errors, 429 and 5xx, capped exponential backoff with jitter, Retry-After)
-come from the agent's `HttpClient`; any other 4xx raises `ApiError` with the server's message and
+come from the `HttpClient` the agent uses too (kiln_contract.http); any other 4xx raises `ApiError` with the server's message and
 code. Uploads are resumable (tus): a dropped connection resumes where the server stands, and the
 file's sha256 is checked by the server against the assembled file. No Django import here.
 """
@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
-from devices.agent.http import ApiError, HttpClient, RetryPolicy, ServerUnavailable
-from devices.agent.resumable import DEFAULT_CHUNK_BYTES, upload_file
+from kiln_contract.http import ApiError, HttpClient, RetryPolicy, ServerUnavailable
+from kiln_contract.resumable import DEFAULT_CHUNK_BYTES, upload_file
 
 __all__ = ["ApiError", "Client", "ClientConfig", "ServerUnavailable", "TERMINAL_STATUSES"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.labels import effective_precision, ignored_options, variant_label
+from kiln_contract.labels import effective_precision, ignored_options, variant_label
 
 
 @pytest.mark.parametrize(("precision", "compile_options", "backend", "options", "effective"), [

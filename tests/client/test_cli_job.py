@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from kiln import cli
+from kiln_client import cli
 
 
 def shown(job: dict, monkeypatch) -> str:

@@ -241,7 +241,7 @@ def sample_count(path: str | Path) -> int:
     if file_format(path) == SAMPLES:
         with zipfile.ZipFile(path) as archive:
             return len(_sample_members(archive))
-    from devices import npzio
+    from kiln_contract import npzio
 
     with zipfile.ZipFile(path) as archive:
         lengths = {header.shape[0] for header in npzio.read_headers(archive).values() if header.shape}
@@ -249,7 +249,7 @@ def sample_count(path: str | Path) -> int:
 
 
 def _npz_rows(path: Path, names: list[str]) -> Iterator[dict[str, np.ndarray]]:
-    from devices import npzio
+    from kiln_contract import npzio
 
     with zipfile.ZipFile(path) as archive:
         headers = npzio.read_headers(archive)
@@ -377,7 +377,7 @@ class OutputStack:
 
 def per_step_figures(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], steps: list[int]) -> list[dict[str, Any]]:
     """Cosine and max abs error of each output at each step of the sequences, against the reference."""
-    from devices.metrics import cosine_similarity, max_abs_error
+    from kiln_contract.metrics import cosine_similarity, max_abs_error
 
     steps_array = np.asarray(steps)
     figures = []

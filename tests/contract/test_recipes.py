@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices import recipes
+from kiln_contract import recipes
 from tests.fixtures.text import train_tokenizer
 from tests.fixtures.zoo import MINILM_L3, SENTENCES
 

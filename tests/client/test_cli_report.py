@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from kiln.cli import RECOMMENDED, report_table
+from kiln_client.cli import RECOMMENDED, report_table
 
 KEYS = ["fp32", "fp32+threads4", "int8-percentile-keep3+threads4", "int8-dynamic-keep1", "int4-weight"]
 

@@ -2,7 +2,7 @@
 
 numpy only: the agent computes everything here on the device, and the host's search and the
 benchmark import the same functions. `evaluate` follows an evaluation plan (see
-`devices.contract.evaluation_plan`) and returns a plain-JSON payload: per output its kind, its
+`kiln_contract.contract.evaluation_plan`) and returns a plain-JSON payload: per output its kind, its
 figures, FP32's own figure where one exists (label metrics, plugins), and any error, so that one
 bad metric never hides the others.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from devices import contract
+from kiln_contract import contract
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ METRICS: dict[str, Metric] = {metric.name: metric for metric in (
 )}
 
 # Per kind: the metric the tolerance uses, then every metric the agent reports. Token vectors of an
-# encoder fed an attention mask are judged on the kept tokens only (devices.metrics.token_view), and
+# encoder fed an attention mask are judged on the kept tokens only (kiln_contract.metrics.token_view), and
 # the headline stays `cosine_p5` over those tokens rather than the mean-pooled sentence cosine
 # (reported beside it as `sentence_cosine_*`; declare `sentence_cosine` to be judged by it): the
 # graph does not say how its hidden states are pooled (mean, CLS token, a token head), and a 5th

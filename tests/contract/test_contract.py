@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices import contract
+from kiln_contract import contract
 from tests.imports_of import packages_imported
 
 

@@ -119,7 +119,7 @@ def parse_output_kinds(raw: Any) -> dict[str, dict[str, Any]]:
     """A recipe's `outputs`: `{output name: {"kind": one of contract.OUTPUT_KINDS, "threshold", "window", "min_region"}}`
     (a heat map thresholded at 0.3 into text regions, a distribution decoded over 4 bins each side); it replaces the kind
     Kiln infers for that output."""
-    from devices.contract import OUTPUT_KINDS
+    from kiln_contract.contract import OUTPUT_KINDS
 
     if not isinstance(raw, dict) or len(raw) > 64:
         raise RecipeError('outputs must be an object like {"probabilities": {"kind": "heat_map", "threshold": 0.3}}')

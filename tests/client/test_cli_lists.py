@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from click.testing import CliRunner
 from rich.console import Console
 
-from kiln.cli import devices_table, jobs_table, main, relative_time
+from kiln_client.cli import devices_table, jobs_table, main, relative_time
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -77,7 +77,7 @@ def test_at_80_columns_kiln_jobs_keeps_model_names_and_times_whole():
 
 def test_bare_kiln_jobs_lists_like_kiln_jobs_list(monkeypatch):
     """`kiln jobs` alone lists (it once printed its sub-commands); both read the same jobs."""
-    import kiln.cli as cli
+    import kiln_client.cli as cli
 
     class Listing:
         def jobs(self):

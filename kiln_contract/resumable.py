@@ -1,4 +1,4 @@
-"""Resumable uploads (tus 1.0.0 core + creation), the client side shared by the agent and `kiln.Client`.
+"""Resumable uploads (tus 1.0.0 core + creation), the client side shared by the agent and `kiln_client.Client`.
 
 A file goes up in chunks (`PATCH` at an `Upload-Offset`). When a connection drops, the uploader
 asks the server where it stands (`HEAD`) and goes on from there, so a broken transfer of gigabytes
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from devices.agent.http import ApiError, HttpClient, ServerUnavailable
+from kiln_contract.http import ApiError, HttpClient, ServerUnavailable
 
 logger = logging.getLogger(__name__)
 

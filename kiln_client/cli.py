@@ -1,4 +1,4 @@
-"""`kiln`: the command line of the Kiln REST API (Click + Rich), built on `kiln.Client`.
+"""`kiln`: the command line of the Kiln REST API (Click + Rich), built on `kiln_client.Client`.
 
 Exit codes: 0 success (for `deploy --wait`: every device has a variant within the tolerance),
 1 an error or a failed/canceled job, 2 usage, 3 the job finished but some device has no variant
@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from kiln.client import ApiError, Client, ClientConfig, ServerUnavailable
-from kiln.package_run import VerificationFailed, verify
+from kiln_client.client import ApiError, Client, ClientConfig, ServerUnavailable
+from kiln_client.package_run import VerificationFailed, verify
 
 EXIT_OK, EXIT_ERROR, EXIT_TOLERANCE_MISSED, EXIT_NOT_FINISHED = 0, 1, 3, 4
 TERMINAL_STATUSES = ("succeeded", "failed", "canceled")

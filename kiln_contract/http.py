@@ -1,4 +1,4 @@
-"""The retrying HTTP base of the Kiln server's clients: the agent's (`devices.agent.client`) and `kiln.Client`.
+"""The retrying HTTP base of the Kiln server's clients: the agent's (`devices.agent.client`) and `kiln_client.Client`.
 
 `HttpClient` retries only what may succeed on a second try: connection errors and timeouts, 429 and 5xx,
 with capped exponential backoff and full jitter, honouring Retry-After. Any other 4xx is an
