@@ -21,12 +21,17 @@ from pathlib import Path
 
 import psutil
 
+from devices.environment import env_number
 from devices.quiet import quiet_dir
 from workers.routing import physical_memory_mb
 
 logger = logging.getLogger(__name__)
 
 HOST_MEMORY_ENV = "KILN_HOST_MEMORY_MB"
+# What one variant build may hold (workers/quantize/isolated.py stops a build past it); the build slots and the ledger
+# count builds at this size.
+BUILD_MEMORY_ENV = "KILN_BUILD_MEMORY_MB"
+DEFAULT_BUILD_MEMORY_MB = 4096
 LEDGER = "memory.json"
 LEDGER_LOCK = "memory.lock"
 # What Kiln's bounded work may book of the machine's memory when KILN_HOST_MEMORY_MB is unset: the rest is for the
@@ -50,16 +55,13 @@ class Booking:
 
 def host_memory_mb() -> int:
     """What bounded work may book on this host, in MB: KILN_HOST_MEMORY_MB, else 80% of physical memory."""
-    raw = os.environ.get(HOST_MEMORY_ENV, "").strip()
-    if raw in ("", "0"):
-        return int(physical_memory_mb() * DEFAULT_SHARE)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{HOST_MEMORY_ENV} must be a whole number of megabytes, got {raw!r}") from None
-    if value < 256:
-        raise ValueError(f"{HOST_MEMORY_ENV} must be at least 256 (MB), got {value}")
-    return value
+    configured = env_number(HOST_MEMORY_ENV, None, whole=True, low=256, unit="megabytes", unset=("", "0"))
+    return configured if configured is not None else int(physical_memory_mb() * DEFAULT_SHARE)
+
+
+def build_memory_mb() -> int:
+    """The budget of one variant build, in MB (its process tree's resident memory): KILN_BUILD_MEMORY_MB, default 4096."""
+    return env_number(BUILD_MEMORY_ENV, DEFAULT_BUILD_MEMORY_MB, whole=True, low=256, unit="megabytes")
 
 
 def _alive(entry: dict) -> bool:

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from devices.quiet import BuildPauser
+from workers.host_memory import BUILD_MEMORY_ENV, build_memory_mb
 from workers.sandbox.runner import SandboxLimitExceeded, model_shown, run_confined
 
-DEFAULT_MEMORY_BUDGET_MB = 4096
-MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
 _ERRORS = ("NotApplicable", "QuantizationError", "ValueError")
 
 
@@ -42,7 +41,7 @@ class BuildMemoryExceeded(SandboxLimitExceeded):
         super().__init__("memory", budget, what=what)
         # Calibration streams within the budget and says itself what it needs (workers.quantize.streaming); what the
         # watch stops is another part of the build (pre-processing, the quantizer, a tool), still growing.
-        self.args = (f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped. "
+        self.args = (f"{what} used more than the build memory budget of {budget} MB ({BUILD_MEMORY_ENV}) and was stopped. "
                      f"What would fit: a budget of more than {_round_up(budget * 1.5)} MB to be safe, or a precision that needs "
                      "no calibration (int8-dynamic, int4-weight)",)
 
@@ -59,20 +58,6 @@ class BuildTimeExceeded(SandboxLimitExceeded, TimeoutError):
 
     def __str__(self) -> str:
         return self.args[0]
-
-
-def memory_budget_mb() -> int:
-    """The per-build RSS budget in MB: KILN_BUILD_MEMORY_MB, default 4096; a bad value raises at once."""
-    raw = os.environ.get(MEMORY_BUDGET_ENV, "")
-    if not raw:
-        return DEFAULT_MEMORY_BUDGET_MB
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be a whole number of megabytes, got {raw!r}") from None
-    if value < 256:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be at least 256 (MB), got {value}")
-    return value
 
 
 def build_isolated(
@@ -93,7 +78,7 @@ def build_isolated(
 
     `model_folder` is the model's own folder when it has one (an extracted zip with its external data). Raises the
     child's NotApplicable / QuantizationError / ValueError as the same types, BuildMemoryExceeded when the child's RSS
-    passes `memory_budget` MB (default: `memory_budget_mb()`), BuildTimeExceeded (a TimeoutError) after `timeout_s`.
+    passes `memory_budget` MB (default: `build_memory_mb()`), BuildTimeExceeded (a TimeoutError) after `timeout_s`.
     """
     started = time.monotonic()
     out_path = Path(out_path)
@@ -164,7 +149,7 @@ def _run_child(command: str, request: dict[str, Any], what: str, memory_budget: 
                shared: tuple[Path, ...], outputs: dict[str, Path] | None = None, watch: BuildWatch | None = None) -> dict[str, Any]:
     """Run one request confined, once its memory budget fits on the host, its resident memory watched against the budget
     and paused while an agent times."""
-    budget = memory_budget or memory_budget_mb()
+    budget = memory_budget or build_memory_mb()
     # The child plans its own working set (calibration batches, workers.quantize.streaming) against the same budget.
     request = {**request, "memory_budget_mb": budget}
     watch = watch or BuildWatch(what=what)
@@ -223,7 +208,7 @@ def _round_up(mb: float, step: int = 256) -> int:
 
 def _serve(request: dict[str, Any], work: Path) -> dict[str, Any]:
     if request.get("memory_budget_mb"):
-        os.environ[MEMORY_BUDGET_ENV] = str(int(request["memory_budget_mb"]))
+        os.environ[BUILD_MEMORY_ENV] = str(int(request["memory_budget_mb"]))
     request = {**request, "model_path": _staged_model(request, work)}
     if "max_samples" in request:
         from workers.quantize.sensitivity import rank_nodes

@@ -27,8 +27,10 @@ from typing import Self
 
 import numpy as np
 import onnx
+import psutil
 
 from workers.datasets import InvalidDataset, batch_rows, iter_batches
+from workers.host_memory import BUILD_MEMORY_ENV, build_memory_mb
 from workers.quantize.calibration_methods import CalibrationError, expose_tensors
 
 MB = 1024 * 1024
@@ -63,11 +65,7 @@ class TensorStats:
 
 def memory_allowance_bytes(budget_mb: int | None = None) -> int:
     """What the activations may take: a share of the build budget less what this process already holds."""
-    import psutil
-
-    from workers.quantize.isolated import memory_budget_mb
-
-    budget = (budget_mb or memory_budget_mb()) * MB
+    budget = (budget_mb or build_memory_mb()) * MB
     return max(0, int((budget - psutil.Process().memory_info().rss) * ACTIVATION_SHARE))
 
 
@@ -265,18 +263,14 @@ class ActivationStream:
         return int(min(fitting, self.requested_batch))
 
     def _memory_error(self, needed_bytes: int, part: str) -> CalibrationMemoryError:
-        import psutil
-
-        from workers.quantize.isolated import MEMORY_BUDGET_ENV, memory_budget_mb
-
-        budget = self.budget_mb or memory_budget_mb()
+        budget = self.budget_mb or build_memory_mb()
         held = psutil.Process().memory_info().rss
         # What a budget must be for this one feed to take no more than the activations' share of what is left.
         fits_mb = int(np.ceil((held + needed_bytes / ACTIVATION_SHARE) / MB / 256.0) * 256)
         return CalibrationMemoryError(
             f"{self.what} needs about {needed_bytes / MB:.0f} MB for {part} of one calibration sample, beside the "
             f"{held / MB:.0f} MB this build already holds (the model and its session); the build memory budget is "
-            f"{budget} MB ({MEMORY_BUDGET_ENV}). A budget of {fits_mb} MB would fit; fewer calibration samples would not "
+            f"{budget} MB ({BUILD_MEMORY_ENV}). A budget of {fits_mb} MB would fit; fewer calibration samples would not "
             "help, since calibration streams them")
 
     def _whole_batches(self, limit: int) -> int:
