@@ -109,14 +109,7 @@ def _lock_polling(fd: int, mode: int, *, timeout_s: float | None, should_stop: C
 
 def timing_requested(directory: Path | None = None) -> bool:
     """Whether an agent of this host holds (or is about to hold) a timing window."""
-    fd = _open_lock(TIMING_LOCK, directory)
-    try:
-        if _try_lock(fd, fcntl.LOCK_SH):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        return True
-    finally:
-        os.close(fd)
+    return _held(TIMING_LOCK, fcntl.LOCK_SH, directory)
 
 
 def timing_label(directory: Path | None = None) -> str:
@@ -136,9 +129,14 @@ def _write_timing_label(label: str, directory: Path) -> None:
 
 def builds_waiting(directory: Path | None = None) -> bool:
     """Whether a build of this host is running or paused (it holds or waits for the builds lock)."""
-    fd = _open_lock(BUILDS_PENDING_LOCK, directory)
+    return _held(BUILDS_PENDING_LOCK, fcntl.LOCK_EX, directory)
+
+
+def _held(name: str, mode: int, directory: Path | None) -> bool:
+    """Whether another process holds lock `name` so that this one cannot take it in `mode` now (it is let go at once)."""
+    fd = _open_lock(name, directory)
     try:
-        if _try_lock(fd, fcntl.LOCK_EX):
+        if _try_lock(fd, mode):
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True

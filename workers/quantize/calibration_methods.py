@@ -247,6 +247,17 @@ class CalibrationResult:
                 "streaming": self.streaming}
 
 
+def check_finite_inputs(batch: dict[str, np.ndarray], served: int) -> None:
+    """Refuse a calibration batch with NaN or Inf in a float input, naming the input and the first bad sample (`served` before it)."""
+    for name, value in batch.items():
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            rows = batch_rows(batch)
+            bad = served + int(np.argmin(np.isfinite(value).reshape(rows, -1).all(axis=1))) if rows > 1 else served
+            raise CalibrationError(
+                f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
+                "clean the calibration set: ranges cannot be estimated from non-finite values")
+
+
 def check_sample_count(samples: int, method: str) -> None:
     """Raise CalibrationError when `samples` is too few for `method`."""
     needed = MIN_SAMPLES.get(method, MIN_SAMPLES["minmax"])
@@ -401,14 +412,7 @@ class ActivationTap:
         try:
             batches = iter_batches(calibration_path, input_names=self.input_names, batch_size=batch_size, limit=limit)
             for batch in batches:
-                for name, value in batch.items():
-                    if value.dtype.kind == "f" and not np.isfinite(value).all():
-                        rows = batch_rows(batch)
-                        bad = served + int(np.argmin(np.isfinite(value).reshape(rows, -1).all(axis=1))) if rows > 1 else served
-                        raise CalibrationError(
-                            f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
-                            "clean the calibration set: ranges cannot be estimated from non-finite values"
-                        )
+                check_finite_inputs(batch, served)
                 outputs = dict(zip(self._output_names, self.session.run(self._output_names, batch)))
                 activations = {name: batch[name] if name in batch else outputs[name] for name in self.names}
                 for name, value in activations.items():

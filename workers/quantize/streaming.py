@@ -31,7 +31,7 @@ import psutil
 
 from workers.datasets import InvalidDataset, batch_rows, iter_batches
 from workers.host_memory import BUILD_MEMORY_ENV, build_memory_mb
-from workers.quantize.calibration_methods import CalibrationError, expose_tensors
+from workers.quantize.calibration_methods import CalibrationError, check_finite_inputs, expose_tensors
 
 MB = 1024 * 1024
 # The share of what the budget leaves (after this process as it stands) that the activations may take: the rest is
@@ -285,7 +285,7 @@ class ActivationStream:
         served = 0
         try:
             for batch in iter_batches(calibration_path, input_names=self.input_names, batch_size=batch_size, limit=limit):
-                _check_finite_inputs(batch, served)
+                check_finite_inputs(batch, served)
                 served += batch_rows(batch)
                 yield batch
         except InvalidDataset as error:
@@ -368,11 +368,3 @@ def _high_water_mark() -> int:
     return 0
 
 
-def _check_finite_inputs(batch: dict[str, np.ndarray], served: int) -> None:
-    for name, value in batch.items():
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            rows = batch_rows(batch)
-            bad = served + int(np.argmin(np.isfinite(value).reshape(rows, -1).all(axis=1))) if rows > 1 else served
-            raise CalibrationError(
-                f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
-                "clean the calibration set: ranges cannot be estimated from non-finite values")
