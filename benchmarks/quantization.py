@@ -80,7 +80,7 @@ from devices.bench import BenchmarkSettings, interleaved_window_medians
 from kiln_contract import contract
 from kiln_contract.batching import sample_rows
 from kiln_contract.metrics import evaluate as evaluate_outputs
-from kiln_contract.metrics import sqnr_db
+from kiln_contract.metrics import label_accuracy, sqnr_db
 from kiln_contract.paired import median_interval
 from tests.fixtures.mlp import train_digits_mlp
 from tests.fixtures.models import build_transformer_like, train_digits_cnn, write_npz
@@ -482,7 +482,7 @@ def int4_comparison(work: Path) -> list[dict]:
         def accuracy(model_path, data=data, reference=reference, sqnrs=sqnrs):
             (logits,) = run_model(model_path, {"input": data.x_val})
             sqnrs[str(model_path)] = sqnr_db(logits, reference)
-            return float((logits.argmax(1) == data.y_val).mean())
+            return label_accuracy(logits, data.y_val)
 
         plain = work / f"{stem}-rtn.onnx"
         build_variant(model_path=path, precision="int4-weight", out_path=plain, options={**base, "block_size": 32})

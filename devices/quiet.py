@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import psutil
 
+from devices.environment import env_number
+
 logger = logging.getLogger(__name__)
 
 QUIET_DIR_ENV = "KILN_QUIET_DIR"
@@ -107,14 +109,7 @@ def _lock_polling(fd: int, mode: int, *, timeout_s: float | None, should_stop: C
 
 def timing_requested(directory: Path | None = None) -> bool:
     """Whether an agent of this host holds (or is about to hold) a timing window."""
-    fd = _open_lock(TIMING_LOCK, directory)
-    try:
-        if _try_lock(fd, fcntl.LOCK_SH):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        return True
-    finally:
-        os.close(fd)
+    return _held(TIMING_LOCK, fcntl.LOCK_SH, directory)
 
 
 def timing_label(directory: Path | None = None) -> str:
@@ -134,9 +129,14 @@ def _write_timing_label(label: str, directory: Path) -> None:
 
 def builds_waiting(directory: Path | None = None) -> bool:
     """Whether a build of this host is running or paused (it holds or waits for the builds lock)."""
-    fd = _open_lock(BUILDS_PENDING_LOCK, directory)
+    return _held(BUILDS_PENDING_LOCK, fcntl.LOCK_EX, directory)
+
+
+def _held(name: str, mode: int, directory: Path | None) -> bool:
+    """Whether another process holds lock `name` so that this one cannot take it in `mode` now (it is let go at once)."""
+    fd = _open_lock(name, directory)
     try:
-        if _try_lock(fd, fcntl.LOCK_EX):
+        if _try_lock(fd, mode):
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True
@@ -146,16 +146,7 @@ def builds_waiting(directory: Path | None = None) -> bool:
 
 def build_share() -> float:
     """KILN_AGENT_BUILD_SHARE: the share of time an agent leaves to waiting builds between its windows (default 0.5)."""
-    raw = os.environ.get(BUILD_SHARE_ENV, "")
-    if not raw:
-        return DEFAULT_BUILD_SHARE
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{BUILD_SHARE_ENV} must be a number from 0 to 0.9, got {raw!r}") from None
-    if not 0.0 <= value <= 0.9:
-        raise ValueError(f"{BUILD_SHARE_ENV} must be from 0 to 0.9, got {value}")
-    return value
+    return env_number(BUILD_SHARE_ENV, DEFAULT_BUILD_SHARE, low=0.0, high=0.9)
 
 
 def builds_turn_s(last_window_s: float, share: float) -> float:
@@ -266,15 +257,9 @@ class Window:
 def busy_limit(threads: int | None, cores: list[int] | None = None) -> float:
     """How much CPU (in cores) others may take on the agent's cores before a window is busy: KILN_AGENT_BUSY_CORES, else
     half of what the benchmark's threads leave idle, at least half a core."""
-    configured = os.environ.get(BUSY_CORES_ENV)
-    if configured:
-        try:
-            value = float(configured)
-        except ValueError:
-            raise ValueError(f"{BUSY_CORES_ENV} must be a number of cores, got {configured!r}") from None
-        if value < 0:
-            raise ValueError(f"{BUSY_CORES_ENV} must not be negative, got {value}")
-        return value
+    configured = env_number(BUSY_CORES_ENV, None, low=0.0, unit="cores")
+    if configured is not None:
+        return configured
     usable = len(cores if cores is not None else _cores())
     spare = max(0, usable - (threads or usable))
     return max(0.5, spare * 0.5)
@@ -389,16 +374,7 @@ def _busiest(before: dict[tuple[int, float], tuple[str, float]], after: dict[tup
 
 def retakes_allowed() -> int:
     """How often a busy window is taken again before it is reported as busy: KILN_AGENT_RETAKES (default 2)."""
-    raw = os.environ.get(RETAKES_ENV, "")
-    if not raw:
-        return DEFAULT_RETAKES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{RETAKES_ENV} must be a whole number, got {raw!r}") from None
-    if not 0 <= value <= 10:
-        raise ValueError(f"{RETAKES_ENV} must be from 0 to 10, got {value}")
-    return value
+    return env_number(RETAKES_ENV, DEFAULT_RETAKES, whole=True, low=0, high=10)
 
 
 def measure_quietly(measure: Callable[[], T], *, threads: int | None = None, should_stop: Callable[[], bool] | None = None,

@@ -57,7 +57,8 @@ def cosine_similarity(output, reference) -> float:
     if norm_output == 0.0 or norm_reference == 0.0:
         return 0.0
     value = float(np.dot(output, reference) / (norm_output * norm_reference))
-    return max(-1.0, min(1.0, value))
+    # A NaN output stays NaN (not measured): clamped, min(1.0, nan) would read as a perfect 1.0.
+    return value if math.isnan(value) else max(-1.0, min(1.0, value))
 
 
 def sqnr_db(output, reference) -> float:
@@ -66,8 +67,11 @@ def sqnr_db(output, reference) -> float:
     with noise."""
     output, reference = _as_float64(output), _as_float64(reference)
     _check_shapes(output, reference)
-    signal = float(np.sum(reference * reference))
-    noise = float(np.sum((reference - output) ** 2))
+    return sqnr_from_energy(float(np.sum(reference * reference)), float(np.sum((reference - output) ** 2)))
+
+
+def sqnr_from_energy(signal: float, noise: float) -> float:
+    """sqnr_db from Σref² and Σ(ref−out)², for figures summed batch by batch (workers/quantize/sensitivity.py)."""
     if noise == 0.0:
         return SQNR_CAP_DB
     if signal == 0.0:

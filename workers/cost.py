@@ -12,7 +12,10 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-MAC_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+# The operators that carry a model's multiply-accumulates and its weights: the latency estimate's "mac" class
+# (kiln.reports.estimate), the nodes sensitivity ranks and the search may keep in float (workers/quantize). A tuple, so
+# that a recipe listing them (`op_types_to_quantize`) is written in one order in every process.
+MAC_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def _dims(value_info) -> list[int] | None:

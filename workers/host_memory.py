@@ -6,7 +6,7 @@ when the work ends. An entry whose process is gone no longer counts, so a killed
 Work that does not fit waits, saying why (`on_wait`), until it does or `wait_s` passes (then it runs anyway, with a
 warning: a budget that can never fit must not hold a job forever).
 
-One build's own budget (`KILN_BUILD_MEMORY_MB`, `memory_budget_mb`) is read here too: the build sandbox books it and
+One build's own budget (`KILN_BUILD_MEMORY_MB`, `build_memory_mb`) is read here too: the build sandbox books it and
 stops a build at it (workers.quantize.isolated), and calibration plans its working set within it (workers.quantize.streaming).
 """
 from __future__ import annotations
@@ -25,14 +25,17 @@ from pathlib import Path
 
 import psutil
 
+from devices.environment import env_number
 from devices.quiet import quiet_dir
 from workers.routing import physical_memory_mb
 
 logger = logging.getLogger(__name__)
 
 HOST_MEMORY_ENV = "KILN_HOST_MEMORY_MB"
-DEFAULT_MEMORY_BUDGET_MB = 4096
-MEMORY_BUDGET_ENV = "KILN_BUILD_MEMORY_MB"
+# What one variant build may hold (workers/quantize/isolated.py stops a build past it); the build slots and the ledger
+# count builds at this size.
+BUILD_MEMORY_ENV = "KILN_BUILD_MEMORY_MB"
+DEFAULT_BUILD_MEMORY_MB = 4096
 LEDGER = "memory.json"
 LEDGER_LOCK = "memory.lock"
 # What Kiln's bounded work may book of the machine's memory when KILN_HOST_MEMORY_MB is unset: the rest is for the
@@ -59,30 +62,13 @@ class Booking:
 
 def host_memory_mb() -> int:
     """What bounded work may book on this host, in MB: KILN_HOST_MEMORY_MB, else 80% of physical memory."""
-    raw = os.environ.get(HOST_MEMORY_ENV, "").strip()
-    if raw in ("", "0"):
-        return int(physical_memory_mb() * DEFAULT_SHARE)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{HOST_MEMORY_ENV} must be a whole number of megabytes, got {raw!r}") from None
-    if value < 256:
-        raise ValueError(f"{HOST_MEMORY_ENV} must be at least 256 (MB), got {value}")
-    return value
+    configured = env_number(HOST_MEMORY_ENV, None, whole=True, low=256, unit="megabytes", unset=("", "0"))
+    return configured if configured is not None else int(physical_memory_mb() * DEFAULT_SHARE)
 
 
-def memory_budget_mb() -> int:
-    """The per-build RSS budget in MB: KILN_BUILD_MEMORY_MB, default 4096; a bad value raises at once."""
-    raw = os.environ.get(MEMORY_BUDGET_ENV, "")
-    if not raw:
-        return DEFAULT_MEMORY_BUDGET_MB
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be a whole number of megabytes, got {raw!r}") from None
-    if value < 256:
-        raise ValueError(f"{MEMORY_BUDGET_ENV} must be at least 256 (MB), got {value}")
-    return value
+def build_memory_mb() -> int:
+    """The budget of one variant build, in MB (its process tree's resident memory): KILN_BUILD_MEMORY_MB, default 4096."""
+    return env_number(BUILD_MEMORY_ENV, DEFAULT_BUILD_MEMORY_MB, whole=True, low=256, unit="megabytes")
 
 
 def _alive(entry: dict) -> bool:

@@ -3,24 +3,31 @@
 - `reference/rest-api.md` and `reference/agent-api.md`: the REST API and the agent protocol, rendered from the OpenAPI
   schema drf-spectacular makes of the running code (`manage.py spectacular`), so the reference cannot drift from it;
   `reference/openapi.json` is that schema, served beside them.
-- `benchmarks/results.md`: benchmarks/RESULTS.md, which stays where the benchmark scripts write it.
+- `benchmarks/results.md`: benchmarks/RESULTS.md (the latest run of each script), which stays beside the scripts, and
+  `benchmarks/history/<date>.md`: the runs it superseded, one page per date, listed by `benchmarks/history/index.md`.
+  Their links to other files of the repository are re-pointed at the site's pages.
 """
 from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
-from mkdocs.structure.files import File
+from mkdocs.structure.files import File, InclusionLevel
 
 REST_PAGE = "reference/rest-api.md"
 AGENT_PAGE = "reference/agent-api.md"
 SCHEMA_FILE = "reference/openapi.json"
 RESULTS_PAGE = "benchmarks/results.md"
+RESULTS_SOURCE = "benchmarks/RESULTS.md"
+HISTORY = "benchmarks/history"
+MARKDOWN_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 REST_PREFIX = "/api/v1/"
 AGENT_PREFIX = "/api/agent/v1/"
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -34,7 +41,13 @@ def on_files(files, config):
     files.append(File.generated(config, SCHEMA_FILE, content=json.dumps(schema, indent=1)))
     files.append(File.generated(config, REST_PAGE, content=rest_page(schema)))
     files.append(File.generated(config, AGENT_PAGE, content=agent_page(schema)))
-    files.append(File.generated(config, RESULTS_PAGE, content=(repo / "benchmarks" / "RESULTS.md").read_text()))
+    files.append(File.generated(config, RESULTS_PAGE, content=site_markdown(repo, RESULTS_SOURCE, RESULTS_PAGE)))
+    dates = sorted(path.name for path in (repo / HISTORY).glob("*.md"))
+    for name in dates:
+        # Reached from the results page and the history's index, not listed one by one in the navigation.
+        files.append(File.generated(config, f"{HISTORY}/{name}", content=site_markdown(repo, f"{HISTORY}/{name}", f"{HISTORY}/{name}"),
+                                    inclusion=InclusionLevel.NOT_IN_NAV))
+    files.append(File.generated(config, f"{HISTORY}/index.md", content=history_index(repo, dates)))
     return files
 
 
@@ -49,6 +62,51 @@ def openapi_schema(repo: Path) -> dict:
         if result.returncode != 0 or not target.exists():
             raise PluginError(f"manage.py spectacular failed ({result.returncode}):\n{result.stderr[-3000:]}")
         return json.loads(target.read_text())
+
+
+# -- benchmark results --------------------------------------------------------------------------
+
+def site_page(repo_path: str) -> str | None:
+    """The site's page for a repository file the results link to (None: not on the site)."""
+    if repo_path.startswith("docs/"):
+        return repo_path[len("docs/"):]
+    if repo_path == RESULTS_SOURCE:
+        return RESULTS_PAGE
+    if repo_path.startswith(f"{HISTORY}/") and repo_path.endswith(".md"):
+        return repo_path
+    return None
+
+
+def site_markdown(repo: Path, source: str, page: str) -> str:
+    """Repository file `source` as the site's `page`: relative links outside code blocks point at the site's pages."""
+
+    def repoint(match: re.Match) -> str:
+        target, _, anchor = match.group(2).partition("#")
+        if not target or "://" in target or target.startswith(("/", "mailto:")):
+            return match.group(0)
+        site = site_page(posixpath.normpath(posixpath.join(posixpath.dirname(source), target)))
+        if site is None:
+            return match.group(0)
+        relative = posixpath.relpath(site, posixpath.dirname(page))
+        return f"{match.group(1)}{relative}{'#' + anchor if anchor else ''}{match.group(3)}"
+
+    lines, fenced = [], False
+    for line in (repo / source).read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        lines.append(line if fenced else MARKDOWN_LINK.sub(repoint, line))
+    return "\n".join(lines) + "\n"
+
+
+def history_index(repo: Path, dates: list[str]) -> str:
+    """The earlier runs, one page per date, oldest first, each with its first heading."""
+    lines = ["# Earlier benchmark runs", "",
+             "Runs a later run of the same script replaced, kept verbatim, one page per date (oldest first). The current "
+             "results are on [Full results](../results.md).", ""]
+    for name in dates:
+        heading = next((line[2:] for line in (repo / HISTORY / name).read_text().splitlines() if line.startswith("# ")), name)
+        lines.append(f"- [{name.removesuffix('.md')}]({name}): {heading}")
+    return "\n".join(lines) + "\n"
 
 
 # -- pages -------------------------------------------------------------------------------------

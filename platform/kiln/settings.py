@@ -7,8 +7,10 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from devices.environment import env_number
 from kiln.core.client_address import InvalidProxyList, parse_trusted_proxies
 from kiln.storage_settings import blob_storage_settings
+from workers import host_memory
 from workers import routing as _routing
 from workers.sandbox import policy as sandbox_policy
 
@@ -28,16 +30,19 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 def _env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+    return _configured(env_number, name, default, whole=True, low=minimum)
+
+
+def _env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    return _configured(env_number, name, default, low=minimum)
+
+
+def _configured(read, *args, **kwargs):
+    """A value read by Kiln's own readers, whose bad values raise ValueError, stopping start-up with ImproperlyConfigured."""
     try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
-    return value
+        return read(*args, **kwargs)
+    except ValueError as error:
+        raise ImproperlyConfigured(str(error)) from None
 
 
 DEBUG = _env_bool("KILN_DEBUG", False)
@@ -302,9 +307,9 @@ WORK_LEASE_SECONDS = _env_int("KILN_WORK_LEASE_SECONDS", 60, minimum=3)
 WORK_QUEUE_GRACE_SECONDS = _env_int("KILN_WORK_QUEUE_GRACE_SECONDS", 900, minimum=1)
 WORK_MAX_ATTEMPTS = _env_int("KILN_WORK_MAX_ATTEMPTS", 3, minimum=1)
 BENCHMARK_MIN_RUNS = _env_int("KILN_BENCHMARK_MIN_RUNS", 50)
-BENCHMARK_MIN_SECONDS = float(os.environ.get("KILN_BENCHMARK_MIN_SECONDS", "3"))
+BENCHMARK_MIN_SECONDS = _env_float("KILN_BENCHMARK_MIN_SECONDS", 3.0, minimum=0.0)
 BENCHMARK_WARMUP_RUNS = _env_int("KILN_BENCHMARK_WARMUP_RUNS", 10)
-BENCHMARK_WARMUP_SECONDS = float(os.environ.get("KILN_BENCHMARK_WARMUP_SECONDS", "1"))
+BENCHMARK_WARMUP_SECONDS = _env_float("KILN_BENCHMARK_WARMUP_SECONDS", 1.0, minimum=0.0)
 # The most rounds an agent times a device's finalists side by side; it stops earlier once the fastest separates at 95%.
 RETIME_MAX_ROUNDS = _env_int("KILN_RETIME_MAX_ROUNDS", 30, minimum=6)
 if RETIME_MAX_ROUNDS > 64:
@@ -315,26 +320,25 @@ RETIME_QUIET_ATTEMPTS = _env_int("KILN_RETIME_QUIET_ATTEMPTS", 2, minimum=0)
 if RETIME_QUIET_ATTEMPTS > 5:
     raise ImproperlyConfigured("KILN_RETIME_QUIET_ATTEMPTS must be at most 5 (each attempt re-times every finalist).")
 RETIME_QUIET_WAIT_S = _env_int("KILN_RETIME_QUIET_WAIT_S", 300, minimum=1)
-# Read again by workers.host_memory in each build; checked here so a bad value stops start-up.
-BUILD_MEMORY_MB = _env_int("KILN_BUILD_MEMORY_MB", 4096, minimum=256)
+# Read in each build (workers/host_memory.py owns it); read here too so that a bad value stops start-up.
+BUILD_MEMORY_MB = _configured(host_memory.build_memory_mb)
 
 # Work classes (workers/routing.py): control steps, builds and sandboxed checks each have a queue and a worker of their
 # own. What bounded work may book of this host's memory (workers/host_memory.py; 0: 80% of physical memory).
-HOST_MEMORY_MB = _env_int("KILN_HOST_MEMORY_MB", 0, minimum=0)
-_HOST_MEMORY = HOST_MEMORY_MB or int(_routing.physical_memory_mb() * 0.8)
+HOST_MEMORY_MB = _configured(host_memory.host_memory_mb)
 # Builds a host runs at once (the build worker's concurrency; 0: one per core, as many as the host's memory holds at
 # KILN_BUILD_MEMORY_MB each), and sandboxed checks (0: two where cores and memory allow).
 BUILD_SLOTS = _env_int("KILN_BUILD_SLOTS", 0, minimum=0) or _routing.build_slots(
-    cores=_routing.usable_cores(), host_memory_mb=_HOST_MEMORY, build_memory_mb=BUILD_MEMORY_MB)
+    cores=_routing.usable_cores(), host_memory_mb=HOST_MEMORY_MB, build_memory_mb=BUILD_MEMORY_MB)
 CHECK_SLOTS = _env_int("KILN_CHECK_SLOTS", 0, minimum=0) or _routing.check_slots(
-    cores=_routing.usable_cores(), host_memory_mb=_HOST_MEMORY, check_memory_mb=TORCH_SANDBOX_MEMORY_MB)
+    cores=_routing.usable_cores(), host_memory_mb=HOST_MEMORY_MB, check_memory_mb=TORCH_SANDBOX_MEMORY_MB)
 # Per organization: builds at once while another organization's builds wait (0: half the build slots, at least one),
 # and sandboxed checks at once, upload checks and exports included (a request over the limit gets 429).
 BUILDS_PER_ORGANIZATION = _env_int("KILN_BUILDS_PER_ORGANIZATION", 0, minimum=0) or max(1, BUILD_SLOTS // 2)
 CHECKS_PER_ORGANIZATION = _env_int("KILN_CHECKS_PER_ORGANIZATION", 2, minimum=1)
 # Sandboxes one host runs at once, of every organization (0: as many as the host's memory holds at
 # KILN_TORCH_SANDBOX_MEMORY_MB each, at least one).
-SANDBOXES_PER_HOST = _env_int("KILN_SANDBOXES_PER_HOST", 0, minimum=0) or max(1, _HOST_MEMORY // TORCH_SANDBOX_MEMORY_MB)
+SANDBOXES_PER_HOST = _env_int("KILN_SANDBOXES_PER_HOST", 0, minimum=0) or max(1, HOST_MEMORY_MB // TORCH_SANDBOX_MEMORY_MB)
 # How long a task refused by a per-organization limit waits before it goes back on its queue.
 ADMISSION_RETRY_SECONDS = _env_int("KILN_ADMISSION_RETRY_SECONDS", 5, minimum=1)
 

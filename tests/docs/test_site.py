@@ -46,6 +46,20 @@ def test_the_site_builds_with_every_page_and_the_generated_references(built_site
     assert 'id="real-pretrained-models-issue-8"' in (built_site / "benchmarks" / "results" / "index.html").read_text()
 
 
+def test_superseded_benchmark_runs_have_a_page_per_date_that_the_results_link_to(built_site):
+    """benchmarks/history/<date>.md is on the site beside the current results, listed oldest first under Earlier runs."""
+    dates = sorted(path.stem for path in (REPO / "benchmarks" / "history").glob("*.md"))
+    assert dates, "no superseded runs in benchmarks/history/"
+    results = (built_site / "benchmarks" / "results" / "index.html").read_text()
+    index = (built_site / "benchmarks" / "history" / "index.html").read_text()
+    for date in dates:
+        assert (built_site / "benchmarks" / "history" / date / "index.html").is_file(), date
+        assert f'href="../history/{date}/' in results, f"the results page does not link to {date}"
+    assert [index.index(f'href="{date}/') for date in dates] == sorted(index.index(f'href="{date}/') for date in dates)
+    # A link from the repository's files to docs/ is re-pointed at the site's page, anchor kept.
+    assert 'href="../../threat-model/#6-fuzzed-parsers"' in results
+
+
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     """--strict with anchor validation: the CI build would refuse a page that links to nothing."""
     copy = tmp_path / "repo"

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+# The operators whose weights AdaRound, BRECQ and QAT learn (and the only parameters of the QAT student, torch_graph).
 LEARNABLE_OPS = ("Conv", "Gemm", "MatMul")
 QUANTIZED_SUFFIX = "_quantized"
 # ORT renames a quantized node's output that is also a graph output.

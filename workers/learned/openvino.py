@@ -32,12 +32,12 @@ from onnx import numpy_helper
 
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
 
-from .layers import Layer
+from .layers import LEARNABLE_OPS, Layer
 
 # ORT's calibration whose weight grid is NNCF's OpenVINO one: per-channel symmetric int8 in [-127, 127], scale max|w| / 127
 # (no reduced range); only the weight layers' inputs quantized, their outputs float, as NNCF quantizes them.
 GRID_CALIBRATION = {"calibration_method": "minmax", "per_channel": True, "activation_type": "uint8", "weight_type": "int8",
-                    "reduce_range": False, "op_types_to_quantize": ["Conv", "Gemm", "MatMul"], "float_outputs": ["Conv", "Gemm", "MatMul"]}
+                    "reduce_range": False, "op_types_to_quantize": list(LEARNABLE_OPS), "float_outputs": list(LEARNABLE_OPS)}
 # What NNCF is told for a learned build: no SmoothQuant, which would rescale the learned weights off their grid.
 NNCF_OPTIONS = {"smooth_quant_alpha": -1}
 NNCF_QMAX = 127

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as functional
 from onnx import helper, numpy_helper
 
-LEARNABLE = ("Conv", "Gemm", "MatMul")
+from .layers import LEARNABLE_OPS
 
 
 class UnsupportedGraph(Exception):
@@ -243,7 +243,7 @@ class OnnxModule(torch.nn.Module):
         self.nodes = list(model.graph.node)
         self.node_attributes = [_attributes(node) for node in self.nodes]
         initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
-        learnable = {node.input[1] for node in self.nodes if node.op_type in LEARNABLE and len(node.input) > 1 and node.input[1] in initializers}
+        learnable = {node.input[1] for node in self.nodes if node.op_type in LEARNABLE_OPS and len(node.input) > 1 and node.input[1] in initializers}
         self.weight_names = sorted(learnable)
         self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(initializers[name].astype(np.float32).copy())) for name in self.weight_names])
         self.constants = {name: torch.from_numpy(np.array(value)) for name, value in initializers.items() if name not in learnable}

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kiln_contract.metrics import cosine_similarity, max_abs_error
+
 from .operators import check as check_operators_allowed
 from .scan import TORCH_EXPORT
 
@@ -227,9 +229,7 @@ def parity(model: LoadedModel, onnx_path: Path, batches: list[dict[str, np.ndarr
         if want.shape != got.shape:
             outputs.append({"name": name, "cosine": 0.0, "max_abs_error": None, "error": f"{want.size} values from PyTorch, {got.size} from ONNX"})
             continue
-        norm = float(np.linalg.norm(want) * np.linalg.norm(got))
-        cosine = float(np.dot(want, got) / norm) if norm > 0 else float(np.array_equal(want, got))
-        outputs.append({"name": name, "cosine": cosine, "max_abs_error": float(np.max(np.abs(want - got))) if want.size else 0.0})
+        outputs.append({"name": name, "cosine": cosine_similarity(got, want), "max_abs_error": max_abs_error(got, want)})
     min_cosine = min((o["cosine"] for o in outputs), default=1.0)
     return {"outputs": outputs, "min_cosine": min_cosine, "threshold": PARITY_MIN_COSINE, "passed": min_cosine >= PARITY_MIN_COSINE,
             "samples": sum(len(next(iter(b.values()))) for b in batches) if batches else 0}

@@ -27,7 +27,7 @@ import onnx
 
 from workers.datasets import InvalidDataset, batch_rows, dataset_samples, iter_batches
 from workers.inspect import PASS_THROUGH
-from workers.quantize.streaming import ActivationStream, CalibrationError, expose_tensors
+from workers.quantize.streaming import ActivationStream, CalibrationError, check_finite_inputs, expose_tensors
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 # Tail estimates (percentile, entropy, the MSE search) need enough values in the tails to mean
@@ -394,14 +394,7 @@ class ActivationTap:
         try:
             batches = iter_batches(calibration_path, input_names=self.input_names, batch_size=batch_size, limit=limit)
             for batch in batches:
-                for name, value in batch.items():
-                    if value.dtype.kind == "f" and not np.isfinite(value).all():
-                        rows = batch_rows(batch)
-                        bad = served + int(np.argmin(np.isfinite(value).reshape(rows, -1).all(axis=1))) if rows > 1 else served
-                        raise CalibrationError(
-                            f"calibration input {name!r} contains NaN or Inf (first at sample {bad}); "
-                            "clean the calibration set: ranges cannot be estimated from non-finite values"
-                        )
+                check_finite_inputs(batch, served)
                 outputs = dict(zip(self._output_names, self.session.run(self._output_names, batch)))
                 activations = {name: batch[name] if name in batch else outputs[name] for name in self.names}
                 for name, value in activations.items():

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.quiet import BuildPauser
-from workers.host_memory import MEMORY_BUDGET_ENV, memory_budget_mb
+from workers.host_memory import BUILD_MEMORY_ENV, build_memory_mb
 from workers.quantize.errors import NotApplicable, QuantizationError
 from workers.sandbox.runner import SandboxLimitExceeded, model_shown, run_confined
 
@@ -42,7 +42,7 @@ class BuildMemoryExceeded(SandboxLimitExceeded):
         super().__init__("memory", budget, what=what)
         # Calibration streams within the budget and says itself what it needs (workers.quantize.streaming); what the
         # watch stops is another part of the build (pre-processing, the quantizer, a tool), still growing.
-        self.args = (f"{what} used more than the build memory budget of {budget} MB ({MEMORY_BUDGET_ENV}) and was stopped. "
+        self.args = (f"{what} used more than the build memory budget of {budget} MB ({BUILD_MEMORY_ENV}) and was stopped. "
                      f"What would fit: a budget of more than {_round_up(budget * 1.5)} MB to be safe, or a precision that needs "
                      "no calibration (int8-dynamic, int4-weight)",)
 
@@ -79,7 +79,7 @@ def build_isolated(
 
     `model_folder` is the model's own folder when it has one (an extracted zip with its external data). Raises the
     child's NotApplicable / QuantizationError / ValueError as the same types, BuildMemoryExceeded when the child's RSS
-    passes `memory_budget` MB (default: `memory_budget_mb()`), BuildTimeExceeded (a TimeoutError) after `timeout_s`.
+    passes `memory_budget` MB (default: `build_memory_mb()`), BuildTimeExceeded (a TimeoutError) after `timeout_s`.
     """
     started = time.monotonic()
     out_path = Path(out_path)
@@ -148,7 +148,7 @@ def _run_child(command: str, request: dict[str, Any], what: str, memory_budget: 
                shared: tuple[Path, ...], outputs: dict[str, Path] | None = None, watch: BuildWatch | None = None) -> dict[str, Any]:
     """Run one request confined, once its memory budget fits on the host, its resident memory watched against the budget
     and paused while an agent times."""
-    budget = memory_budget or memory_budget_mb()
+    budget = memory_budget or build_memory_mb()
     # The child plans its own working set (calibration batches, workers.quantize.streaming) against the same budget.
     request = {**request, "memory_budget_mb": budget}
     watch = watch or BuildWatch(what=what)
@@ -207,7 +207,7 @@ def _round_up(mb: float, step: int = 256) -> int:
 
 def _serve(request: dict[str, Any], work: Path) -> dict[str, Any]:
     if request.get("memory_budget_mb"):
-        os.environ[MEMORY_BUDGET_ENV] = str(int(request["memory_budget_mb"]))
+        os.environ[BUILD_MEMORY_ENV] = str(int(request["memory_budget_mb"]))
     request = {**request, "model_path": _staged_model(request, work)}
     if "max_samples" in request:
         from workers.quantize.sensitivity import rank_nodes

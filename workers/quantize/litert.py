@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from devices.artifacts import TFLITE, artifact_format
+from kiln_contract.metrics import relative_l2
 from workers.datasets import InvalidDataset, dataset_samples, iter_batches
 from workers.inspect import load_graph_only
 
@@ -370,7 +371,7 @@ def _check_against_onnx(tflite_path: Path, feeds_list: list[dict[str, np.ndarray
                 # Full-integer kernels refuse some inputs at run time (an int8 Div whose divisor quantizes to zero).
                 raise ConversionError(f"LiteRT cannot run the converted model: {_first_error(str(error)) or type(error).__name__}") from None
             for name, value in zip(output_names, expected):
-                error = float(np.linalg.norm(produced[name].astype(np.float64) - value) / max(np.linalg.norm(value.astype(np.float64)), 1e-12))
+                error = relative_l2(produced[name], value)
                 errors[name] = max(errors.get(name, 0.0), error)
     finally:
         compiled.close()

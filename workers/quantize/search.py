@@ -41,6 +41,7 @@ import numpy as np
 
 from kiln_contract import contract
 from kiln_contract.labels import ignored_options
+from workers.cost import MAC_OPS
 from workers.learned.search import learned_proposals
 from workers.quantize import litert_family, openvino_family
 from workers.quantize.families import (
@@ -68,7 +69,9 @@ logger = logging.getLogger(__name__)
 KEEP_STEPS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_SUFFIX = re.compile(r"^(?P<base>.+?)-keep(?P<k>\d+)$")
 _MIX = re.compile(r"^int4-mix(?P<k>\d+)$")
-_KEEP_FLOAT_OPS = {"int8": ("Conv", "ConvTranspose", "MatMul", "Gemm"), "int8-dynamic": ("MatMul", "Gemm")}
+# The nodes a keep-in-float refinement may leave out of INT8: those sensitivity ranks (static), the MatMul/Gemm dynamic
+# quantization covers.
+_KEEP_FLOAT_OPS = {"int8": MAC_OPS, "int8-dynamic": ("MatMul", "Gemm")}
 
 
 InvalidTolerance = contract.InvalidSpec

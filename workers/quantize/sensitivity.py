@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from kiln_contract.metrics import sqnr_from_energy
+from workers.cost import MAC_OPS
 from workers.datasets import dataset_samples
 from workers.quantize.calibration_methods import (
     ActivationTap,
@@ -28,8 +30,6 @@ from workers.quantize.calibration_methods import (
     check_sample_count,
 )
 
-CANDIDATE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-SQNR_CAP_DB = 200.0
 INT4_BLOCK_SIZE = 32
 
 
@@ -52,7 +52,7 @@ def rank_nodes(
     samples = min(dataset_samples(calibration_path), max_samples)
     check_sample_count(samples, method)
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-    candidates = [node for node in model.graph.node if node.op_type in CANDIDATE_OPS]
+    candidates = [node for node in model.graph.node if node.op_type in MAC_OPS]
     if not candidates:
         return []
     for index, node in enumerate(candidates):
@@ -219,12 +219,12 @@ class _NodeProbe:
 
 
 def _scores(signal: float, noise: float) -> tuple[float, float]:
+    """(SQNR in dB, relative error) from Σref² and Σ(ref−out)² over the calibration batches."""
     if noise == 0.0:
-        return SQNR_CAP_DB, 0.0
-    if signal == 0.0:
-        return -SQNR_CAP_DB, math.inf
-    sqnr = max(-SQNR_CAP_DB, min(SQNR_CAP_DB, 10.0 * math.log10(signal / noise)))
-    return sqnr, math.sqrt(noise / signal)
+        relative = 0.0
+    else:
+        relative = math.sqrt(noise / signal) if signal else math.inf
+    return sqnr_from_energy(signal, noise), relative
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

@@ -27,9 +27,10 @@ from typing import Self
 
 import numpy as np
 import onnx
+import psutil
 
 from workers.datasets import InvalidDataset, batch_rows, iter_batches
-from workers.host_memory import MEMORY_BUDGET_ENV, memory_budget_mb
+from workers.host_memory import BUILD_MEMORY_ENV, build_memory_mb
 
 MB = 1024 * 1024
 # The share of what the budget leaves (after this process as it stands) that the activations may take: the rest is
@@ -67,9 +68,8 @@ class TensorStats:
 
 def memory_allowance_bytes(budget_mb: int | None = None) -> int:
     """What the activations may take: a share of the build budget less what this process already holds."""
-    import psutil
 
-    budget = (budget_mb or memory_budget_mb()) * MB
+    budget = (budget_mb or build_memory_mb()) * MB
     return max(0, int((budget - psutil.Process().memory_info().rss) * ACTIVATION_SHARE))
 
 
@@ -115,7 +115,6 @@ class ActivationStream:
 
     def reduce(self, calibration_path: str | Path, *, limit: int, absolute_minimum: bool = False) -> dict[str, TensorStats]:
         """Each tensor's extremes and size over `limit` samples, as scalars out of the graph (pass 1)."""
-        import psutil
 
         limit = self._whole_batches(limit)
         session = self._session(self._reduction_model(absolute_minimum), "reduce")
@@ -267,16 +266,15 @@ class ActivationStream:
         return int(min(fitting, self.requested_batch))
 
     def _memory_error(self, needed_bytes: int, part: str) -> CalibrationMemoryError:
-        import psutil
 
-        budget = self.budget_mb or memory_budget_mb()
+        budget = self.budget_mb or build_memory_mb()
         held = psutil.Process().memory_info().rss
         # What a budget must be for this one feed to take no more than the activations' share of what is left.
         fits_mb = int(np.ceil((held + needed_bytes / ACTIVATION_SHARE) / MB / 256.0) * 256)
         return CalibrationMemoryError(
             f"{self.what} needs about {needed_bytes / MB:.0f} MB for {part} of one calibration sample, beside the "
             f"{held / MB:.0f} MB this build already holds (the model and its session); the build memory budget is "
-            f"{budget} MB ({MEMORY_BUDGET_ENV}). A budget of {fits_mb} MB would fit; fewer calibration samples would not "
+            f"{budget} MB ({BUILD_MEMORY_ENV}). A budget of {fits_mb} MB would fit; fewer calibration samples would not "
             "help, since calibration streams them")
 
     def _whole_batches(self, limit: int) -> int:
@@ -291,7 +289,7 @@ class ActivationStream:
         served = 0
         try:
             for batch in iter_batches(calibration_path, input_names=self.input_names, batch_size=batch_size, limit=limit):
-                _check_finite_inputs(batch, served)
+                check_finite_inputs(batch, served)
                 served += batch_rows(batch)
                 yield batch
         except InvalidDataset as error:
@@ -334,7 +332,6 @@ class PeakRss:
         return self
 
     def _sample(self) -> None:
-        import psutil
 
         process = psutil.Process()
         while not self._done.wait(0.002):
@@ -374,7 +371,7 @@ def _high_water_mark() -> int:
     return 0
 
 
-def _check_finite_inputs(batch: dict[str, np.ndarray], served: int) -> None:
+def check_finite_inputs(batch: dict[str, np.ndarray], served: int) -> None:
     for name, value in batch.items():
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             rows = batch_rows(batch)

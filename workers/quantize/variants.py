@@ -11,6 +11,7 @@ from typing import Any
 import onnx
 
 from devices.artifacts import ONNX, artifact_format
+from kiln_contract import contract
 from workers.convert import LARGE_MODEL_BYTES, save_model
 from workers.datasets import InvalidDataset, dataset_samples
 from workers.inspect import load_graph_only, model_files, model_size_bytes
@@ -20,7 +21,8 @@ from workers.quantize.errors import NotApplicable, QuantizationError
 from workers.quantize.preprocess import per_channel_opset, preprocess_for_quantization
 from workers.workdir import working_directory
 
-PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "int4-weight")
+# What a build makes: every precision of the contract but bf16, which is FP32's build run under a bf16 hint.
+PRECISIONS = tuple(precision for precision in contract.PRECISIONS if precision != contract.BF16)
 # Fewer samples than this give activation ranges that are mostly noise.
 MIN_CALIBRATION_SAMPLES = 8
 INT4_BLOCK_SIZE = 32

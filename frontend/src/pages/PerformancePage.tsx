@@ -2,6 +2,7 @@
 import { useId, useMemo, useState } from 'react';
 import { Link } from 'react-router';
 import { PAGE_SIZE, rows, useAgents, useModels, usePerformance, type PerformanceFilters } from '../api/hooks';
+import { PRECISIONS } from '../api/types';
 import { BarList } from '../components/BarList';
 import { EmptyState, ErrorMessage, PageHeader, Pager } from '../components/common';
 import { DataTable } from '../components/DataTable';
@@ -10,6 +11,8 @@ import { formatDate, formatNumber } from '../format';
 import { BUYING_RULE, buyingModel, compareJobs, devicesWithoutAPass, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 const CHART_ROWS = 500;
+// A measurement stores the precision its build made: bf16 is FP32's build run under a bf16 hint (its effective precision).
+const BUILD_PRECISIONS = PRECISIONS.filter((precision) => precision !== 'bf16');
 
 function Filters({ filters, onChange }: { filters: PerformanceFilters; onChange: (next: PerformanceFilters) => void }) {
   const models = rows(useModels('', 1, 500).data);
@@ -52,7 +55,7 @@ function Filters({ filters, onChange }: { filters: PerformanceFilters; onChange:
         <label htmlFor={ids.precision}>Precision</label>
         <select id={ids.precision} value={filters.precision ?? ''} onChange={(event) => set({ precision: event.target.value })}>
           <option value="">Any</option>
-          {['fp32', 'fp16', 'int8', 'int8-dynamic', 'int4-weight'].map((precision) => (
+          {BUILD_PRECISIONS.map((precision) => (
             <option key={precision} value={precision}>
               {precision}
             </option>

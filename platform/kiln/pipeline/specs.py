@@ -7,6 +7,7 @@ from __future__ import annotations
 from kiln.core.errors import KilnError
 from kiln.core.fields import MAX_ID
 from kiln_contract import contract
+from workers.quantize import variants
 
 PRECISIONS = contract.PRECISIONS
 AUTO = contract.AUTO
@@ -32,13 +33,10 @@ def parse_precisions(raw) -> list[str]:
 
 
 def resolve_precisions(requested: list[str], *, has_calibration: bool) -> list[str]:
-    """Expand `auto` into the candidates the host builds."""
+    """Expand `auto` into the candidates the host builds: every precision a build makes, static INT8 only with calibration."""
     if requested != [AUTO]:
         return requested
-    candidates = ["fp32", "fp16", "int8-dynamic", "int4-weight"]
-    if has_calibration:
-        candidates.insert(2, "int8")
-    return candidates
+    return [precision for precision in variants.PRECISIONS if precision != "int8" or has_calibration]
 
 
 DEFAULT_BUDGET_MINUTES = 10

@@ -29,7 +29,8 @@ from statistics import median
 
 import numpy as np
 
-MAC_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+from workers.cost import MAC_OPS
+
 # Kernels of ONNX Runtime's fusions, named by the ONNX operator whose work they do.
 KERNEL_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul", "SkipLayerNormalization": "LayerNormalization",
               "BiasGelu": "Erf", "FastGelu": "Erf", "QuickGelu": "Erf", "NhwcConv": "Conv"}

@@ -113,7 +113,7 @@ def test_qat_on_a_real_transformer_beats_its_calibrated_int8(tmp_path):
         return float(np.percentile(metrics.vector_cosines(outputs(path), reference), 5))
 
     assert built["recipe"]["learned"]["loss_end"] < built["recipe"]["learned"]["loss_start"]
-    # 120 s gave 0.9447 -> 0.9623 in benchmarks/RESULTS.md, 90 s 0.9602 by hand; 40 s was too few steps under load (+0.003).
+    # 120 s gave 0.9447 -> 0.9623 in benchmarks/history/2026-12-01.md, 90 s 0.9602 by hand; 40 s was too few steps under load (+0.003).
     assert cosine_p5(tuned) > cosine_p5(calibrated) + 0.008, (cosine_p5(tuned), cosine_p5(calibrated))
 
 

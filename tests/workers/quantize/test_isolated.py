@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from workers.host_memory import memory_budget_mb
+from workers.host_memory import build_memory_mb as memory_budget_mb
 from workers.quantize import NotApplicable
 from workers.quantize.isolated import BuildMemoryExceeded, build_isolated
 from workers.quantize.variants import build_variant
