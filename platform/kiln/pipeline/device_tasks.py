@@ -126,7 +126,9 @@ def device_task_finish(*, task: DeviceTask, agent, status: str, error: str, metr
         )
         if not changed:
             return False
-        job_work_add(job_id=task.job_id, seconds=device_work_seconds(task=task, metrics=metrics))
+        if task.purpose == DeviceTaskPurpose.MEASURE:
+            # The search's device time; re-timing the finalists is the decision's (bounded by its own rounds and quiet waits).
+            job_work_add(job_id=task.job_id, seconds=device_work_seconds(task=task, metrics=metrics))
         if support and task.variant.precision == "fp32":
             # The FP32 variant is the model as uploaded (converted): the device's answer is the model's, for its page.
             model_version_support_record(version=task.job.model_version, answers=[support], where=agent.name, sha256=task.variant.artifact.blob.sha256

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from kiln.reports.selectors import device_reports
 from kiln_contract.labels import effective_precision
@@ -118,6 +119,23 @@ def retime_results_store(*, task: DeviceTask, metrics: dict) -> int:
 def _decision_on(job, target: str) -> dict | None:
     reports, _ = device_reports(job=job)
     return next((report.details["decision"] for report in reports if report.target == target), None)
+
+
+# While other jobs' tasks wait for the same device, a re-timing waits this long at most for quiet: the device serves jobs
+# in turn, and a wait for load from outside Kiln must not hold everyone else's measurements.
+SHARED_QUIET_WAIT_S = 20.0
+
+
+def quiet_wait_s(task: DeviceTask) -> float:
+    """How long the agent that leases this re-timing waits for a quiet device first: what `retime_when_quiet` asked, cut
+    to SHARED_QUIET_WAIT_S while another job's task is queued for the same device."""
+    asked = float((task.retime or {}).get("wait_for_quiet_s") or 0.0)
+    if asked <= SHARED_QUIET_WAIT_S:
+        return asked
+    others = DeviceTask.objects.filter(organization_id=task.organization_id, status=DeviceTaskStatus.QUEUED).exclude(job_id=task.job_id)
+    if task.pinned_agent_id is not None:
+        others = others.filter(Q(pinned_agent_id=task.pinned_agent_id) | Q(pinned_agent__isnull=True))
+    return SHARED_QUIET_WAIT_S if others.exists() else asked
 
 
 def retime_when_quiet(*, task: DeviceTask, metrics: dict, agent_name: str) -> bool:

@@ -540,3 +540,19 @@ def test_an_agent_serves_jobs_in_turn_and_a_waiting_job_says_whose_task_runs(ten
         agent.post(f"/api/agent/v1/tasks/{task['id']}/result", {"attempt": task["attempt"], "status": "failed", "error": "test"}, format="json")
     # First come, first served would have been [first, first, second, second].
     assert served == [first, second, first, second]
+
+
+def test_a_re_timing_that_waits_for_quiet_waits_briefly_while_another_jobs_task_waits_for_the_device(tenant, model_files):
+    from kiln.pipeline.models import DeviceTaskPurpose
+    from kiln.pipeline.retime import SHARED_QUIET_WAIT_S, quiet_wait_s
+
+    agent = register(tenant, "box", ORT_ONLY)
+    first = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
+    measured = DeviceTask.objects.filter(job_id=first).first()
+    retime = DeviceTask.objects.create(job_id=first, organization=tenant.organization, variant=measured.variant, backend="onnxruntime",
+                                       target=measured.target, pinned_agent_id=agent.agent_id, purpose=DeviceTaskPurpose.RETIME,
+                                       retime={"tasks": [measured.id], "wait_for_quiet_s": 300})
+    DeviceTask.objects.filter(job_id=first).exclude(pk=retime.pk).update(status=DeviceTaskStatus.SUCCEEDED)
+    assert quiet_wait_s(retime) == 300  # nobody else waits for the device: wait out the outside load
+    create_job(tenant, model_files, precisions=["fp32"])
+    assert quiet_wait_s(retime) == SHARED_QUIET_WAIT_S  # another job's measurement waits: the re-timing does not hold it long

@@ -22,7 +22,7 @@ from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
 from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
-from kiln.pipeline.retime import RETIME_ROUNDS, retimed_tasks
+from kiln.pipeline.retime import RETIME_ROUNDS, quiet_wait_s, retimed_tasks
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
 from kiln.registry.services import storage_quota_check
 from kiln_contract.paired import MIN_ROUNDS
@@ -98,7 +98,7 @@ def _retime_payload(task) -> dict | None:
         "min_rounds": int((task.retime or {}).get("min_rounds") or MIN_ROUNDS),
         "window": INTERLEAVED_WINDOW,
         # Set when the last rounds were busy (kiln.pipeline.retime `retime_when_quiet`): wait this long for a quiet device first.
-        "wait_for_quiet_s": float((task.retime or {}).get("wait_for_quiet_s") or 0.0),
+        "wait_for_quiet_s": quiet_wait_s(task),
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
                       "compile": other.variant.options.get("compile") or {},
                       "model": _file_entry(task, f"{RETIME_FILE_PREFIX}{other.id}", other.variant.artifact.blob if other.variant.artifact else None)}
