@@ -36,9 +36,10 @@ class OpenSerializerSchema(OpenApiSerializerExtension):
 
 def json_field(shape, **kwargs) -> serializers.JSONField:
     """A JSON field rendered as stored, whose shape the schema states: a serializer (`many=True` for a list of them) or a
-    schema dict. What it renders does not change; read-only unless told otherwise."""
+    schema dict. What it renders does not change. (Not read-only by default: drf-spectacular lists every read-only field as
+    required, and `required=False` must say that an answer may leave it out.)"""
     field_class = extend_schema_field(shape)(type("TypedJSONField", (serializers.JSONField,), {}))
-    return field_class(**{"read_only": True, **kwargs})
+    return field_class(**kwargs)
 
 
 # -- how requests authenticate ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from kiln.core.fields import id_field
 from kiln.core.schema import ANY_OBJECT, TARGET, OpenSerializer, json_field
+from kiln.registry.api.serializers import RuntimeSupportSerializer
 from kiln.reports.outcome import job_outcome
 
 from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
@@ -13,12 +14,20 @@ from ..waiting import job_waiting
 
 # -- what a job declares (the request's JSON, as the job keeps it) --------------------------------------
 
-class ToleranceSerializer(OpenSerializer):
-    """How much accuracy a variant may lose against FP32 (devices/contract.py `parse_tolerance`)."""
+class ToleranceSerializer(serializers.Serializer):
+    """How much accuracy a variant may lose against FP32, as the job keeps it (devices/contract.py `parse_tolerance`)."""
 
     metric = serializers.CharField(help_text="auto, accuracy, cosine, sqnr, top1_agreement, mask_iou, relative_l2, … or a declared metric.")
-    max_drop = serializers.JSONField(required=False, help_text='The allowed drop: a number, or text such as "1%".')
+    max_drop = serializers.FloatField(required=False, help_text="The allowed drop against FP32 (a fraction: 0.01 = one point).")
     min_value = serializers.FloatField(required=False, help_text="For sqnr: the lowest acceptable SQNR in dB.")
+
+
+class ToleranceSpecSerializer(serializers.Serializer):
+    """A tolerance as a request may say it: `max_drop` also takes text such as "1%"."""
+
+    metric = serializers.CharField(required=False)
+    max_drop = json_field({"oneOf": [{"type": "number"}, {"type": "string"}]}, required=False)
+    min_value = serializers.FloatField(required=False)
 
 
 class DeclaredMetricSerializer(OpenSerializer):
@@ -42,8 +51,8 @@ class CalibrationSubsetSerializer(serializers.Serializer):
 
 class PackageOptionsSerializer(serializers.Serializer):
     encrypt = serializers.BooleanField(required=False)
-    preprocessing = json_field(ANY_OBJECT, required=False, read_only=False)
-    postprocessing = json_field(ANY_OBJECT, required=False, read_only=False)
+    preprocessing = json_field(ANY_OBJECT, required=False)
+    postprocessing = json_field(ANY_OBJECT, required=False)
 
 
 class EvaluationOutputSerializer(OpenSerializer):
@@ -70,6 +79,13 @@ class JobEventSerializer(serializers.ModelSerializer):
         model = JobEvent
         fields = ["at", "stage", "level", "message"]
         read_only_fields = fields
+
+
+class JobSupportSerializer(OpenSerializer):
+    """The support stage: every runtime's answer on the model's operators, and the backends it skipped with the reason."""
+
+    answers = RuntimeSupportSerializer(many=True, required=False)
+    skipped = serializers.DictField(child=serializers.CharField(), required=False)
 
 
 class JobStageSerializer(serializers.Serializer):
@@ -149,7 +165,8 @@ class VariantSerializer(serializers.ModelSerializer):
 
 class DeviceTaskSerializer(serializers.ModelSerializer):
     agent = serializers.SerializerMethodField()
-    support = json_field(ANY_OBJECT, help_text="The runtime's answer on the variant's operators (devices/support.py); {} before.")
+    support = json_field({"oneOf": [{"$ref": "#/components/schemas/RuntimeSupport"}, {"type": "object", "maxProperties": 0}]},
+                         help_text="The runtime's answer on the variant's operators; {} before it answered.")
 
     class Meta:
         model = DeviceTask
@@ -222,7 +239,7 @@ class JobSerializer(JobListSerializer):
     device_tasks = DeviceTaskSerializer(many=True, read_only=True)
     evaluation = json_field(EvaluationPlanSerializer)
     stages = json_field(JobStageSerializer(many=True))
-    support = json_field(ANY_OBJECT, help_text='The support stage: every runtime\'s answer, and the backends it skipped: {"answers", "skipped"}.')
+    support = json_field(JobSupportSerializer)
 
     class Meta(JobListSerializer.Meta):
         fields = JobListSerializer.Meta.fields + ["evaluation", "stages", "events", "variants", "device_tasks", "support"]
@@ -231,7 +248,7 @@ class JobSerializer(JobListSerializer):
 
 def _request_json(shape, **kwargs) -> serializers.JSONField:
     # The services parse these (kiln.pipeline.specs) so that every caller gets the same message; the schema says their shape.
-    return json_field(shape, read_only=False, required=False, **kwargs)
+    return json_field(shape, required=False, **kwargs)
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -242,7 +259,7 @@ class JobCreateSerializer(serializers.Serializer):
     validation_dataset = id_field(required=False, allow_null=True, default=None)
     targets = _request_json({"type": "array", "items": TARGET}, default=list,
                             help_text='Agent ids or "label=value" selectors; empty: every online agent.')
-    tolerance = _request_json(ToleranceSerializer, default=dict)
+    tolerance = _request_json(ToleranceSpecSerializer, default=dict)
     package = _request_json(PackageOptionsSerializer, default=dict)
     metrics = _request_json(DeclaredMetricSerializer(many=True), default=list)
     state = _request_json({"type": "object", "additionalProperties": {"type": "string"}}, default=dict,

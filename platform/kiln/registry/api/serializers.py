@@ -2,7 +2,9 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from kiln.core.schema import ANY_OBJECT, DIMENSION, OpenSerializer, json_field
+from devices.contract import OUTPUT_KINDS
+from devices.support import VERDICTS
+from kiln.core.schema import DIMENSION, OpenSerializer, json_field
 
 from ..models import Dataset, Model, ModelVersion
 from ..selectors import model_version_output_kinds
@@ -27,10 +29,53 @@ class ValidationResultSerializer(OpenSerializer):
 
 
 class OutputKindInfoSerializer(serializers.Serializer):
-    kind = serializers.CharField(allow_null=True, help_text="The kind used: the user's override, else what Kiln inferred.")
-    inferred = serializers.CharField(allow_null=True)
+    kind = serializers.ChoiceField(choices=OUTPUT_KINDS, allow_null=True, help_text="The kind used: the user's override, else what Kiln inferred.")
+    inferred = serializers.ChoiceField(choices=OUTPUT_KINDS, allow_null=True)
     reason = serializers.CharField()
     overridden = serializers.BooleanField()
+
+
+class ParitySerializer(OpenSerializer):
+    passed = serializers.BooleanField()
+    min_cosine = serializers.FloatField()
+    threshold = serializers.FloatField()
+    samples = serializers.IntegerField()
+
+
+class ConversionSerializer(OpenSerializer):
+    """A PyTorch upload: how its ONNX was exported, and how closely it matches PyTorch ({} for an ONNX upload)."""
+
+    format = serializers.CharField(required=False)
+    exporter = serializers.ChoiceField(choices=["dynamo", "torchscript"], required=False)
+    fallback_reason = serializers.CharField(allow_null=True, required=False)
+    parity = ParitySerializer(required=False)
+    torch_parameter_count = serializers.IntegerField(required=False)
+
+
+class OperatorCountsField(serializers.DictField):
+    child = serializers.IntegerField()
+
+
+class RuntimeSupportSerializer(OpenSerializer):
+    """One runtime's answer to "which of this model's operators do you run?" (devices/support.py), and who gave it."""
+
+    backend = serializers.CharField()
+    runtime = serializers.CharField(allow_null=True, required=False)
+    version = serializers.CharField(allow_null=True, required=False)
+    device = serializers.CharField(allow_null=True, required=False)
+    source = serializers.CharField(allow_null=True, required=False)
+    verdict = serializers.ChoiceField(choices=list(VERDICTS))
+    reason = serializers.CharField(allow_null=True, allow_blank=True, required=False)
+    native = OperatorCountsField(required=False)
+    fallback = OperatorCountsField(required=False)
+    unsupported = OperatorCountsField(required=False)
+    nodes = json_field({"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}}, required=False)
+    where = serializers.CharField(required=False, help_text='Who answered: "server", or the agent\'s name.')
+    at = serializers.CharField(required=False)
+
+
+class OperatorSupportSerializer(OpenSerializer):
+    answers = RuntimeSupportSerializer(many=True, required=False)
 
 
 class IdenticalVersionSerializer(serializers.Serializer):
@@ -51,8 +96,8 @@ class ModelVersionSerializer(serializers.ModelSerializer):
     signature = json_field(SignatureSerializer)
     op_histogram = json_field({"type": "object", "additionalProperties": {"type": "integer"}})
     validation = json_field(ValidationResultSerializer(allow_null=True))
-    conversion = json_field(ANY_OBJECT, help_text="PyTorch uploads: how the ONNX was exported and how closely it matches PyTorch.")
-    operator_support = json_field(ANY_OBJECT, help_text='What each runtime said about the operators: {"answers": [...]} (devices/support.py).')
+    conversion = json_field(ConversionSerializer)
+    operator_support = json_field(OperatorSupportSerializer, help_text="What each runtime said about the operators: the server's, and each agent's.")
 
     class Meta:
         model = ModelVersion
@@ -131,6 +176,45 @@ class DatasetPreviewItemSerializer(OpenSerializer):
     """One sample as the recipe made it: a thumbnail of the tensor, a waveform envelope, or text with its tokens."""
 
     name = serializers.CharField()
+    thumbnail = serializers.CharField(required=False, help_text="A data: URL of the prepared tensor as an image.")
+    size = serializers.ListField(child=serializers.IntegerField(), required=False, help_text="An image's [height, width] as the model gets it.")
+    seconds = serializers.FloatField(required=False)
+    sample_rate = serializers.IntegerField(required=False)
+    peak = serializers.FloatField(required=False)
+    envelope = serializers.ListField(child=serializers.FloatField(), required=False)
+    text = serializers.CharField(required=False, allow_blank=True)
+    tokens = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+    length = serializers.IntegerField(required=False)
+    label = serializers.CharField(allow_null=True, required=False, help_text="The class folder it came from (a preview).")
+
+
+# A text input fed in another form than the tokenizer's: its own dtype, per-sample shape or an additive mask.
+TEXT_INPUT_SPEC = {"type": "object", "additionalProperties": {}, "required": ["field"],
+                   "properties": {"field": {"type": "string"}, "dtype": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
+                                  "additive": {"type": "number"}}}
+
+
+class DatasetRecipeSerializer(OpenSerializer):
+    """The declared preprocessing that turns raw images, audio or text into a model's inputs (devices/recipes.py); {} for arrays."""
+
+    type = serializers.ChoiceField(choices=["image", "audio", "text"], required=False)
+    input = serializers.CharField(required=False)
+    inputs = serializers.DictField(child=json_field({"oneOf": [{"type": "string"}, TEXT_INPUT_SPEC]}), required=False,
+                                   help_text="Per model input: the tokenizer's field it takes, or how to feed it.")
+    size = serializers.ListField(child=serializers.IntegerField(), required=False)
+    resize = serializers.CharField(required=False)
+    color = serializers.CharField(required=False)
+    scale = serializers.FloatField(required=False)
+    mean = serializers.ListField(child=serializers.FloatField(), required=False)
+    std = serializers.ListField(child=serializers.FloatField(), required=False)
+    layout = serializers.CharField(required=False)
+    dtype = serializers.CharField(required=False)
+    sample_rate = serializers.IntegerField(required=False)
+    resample = serializers.BooleanField(required=False)
+    length = serializers.IntegerField(allow_null=True, required=False)
+    max_length = serializers.IntegerField(required=False)
+    label_names = serializers.ListField(child=serializers.CharField(), required=False)
+    tokenizer_sha256 = serializers.CharField(required=False)
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -138,7 +222,7 @@ class DatasetSerializer(serializers.ModelSerializer):
     size_bytes = serializers.IntegerField(source="blob.size_bytes", read_only=True)
     source_sha256 = serializers.SerializerMethodField()
     arrays = json_field(serializers.DictField(child=ArraySpecSerializer()))
-    recipe = json_field(ANY_OBJECT, help_text="The preprocessing that made it from raw images, audio or text (devices/recipes.py); {} for arrays.")
+    recipe = json_field(DatasetRecipeSerializer)
     previews = json_field(DatasetPreviewItemSerializer(many=True))
 
     class Meta:
@@ -197,14 +281,14 @@ class RawPreviewSerializer(serializers.Serializer):
     arrays = serializers.DictField(child=PreviewArraySerializer())
     previews = DatasetPreviewItemSerializer(many=True)
     classes = serializers.DictField(child=serializers.IntegerField(), help_text="Files per class folder.")
-    recipe = json_field(ANY_OBJECT)
+    recipe = json_field(DatasetRecipeSerializer)
     fits = RecipeFitSerializer(allow_null=True)
 
 
 class RecipeProposalSerializer(serializers.Serializer):
     """The preprocessing recipe Kiln proposes for raw data fed to a model version, and why."""
 
-    recipe = json_field(ANY_OBJECT, allow_null=True)
+    recipe = json_field(DatasetRecipeSerializer(allow_null=True))
     input = serializers.CharField(allow_null=True)
     why = serializers.ListField(child=serializers.CharField())
 

@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from kiln.core.schema import ANY_OBJECT, OpenSerializer, json_field
+from kiln.fleet.api.serializers import ProfileSerializer
 from kiln.pipeline.api.serializers import CalibrationSubsetSerializer, DeclaredMetricSerializer, EvaluationPlanSerializer, ToleranceSerializer
 from kiln.pipeline.models import JobStatus
 
@@ -99,6 +100,19 @@ class TimingSerializer(serializers.Serializer):
     windows = QuietWindowSerializer(many=True)
 
 
+class StepOutputSerializer(serializers.Serializer):
+    cosine = _number()
+    max_abs_error = _number()
+
+
+class PerStepSerializer(serializers.Serializer):
+    """One step of a sequence job's accuracy (devices/feeds.py `per_step_figures`): every sequence's call t against FP32's."""
+
+    step = serializers.IntegerField()
+    sequences = serializers.IntegerField()
+    outputs = serializers.DictField(child=StepOutputSerializer())
+
+
 class AccuracySerializer(OpenSerializer):
     """A variant's accuracy against FP32 and the tolerance (devices/contract.py `score_accuracy`): the worst primary output's
     figures, then every metric measured (cosine, sqnr_db, top1_agreement, accuracy against labels, per-output figures...)."""
@@ -110,6 +124,7 @@ class AccuracySerializer(OpenSerializer):
     drop = _number(required=False)
     within_tolerance = serializers.BooleanField()
     reason = _text(required=False)
+    per_step = PerStepSerializer(many=True, required=False)
 
 
 class FileRefSerializer(serializers.Serializer):
@@ -168,7 +183,7 @@ class ReportVariantSerializer(serializers.Serializer):
     timing = TimingSerializer(required=False)
     size_bytes = _count()
     accuracy = AccuracySerializer()
-    profile = json_field(ANY_OBJECT)
+    profile = json_field(ProfileSerializer, help_text="Time per operator on the device ({} when not profiled).")
     artifact = FileRefSerializer(allow_null=True, help_text="The compiled engine, else the variant.")
     variant_artifact = FileRefSerializer(allow_null=True, help_text="The host-side ONNX variant.")
     pareto = serializers.BooleanField()
@@ -391,7 +406,7 @@ class TriedRoundSerializer(serializers.Serializer):
 class SensitivityRowSerializer(OpenSerializer):
     node = serializers.CharField()
     op_type = serializers.CharField()
-    sqnr_db = _number()
+    sqnr_db = serializers.FloatField()
     relative_error = _number(required=False)
 
 
