@@ -1,15 +1,21 @@
 """The OpenAPI schema is generated from the code and the docs page works offline."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from rest_framework.test import APIClient
 
-from tests.platform.openapi_contract import AnswerNotInSchema, check_answer, check_component
+from tests.platform.openapi_contract import AnswerNotInSchema, check_answer, check_component, served_schema
 
 pytestmark = pytest.mark.django_db
 
 
-def served_schema() -> dict:
+def schema_over_http() -> dict:
     response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     schema = response.json() if response["Content-Type"].startswith("application/json") else None
@@ -21,7 +27,7 @@ def served_schema() -> dict:
 
 
 def test_schema_lists_the_core_routes():
-    paths = served_schema()["paths"]
+    paths = schema_over_http()["paths"]
     for path in ("/api/v1/models/", "/api/v1/datasets/", "/api/v1/jobs/", "/api/v1/jobs/{id}/report/", "/api/agent/v1/tasks/lease"):
         assert path in paths, path
 
@@ -30,7 +36,7 @@ def test_schema_validates_as_openapi_3_so_strict_client_generators_take_it():
     """openapi-spec-validator also checks each default against its own schema (a "" default with minLength 1 once failed)."""
     from openapi_spec_validator import validate
 
-    validate(served_schema())
+    validate(schema_over_http())
 
 
 def test_docs_page_serves_swagger_from_this_server():
@@ -107,3 +113,30 @@ def test_a_json_answer_the_schema_does_not_document_fails():
     with pytest.raises(AnswerNotInSchema, match="does not list it"):
         check_answer(method="GET", path="/api/v1/nowhere/", status=200, content_type="application/json", body=b"{}")
     check_answer(method="GET", path="/api/v1/health/", status=404, content_type="application/json", body=b"{}")
+
+
+REPO = Path(__file__).resolve().parents[2]
+FRONTEND = REPO / "frontend"
+GENERATOR = FRONTEND / "node_modules" / "openapi-typescript" / "bin" / "cli.js"
+
+
+def _node() -> str | None:
+    local = FRONTEND / ".nodeenv" / "bin" / "node"
+    return str(local) if local.exists() else shutil.which("node")
+
+
+def test_the_ui_types_are_generated_from_this_schema(tmp_path):
+    """frontend/src/api/schema.ts is what `npm run gen:types` makes of the schema this code serves: a serializer changed
+    without regenerating it fails here (and the UI's pages are type-checked against it by `npm run build`)."""
+    node = _node()
+    if node is None or not GENERATOR.exists():
+        message = "openapi-typescript is not installed: run `bash frontend/build.sh` (npm ci)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    (tmp_path / "openapi.json").write_text(json.dumps(served_schema()))
+    subprocess.run([node, str(GENERATOR), str(tmp_path / "openapi.json"), "--output", str(tmp_path / "schema.ts")], check=True, cwd=FRONTEND,
+                   capture_output=True, timeout=120)
+    generated = (tmp_path / "schema.ts").read_text()
+    assert generated == (FRONTEND / "src" / "api" / "schema.ts").read_text(), (
+        "frontend/src/api/schema.ts is stale: run `npm run gen:types` in frontend/ (KILN_PYTHON=path/to/python if not .venv)")
