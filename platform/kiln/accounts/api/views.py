@@ -27,10 +27,10 @@ from .serializers import (
     ApiTokenSerializer,
     CsrfSerializer,
     LoginSerializer,
-    MeSerializer,
     MembershipCreateSerializer,
     MembershipRoleSerializer,
     MembershipSerializer,
+    MeSerializer,
     OrganizationChoiceSerializer,
     SignupSerializer,
 )

@@ -11,7 +11,6 @@ from ..models import Artifact, DeploymentJob, DeviceTask, JobEvent, Variant
 from ..selectors import search_budget, variant_effective_precision
 from ..waiting import job_waiting
 
-
 # -- what a job declares (the request's JSON, as the job keeps it) --------------------------------------
 
 class ToleranceSerializer(serializers.Serializer):
