@@ -1805,9 +1805,10 @@ export interface components {
          *     * `done` - done
          *     * `skipped` - skipped
          *     * `failed` - failed
+         *     * `canceled` - canceled
          * @enum {string}
          */
-        JobStageStatusEnum: "pending" | "running" | "done" | "skipped" | "failed";
+        JobStageStatusEnum: "pending" | "running" | "done" | "skipped" | "failed" | "canceled";
         /**
          * @description * `queued` - Queued
          *     * `running` - Running

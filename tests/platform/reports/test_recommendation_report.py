@@ -82,7 +82,7 @@ def test_an_unstable_speed_up_whose_interval_contains_one_is_a_tie_the_more_accu
     path.write_bytes(b"".join(package.streaming_content))
     readme = zipfile.ZipFile(path).read("README.md").decode()
     assert readme.startswith("# digits v1: fp32 on onnxruntime") and f"Verdict: {decision['text']}" in readme
-    assert "| fp16 | fp16 on onnxruntime | 0.021 | a tie on speed" in readme and f"Timing on this device: {device['noise']['text']}" in readme
+    assert "| fp16 | fp16 on onnxruntime | 0.021 | a tie on speed" in readme and f"Timing on this device: {decision['noise']['text']}" in readme
 
 
 DRIFT = [1.0, 1.6, 0.9, 1.3, 2.0, 1.1, 0.95, 1.7]

@@ -89,7 +89,7 @@ class JobSupportSerializer(OpenSerializer):
 
 class JobStageSerializer(serializers.Serializer):
     name = serializers.CharField()
-    status = serializers.ChoiceField(choices=["pending", "running", "done", "skipped", "failed"])
+    status = serializers.ChoiceField(choices=["pending", "running", "done", "skipped", "failed", "canceled"])
     started_at = serializers.CharField(allow_null=True)
     finished_at = serializers.CharField(allow_null=True)
     message = serializers.CharField(allow_null=True, allow_blank=True)
