@@ -80,9 +80,14 @@ def answer_schema(operation: dict, status: int) -> dict | None:
     return (content.get("application/json") or {}).get("schema")
 
 
+@cache
+def _validator(schema_json: str) -> OAS30ReadValidator:
+    return OAS30ReadValidator({**closed(json.loads(schema_json)), "components": _components()})
+
+
 def check(body, schema: dict, where: str) -> None:
     """`body` against `schema` (a schema of the document, its `$ref`s into its components), closed as `closed` says."""
-    validator = OAS30ReadValidator({**closed(schema), "components": _components()})
+    validator = _validator(json.dumps(schema, sort_keys=True))
     errors = sorted(validator.iter_errors(body), key=lambda error: list(error.absolute_path))
     if errors:
         lines = [f"- at {'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message[:300]}" for error in errors[:10]]
