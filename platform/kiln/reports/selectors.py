@@ -272,24 +272,24 @@ def _agent_json(agent) -> dict | None:
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
-# Every key of a decision (workers/scoring.py `decide`), for a decision stored before some of them existed: the API's
-# Decision has them all (kiln.reports.api.serializers), null or empty where the old report did not say.
-DECISION_KEYS = {"variant": None, "label": None, "effective_precision": None, "backend": None, "text": "", "speed": None, "short": None,
-                 "cost": None, "comparison": None, "tie": False, "tied_with": [], "speedup": None, "accuracy": None, "within_tolerance": False,
-                 "alternatives": [], "noise": {"text": ""}, "measurement": None, "provisional": None}
+def _empty_decision() -> dict:
+    """Every key of a decision, with nothing in it (workers/scoring.py `decide` of no entries): what a decision stored before
+    some of its keys existed is completed with, so that the API's Decision always has them all."""
+    return {**decide([], {}), "text": "", "noise": {"text": ""}}
 
 
 def stored_decision(details: dict | None) -> dict | None:
     """The decision a report stored; a report stored before decisions existed has its verdict, why-not rows and notes instead."""
     details = details or {}
     if details.get("decision"):
-        return {**DECISION_KEYS, **details["decision"]}
+        return {**_empty_decision(), **details["decision"]}
     verdict = details.get("verdict")
     if not verdict:
         return None
     notes = " ".join(note.get("text", "") for note in details.get("unstable") or [])
-    decision = {**DECISION_KEYS, **verdict, "alternatives": details.get("alternatives") or [], "noise": {"text": notes}, "measurement": None}
-    return {key: decision[key] for key in DECISION_KEYS}
+    empty = _empty_decision()
+    decision = {**empty, **verdict, "alternatives": details.get("alternatives") or [], "noise": {"text": notes}, "measurement": None}
+    return {key: decision[key] for key in empty}
 
 
 def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None,
