@@ -1034,7 +1034,8 @@ export interface components {
         };
         ArraySpec: {
             dtype: string;
-            shape: number[];
+            /** @description null: a size that varies between samples. */
+            shape: (number | null)[];
         };
         Artifact: {
             readonly id: number;
@@ -2361,7 +2362,8 @@ export interface components {
         };
         PreviewArray: {
             dtype: string;
-            shape: number[];
+            /** @description null: a size that varies between samples. */
+            shape: (number | null)[];
             /** Format: double */
             min: number | null;
             /** Format: double */
@@ -2460,6 +2462,14 @@ export interface components {
             };
             recipe: components["schemas"]["DatasetRecipe"];
             fits: components["schemas"]["RecipeFit"] | null;
+            /** @description The confinement the sandbox that read the files ran under. */
+            sandbox?: {
+                [key: string]: unknown;
+            };
+            /** @description What that sandbox used: peak memory, CPU and waiting time. */
+            usage?: {
+                [key: string]: unknown;
+            };
         };
         RecipeFit: {
             ok: boolean;
@@ -2996,7 +3006,7 @@ export interface components {
         /** @description How much accuracy a variant may lose against FP32, as the job keeps it (devices/contract.py `parse_tolerance`). */
         Tolerance: {
             /** @description auto, accuracy, cosine, sqnr, top1_agreement, mask_iou, relative_l2, … or a declared metric. */
-            metric: string;
+            metric?: string;
             /**
              * Format: double
              * @description The allowed drop against FP32 (a fraction: 0.01 = one point).

@@ -16,7 +16,8 @@ from ..waiting import job_waiting
 class ToleranceSerializer(serializers.Serializer):
     """How much accuracy a variant may lose against FP32, as the job keeps it (devices/contract.py `parse_tolerance`)."""
 
-    metric = serializers.CharField(help_text="auto, accuracy, cosine, sqnr, top1_agreement, mask_iou, relative_l2, … or a declared metric.")
+    metric = serializers.CharField(required=False,
+                                   help_text="auto, accuracy, cosine, sqnr, top1_agreement, mask_iou, relative_l2, … or a declared metric.")
     max_drop = serializers.FloatField(required=False, help_text="The allowed drop against FP32 (a fraction: 0.01 = one point).")
     min_value = serializers.FloatField(required=False, help_text="For sqnr: the lowest acceptable SQNR in dB.")
 

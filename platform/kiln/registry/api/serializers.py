@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from devices.contract import OUTPUT_KINDS
 from devices.support import VERDICTS
-from kiln.core.schema import DIMENSION, OpenSerializer, json_field
+from kiln.core.schema import ANY_OBJECT, DIMENSION, OpenSerializer, json_field
 
 from ..models import Dataset, Model, ModelVersion
 from ..selectors import model_version_output_kinds
@@ -169,7 +169,7 @@ class VersionUploadSerializer(FileOrUploadSerializer):
 
 class ArraySpecSerializer(serializers.Serializer):
     dtype = serializers.CharField()
-    shape = serializers.ListField(child=serializers.IntegerField())
+    shape = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="null: a size that varies between samples.")
 
 
 class DatasetPreviewItemSerializer(OpenSerializer):
@@ -283,6 +283,8 @@ class RawPreviewSerializer(serializers.Serializer):
     classes = serializers.DictField(child=serializers.IntegerField(), help_text="Files per class folder.")
     recipe = json_field(DatasetRecipeSerializer)
     fits = RecipeFitSerializer(allow_null=True)
+    sandbox = json_field(ANY_OBJECT, required=False, help_text="The confinement the sandbox that read the files ran under.")
+    usage = json_field(ANY_OBJECT, required=False, help_text="What that sandbox used: peak memory, CPU and waiting time.")
 
 
 class RecipeProposalSerializer(serializers.Serializer):
