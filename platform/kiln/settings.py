@@ -375,6 +375,7 @@ SPECTACULAR_SETTINGS = {
         "RoleEnum": "kiln.accounts.models.Role",
         "DatasetKindEnum": "kiln.registry.models.DatasetKind",
         "MeasurementSetEnum": "kiln.reports.selectors.MEASUREMENT_SETS",
+        "OutputKindEnum": "devices.contract.OUTPUT_KINDS",
     },
 }
 

@@ -1641,19 +1641,6 @@ export interface components {
             version: number;
             version_id: number;
         };
-        /**
-         * @description * `class_scores` - class_scores
-         *     * `class_ids` - class_ids
-         *     * `probability_map` - probability_map
-         *     * `heat_map` - heat_map
-         *     * `distribution` - distribution
-         *     * `dense` - dense
-         *     * `embedding` - embedding
-         *     * `detection` - detection
-         *     * `regression` - regression
-         * @enum {string}
-         */
-        InferredEnum: "class_scores" | "class_ids" | "probability_map" | "heat_map" | "distribution" | "dense" | "embedding" | "detection" | "regression";
         InstallCommands: {
             agent: string;
             agent_openvino: string;
@@ -1829,19 +1816,6 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
-        /**
-         * @description * `class_scores` - class_scores
-         *     * `class_ids` - class_ids
-         *     * `probability_map` - probability_map
-         *     * `heat_map` - heat_map
-         *     * `distribution` - distribution
-         *     * `dense` - dense
-         *     * `embedding` - embedding
-         *     * `detection` - detection
-         *     * `regression` - regression
-         * @enum {string}
-         */
-        KindCa9Enum: "class_scores" | "class_ids" | "probability_map" | "heat_map" | "distribution" | "dense" | "embedding" | "detection" | "regression";
         /** @description Latency in milliseconds over a benchmark's runs (devices/bench.py); an agent of an earlier release sent fewer figures. */
         LatencyMs: {
             /** Format: double */
@@ -2216,6 +2190,19 @@ export interface components {
             /** Format: int64 */
             organization: number;
         };
+        /**
+         * @description * `class_scores` - class_scores
+         *     * `class_ids` - class_ids
+         *     * `probability_map` - probability_map
+         *     * `heat_map` - heat_map
+         *     * `distribution` - distribution
+         *     * `dense` - dense
+         *     * `embedding` - embedding
+         *     * `detection` - detection
+         *     * `regression` - regression
+         * @enum {string}
+         */
+        OutputKindEnum: "class_scores" | "class_ids" | "probability_map" | "heat_map" | "distribution" | "dense" | "embedding" | "detection" | "regression";
         OutputKindInfo: {
             /**
              * @description The kind used: the user's override, else what Kiln inferred.
@@ -2230,8 +2217,8 @@ export interface components {
              *     * `detection` - detection
              *     * `regression` - regression
              */
-            kind: (components["schemas"]["KindCa9Enum"] | components["schemas"]["NullEnum"]) | null;
-            inferred: (components["schemas"]["InferredEnum"] | components["schemas"]["NullEnum"]) | null;
+            kind: (components["schemas"]["OutputKindEnum"] | components["schemas"]["NullEnum"]) | null;
+            inferred: (components["schemas"]["OutputKindEnum"] | components["schemas"]["NullEnum"]) | null;
             reason: string;
             overridden: boolean;
         };
