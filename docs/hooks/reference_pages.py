@@ -122,7 +122,8 @@ def rest_page(schema: dict) -> str:
         "",
         "Scripts authenticate with `Authorization: Bearer kiln_pat_…` (an API token); the browser UI uses its session and "
         "CSRF. Errors are JSON `{\"error\", \"code\"}` with a 4xx status for bad input. Where a field's type reads *any "
-        "JSON*, the schema leaves its shape open; the API contract gives it (the report's, for one).",
+        "JSON*, the schema leaves its shape open (a variant's build options, a runtime's settings); the API contract says what "
+        "it holds.",
     ]
     return render_page(schema, REST_PREFIX, intro)
 

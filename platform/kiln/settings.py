@@ -374,6 +374,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # One name per choice set, stable across releases: the UI's types are generated from this schema (frontend/src/api/schema.ts).
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "kiln.pipeline.models.JobStatus",
+        "RoleEnum": "kiln.accounts.models.Role",
+        "DatasetKindEnum": "kiln.registry.models.DatasetKind",
+        "MeasurementSetEnum": "kiln.reports.selectors.MEASUREMENT_SETS",
+        "OutputKindEnum": "kiln_contract.contract.OUTPUT_KINDS",
+    },
 }
 
 LOGGING = {

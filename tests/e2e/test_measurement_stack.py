@@ -127,7 +127,7 @@ def test_two_auto_jobs_run_together_on_one_local_agent_recommend_what_each_does_
     assert [label for label, _ in together] == [label_alone, label_alone], (label_alone, [device["decision"]["text"] for _, device in together])
 
     # The burst made at least one window busy: it was re-taken, and the report says so once for the device.
-    noise = [device["noise"] for _, device in together]
+    noise = [device["decision"]["noise"] for _, device in together]
     retaken = [item["retaken"] for item in noise]
     assert sum(retaken) > 0, noise
     for item, device in zip(noise, (device for _, device in together)):
@@ -183,7 +183,7 @@ def test_a_job_measured_while_a_process_kiln_does_not_control_burns_the_agents_c
     assert decision["provisional"] and decision["provisional"]["attempts"] == 1, decision
     assert "provisional: the device was busy in" in decision["text"] and decision["short"].endswith(", provisional")
     # The decision rests on the side-by-side rounds, whose rows show those rounds alone; the first pass is kept apart.
-    assert device["measurement"] and decision["provisional"]["windows"] == device["measurement"]["rounds"]
+    assert decision["measurement"] and decision["provisional"]["windows"] == decision["measurement"]["rounds"]
     retimed = [variant for variant in device["variants"] if variant["measurement_set"] == "side by side"]
     assert len(retimed) == 2 and all(variant["first_pass"]["latency_ms"]["p50"] for variant in retimed)
     events = [event["message"] for event in job["events"]]

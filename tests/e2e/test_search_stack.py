@@ -117,7 +117,7 @@ def test_auto_search_keeps_the_sensitive_layer_in_float_and_meets_the_tolerance(
     assert len({len(v["timing"]["interleaved_medians_ms"]) for v in retimed.values()}) == 1
     assert any(v["key"] == "fp32" for v in retimed.values()), sorted(v["key"] for v in retimed.values())  # the vendor default joins
     if recommended["id"] in retimed:
-        compared = [*device["verdict"]["tied_with"], *([device["verdict"]["speedup"]] if device["verdict"]["speedup"] else [])]
+        compared = [*device["decision"]["tied_with"], *([device["decision"]["speedup"]] if device["decision"]["speedup"] else [])]
         for row in compared:
             other = row.get("variant", row.get("baseline"))
             if other in retimed:

@@ -56,8 +56,8 @@ def test_auto_pick_on_a_real_text_detector_holds_up_when_measured_again(kiln_sta
     passing = [v for v in device["variants"] if v["accuracy"]["within_tolerance"] and v["latency_ms"]]
     # The fastest within tolerance, or a variant the fastest does not beat beyond the measured noise.
     fastest = min(passing, key=lambda v: v["latency_ms"]["p50"])
-    tied = {row["variant"] for row in device["verdict"]["tied_with"]}
-    assert recommended["latency_ms"]["p50"] == fastest["latency_ms"]["p50"] or fastest["id"] in tied, (fastest["key"], device["verdict"])
+    tied = {row["variant"] for row in device["decision"]["tied_with"]}
+    assert recommended["latency_ms"]["p50"] == fastest["latency_ms"]["p50"] or fastest["id"] in tied, (fastest["key"], device["decision"])
 
     # Measured again, independently: the downloaded variant on its backend against FP32 on ONNX Runtime.
     artifact = tmp_path / "pick.onnx"

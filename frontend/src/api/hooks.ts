@@ -6,6 +6,7 @@ import type {
   Agent,
   AgentSetup,
   ApiToken,
+  ApiTokenCreated,
   Artifact,
   Dataset,
   Job,
@@ -18,6 +19,7 @@ import type {
   ModelVersion,
   Paginated,
   RegistrationToken,
+  RegistrationTokenCreated,
   Report,
   Role,
 } from './types';
@@ -364,7 +366,7 @@ export function useCreateRegistrationToken() {
   const client = useQueryClient();
   return useMutation({
     mutationFn: ({ name, expiresInDays }: { name: string; expiresInDays: number | null }) =>
-      api<RegistrationToken>('agents/registration-tokens/', {
+      api<RegistrationTokenCreated>('agents/registration-tokens/', {
         method: 'POST',
         body: expiresInDays ? { name, expires_in_days: expiresInDays } : { name },
       }),
@@ -389,7 +391,7 @@ export function useCreateToken() {
   const client = useQueryClient();
   return useMutation({
     mutationFn: (body: { name: string; expires_in_days: number | null }) =>
-      api<ApiToken>('tokens/', { method: 'POST', body }),
+      api<ApiTokenCreated>('tokens/', { method: 'POST', body }),
     onSuccess: () => client.invalidateQueries({ queryKey: keys.tokens }),
   });
 }

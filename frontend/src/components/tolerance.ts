@@ -110,7 +110,7 @@ export function dropMeaning(percent: number, metric: string, autoFigures?: strin
 export function toleranceText(tolerance: Tolerance, autoFigures?: string[] | null): string {
   if (tolerance.metric === 'sqnr') return `SQNR at least ${tolerance.min_value ?? 30} dB`;
   const fraction = tolerance.max_drop ?? 0.01;
-  const figures = figuresOf(tolerance.metric, autoFigures);
+  const figures = figuresOf(tolerance.metric ?? 'auto', autoFigures);
   const scales = new Set(figures.map((figure) => FIGURES[figure]?.scale ?? 'points'));
   const only = scales.size === 1 ? [...scales][0] : null;
   if (tolerance.metric !== 'auto' && only !== 'points') {

@@ -1,10 +1,11 @@
+import { partial } from '../test/partial';
 import { describe, expect, it } from 'vitest';
 import type { Dataset } from '../api/types';
 import { classSummary, recipeText, sameFilesWarning } from './DatasetsPage';
 
-const dataset = (id: number, kind: Dataset['kind'], name: string): Dataset => ({
+const dataset = (id: number, kind: Dataset['kind'], name: string): Dataset => (partial<Dataset>({
   id, name, kind, samples: 40, arrays: {}, has_labels: true, sha256: 'npz', source_sha256: 'zip', size_bytes: 1, created_at: '2026-01-01T00:00:00Z',
-});
+}));
 
 describe('the dataset preview', () => {
   it('names every class with its count', () => {

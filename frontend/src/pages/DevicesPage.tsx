@@ -10,7 +10,7 @@ import {
   useRevokeAgent,
   useRevokeRegistrationToken,
 } from '../api/hooks';
-import type { Agent, AgentSetup, RegistrationToken } from '../api/types';
+import type { Agent, AgentSetup, RegistrationTokenCreated } from '../api/types';
 import { CopyButton, EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { InlineForm, SelectField, TextField } from '../components/FormFields';
@@ -319,7 +319,7 @@ function RegistrationTokens() {
   const revoke = useRevokeRegistrationToken();
   const [name, setName] = useState('');
   const [expiresInDays, setExpiresInDays] = useState('');
-  const [created, setCreated] = useState<RegistrationToken | null>(null);
+  const [created, setCreated] = useState<RegistrationTokenCreated | null>(null);
   const [knownIds, setKnownIds] = useState<Set<number>>(new Set());
   const agents = useAgents();
   const list = rows(tokens.data);

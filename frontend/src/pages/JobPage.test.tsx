@@ -1,12 +1,13 @@
+import { partial } from '../test/partial';
 import { render, screen } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Job, JobVariant } from '../api/types';
 import { durationText, precisionText, runsOn, SearchBudgetLine, VariantList, WaitingLine } from './JobPage';
 
 function job(budget: Job['budget']): Job {
-  return { id: 1, status: 'running', stage: 'devices', progress: 0.5, error: null, model_version: 1, model: { id: 1, name: 'm' },
+  return partial<Job>({ id: 1, status: 'running', stage: 'devices', progress: 0.5, error: '', model_version: 1, model: { id: 1, name: 'm' },
     precisions: ['auto'], targets: [], tolerance: { metric: 'auto', max_drop: 0.01 }, calibration_dataset: null, validation_dataset: null,
-    created_at: '2026-01-01T00:00:00Z', finished_at: null, budget } as Job;
+    created_at: '2026-01-01T00:00:00Z', finished_at: null, budget });
 }
 
 describe('SearchBudgetLine', () => {
@@ -53,7 +54,7 @@ describe('WaitingLine', () => {
 });
 
 function variant(patch: Partial<JobVariant>): JobVariant {
-  return { id: 1, key: 'fp32', precision: 'fp32', backends: [], recipe: {}, status: 'ready', error: null, size_bytes: null, sha256: null, ...patch };
+  return partial<JobVariant>({ id: 1, key: 'fp32', precision: 'fp32', backends: [], recipe: {}, status: 'ready', error: '', size_bytes: null, sha256: null, ...patch });
 }
 
 describe('the Variants table', () => {

@@ -1,11 +1,12 @@
+import { partial } from '../test/partial';
 import { screen, waitFor } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import type { ModelVersion } from '../api/types';
+import type { ModelEstimate, ModelVersion } from '../api/types';
 import { json, meResponse, renderWithClient } from '../test/render';
 import { OutputKinds } from './ModelDetailPage';
 
-const version: ModelVersion = {
+const version = partial<ModelVersion>({
   id: 11,
   number: 2,
   sha256: 'abc',
@@ -25,7 +26,7 @@ const version: ModelVersion = {
   },
   created_at: '2026-01-01T00:00:00Z',
   download_url: '/api/v1/models/1/versions/2/download/',
-};
+});
 
 describe('OutputKinds', () => {
   const fetchMock = vi.fn<typeof fetch>();
@@ -77,27 +78,27 @@ describe('OutputKinds', () => {
 describe('estimate beside the measurement', () => {
   it('puts the measured p50 first and says how far off the estimate was', async () => {
     const { estimateRows } = await import('./ModelDetailPage');
-    const rows = estimateRows({
+    const rows = estimateRows(partial<ModelEstimate>({
       model_version: 1,
       devices: [
         { agent: { id: 1, name: 'pi5' }, device: 'pi5|arm', backend: 'onnxruntime', p50_ms: 90, coverage: 0.3, models: 1 },
         { agent: { id: 2, name: 'orin' }, device: 'orin|arm', backend: 'onnxruntime', p50_ms: 4720, coverage: 0.9, models: 2 },
       ],
       measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }],
-    });
+    }));
     expect(rows.map((row) => [row.device, row.measuredMs])).toEqual([['orin', 40], ['pi5', null]]);
     expect(rows[0].ratio).toBeCloseTo(118);
   });
 
   it('shows a measurement even where there is nothing to estimate from', async () => {
     const { estimateRows } = await import('./ModelDetailPage');
-    const rows = estimateRows({ model_version: 1, devices: [], measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }, { agent_name: 'orin', backend: 'onnxruntime', p50_ms: 41, job_id: 4 }] });
+    const rows = estimateRows(partial<ModelEstimate>({ model_version: 1, devices: [], measured: [{ agent_name: 'orin', backend: 'onnxruntime', p50_ms: 40, job_id: 5 }, { agent_name: 'orin', backend: 'onnxruntime', p50_ms: 41, job_id: 4 }] }));
     expect(rows.map((row) => [row.device, row.measuredMs, row.estimateMs])).toEqual([['orin', 40, null]]);
   });
 
   it("gives a new kind of model's estimate a range from the device's own record", async () => {
     const { estimateRows, uncertaintyNote } = await import('./ModelDetailPage');
-    const [checked, prior] = estimateRows({
+    const [checked, prior] = estimateRows(partial<ModelEstimate>({
       model_version: 1,
       devices: [
         { agent: { id: 1, name: 'box' }, device: 'box|x86', backend: 'onnxruntime', p50_ms: 12, low_ms: 8, high_ms: 18, factor: 1.5, checked_models: 3,
@@ -106,7 +107,7 @@ describe('estimate beside the measurement', () => {
           coverage: 1, models: 1 },
       ],
       measured: [],
-    });
+    }));
     expect([checked.lowMs, checked.highMs]).toEqual([8, 18]);
     expect(uncertaintyNote(checked)).toBe(
       'within 1.5x either way: the worst miss when each of the 3 models measured here was predicted from the others; most of its operator types never ran on this device (a new kind of model)');

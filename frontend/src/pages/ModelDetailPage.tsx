@@ -5,7 +5,7 @@ import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
 import { IdenticalNotice } from './ModelsPage';
 import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
-import { OUTPUT_KINDS, type ModelEstimate, type ModelVersion, type TensorSpec } from '../api/types';
+import { OUTPUT_KINDS, type ModelEstimate, type ModelVersion, type ModelVersionCreated, type OutputKind, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { OperatorSupportTable } from '../components/OperatorSupport';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -109,7 +109,7 @@ export function OutputKinds({ modelId, version }: { modelId: number; version: Mo
                     </button>
                   ) : null}
                 </td>
-                <td className="small" data-label="Judged by">{kind ? KIND_LABELS[kind]?.metric : '—'}</td>
+                <td className="small" data-label="Judged by">{kind ? KIND_LABELS[kind as OutputKind]?.metric : '—'}</td>
               </tr>
             );
           })}
@@ -494,7 +494,7 @@ export function ModelDetailPage() {
       <ModelDeployments modelId={modelId} />
       <section className="card" aria-labelledby="new-version-heading">
         <h2 id="new-version-heading">Upload a new version</h2>
-        <UploadZone<ModelVersion>
+        <UploadZone<ModelVersionCreated>
           disabled={!canWrite}
           label="ONNX model (.onnx or .zip) or PyTorch (.pt2, traced .pt)"
           accept={['.onnx', '.zip', '.pt2', '.pt']}

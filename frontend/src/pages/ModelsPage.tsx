@@ -3,7 +3,7 @@ import { useDeferredValue, useState } from 'react';
 import { Link } from 'react-router';
 import { useQueryClient } from '@tanstack/react-query';
 import { PAGE_SIZE, rows, totalCount, useModels, useCanWrite } from '../api/hooks';
-import type { IdenticalVersion, Model } from '../api/types';
+import type { IdenticalVersion, ModelCreated } from '../api/types';
 import { EmptyState, PageHeader, Pager } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { TextField } from '../components/FormFields';
@@ -57,7 +57,7 @@ export function ModelsPage() {
           onChange={(event) => setName(event.target.value)}
           data-testid="model-name-input"
         />
-        <UploadZone<Model>
+        <UploadZone<ModelCreated>
           disabled={!canWrite}
           label="ONNX model (.onnx, or .zip with external data) or PyTorch (.pt2 torch.export, traced .pt)"
           accept={['.onnx', '.zip', '.pt2', '.pt']}

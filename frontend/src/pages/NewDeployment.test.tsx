@@ -1,3 +1,4 @@
+import { partial } from '../test/partial';
 import { screen, waitFor } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
@@ -12,7 +13,7 @@ import {
 import { json, meResponse, renderRoutes } from '../test/render';
 import { NewDeploymentPage } from './NewDeploymentPage';
 
-const version: ModelVersion = {
+const version = partial<ModelVersion>({
   id: 11,
   number: 1,
   sha256: 'abc',
@@ -30,11 +31,11 @@ const version: ModelVersion = {
   output_kinds: { logits: { kind: 'class_scores', inferred: 'class_scores', reason: 'a Gemm over classes', overridden: false } },
   created_at: '2026-01-01T00:00:00Z',
   download_url: '/api/v1/models/1/versions/1/download/',
-};
+});
 const model: Model = { id: 1, name: 'digits', created_at: '2026-01-01T00:00:00Z', latest_version: version, versions: [version] };
 
 function dataset(id: number, kind: Dataset['kind'], arrays: string[], hasLabels = false): Dataset {
-  return {
+  return partial<Dataset>({
     id,
     name: `${kind}-${id}`,
     kind,
@@ -44,7 +45,7 @@ function dataset(id: number, kind: Dataset['kind'], arrays: string[], hasLabels 
     sha256: 'x',
     size_bytes: 10,
     created_at: '2026-01-01T00:00:00Z',
-  };
+  });
 }
 const calibration = dataset(2, 'calibration', ['input']);
 const validation = dataset(3, 'validation', ['input', 'labels'], true);

@@ -1,7 +1,7 @@
 /** Personal API tokens for scripts: create (shown once), list, revoke. */
 import { useState } from 'react';
 import { rows, useCreateToken, useRevokeToken, useTokens } from '../api/hooks';
-import type { ApiToken } from '../api/types';
+import type { ApiToken, ApiTokenCreated } from '../api/types';
 import { EmptyState, ErrorMessage, PageHeader, SecretReveal, StatusBadge } from '../components/common';
 import { DataTable } from '../components/DataTable';
 import { InlineForm, SelectField, TextField } from '../components/FormFields';
@@ -29,7 +29,7 @@ export function TokensPage() {
   const revoke = useRevokeToken();
   const [name, setName] = useState('');
   const [expiry, setExpiry] = useState('30');
-  const [created, setCreated] = useState<ApiToken | null>(null);
+  const [created, setCreated] = useState<ApiTokenCreated | null>(null);
   const list = rows(tokens.data);
 
   const submit = () => {

@@ -1,3 +1,4 @@
+import { partial } from '../test/partial';
 import { describe, expect, it } from 'vitest';
 import type { Dataset, ModelVersion } from '../api/types';
 import { datasetCompatibility, mismatchMessage, splitByCompatibility } from './datasetCompatibility';
@@ -7,7 +8,7 @@ const version = {
 } as unknown as ModelVersion;
 
 function dataset(id: number, name: string, arrays: Dataset['arrays'], samples = 100): Dataset {
-  return { id, name, kind: 'validation', samples, arrays, has_labels: false, sha256: '', size_bytes: 0, created_at: '' };
+  return partial<Dataset>({ id, name, kind: 'validation', samples, arrays, has_labels: false, sha256: '', size_bytes: 0, created_at: '' });
 }
 
 const digits = dataset(1, 'digits', { input: { dtype: 'float32', shape: [100, 1, 8, 8] } });

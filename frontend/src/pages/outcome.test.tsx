@@ -1,11 +1,12 @@
+import { partial } from '../test/partial';
 import { describe, expect, it } from 'vitest';
 import type { JobOutcome } from '../api/types';
 import { speedupCell } from './outcome';
 
-const base: JobOutcome = {
+const base = partial<JobOutcome>({
   device: 'box', agent: 1, recommended: 'int8 · int8-mse on onnxruntime', speedup: 2.41, comparison: 'faster', speedup_text: '2.41x faster',
   beyond_noise: true, tie: false, accuracy: null, verdict: null,
-};
+});
 
 describe('speed-up cell of the deployments list', () => {
   it('shows the decision\'s own words, in the interval language', () => {

@@ -1,14 +1,15 @@
+import { partial } from '../test/partial';
 import { describe, expect, it } from 'vitest';
 import type { Measurement } from '../api/types';
 import { buyingModel, compareJobs, devicesWithoutAPass, fastestPerDevice, jobsIn, jobsLike, p50ByToolchain } from './performance';
 
 function row(job: number, agent: string, p50: number, extra: Partial<Measurement> = {}): Measurement {
-  return {
+  return partial<Measurement>({
     id: job * 100 + p50, job, model: { id: 1, name: 'digits', version: 1 }, model_sha256: 'a', variant_key: 'fp32', precision: 'fp32',
     backend: 'onnxruntime', backend_version: '1.32', agent: { id: 1, name: agent }, device_key: `${agent}|cpu`, agent_version: '0.1',
     latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0.01 }, p50_ms: p50, std_ms: 0.01, peak_memory_mb: null, accuracy: {}, regression: null,
     measured_at: '2026-01-01T00:00:00Z', ...extra,
-  };
+  });
 }
 
 const PASS = { accuracy: { metric: 'top1_agreement', value: 0.999, within_tolerance: true } } as Partial<Measurement>;

@@ -19,6 +19,8 @@ from pathlib import Path
 from django.conf import settings
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 
+from .serializers import DownloadsSerializer, document
+
 # A wheel of one of the installables a device or a laptop needs; nothing else in the folder is ever served.
 WHEEL_NAME = re.compile(r"^kiln_(contract|agent|client)-[0-9][0-9A-Za-z.+!]*-py3-none-any\.whl$")
 BUILD_HINT = "No agent or client wheel is built on this server: run `make wheels` (the Docker image builds them)."
@@ -81,6 +83,9 @@ def downloads_json(request):
         "install": install_commands(rows, base),
         "hint": None if rows else BUILD_HINT,
     })
+
+
+document(downloads_json, "get", DownloadsSerializer, "The agent's and the client's wheels, with their install commands; no sign-in.")
 
 
 def downloads_index(request):

@@ -10,6 +10,7 @@ from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from .errors import json_error, upload_too_large
+from .serializers import HealthSerializer, document
 
 
 def health(request):
@@ -17,6 +18,9 @@ def health(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok", "database": connection.vendor, "broker": settings.CELERY_BROKER_URL.split("://")[0]})
+
+
+document(health, "get", HealthSerializer, "Liveness with a database round-trip; no sign-in.")
 
 
 @ensure_csrf_cookie

@@ -69,6 +69,8 @@ def _windows(raw) -> list[dict]:
 
 
 SIDE_BY_SIDE, FIRST_PASS = "side by side", "first pass"
+# Which measurement set a row's figures come from.
+MEASUREMENT_SETS = (SIDE_BY_SIDE, FIRST_PASS)
 
 
 def _rounds(metrics: dict) -> list[float]:
@@ -183,8 +185,8 @@ def _entry_or_error(task: DeviceTask, tolerance: dict, retime_windows: list[dict
             "compile": variant.options.get("compile") or {}, "round": variant.round,
             "status": task.status, "error": f"The agent's result for this variant cannot be read: {exc}",
             "agent": {"id": task.leased_by_id, "name": task.leased_by.name} if task.leased_by else None,
-            "latency_ms": None, "accuracy": {"value": None, "within_tolerance": False}, "profile": {},
-            "artifact": None, "variant_artifact": None,
+            "latency_ms": None, "throughput_per_s": None, "load_ms": None, "peak_memory_mb": None, "size_bytes": None,
+            "accuracy": {"value": None, "within_tolerance": False}, "profile": {}, "artifact": None, "variant_artifact": None,
         }
 
 
@@ -270,27 +272,33 @@ def _agent_json(agent) -> dict | None:
     return {"id": agent.id, "name": agent.name, "capabilities": agent.capabilities, "labels": agent.labels}
 
 
+def _empty_decision() -> dict:
+    """Every key of a decision, with nothing in it (workers/scoring.py `decide` of no entries): what a decision stored before
+    some of its keys existed is completed with, so that the API's Decision always has them all."""
+    return {**decide([], {}), "text": "", "noise": {"text": ""}}
+
+
 def stored_decision(details: dict | None) -> dict | None:
     """The decision a report stored; a report stored before decisions existed has its verdict, why-not rows and notes instead."""
     details = details or {}
     if details.get("decision"):
-        return details["decision"]
+        return {**_empty_decision(), **details["decision"]}
     verdict = details.get("verdict")
     if not verdict:
         return None
     notes = " ".join(note.get("text", "") for note in details.get("unstable") or [])
-    return {**verdict, "alternatives": details.get("alternatives") or [], "noise": {"text": notes}, "measurement": None}
+    empty = _empty_decision()
+    decision = {**empty, **verdict, "alternatives": details.get("alternatives") or [], "noise": {"text": notes}, "measurement": None}
+    return {key: decision[key] for key in empty}
 
 
 def device_json(*, agent, target: str, variants: list, recommended, reason: str, final: bool, package=None, estimate=None,
                 details: dict | None = None) -> dict:
-    """One device's part of the report; `details` holds its decision (workers/scoring.py `decide`), which every view renders."""
-    decision = stored_decision(details)
+    """One device's part of the report; `details` holds its decision (workers/scoring.py `decide`), which every view renders.
+    The decision is told once, under `decision` (its alternatives, noise and side-by-side measurement inside it)."""
     return {
         "agent": _agent_json(agent), "target": target, "variants": variants, "recommended": recommended, "reason": reason, "final": final,
-        # `verdict` is the decision under its earlier name, for scripts written against it.
-        "decision": decision, "verdict": decision, "alternatives": (decision or {}).get("alternatives") or [],
-        "noise": (decision or {}).get("noise"), "measurement": (decision or {}).get("measurement"),
+        "decision": stored_decision(details),
         "fp32_noise": fp32_noise(variants),
         "package": {"id": package.id, "name": package.name, "sha256": package.blob.sha256,
                     "download_url": reverse("artifact-download", args=[package.id])} if package else None,

@@ -477,7 +477,7 @@ def test_finalists_are_re_timed_by_the_agent_that_measured_them_and_the_report_p
     chosen = next(v for v in device["variants"] if v["id"] == device["recommended"])
     assert chosen["key"] == "int8-dynamic" and not device["decision"]["tie"]
     assert device["decision"]["speedup"]["source"] == "interleaved re-timing" and device["decision"]["speedup"]["low"] > 1.0
-    assert device["measurement"]["rounds"] == 9
+    assert device["decision"]["measurement"]["rounds"] == 9
 
 
 def test_a_re_timing_result_that_is_unpaired_or_names_other_tasks_changes_nothing(tenant, waiting_job):

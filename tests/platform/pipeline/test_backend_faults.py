@@ -56,7 +56,7 @@ def run_every_task(client: AgentClient, runner: TaskRunner) -> dict[str, str]:
 
 
 def failed_row(device: dict, backend: str) -> dict:
-    return next(row for row in device["alternatives"] if row["outcome"] == "failed" and row["label"].endswith(f"on {backend}"))
+    return next(row for row in device["decision"]["alternatives"] if row["outcome"] == "failed" and row["label"].endswith(f"on {backend}"))
 
 
 def deploy_loop_decoder(tenant, tmp_path, capture) -> int:
@@ -100,7 +100,7 @@ def test_a_model_openvino_cannot_read_is_built_for_onnx_runtime_only_and_why_not
 
     assert run_every_task(client, runner) == {"fp32 on onnxruntime": "succeeded"}
     device = finished_report(tenant, job_id)
-    row = next(row for row in device["alternatives"] if row["outcome"] == "refused")
+    row = next(row for row in device["decision"]["alternatives"] if row["outcome"] == "refused")
     assert row["label"].endswith("on openvino")
     assert row["why"].startswith("never reached the device: the backend cannot read this model: OpenVINO 2026.4")
     assert "cannot read the model (inside Loop 'decoder')" in row["why"]

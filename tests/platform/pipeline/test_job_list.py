@@ -44,7 +44,7 @@ def jobs(tenant, tmp_path):
         job = DeploymentJob.objects.create(organization=tenant.organization, created_by=tenant.user, model_version=model.versions.first(),
                                            precisions=precisions, status=JobStatus.SUCCEEDED, stage="report", targets=["onnxruntime"],
                                            search={"budget_minutes": 5, "started_at": 1.0, "stopped": "budget"} if number == 0 else {},
-                                           evaluation={"plan": list(range(50))}, stages=[{"name": "validate"}])
+                                           evaluation={"plan": list(range(50))}, stages=[{"name": "validate", "status": "done", "started_at": None, "finished_at": None, "message": ""}])
         Report.objects.create(organization=tenant.organization, job=job, target="onnxruntime", agent=agents[number % 2], data=verdict("int8", 2.0))
         Report.objects.create(organization=tenant.organization, job=job, target="tensorrt", reason="no device measured it", data={"variants": []})
         created.append(job)

@@ -1,15 +1,16 @@
+import { partial } from '../../test/partial';
 import { describe, expect, it } from 'vitest';
 import type { Report, ReportVariant } from '../../api/types';
 import { toCsv } from '../../components/csv';
 import { compareReports, sharedGround } from './compare';
 
 function variant(id: number, key: string, p50: number): ReportVariant {
-  return { id, key, precision: key, backend: 'onnxruntime', recipe: null, latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0 },
-    throughput_per_s: null, peak_memory_mb: null, size_bytes: null, accuracy: { metric: 'cosine', value: 1, drop: 0, within_tolerance: true }, artifact: null, pareto: true } as ReportVariant;
+  return partial<ReportVariant>({ id, key, precision: key, backend: 'onnxruntime', recipe: {}, latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0 },
+    throughput_per_s: null, peak_memory_mb: null, size_bytes: null, accuracy: { metric: 'cosine', value: 1, drop: 0, within_tolerance: true }, artifact: null, pareto: true });
 }
 
 function report(job: number, device: string, variants: ReportVariant[], recommended: number): Report {
-  return { job, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [{ agent: { id: 1, name: device }, variants, recommended, reason: '' }] } as Report;
+  return partial<Report>({ job, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [{ agent: { id: 1, name: device }, variants, recommended, reason: '' }] });
 }
 
 describe('compareReports', () => {

@@ -1,3 +1,4 @@
+import { partial } from '../../test/partial';
 import { render, screen, within } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 
@@ -13,9 +14,9 @@ function steps(cosines: number[], errors: number[]): PerStepRow[] {
 }
 
 function variant(id: number, precision: string, perStep: PerStepRow[] | undefined): ReportVariant {
-  return { id, key: precision, backend: 'onnxruntime', precision, recipe: null, latency_ms: null, throughput_per_s: null,
+  return partial<ReportVariant>({ id, key: precision, backend: 'onnxruntime', precision, recipe: {}, latency_ms: null, throughput_per_s: null,
     peak_memory_mb: null, size_bytes: null, artifact: null, pareto: false,
-    accuracy: { metric: 'cosine', value: 0.99, drop: 0.01, within_tolerance: true, ...(perStep ? { per_step: perStep } : {}) } } as ReportVariant;
+    accuracy: { metric: 'cosine', value: 0.99, drop: 0.01, within_tolerance: true, ...(perStep ? { per_step: perStep } : {}) } });
 }
 
 describe('PerStepAccuracy', () => {

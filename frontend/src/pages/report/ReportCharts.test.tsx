@@ -71,7 +71,7 @@ describe('latency-accuracy scatter on a real agent report', () => {
 
   it('says how many variants are not plotted instead of labelling a point that has no accuracy', async () => {
     const { LatencyAccuracyScatter } = await charts();
-    const unmeasured = { ...device.variants[1], id: 99, accuracy: null } as ReportVariant;
+    const unmeasured: ReportVariant = { ...device.variants[1], id: 99, accuracy: { value: null, within_tolerance: false } };
     render(<LatencyAccuracyScatter device={{ ...device, variants: [...device.variants, unmeasured] } as ReportDevice} tolerance={report.tolerance} />);
     expect(screen.getByTestId('scatter-caption')).toHaveTextContent('1 variant has no latency or accuracy and is not plotted.');
     expect(await screen.findAllByTestId('point-label')).toHaveLength(2);

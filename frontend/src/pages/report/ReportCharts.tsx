@@ -36,7 +36,7 @@ export const LOWER_IS_BETTER = ['relative_l2', 'cer'];
 const UNBOUNDED = ['sqnr', 'sqnr_db'];
 
 function verdictMetric(device: ReportDevice, tolerance: Tolerance): string {
-  return device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric;
+  return device.variants.find((variant) => variant.accuracy?.metric)?.accuracy?.metric ?? tolerance.metric ?? 'auto';
 }
 
 /** FP32's own value of the metric, which the tolerance is read against. */

@@ -1,3 +1,4 @@
+import { partial } from '../../test/partial';
 import { render, screen, within } from '@testing-library/react';
 import { describe, expect, it } from 'vitest';
 import type { Report } from '../../api/types';
@@ -5,7 +6,7 @@ import { toleranceText } from '../../components/tolerance';
 import { Fp32Noise, OutputsJudged, Recommendation, SearchSummary } from './ReportPage';
 
 function report(rounds: number, excluded: string[]): Report {
-  return {
+  return partial<Report>({
     job: 1,
     status: 'succeeded',
     tolerance: { metric: 'cosine', max_drop: 0.001 },
@@ -24,12 +25,13 @@ function report(rounds: number, excluded: string[]): Report {
         variants: [
           {
             id: 7, key: 'int8-mse-keep1', round: 2, options: { nodes_to_exclude: excluded }, backend: 'onnxruntime', precision: 'int8',
-            recipe: null, latency_ms: null, throughput_per_s: null, peak_memory_mb: null, size_bytes: null, accuracy: null, artifact: null, pareto: true,
+            recipe: {}, latency_ms: null, throughput_per_s: null, peak_memory_mb: null, size_bytes: null,
+            accuracy: { value: null, within_tolerance: false }, artifact: null, pareto: true,
           },
         ],
       },
     ],
-  };
+  });
 }
 
 describe('SearchSummary', () => {
@@ -43,13 +45,13 @@ describe('SearchSummary', () => {
   });
 
   it('renders nothing for a plain job without a search', () => {
-    const plain = { ...report(1, []), search: { auto: false, rounds: 1, sensitivity: [] } };
+    const plain = partial<Report>({ ...report(1, []), search: { auto: false, rounds: 1, sensitivity: [] } });
     const { container } = render(<SearchSummary report={plain} />);
     expect(container).toBeEmptyDOMElement();
   });
 
   it('is filled for an auto search without ranked layers: the rounds, what each tried, why families were dropped, why no ranking', () => {
-    const auto: Report = {
+    const auto = partial<Report>({
       ...report(4, []),
       search: {
         auto: true, rounds: 4, sensitivity: [], budget_minutes: 30, stopped: null,
@@ -62,7 +64,7 @@ describe('SearchSummary', () => {
         ],
         notes: { 'agent:1': ['INT8 does not pay on this device: 0.89x the best FP32 (onnxruntime), within noise or slower; not calibrated further'] },
       },
-    };
+    });
     render(<SearchSummary report={auto} />);
     expect(screen.getByText(/4 rounds of candidates/)).toBeInTheDocument();
     const rounds = within(screen.getByTestId('search-rounds')).getAllByRole('listitem');
@@ -102,8 +104,8 @@ describe('accuracy context', () => {
           device={{
             ...base.devices[0],
             fp32_noise: [
-              { backend: 'onnxruntime', metric: 'mask_iou', output: 'maps', value: 1, drop: 0 },
-              { backend: 'openvino', metric: 'mask_iou', output: 'maps', value: 0.9996, drop: 0.0004 },
+              { backend: 'onnxruntime', metric: 'mask_iou', output: 'maps', value: 1, drop: 0, sqnr_db: null, within_tolerance: true },
+              { backend: 'openvino', metric: 'mask_iou', output: 'maps', value: 0.9996, drop: 0.0004, sqnr_db: null, within_tolerance: true },
             ],
           }}
         />

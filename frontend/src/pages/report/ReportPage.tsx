@@ -74,7 +74,7 @@ export function Recommendation({ device, onRemeasure }: { device: ReportDevice; 
 
 /** The device's timing noise, told once: unstable first passes, windows re-taken while the device was busy, what the decision rests on. */
 export function NoiseNote({ device, onRemeasure }: { device: ReportDevice; onRemeasure?: () => void }) {
-  const noise = decisionOf(device)?.noise ?? device.noise;
+  const noise = decisionOf(device)?.noise;
   if (!noise?.text) return null;
   const warn = (noise.busy ?? 0) > 0 || ((noise.unstable ?? 0) > 0 && !decisionOf(device)?.measurement);
   return (
@@ -94,7 +94,7 @@ export function NoiseNote({ device, onRemeasure }: { device: ReportDevice; onRem
 
 /** The finalists timed side by side: the rounds, why they stopped, and each finalist's per-round ratio against the recommended. */
 export function SideBySide({ device }: { device: ReportDevice }) {
-  const measurement = decisionOf(device)?.measurement ?? device.measurement;
+  const measurement = decisionOf(device)?.measurement;
   if (!measurement || measurement.finalists.length === 0) return null;
   return (
     <details className="side-by-side" data-testid="side-by-side">
@@ -134,7 +134,7 @@ export function SideBySide({ device }: { device: ReportDevice }) {
 
 /** Why not the others: one row per precision family (its best showing) and one per failed build or task, each with why. */
 export function WhyNotTable({ device }: { device: ReportDevice }) {
-  const rows = decisionOf(device)?.alternatives ?? device.alternatives ?? [];
+  const rows = decisionOf(device)?.alternatives ?? [];
   if (rows.length === 0) return null;
   return (
     <div className="table-wrap why-not">

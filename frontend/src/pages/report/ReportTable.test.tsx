@@ -1,3 +1,4 @@
+import { partial } from '../../test/partial';
 import { render, screen, within } from '@testing-library/react';
 import userEvent from '@testing-library/user-event';
 import { describe, expect, it } from 'vitest';
@@ -5,19 +6,19 @@ import type { ReportVariant } from '../../api/types';
 import { accuracyErrors, ReportTable, sortVariants } from './ReportTable';
 
 function variant(id: number, precision: string, p50: number | null, value: number | null, within = true): ReportVariant {
-  return {
+  return partial<ReportVariant>({
     id,
     backend: 'onnxruntime',
     precision,
-    recipe: null,
+    recipe: {},
     latency_ms: p50 === null ? null : { p50, p90: p50 * 1.1, p99: p50 * 1.3, mean: p50, std: 0.01 },
     throughput_per_s: p50 ? 1000 / p50 : null,
     peak_memory_mb: 20,
     size_bytes: 1000 * id,
-    accuracy: value === null ? null : { metric: 'accuracy', value, drop: 0.97 - value, within_tolerance: within },
+    accuracy: value === null ? { value: null, within_tolerance: false } : { metric: 'accuracy', value, drop: 0.97 - value, within_tolerance: within },
     artifact: { id: 100 + id, sha256: 'x', download_url: `/api/v1/artifacts/${100 + id}/download/` },
     pareto: false,
-  };
+  });
 }
 
 const variants = [
@@ -75,11 +76,11 @@ describe('ReportTable', () => {
   });
 
   it('labels a re-timed row as side by side and shows its first pass apart', () => {
-    const retimed: ReportVariant = {
+    const retimed = partial<ReportVariant>({
       ...variant(2, 'int8', 0.8, 0.965), measurement_set: 'side by side', peak_memory_mb: null,
       timing: { source: 'side by side', interleaved_medians_ms: [0.8, 0.81, 0.79] },
       first_pass: { latency_ms: { p50: 1.25, p90: 1.3, p99: 1.4, mean: 1.25, std: 0.01 }, peak_memory_mb: 20 },
-    };
+    });
     render(<ReportTable variants={[variant(1, 'fp32', 2.0, 0.97), retimed]} recommended={2} deviceName="box" />);
     const row = screen.getByTestId('recommended-row');
     expect(within(row).getByTestId('side-by-side-mark')).toHaveTextContent('side by side · first pass 1.25 ms');

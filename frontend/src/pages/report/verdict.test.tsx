@@ -1,6 +1,7 @@
+import { partial } from '../../test/partial';
 import { fireEvent, render, screen, within } from '@testing-library/react';
 import { describe, expect, it, vi } from 'vitest';
-import type { Decision, ReportDevice, ReportVariant } from '../../api/types';
+import type { Decision, Report, ReportDevice, ReportVariant } from '../../api/types';
 import { ResultSummary } from '../JobPage';
 import { Recommendation } from './ReportPage';
 import { decisionOf, headline, tieBadge } from './verdict';
@@ -8,13 +9,13 @@ import { MemoryRouter } from 'react-router';
 
 function variant(id: number, precision: string, p50: number): ReportVariant {
   return {
-    id, key: precision, label: `${precision} on onnxruntime`, backend: 'onnxruntime', precision, recipe: null,
+    id, key: precision, label: `${precision} on onnxruntime`, backend: 'onnxruntime', precision, recipe: {},
     latency_ms: { p50, p90: p50, p99: p50, mean: p50, std: 0 }, throughput_per_s: null, peak_memory_mb: null, size_bytes: null,
-    accuracy: null, artifact: null, pareto: true,
+    accuracy: { value: null, within_tolerance: false }, artifact: null, pareto: true,
   } as ReportVariant;
 }
 
-const steady: Decision = {
+const steady = partial<Decision>({
   variant: 2, label: 'int8 · int8-mse on onnxruntime', tie: false, tied_with: [], comparison: 'faster',
   text: 'Use int8 · int8-mse on onnxruntime: 2.41x faster than FP32 on onnxruntime (2.30x to 2.50x, 12 paired rounds); costs 0.0031 top1_agreement (0.9969).',
   speed: 'a server-chosen speed clause, shown as it is', short: '2.41x faster', cost: 'a server-chosen cost clause',
@@ -35,19 +36,19 @@ const steady: Decision = {
     { family: 'int8', variants: 1, variant: null, build: 40, label: 'int8 · int8-entropy on onnxruntime', p50_ms: null, drop: null, metric: null,
       outcome: 'build failed', why: 'never reached the device: the build ran out of memory: the int8 build used more than the build memory budget of 4096 MB' },
   ],
-};
+});
 
-const tie: Decision = {
+const tie = partial<Decision>({
   ...steady, variant: 1, label: 'fp32 on onnxruntime', tie: true, comparison: null, speedup: null, speed: 'it is the FP32 reference', short: 'FP32 itself',
   text: 'Use fp32 on onnxruntime: it is the FP32 reference; int4 weights · int4-rtn on onnxruntime measured 1.10x faster (0.97x to 1.24x), a tie, and fp32 on onnxruntime is recommended because it is more accurate (top1_agreement drop 0 against 0.001); no accuracy cost (top1_agreement 1).',
   tied_with: [{ variant: 2, label: 'int4 weights · int4-rtn on onnxruntime', ratio: 1.0952, low: 0.971, high: 1.235, source: 'benchmark windows', comparison: 'tie', beyond_noise: false }],
-};
+});
 
 function device(decision: Decision, extra: Partial<ReportDevice> = {}): ReportDevice {
-  return {
-    agent: { id: 1, name: 'box' }, recommended: decision.variant, reason: decision.text, final: true, decision, verdict: decision,
+  return partial<ReportDevice>({
+    agent: { id: 1, name: 'box' }, recommended: decision.variant, reason: decision.text, final: true, decision,
     variants: [variant(1, 'fp32', 0.98), variant(2, 'int8', 0.41)], ...extra,
-  };
+  });
 }
 
 describe('the decision, rendered', () => {
@@ -94,10 +95,10 @@ describe('the decision, rendered', () => {
   });
 
   it('prints a side-by-side ratio as the server wrote it, with the digits that decide it', () => {
-    const close: Decision = { ...steady, measurement: { ...steady.measurement!, finalists: [steady.measurement!.finalists[0], {
+    const close = partial<Decision>({ ...steady, measurement: { ...steady.measurement!, finalists: [steady.measurement!.finalists[0], {
       ...steady.measurement!.finalists[1],
       against_recommended: { ratio: 1.0256, low: 1.0019, high: 1.0498, source: 'interleaved re-timing', comparison: 'faster', beyond_noise: true,
-        per_round: [1.02, 1.03], ratio_text: '1.03x', interval_text: '1.002x to 1.05x' } }] } };
+        per_round: [1.02, 1.03], ratio_text: '1.03x', interval_text: '1.002x to 1.05x' } }] } });
     render(<Recommendation device={device(close)} />);
     expect(within(screen.getAllByTestId('side-by-side-row')[1]).getByText('1.03x (1.002x to 1.05x): faster')).toBeInTheDocument();
   });
@@ -108,18 +109,17 @@ describe('the decision, rendered', () => {
   });
 
   it('the job page\'s Result card renders the same decision', () => {
-    render(<MemoryRouter><ResultSummary report={{ job: 1, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [device(steady)] }} jobId={1} /></MemoryRouter>);
+    render(<MemoryRouter><ResultSummary report={partial<Report>({ job: 1, status: 'succeeded', tolerance: { metric: 'auto', max_drop: 0.01 }, devices: [device(steady)] })} jobId={1} /></MemoryRouter>);
     expect(screen.getByTestId('result-device')).toHaveTextContent('int8 · int8-mse on onnxruntime');
     expect(screen.getByTestId('result-speedup')).toHaveTextContent(steady.speed as string);
     expect(screen.getByTestId('result-device')).toHaveTextContent(steady.text);
   });
 
-  it('reads reports stored before decisions: the verdict under its old name, else the reason', () => {
-    const legacy = { ...device(steady), decision: undefined };
-    expect(decisionOf(legacy)).toBe(steady);
-    render(<Recommendation device={{ ...device(steady), decision: null, verdict: null, reason: 'Fastest variant within tolerance.' }} />);
+  it('reads the decision under its one name; without one, the reason', () => {
+    expect(decisionOf(device(steady))).toBe(steady);
+    render(<Recommendation device={{ ...device(steady), decision: null, reason: 'Fastest variant within tolerance.' }} />);
     expect(screen.getByTestId('verdict')).toHaveTextContent('Fastest variant within tolerance.');
     expect(screen.queryByTestId('why-not')).not.toBeInTheDocument();
-    expect(headline({ ...device(steady), decision: null, verdict: null, reason: null })).toBe('');
+    expect(headline({ ...device(steady), decision: null, reason: '' })).toBe('');
   });
 });

@@ -4,9 +4,9 @@
  */
 import type { Decision, LatencyRatio, ReportDevice } from '../../api/types';
 
-/** The device's decision (`verdict` in reports stored before decisions had their own name). */
+/** The device's decision: its one name on the wire (the server fills in a report stored before decisions). */
 export function decisionOf(device: ReportDevice): Decision | null {
-  return device.decision ?? device.verdict ?? null;
+  return device.decision ?? null;
 }
 
 /** The verdict's one line; the device's reason when the server sent no decision. */

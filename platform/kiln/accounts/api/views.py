@@ -22,12 +22,15 @@ from ..models import ApiToken
 from ..permissions import SESSION_ORGANIZATION_KEY, IsOrganizationOwner, resolve_membership
 from ..selectors import api_tokens_of, members_of, membership_get, membership_in, memberships_of
 from .serializers import (
+    ApiTokenCreatedSerializer,
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
+    CsrfSerializer,
     LoginSerializer,
     MembershipCreateSerializer,
     MembershipRoleSerializer,
     MembershipSerializer,
+    MeSerializer,
     OrganizationChoiceSerializer,
     SignupSerializer,
 )
@@ -52,7 +55,7 @@ class CsrfView(APIView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: CsrfSerializer})
     def get(self, request):
         return Response({"csrf_token": get_token(request)})
 
@@ -76,7 +79,7 @@ class CsrfRequired:
 class LoginView(CsrfRequired, CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(request=LoginSerializer, responses={200: dict})
+    @extend_schema(request=LoginSerializer, responses={200: MeSerializer})
     def post(self, request):
         data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -99,7 +102,7 @@ class LogoutView(APIView):
 class SignupView(CsrfRequired, CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(request=SignupSerializer, responses={201: dict})
+    @extend_schema(request=SignupSerializer, responses={201: MeSerializer})
     def post(self, request):
         if not settings.ALLOW_SIGNUP:
             raise KilnError("Sign-up is disabled on this server; ask an administrator.", code="signup_disabled", status_code=403)
@@ -117,7 +120,7 @@ class SignupView(CsrfRequired, CredentialsThrottled, APIView):
 class MeView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: MeSerializer})
     def get(self, request):
         return Response(me_json(request))
 
@@ -125,7 +128,7 @@ class MeView(APIView):
 class OrganizationSwitchView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(request=OrganizationChoiceSerializer, responses={200: dict})
+    @extend_schema(request=OrganizationChoiceSerializer, responses={200: MeSerializer})
     def post(self, request):
         data = OrganizationChoiceSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -143,7 +146,7 @@ class ApiTokenListView(APIView):
         tokens = api_tokens_of(user=request.user, organization=request.organization)
         return Response(ApiTokenSerializer(tokens, many=True).data)
 
-    @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenSerializer})
+    @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer})
     def post(self, request):
         data = ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)

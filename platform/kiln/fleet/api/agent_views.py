@@ -33,12 +33,19 @@ from ..intervals import agent_intervals, interval_headers
 from ..selectors import agent_from_secret_cached
 from .agent_bodies import body_validate, read_raw_body
 from .serializers import (
+    ArtifactStoredSerializer,
+    ArtifactUploadPlanAnswerSerializer,
     ArtifactUploadPlanSerializer,
     ArtifactUploadSerializer,
+    HeartbeatAnswerSerializer,
     HeartbeatSerializer,
+    LeasedTaskSerializer,
     LeaseSerializer,
+    ProgressAnswerSerializer,
     ProgressSerializer,
+    RegisteredSerializer,
     RegisterSerializer,
+    ResultAnswerSerializer,
     ResultSerializer,
 )
 
@@ -111,7 +118,7 @@ class RegisterView(CredentialsThrottled, APIView):
     permission_classes = [AllowAny]
     parser_classes = [BoundedJSONParser]
 
-    @extend_schema(request=RegisterSerializer, responses={201: dict})
+    @extend_schema(request=RegisterSerializer, responses={201: RegisteredSerializer})
     def post(self, request):
         data = RegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -127,7 +134,7 @@ class RegisterView(CredentialsThrottled, APIView):
 class HeartbeatView(AgentView):
     """The heartbeat's place in the OpenAPI schema; requests are served by `heartbeat_view` (async)."""
 
-    @extend_schema(request=HeartbeatSerializer, responses={200: dict})
+    @extend_schema(request=HeartbeatSerializer, responses={200: HeartbeatAnswerSerializer})
     def post(self, request):  # pragma: no cover - routed to heartbeat_view
         raise NotImplementedError
 
@@ -135,7 +142,7 @@ class HeartbeatView(AgentView):
 class LeaseView(AgentView):
     """The long-poll's place in the OpenAPI schema; requests are served by `lease_view` (async)."""
 
-    @extend_schema(request=LeaseSerializer, responses={200: dict, 204: None})
+    @extend_schema(request=LeaseSerializer, responses={200: LeasedTaskSerializer, 204: None})
     def post(self, request):  # pragma: no cover - routed to lease_view
         raise NotImplementedError
 
@@ -224,7 +231,7 @@ lease_view.initkwargs = {}
 
 
 class ProgressView(AgentView):
-    @extend_schema(request=ProgressSerializer, responses={200: dict})
+    @extend_schema(request=ProgressSerializer, responses={200: ProgressAnswerSerializer})
     def post(self, request, task_id: int):
         data = ProgressSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -256,7 +263,7 @@ class AgentUploadDetailView(AgentUploadActorMixin, UploadDetailView):
 class ArtifactUploadView(AgentView):
     """Where an agent sends an engine: a presigned PUT with S3 (the server never receives the bytes), else the resumable uploads."""
 
-    @extend_schema(request=ArtifactUploadPlanSerializer, responses={200: dict})
+    @extend_schema(request=ArtifactUploadPlanSerializer, responses={200: ArtifactUploadPlanAnswerSerializer})
     def post(self, request, task_id: int):
         data = ArtifactUploadPlanSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -267,7 +274,7 @@ class ArtifactUploadView(AgentView):
 class ArtifactView(AgentView):
     parser_classes = [MultiPartParser, BoundedJSONParser]
 
-    @extend_schema(request=ArtifactUploadSerializer, responses={201: dict})
+    @extend_schema(request=ArtifactUploadSerializer, responses={201: ArtifactStoredSerializer})
     def post(self, request, task_id: int):
         data = ArtifactUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -294,7 +301,7 @@ class ArtifactView(AgentView):
 class ResultView(AgentView):
     parser_classes = [AgentResultJSONParser]
 
-    @extend_schema(request=ResultSerializer, responses={200: dict})
+    @extend_schema(request=ResultSerializer, responses={200: ResultAnswerSerializer})
     def post(self, request, task_id: int):
         data = ResultSerializer(data=request.data)
         data.is_valid(raise_exception=True)

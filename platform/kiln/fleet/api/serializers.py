@@ -4,31 +4,12 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
+from kiln.core.schema import ANY_OBJECT, OpenSerializer, json_field
 from kiln_contract import operator_support
 
 from ..heartbeats import heartbeats_overlay
 from ..models import Agent, RegistrationToken
 from ..selectors import agent_current_task_id
-
-
-class AgentSerializer(serializers.ModelSerializer):
-    online = serializers.BooleanField(read_only=True)
-    revoked = serializers.SerializerMethodField()
-    current_task = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Agent
-        fields = ["id", "name", "labels", "capabilities", "online", "last_heartbeat_at", "current_task", "revoked", "created_at"]
-
-    def to_representation(self, agent):
-        # `online` and `last_heartbeat_at` with the heartbeats this process has not written yet.
-        return super().to_representation(heartbeats_overlay([agent])[0])
-
-    def get_revoked(self, agent) -> bool:
-        return agent.revoked_at is not None
-
-    def get_current_task(self, agent) -> int | None:
-        return agent_current_task_id(agent)
 
 
 class RegistrationTokenSerializer(serializers.ModelSerializer):
@@ -40,6 +21,7 @@ class RegistrationTokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = RegistrationToken
         fields = ["id", "name", "prefix", "created_at", "expires_at", "expired", "revoked", "agents"]
+        read_only_fields = fields
 
     def get_expired(self, token) -> bool:
         return token.expired
@@ -153,6 +135,33 @@ class CapabilitiesSerializer(serializers.Serializer):
     board = _text()
     # Set when a user-mode emulator runs the agent (devices/agent/arm.py): its timings are not the device's speed.
     emulated = _text(500)
+
+
+class AgentCapabilitiesSerializer(OpenSerializer, CapabilitiesSerializer):
+    """What an agent's machine offers, as it last said (an agent of an earlier release may have said more)."""
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    online = serializers.BooleanField(read_only=True)
+    revoked = serializers.SerializerMethodField()
+    current_task = serializers.SerializerMethodField()
+    labels = json_field({"type": "object", "additionalProperties": {"type": "string"}})
+    capabilities = json_field(AgentCapabilitiesSerializer)
+
+    class Meta:
+        model = Agent
+        fields = ["id", "name", "labels", "capabilities", "online", "last_heartbeat_at", "current_task", "revoked", "created_at"]
+        read_only_fields = fields
+
+    def to_representation(self, agent):
+        # `online` and `last_heartbeat_at` with the heartbeats this process has not written yet.
+        return super().to_representation(heartbeats_overlay([agent])[0])
+
+    def get_revoked(self, agent) -> bool:
+        return agent.revoked_at is not None
+
+    def get_current_task(self, agent) -> int | None:
+        return agent_current_task_id(agent)
 
 
 class RegisterSerializer(serializers.Serializer):
@@ -356,3 +365,147 @@ class ArtifactUploadPlanSerializer(serializers.Serializer):
     size_bytes = serializers.IntegerField(min_value=0)
     filename = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
 
+
+
+# -- answers (the agent protocol's are built as dicts and sent as they are: these state their shape, kiln.core.schema) ---------
+
+class IntervalsSerializer(serializers.Serializer):
+    """The intervals the server tells its agents (kiln.fleet.intervals), stretched as the online fleet grows."""
+
+    heartbeat_interval_s = serializers.IntegerField()
+    poll_interval_s = serializers.IntegerField()
+    long_poll_s = serializers.IntegerField()
+    lease_seconds = serializers.IntegerField()
+
+
+class RegisteredSerializer(IntervalsSerializer):
+    agent_id = serializers.IntegerField()
+    agent_token = serializers.CharField(help_text="kiln_agt_…, shown once.")
+
+
+class HeartbeatAnswerSerializer(IntervalsSerializer):
+    cancel = serializers.ListField(child=serializers.IntegerField(), help_text="The tasks this agent must stop.")
+
+
+class TaskFileSerializer(serializers.Serializer):
+    url = serializers.CharField()
+    sha256 = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+
+
+class TaskFilesSerializer(serializers.Serializer):
+    model = TaskFileSerializer(allow_null=True)
+    validation = TaskFileSerializer(allow_null=True)
+    reference = TaskFileSerializer(allow_null=True)
+
+
+class TaskVariantSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    key = serializers.CharField()
+    precision = serializers.CharField()
+    recipe = json_field(ANY_OBJECT)
+
+
+class TimingWindowSerializer(serializers.Serializer):
+    warmup_runs = serializers.IntegerField()
+    warmup_seconds = serializers.FloatField()
+    min_runs = serializers.IntegerField()
+    min_seconds = serializers.FloatField()
+
+
+class BenchmarkSettingsSerializer(TimingWindowSerializer):
+    """The benchmark protocol's settings (DESIGN.md section 6), the server's."""
+
+    batch_sizes = serializers.ListField(child=serializers.IntegerField())
+
+
+class RetimeVariantSerializer(serializers.Serializer):
+    task = serializers.IntegerField()
+    key = serializers.CharField()
+    backend = serializers.CharField()
+    compile = json_field(ANY_OBJECT)
+    model = TaskFileSerializer(allow_null=True)
+
+
+class RetimeOrderSerializer(serializers.Serializer):
+    """For a RETIME task: the variants to time side by side, each with its model file, and the server's window settings."""
+
+    rounds = serializers.IntegerField(help_text="The cap; the agent stops earlier once the leader separates (devices/paired.py).")
+    min_rounds = serializers.IntegerField()
+    window = TimingWindowSerializer(help_text="Each round's timing window (devices/bench.py INTERLEAVED_WINDOW).")
+    wait_for_quiet_s = serializers.FloatField(help_text="Set when the last rounds were busy: wait this long for a quiet device first.")
+    variants = RetimeVariantSerializer(many=True)
+
+
+class LeasedTaskSerializer(serializers.Serializer):
+    """`POST tasks/lease` with a task: what to compile, time and evaluate, and where its files are."""
+
+    id = serializers.IntegerField()
+    attempt = serializers.IntegerField(help_text="Send it back with progress and the result; a stale attempt gets 409.")
+    lease_expires_at = serializers.DateTimeField()
+    job = serializers.IntegerField()
+    variant = TaskVariantSerializer()
+    backend = serializers.CharField()
+    compile = json_field(ANY_OBJECT, help_text="Compile options the search is measuring (devices.backends.options); {} = the runtime's defaults.")
+    files = TaskFilesSerializer()
+    benchmark = BenchmarkSettingsSerializer()
+    tolerance = json_field(ANY_OBJECT)
+    evaluation = json_field(ANY_OBJECT, allow_null=True)
+    retime = RetimeOrderSerializer(allow_null=True)
+
+
+class ProgressAnswerSerializer(serializers.Serializer):
+    cancel = serializers.BooleanField(help_text="Stop the task: it was canceled.")
+    lease_expires_at = serializers.DateTimeField()
+
+
+class ArtifactUploadPlanAnswerSerializer(serializers.Serializer):
+    """How to send the engine: `{"method": "resumable"}` (the agent's resumable uploads), or a presigned PUT straight to the
+    storage and the `staged` token to commit it with."""
+
+    method = serializers.ChoiceField(choices=["resumable", "PUT"])
+    url = serializers.CharField(required=False)
+    headers = serializers.DictField(child=serializers.CharField(), required=False)
+    expires_in = serializers.IntegerField(required=False)
+    staged = serializers.CharField(required=False)
+
+
+class ArtifactStoredSerializer(serializers.Serializer):
+    sha256 = serializers.CharField()
+    artifact = serializers.IntegerField()
+
+
+class ResultAnswerSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+
+
+class AgentRuntimeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    package = serializers.CharField()
+    note = serializers.CharField(allow_blank=True)
+
+
+class AgentSetupSerializer(serializers.Serializer):
+    """The server's address as devices reach it and how to install the agent there (the Devices page, `kiln devices setup`)."""
+
+    server_url = serializers.CharField()
+    source = serializers.ChoiceField(choices=["KILN_PUBLIC_URL", "request"])
+    loopback = serializers.BooleanField()
+    warning = serializers.CharField(allow_null=True)
+    suggested_urls = serializers.ListField(child=serializers.CharField())
+    downloads_url = serializers.CharField()
+    downloads_configured = serializers.BooleanField()
+    agent_distribution = serializers.CharField()
+    install_command = serializers.CharField()
+    runtimes = AgentRuntimeSerializer(many=True)
+
+
+class RegistrationTokenCreatedSerializer(RegistrationTokenSerializer):
+    """A new registration token: the secret, shown once, and the command that registers a device with it."""
+
+    token = serializers.CharField(read_only=True)
+    register_command = serializers.CharField(read_only=True)
+
+    class Meta(RegistrationTokenSerializer.Meta):
+        fields = [*RegistrationTokenSerializer.Meta.fields, "token", "register_command"]
+        read_only_fields = fields

@@ -1,7 +1,7 @@
 """User-facing fleet API: agents and registration tokens."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiTypes, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,7 +9,13 @@ from rest_framework.views import APIView
 from kiln.accounts.permissions import IsOrganizationFleetOwner
 
 from .. import selectors, services, setup
-from .serializers import AgentSerializer, RegistrationTokenCreateSerializer, RegistrationTokenSerializer
+from .serializers import (
+    AgentSerializer,
+    AgentSetupSerializer,
+    RegistrationTokenCreatedSerializer,
+    RegistrationTokenCreateSerializer,
+    RegistrationTokenSerializer,
+)
 
 
 class AgentListView(generics.ListAPIView):
@@ -23,7 +29,7 @@ class AgentListView(generics.ListAPIView):
 class AgentSetupView(APIView):
     """The server's address as devices reach it (with a warning when it is loopback) and the agent's install command."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: AgentSetupSerializer})
     def get(self, request):
         return Response(setup.agent_setup(request))
 
@@ -51,7 +57,7 @@ class RegistrationTokenListView(APIView):
         tokens = selectors.registration_token_list(organization=request.organization)
         return Response(RegistrationTokenSerializer(tokens, many=True).data)
 
-    @extend_schema(request=RegistrationTokenCreateSerializer, responses={201: RegistrationTokenSerializer})
+    @extend_schema(request=RegistrationTokenCreateSerializer, responses={201: RegistrationTokenCreatedSerializer})
     def post(self, request):
         data = RegistrationTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)

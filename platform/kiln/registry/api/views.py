@@ -6,7 +6,7 @@ import re
 from django.conf import settings
 from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiTypes, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -21,10 +21,16 @@ from .serializers import (
     DatasetPreviewSerializer,
     DatasetSerializer,
     DatasetUploadSerializer,
+    ModelCreatedSerializer,
     ModelSerializer,
     ModelUploadSerializer,
+    ModelVersionCreatedSerializer,
     ModelVersionSerializer,
     OutputKindsSerializer,
+    RawPreviewSerializer,
+    RecipeProposalSerializer,
+    StorageSerializer,
+    UploadSerializer,
     VersionUploadSerializer,
 )
 
@@ -69,7 +75,7 @@ class ModelListView(StreamingUploadMixin, generics.ListAPIView):
     def get_queryset(self):
         return selectors.model_list(organization=self.request.organization, search=self.request.query_params.get("search", ""))
 
-    @extend_schema(request=ModelUploadSerializer, responses={201: ModelSerializer})
+    @extend_schema(request=ModelUploadSerializer, responses={201: ModelCreatedSerializer})
     def post(self, request):
         data = self.parsed_upload(request, ModelUploadSerializer)
         with services.upload_released_on_error(upload=data["file"]):
@@ -98,7 +104,7 @@ class ModelVersionListView(StreamingUploadMixin, APIView):
         model = selectors.model_get(organization=request.organization, model_id=pk)
         return Response(ModelVersionSerializer(model.versions.all(), many=True).data)
 
-    @extend_schema(request=VersionUploadSerializer, responses={201: ModelVersionSerializer})
+    @extend_schema(request=VersionUploadSerializer, responses={201: ModelVersionCreatedSerializer})
     def post(self, request, pk: int):
         model = selectors.model_get(organization=request.organization, model_id=pk)
         data = self.parsed_upload(request, VersionUploadSerializer)
@@ -166,7 +172,7 @@ class DatasetListView(StreamingUploadMixin, generics.ListAPIView):
 class DatasetPreviewView(StreamingUploadMixin, APIView):
     """What a recipe makes of the first files of a zip (tensors, thumbnails, labels), checked against a model; nothing is stored."""
 
-    @extend_schema(request=DatasetPreviewSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=DatasetPreviewSerializer, responses={200: RawPreviewSerializer})
     def post(self, request):
         data = self.parsed_upload(request, DatasetPreviewSerializer)
         version = None
@@ -181,7 +187,7 @@ class DatasetPreviewView(StreamingUploadMixin, APIView):
 class ModelVersionRecipeView(APIView):
     """The preprocessing recipe Kiln proposes for raw data (images, WAV files, text) fed to this version, with its reasons."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: RecipeProposalSerializer})
     def get(self, request, pk: int, number: int):
         return Response(selectors.model_version_recipe(version=_version(request, pk, number)))
 
@@ -200,7 +206,7 @@ class DatasetDetailView(APIView):
 class StorageView(APIView):
     """What the organization stores against its quota (KILN_STORAGE_QUOTA_BYTES)."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: StorageSerializer})
     def get(self, request):
         return Response(selectors.organization_storage(organization=request.organization))
 
@@ -246,7 +252,7 @@ def _header_int(request, name: str) -> int:
 
 
 class UploadListView(UploadActorMixin, APIView):
-    @extend_schema(request=None, responses={201: dict})
+    @extend_schema(request=None, responses={201: UploadSerializer})
     def post(self, request):
         organization, owner = self.actor(request)
         metadata = parse_metadata(request.META.get("HTTP_UPLOAD_METADATA", ""))
@@ -277,7 +283,7 @@ class UploadDetailView(UploadActorMixin, APIView):
         response["Cache-Control"] = "no-store"
         return response
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: UploadSerializer})
     def get(self, request, upload_id):
         upload = self._upload(request, upload_id)
         response = Response(upload_json(upload, self.upload_url(upload)))

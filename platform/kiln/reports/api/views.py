@@ -12,11 +12,13 @@ from kiln.registry.selectors import model_version_get
 
 from .. import signing
 from ..selectors import PERFORMANCE_FILTERS, job_report, model_version_estimates, performance_list
-from .serializers import MeasurementSerializer
+from .serializers import MeasurementSerializer, ModelEstimateSerializer, PackageKeySerializer, ReportSerializer, SigningKeySerializer
 
 
 class JobReportView(APIView):
-    @extend_schema(responses={200: dict})
+    """The report: per device, every variant measured and the one decision (while the job runs, what was measured so far)."""
+
+    @extend_schema(responses={200: ReportSerializer})
     def get(self, request, pk: int):
         return Response(job_report(job=job_get(organization=request.organization, job_id=pk)))
 
@@ -35,7 +37,7 @@ class PerformanceListView(generics.ListAPIView):
 
 
 class PerformanceEstimateView(APIView):
-    @extend_schema(parameters=[OpenApiParameter("model_version", int, required=True)], responses={200: dict})
+    @extend_schema(parameters=[OpenApiParameter("model_version", int, required=True)], responses={200: ModelEstimateSerializer})
     def get(self, request):
         raw = request.query_params.get("model_version", "")
         if not raw.isdigit():
@@ -46,7 +48,7 @@ class PerformanceEstimateView(APIView):
 class PackageSigningKeyView(APIView):
     """The public half of the key that signs deployment packages, to pin with `run.py --public-key`."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: SigningKeySerializer})
     def get(self, request):
         return Response({"public_key_pem": signing.public_key_pem(), "fingerprint": signing.public_key_fingerprint(), "algorithm": "Ed25519"})
 
@@ -56,7 +58,7 @@ class PackageKeyView(APIView):
 
     permission_classes = [IsOrganizationMemberNotViewer]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: PackageKeySerializer})
     def get(self, request):
         key, key_id = signing.organization_package_key(organization=request.organization)
         return Response({"key": base64.b64encode(key).decode(), "key_id": key_id, "algorithm": "AES-256-GCM"})
