@@ -898,7 +898,7 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /**
-         * @description A variant's accuracy against FP32 and the tolerance (devices/contract.py `score_accuracy`): the worst primary output's
+         * @description A variant's accuracy against FP32 and the tolerance (kiln_contract/contract.py `score_accuracy`): the worst primary output's
          *     figures, then every metric measured (cosine, sqnr_db, top1_agreement, accuracy against labels, per-output figures...).
          */
         Accuracy: {
@@ -1369,7 +1369,7 @@ export interface components {
             /** Format: double */
             max_spread?: number;
         };
-        /** @description A metric declared for one output (devices/contract.py `parse_declared_metrics`). */
+        /** @description A metric declared for one output (kiln_contract/contract.py `parse_declared_metrics`). */
         DeclaredMetric: {
             output: string;
             kind: string;
@@ -1385,7 +1385,7 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
-        /** @description A metric declared for one output (devices/contract.py `parse_declared_metrics`). */
+        /** @description A metric declared for one output (kiln_contract/contract.py `parse_declared_metrics`). */
         DeclaredMetricRequest: {
             output: string;
             kind: string;
@@ -2603,7 +2603,7 @@ export interface components {
             task: number;
             variant: number;
             key: string;
-            /** @description What runs, named (devices/labels.py): effective precision first, then recipe, options, backend. */
+            /** @description What runs, named (kiln_contract/labels.py): effective precision first, then recipe, options, backend. */
             label: string;
             /** @description fp32, bf16, fp16, int8, int4 weights or mixed. */
             effective_precision: string;
@@ -2905,7 +2905,7 @@ export interface components {
             quota_bytes: number | null;
             available_bytes: number | null;
         };
-        /** @description The agent's runtime on the variant's operators (devices/support.py), asked before it compiled; unknown keys are dropped. */
+        /** @description The agent's runtime on the variant's operators (kiln_contract/operator_support.py's shape), asked before it compiled; unknown keys are dropped. */
         SupportAnswerRequest: {
             backend: string;
             runtime?: string | null;
@@ -2990,7 +2990,7 @@ export interface components {
             /** Format: double */
             min_seconds: number;
         };
-        /** @description How much accuracy a variant may lose against FP32, as the job keeps it (devices/contract.py `parse_tolerance`). */
+        /** @description How much accuracy a variant may lose against FP32, as the job keeps it (kiln_contract/contract.py `parse_tolerance`). */
         Tolerance: {
             /** @description auto, accuracy, cosine, sqnr, top1_agreement, mask_iou, relative_l2, … or a declared metric. */
             metric?: string;
