@@ -2,9 +2,9 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from kiln.core.schema import ANY_OBJECT, DIMENSION, OpenSerializer, json_field
 from kiln_contract.contract import OUTPUT_KINDS
 from kiln_contract.operator_support import VERDICTS
-from kiln.core.schema import ANY_OBJECT, DIMENSION, OpenSerializer, json_field
 
 from ..models import Dataset, Model, ModelVersion
 from ..selectors import model_version_output_kinds
