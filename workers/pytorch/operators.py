@@ -10,6 +10,8 @@ prints a fresh list from the installed PyTorch, for review when the pin moves.
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -80,10 +82,17 @@ def check(kinds: Iterable[str], *, where: str) -> None:
 
 
 def exporter_operators() -> set[str]:
-    """What the installed PyTorch's ONNX exporters can translate (for regenerating the list)."""
+    """What the installed PyTorch's ONNX exporters can translate (for regenerating the list).
+
+    The TorchScript exporter registers an opset's translations when its module is first imported (an export at that
+    opset imports it), so every opset module is imported first: the answer must not depend on what ran before."""
+    from torch.onnx._internal import torchscript_exporter
     from torch.onnx._internal.exporter import _registration
     from torch.onnx._internal.torchscript_exporter import registration
 
+    for module in pkgutil.iter_modules(torchscript_exporter.__path__):
+        if module.name.startswith("symbolic_opset"):
+            importlib.import_module(f"{torchscript_exporter.__name__}.{module.name}")
     names = {name for name in registration.registry.all_functions() if not name.startswith("onnx::")}
     for key in _registration.ONNXRegistry.from_torchlib().functions:
         text = key if isinstance(key, str) else key.name() if callable(getattr(key, "name", None)) else ""

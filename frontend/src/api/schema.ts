@@ -1452,11 +1452,12 @@ export interface components {
             };
         };
         /**
-         * @description * `agent` - agent
+         * @description * `contract` - contract
+         *     * `agent` - agent
          *     * `client` - client
          * @enum {string}
          */
-        DistributionEnum: "agent" | "client";
+        DistributionEnum: "contract" | "agent" | "client";
         /** @description The agent's and the client's wheels this server serves, with the pip commands that install them from it. */
         Downloads: {
             url: string;

@@ -19,10 +19,10 @@ from pathlib import Path
 from django.conf import settings
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 
-from .serializers import DownloadsSerializer, document
+from .serializers import DISTRIBUTIONS, DownloadsSerializer, document
 
 # A wheel of one of the installables a device or a laptop needs; nothing else in the folder is ever served.
-WHEEL_NAME = re.compile(r"^kiln_(contract|agent|client)-[0-9][0-9A-Za-z.+!]*-py3-none-any\.whl$")
+WHEEL_NAME = re.compile(rf"^kiln_({'|'.join(DISTRIBUTIONS)})-[0-9][0-9A-Za-z.+!]*-py3-none-any\.whl$")
 BUILD_HINT = "No agent or client wheel is built on this server: run `make wheels` (the Docker image builds them)."
 
 _digests: dict[tuple[str, float, int], str] = {}

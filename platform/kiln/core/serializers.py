@@ -13,9 +13,13 @@ class HealthSerializer(serializers.Serializer):
     broker = serializers.CharField(help_text="The Celery broker's scheme (redis).")
 
 
+# The wheels the server serves at /downloads/ (kiln.core.downloads reads their file names with these).
+DISTRIBUTIONS = ("contract", "agent", "client")
+
+
 class WheelSerializer(serializers.Serializer):
     name = serializers.CharField()
-    distribution = serializers.ChoiceField(choices=["agent", "client"])
+    distribution = serializers.ChoiceField(choices=list(DISTRIBUTIONS))
     version = serializers.CharField()
     size_bytes = serializers.IntegerField()
     sha256 = serializers.CharField()
