@@ -28,21 +28,29 @@ def check_command(request: dict, work: Path) -> dict:
     return {"answers": support.check(Path(request["model"]), request.get("backends"))}
 
 
-def _ask(model_path: Path, backends: list[str] | None, timeout_s: float, shared: tuple[Path, ...]) -> list[dict]:
-    return run_confined("support.check", {"model": str(model_path), "backends": backends}, shared=shared, wall_seconds=int(timeout_s),
-                        what="the operator-support check")["answers"]
+# A check in the background runs on the CPU others leave idle, so its wall-clock limit is this much longer (its CPU limit
+# is the same): on a host busy with builds, a harmless model's check must not run out of time waiting for a core.
+BACKGROUND_WALL_FACTOR = 3
+
+
+def _ask(model_path: Path, backends: list[str] | None, timeout_s: float, shared: tuple[Path, ...], background: bool) -> list[dict]:
+    wall_s = timeout_s * (BACKGROUND_WALL_FACTOR if background else 1)
+    return run_confined("support.check", {"model": str(model_path), "backends": backends}, shared=shared, wall_seconds=int(wall_s),
+                        what="the operator-support check", background=background)["answers"]
 
 
 def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None, *, timeout_s: float = TIMEOUT_S,
-                   folder: Path | None = None) -> list[dict]:
+                   folder: Path | None = None, background: bool = False) -> list[dict]:
     """Each backend's answer (all the server has when `backends` is None), the way `devices.support.check` gives them.
 
     `folder`: the model's own folder, when its external data lies there under names of its own (an extracted zip).
+    `background`: nobody waits on the answer (an upload's check): the lowest CPU priority, so that a model that computes
+    until its limit takes no CPU from the host's builds and timings.
     """
     names = sorted(set(backends)) if backends is not None else None
     shared = model_shown(Path(model_path), folder)
     try:
-        return _ask(Path(model_path), names, timeout_s, shared)
+        return _ask(Path(model_path), names, timeout_s, shared, background)
     except Unconfined as refused:  # no runtime crashed: this host parses no user's file at all
         raise SupportCheckFailed(f"the operator-support check did not run ({refused})") from None
     except SandboxFailed as failed:
@@ -51,7 +59,7 @@ def check_isolated(model_path: str | Path, backends: Iterable[str] | None = None
     answers = []
     for name in names:
         try:
-            answers += _ask(Path(model_path), [name], timeout_s, shared)
+            answers += _ask(Path(model_path), [name], timeout_s, shared, background)
         except SandboxFailed as failed:
             answers.append(operator_support.answer(backend=name, runtime=name, version=None, device="", source="operator_support", refused=True,
                                                    reason=f"{name} crashed while reading the model ({failed})"))

@@ -6,6 +6,7 @@ result (or the error) is written as JSON next to the request.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -46,6 +47,29 @@ def apply_limits(limits: dict) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_seconds"]), int(limits["cpu_seconds"]) + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(limits["file_bytes"]), int(limits["file_bytes"])))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits.get("background"):
+        run_in_background()
+
+
+BACKGROUND_NICE = 19
+
+
+def run_in_background() -> None:
+    """The lowest CPU priority, for work nobody waits on (an upload's operator-support check): it runs on what the host's
+    builds and timings leave idle, so a hostile file that computes until its limit slows nobody else down. The child
+    leads a session of its own, and with the kernel's autogroup scheduling a session's share is set by its autogroup's
+    nice value, not its processes': both are lowered (raising a nice value needs no privilege)."""
+    os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text(f"{BACKGROUND_NICE}\n")
+
+
+def priority() -> dict:
+    """The child's CPU priority as the kernel holds it: its nice value and its autogroup's (None without autogroups)."""
+    autogroup = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        autogroup = int(Path("/proc/self/autogroup").read_text().split("nice")[1].strip())
+    return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "autogroup_nice": autogroup}
 
 
 def _run(request: dict, work: Path) -> tuple[dict, int]:
@@ -61,7 +85,7 @@ def _run(request: dict, work: Path) -> tuple[dict, int]:
         result, status = function(request, work), 0
     except BaseException as error:  # everything a user's file does wrong becomes a message, not a crash
         result, status = _failure(error), 2
-    result["sandbox"] = granted.as_dict()
+    result["sandbox"] = {**granted.as_dict(), "priority": priority()}
     return result, status
 
 

@@ -135,7 +135,7 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
                  allow_unconfined: bool | None = None, outputs: dict[str, Path] | None = None, uid: int | None = None,
                  layers: tuple[str, ...] = LAYERS, shared: tuple[Path, ...] = (), rss_mb: int | None = None,
                  pause: Callable[[int], object] | None = BuildPauser, threads: int | None = 1, what: str = "the work",
-                 booked_as: str | None = None, on_memory_wait: Callable[[str], None] | None = None) -> dict:
+                 booked_as: str | None = None, on_memory_wait: Callable[[str], None] | None = None, background: bool = False) -> dict:
     """Run `command` (a name in child.COMMANDS) on `request`; `files` are copied in and passed by their key's name.
 
     `shared` files or folders are shown to the child read-only where they are, not copied (a large model);
@@ -149,7 +149,8 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
     limit; every sandbox of a host pauses so by default, being Kiln's own work. `threads` caps OpenMP's threads
     (None: the host's default, for builds). The child starts once its memory limit fits beside what the host's other
     builds and sandboxes booked (workers/host_memory.py; `booked_as` names it there, `on_memory_wait(reason)` is told
-    when it waits).
+    when it waits). `background`: the child runs at the lowest CPU priority (workers.sandbox.child.run_in_background),
+    for work nobody waits on.
     """
     allow_unconfined = policy.allow_unconfined() if allow_unconfined is None else allow_unconfined
     uid = policy.sandbox_uid() if uid is None else uid
@@ -165,7 +166,7 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
         if reserved:  # the runner's own keys: a request that used one would be silently overwritten
             raise ValueError(f"a sandbox request may not use the key(s) {', '.join(sorted(reserved))}")
         staged = {**request, "command": command, "require_os_confinement": not allow_unconfined, "parent_pid": os.getpid(),
-                  "limits": {"memory_mb": memory_mb, "cpu_seconds": cpu_seconds, "file_bytes": MAX_FILE_BYTES},
+                  "limits": {"memory_mb": memory_mb, "cpu_seconds": cpu_seconds, "file_bytes": MAX_FILE_BYTES, "background": background},
                   "plan": _plan_dict(plan_for(private, new_root, uid=uid), layers=layers, shared=shared, packages=packages)}
         for key, source in (files or {}).items():
             target = private / f"{key}{Path(source).suffix}"

@@ -271,7 +271,8 @@ def model_version_check_support(*, version_id: int) -> None:
         return
     onnx_path = model_version_onnx_path(version)
     folder = onnx_path.parent if version.source_format == SourceFormat.ONNX_ZIP else None
-    answers = check_isolated(onnx_path, folder=folder)
+    # Nobody waits on this answer: it runs in the background, so a hostile upload's check slows no one's job.
+    answers = check_isolated(onnx_path, folder=folder, background=True)
     model_version_support_record(version=version, answers=answers, where="server", sha256=(version.onnx_blob or version.blob).sha256)
 
 
