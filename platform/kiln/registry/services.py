@@ -271,8 +271,9 @@ def model_version_check_support(*, version_id: int) -> None:
         return
     onnx_path = model_version_onnx_path(version)
     folder = onnx_path.parent if version.source_format == SourceFormat.ONNX_ZIP else None
-    # Nobody waits on this answer: it runs in the background, so a hostile upload's check slows no one's job.
-    answers = check_isolated(onnx_path, folder=folder, background=True)
+    # On a worker nobody waits on this answer: it runs in the background, so a hostile upload's check slows no one's job.
+    # Run inline (Celery eager: the upload's request waits for it) it keeps its share, or a busy host would stall the request.
+    answers = check_isolated(onnx_path, folder=folder, background=not settings.CELERY_TASK_ALWAYS_EAGER)
     model_version_support_record(version=version, answers=answers, where="server", sha256=(version.onnx_blob or version.blob).sha256)
 
 
