@@ -45,7 +45,7 @@ from tests.fixtures.zoo import MINILM_L3, available_zoo
 from workers.quantize.errors import NotApplicable
 from workers.quantize.openvino_family import openvino_spec
 from workers.quantize.runtimes import spec_runtimes
-from workers.quantize.schemes import ort_int8_scheme
+from workers.quantize.schemes import build_options, ort_int8_scheme
 from workers.quantize.variants import build_variant
 from workers.reference import compute_reference_outputs
 
@@ -57,8 +57,7 @@ COLUMNS = ("model", "variant", "backend", "checked against", "min cosine", "faul
 def variant_specs() -> list[dict]:
     """The INT8 specs a job builds for ONNX Runtime and OpenVINO targets (workers.quantize.search's and openvino_family's)."""
     scheme = ort_int8_scheme(host_isa())
-    minmax = {"calibration_method": "minmax", "per_channel": False, "activation_type": scheme["activation_type"],
-              "weight_type": scheme["weight_type"], "reduce_range": scheme["reduce_range"]}
+    minmax = {"calibration_method": "minmax", "per_channel": False, **build_options(scheme)}
     return [{"key": "int8-minmax", "precision": "int8", "options": minmax},
             {"key": "int8-nncf", "precision": "int8", "options": {"tool": "nncf"}},
             {"key": "int8-dynamic", "precision": "int8-dynamic", "options": {}},

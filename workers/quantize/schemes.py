@@ -35,6 +35,11 @@ def ort_int8_scheme(isa: list[str] | tuple[str, ...]) -> dict[str, Any]:
             "reason": "no AVX2: the U8U8 kernels avoid u8×s8 saturation on SSE"}
 
 
+def build_options(scheme: dict[str, Any]) -> dict[str, Any]:
+    """The build options that give an ONNX Runtime INT8 variant a scheme's integer types."""
+    return {"activation_type": scheme["activation_type"], "weight_type": scheme["weight_type"], "reduce_range": scheme["reduce_range"]}
+
+
 def is_transformer(op_histogram: dict[str, int]) -> bool:
     """Whether a model looks like a transformer (attention softmax or layer norms)."""
     return any(op in op_histogram for op in TRANSFORMER_OPS)

@@ -61,7 +61,7 @@ from workers.quantize.families import (
 )
 from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice
 from workers.quantize.runtimes import for_targets
-from workers.quantize.schemes import TRANSFORMER_INT8_OPS, is_transformer, ort_int8_scheme
+from workers.quantize.schemes import TRANSFORMER_INT8_OPS, build_options, is_transformer, ort_int8_scheme
 from workers.quantize.verdicts import family_verdicts, faster_beyond_noise
 
 logger = logging.getLogger(__name__)
@@ -435,8 +435,7 @@ def _sweep(model_facts: dict[str, Any], isa: list[str], backends: list[str], has
     ops = dict(model_facts.get("op_histogram") or {})
     transformer = is_transformer(ops)
     scheme = ort_int8_scheme(isa)
-    probe_options = {"activation_type": scheme["activation_type"], "weight_type": scheme["weight_type"],
-                     "reduce_range": scheme["reduce_range"]}
+    probe_options = build_options(scheme)
     activation = _int8_activation(scheme, measured)
     # The later recipes follow the probe twin that won on this device (the ISA's scheme unless s8 was faster).
     scheme_options = probe_options if activation == scheme["activation_type"] else _S8_OPTIONS

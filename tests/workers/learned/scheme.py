@@ -9,7 +9,6 @@ the student's gap to ONNX Runtime was as large as the quantization's own).
 from __future__ import annotations
 
 from devices.agent.capabilities import cpu_isa
-from workers.quantize.schemes import ort_int8_scheme
+from workers.quantize.schemes import build_options, ort_int8_scheme
 
-_SCHEME = ort_int8_scheme(cpu_isa())
-THIS_CPU = {"activation_type": _SCHEME["activation_type"], "weight_type": _SCHEME["weight_type"], "reduce_range": _SCHEME["reduce_range"]}
+THIS_CPU = build_options(ort_int8_scheme(cpu_isa()))
