@@ -6,6 +6,8 @@ end-to-end files (and a few heavy ones, HEAVY_FILES) dealt over two by their rec
 Each shard gets `KILN_DATA_DIR=var/test/shard-N` (its own SQLite and queue on the embedded default), and, where
 DATABASE_URL / REDIS_URL are set, a database of its own (`<name>_shard_N`: pytest-django makes `test_<that>`) and a
 Redis database of its own (the given number minus N), so that no shard's Celery worker takes another's tasks.
+Tests marked `quiet` (their claim is about timing on a host with no load but their own) are left out of the shards and
+run after them, alone, in one more pytest process on shard 0's environment.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ E2E_SHARDS = 2
 # Files outside tests/e2e that take minutes (time-budgeted learning, whole pipelines): dealt with the end-to-end files so
 # that the shard of everything else does not finish last alone (CI 2026-12-02: 460 s, 190 s and 110 s of its 2,435 s).
 HEAVY_FILES = ("tests/platform/pipeline/test_jobs.py", "tests/workers/learned/test_real_model.py", "tests/workers/learned/test_qat.py")
+QUIET = "quiet"
 
 
 def e2e_files() -> list[str]:
@@ -56,6 +59,12 @@ def shards() -> list[list[str]]:
     return [*deal(dealt_files(), durations, E2E_SHARDS), ["tests", "--ignore=tests/e2e", *(f"--ignore={name}" for name in HEAVY_FILES)]]
 
 
+def quiet_files() -> list[str]:
+    """The test files that hold a `quiet` test (found by their marker's text: no import, no collection)."""
+    marker = f"pytest.mark.{QUIET}"
+    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py") if marker in path.read_text(errors="replace"))
+
+
 def shard_environment(index: int, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     data = Path(base.get("KILN_DATA_DIR") or REPO / "var" / "test") / f"shard-{index}"
@@ -81,27 +90,41 @@ def _redis(url: str, index: int) -> str:
 
 
 def main(extra: list[str]) -> int:
-    processes = []
-    for index, paths in enumerate(shards()):
-        env = shard_environment(index, os.environ)
-        Path(env["KILN_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
-        log = Path(env["KILN_DATA_DIR"]) / "pytest.log"
-        handle = log.open("w")
-        # The slowest tests in every log: what to look at first when the suite grows past its time.
-        junit = Path(env["KILN_DATA_DIR"]) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", *paths, "--durations=25", f"--junitxml={junit}", *extra]
-        processes.append((index, paths, log, handle, junit, time.monotonic(), subprocess.Popen(command, cwd=REPO, env=env, stdout=handle,
-                                                                                               stderr=subprocess.STDOUT)))
-        print(f"shard {index}: {' '.join(paths)} (log: {log})", flush=True)
-    failed = 0
-    for index, paths, log, handle, _junit, started, process in processes:
-        code = process.wait()
-        handle.close()
-        print(f"\n===== shard {index}: {' '.join(paths)}: exit {code} after {time.monotonic() - started:.0f} s =====", flush=True)
-        sys.stdout.write(log.read_text(errors="replace"))
-        failed = failed or code
-    print_e2e_durations([junit for _index, _paths, _log, _handle, junit, *_ in processes])
+    phases = [[(index, paths, ["-m", f"not {QUIET}"]) for index, paths in enumerate(shards())]]
+    if quiet_files():
+        phases.append([(0, quiet_files(), ["-m", QUIET])])
+    failed, reports = 0, []
+    for phase_number, phase in enumerate(phases):
+        processes = [_start(index, paths, [*marks, *extra], phase_number) for index, paths, marks in phase]
+        for process in processes:
+            failed = _finish(*process) or failed
+            reports.append(process[3])
+    print_e2e_durations(reports)
     return failed
+
+
+def _start(index: int, paths: list[str], extra: list[str], phase: int) -> tuple:
+    env = shard_environment(index, os.environ)
+    Path(env["KILN_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+    suffix = f"-phase-{phase}" if phase else ""
+    log = Path(env["KILN_DATA_DIR"]) / f"pytest{suffix}.log"
+    handle = log.open("w")
+    # The slowest tests in every log: what to look at first when the suite grows past its time.
+    junit = Path(env["KILN_DATA_DIR"]) / f"junit{suffix}.xml"
+    command = [sys.executable, "-m", "pytest", *paths, "--durations=25", f"--junitxml={junit}", *extra]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    label = f"shard {index}" + (f" (phase {phase}, alone: {QUIET})" if phase else "")
+    print(f"{label}: {' '.join(paths)} (log: {log})", flush=True)
+    return label, paths, log, junit, handle, time.monotonic(), process
+
+
+def _finish(label: str, paths: list[str], log: Path, _junit: Path, handle, started: float, process: subprocess.Popen) -> int:
+    code = process.wait()
+    handle.close()
+    print(f"\n===== {label}: {' '.join(paths)}: exit {code} after {time.monotonic() - started:.0f} s =====", flush=True)
+    sys.stdout.write(log.read_text(errors="replace"))
+    # pytest exits 5 when a shard selected no test (every test of its files is quiet): nothing failed.
+    return 0 if code == 5 else code
 
 
 def e2e_durations(reports: list[Path]) -> dict[str, float]:

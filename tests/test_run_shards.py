@@ -41,3 +41,25 @@ def test_a_run_reports_seconds_per_end_to_end_file_from_the_junit_reports(tmp_pa
       <testcase classname="tests.platform.pipeline.test_jobs" name="e" time="30.4"/></testsuite></testsuites>""")
     assert run_shards.e2e_durations([report, tmp_path / "missing.xml"]) == {
         "tests/e2e/test_faults.py": 7, "tests/e2e/test_ui.py": 14, "tests/platform/pipeline/test_jobs.py": 30}
+
+
+def test_quiet_tests_run_after_the_shards_alone_and_a_shard_left_empty_by_them_passes(tmp_path, monkeypatch, capsys):
+    """A real run of two tiny shards: the quiet test is left out of its shard and runs once the shards are done."""
+    log = tmp_path / "order.log"
+    loud, quiet = tmp_path / "test_loud.py", tmp_path / "test_quiet_only.py"
+    loud.write_text(f"import pytest, time\n\ndef test_loud():\n    time.sleep(0.5)\n    open({str(log)!r}, 'a').write('loud\\n')\n\n"
+                    f"@pytest.mark.quiet\ndef test_quiet():\n    open({str(log)!r}, 'a').write('quiet\\n')\n")
+    quiet.write_text(f"import pytest\n\n@pytest.mark.quiet\ndef test_alone():\n    open({str(log)!r}, 'a').write('alone\\n')\n")
+    monkeypatch.setattr(run_shards, "shards", lambda: [[str(loud)], [str(quiet)]])
+    monkeypatch.setattr(run_shards, "quiet_files", lambda: [str(loud), str(quiet)])
+    monkeypatch.setenv("KILN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert run_shards.main(["-W", "ignore::pytest.PytestUnknownMarkWarning"]) == 0
+    lines = log.read_text().split()
+    assert lines[0] == "loud" and sorted(lines[1:]) == ["alone", "quiet"], lines
+    assert "phase 1, alone: quiet" in capsys.readouterr().out
+
+
+def test_the_measurement_test_that_needs_a_quiet_host_is_found_by_its_marker():
+    assert "tests/e2e/test_measurement_stack.py" in run_shards.quiet_files()

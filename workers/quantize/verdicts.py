@@ -29,6 +29,9 @@ from workers.quantize.families import (
 from workers.quantize.isa_families import int8_choice
 from workers.quantize.runtimes import ONNX_RUNTIMES
 
+REOPENED_NOTE = (" (reopened: without integer dot products INT8 was not proposed until a vendor INT8 default beat "
+                 "FP32 beyond noise)")
+
 
 def entry_ratio(fast: dict[str, Any], slow: dict[str, Any]) -> LatencyRatio:
     """How much faster one measured entry is than another, by Kiln's one noise rule (workers/noise.py `latency_ratio`)."""
@@ -70,9 +73,12 @@ def family_verdicts(measured: list[dict[str, Any]], *, isa: list[str] | None = N
         speedup = {backend: ratio.ratio for backend, ratio in comparisons.items()}
         paying = [backend for backend, ratio in comparisons.items() if ratio.comparison == FASTER]
         name = FAMILY_NAMES[precision]
-        reason = _verdict_reason(name, evidence, speedup, paying, best_fp32) + _per_backend(speedup, fastest)
+        # Pruned, yet its own probe was measured: a vendor INT8 default beat FP32 first and reopened the family.
+        reopened = pruned and precision in INT8_FAMILIES and evidence == PROBE_EVIDENCE
+        reason = (_verdict_reason(name, evidence, speedup, paying, best_fp32) + _per_backend(speedup, fastest)
+                  + (REOPENED_NOTE if reopened else ""))
         verdicts[precision] = {"family": name, "probe": probe, "evidence": evidence, "speedup": speedup, "fastest": fastest,
-                               "paying_backends": paying, "reason": reason,
+                               "paying_backends": paying, "reason": reason, "reopened": reopened,
                                "against": {"key": best_fp32.get("key"), "backend": best_fp32.get("backend")},
                                "comparisons": {backend: ratio.as_dict() for backend, ratio in comparisons.items()}}
     return verdicts

@@ -8,7 +8,7 @@ from devices.agent.capabilities import parse_cpuinfo
 from tests.fixtures.cpuinfo import GRAVITON3, HASWELL, RASPBERRY_PI_4, SAPPHIRE_RAPIDS
 from workers.quantize.isa_families import isa_families, isa_notes
 from workers.quantize.search import plan_round
-from workers.quantize.verdicts import family_verdicts
+from workers.quantize.verdicts import REOPENED_NOTE, family_verdicts
 
 CNN_FACTS = {"op_histogram": {"Conv": 2, "Relu": 2, "MaxPool": 2, "Flatten": 1, "Gemm": 1}}
 TOLERANCE = {"metric": "accuracy", "max_drop": 0.01}
@@ -106,6 +106,11 @@ def test_without_dot_products_a_vendor_int8_default_that_pays_reopens_the_int8_f
     assert verdict["reason"].startswith("INT8 reopened on onnxruntime: without integer dot products it was not proposed")
     # Without the ISA the verdicts are each runtime's own build's: no ORT probe was measured, OpenVINO's INT8 was.
     assert family_verdicts(measured)["int8"]["speedup"] == {"openvino": pytest.approx(10.0 / 10.5)}
+    # Once the reopened probe is measured it is the evidence, and the note still says why INT8 was searched at all.
+    probed = family_verdicts([*measured, _measured("int8-minmax", "int8", 7.0)], isa=isa)["int8"]
+    assert probed["evidence"] == "probe" and probed["reopened"], probed
+    assert probed["reason"].startswith("INT8 pays on onnxruntime") and probed["reason"].endswith(REOPENED_NOTE), probed["reason"]
+    assert not family_verdicts([*measured, _measured("int8-minmax", "int8", 7.0)], isa=_isa(SAPPHIRE_RAPIDS))["int8"]["reopened"]
 
 
 def test_bf16_units_make_bf16_a_family_of_its_own_and_arm_bf16_is_reported_but_not_tried():
