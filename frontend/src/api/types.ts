@@ -42,19 +42,12 @@ export type Model = Schemas['Model'];
 export type ModelCreated = Schemas['ModelCreated'];
 export type IdenticalVersion = Schemas['IdenticalVersion'];
 
-/** The output kinds a user may choose for an output (kiln_contract/contract.py OUTPUT_KINDS). */
-export const OUTPUT_KINDS = [
-  'class_scores',
-  'class_ids',
-  'probability_map',
-  'dense',
-  'embedding',
-  'detection',
-  'regression',
-] as const;
-export type OutputKind = (typeof OUTPUT_KINDS)[number];
+/** What an output is (kiln_contract/contract.py OUTPUT_KINDS, through the API schema): every `Record<OutputKind, …>`
+ * then fails to type-check when the contract gains a kind the UI does not describe. */
+export type OutputKind = Schemas['OutputKindEnum'];
 
-/** What a job may declare per output (`kind` of a declared metric). */
+/** What a job may declare per output (`kind` of a declared metric: kiln_contract/contract.py DECLARABLE, in its order;
+ * tests/test_frontend_contract.py holds them equal). */
 export const DECLARED_METRIC_KINDS = [
   'top1_agreement',
   'top5_agreement',
@@ -63,6 +56,11 @@ export const DECLARED_METRIC_KINDS = [
   'relative_l2',
   'sqnr',
   'cosine',
+  'sentence_cosine',
+  'neighbours',
+  'regions',
+  'peak',
+  'decoded',
   'detection',
   'accuracy',
   'top5_accuracy',

@@ -60,6 +60,19 @@ describe('OutputKinds', () => {
     expect(JSON.parse(String(init?.body))).toEqual({ output_kinds: { maps: 'dense' } });
   });
 
+  it('shows a heat map as Kiln infers it, judged by its regions, with every kind the contract knows on offer', async () => {
+    renderKinds({
+      ...version,
+      output_kinds: { maps: { kind: 'heat_map', inferred: 'heat_map', reason: 'one Sigmoid channel per pixel', overridden: false } },
+    });
+    const select = screen.getByLabelText('Kind of maps') as HTMLSelectElement;
+    expect(select.value).toBe('heat_map');
+    expect(screen.getByText(/region F1 against FP32/)).toBeInTheDocument();
+    expect(Array.from(select.options, (option) => option.value)).toEqual([
+      'class_scores', 'class_ids', 'probability_map', 'heat_map', 'distribution', 'dense', 'embedding', 'detection', 'regression',
+    ]);
+  });
+
   it('offers to go back to the inferred kind once overridden', async () => {
     renderKinds({
       ...version,

@@ -5,7 +5,7 @@ import { useQueryClient } from '@tanstack/react-query';
 import { rows, useDeleteModel, useEstimate, useJobs, useModel, useCanWrite, useSetOutputKinds } from '../api/hooks';
 import { IdenticalNotice } from './ModelsPage';
 import { OUTCOME_COLUMNS, OutcomeCells } from './outcome';
-import { OUTPUT_KINDS, type ModelEstimate, type ModelVersion, type ModelVersionCreated, type OutputKind, type TensorSpec } from '../api/types';
+import { type ModelEstimate, type ModelVersion, type ModelVersionCreated, type OutputKind, type TensorSpec } from '../api/types';
 import { BarList } from '../components/BarList';
 import { OperatorSupportTable } from '../components/OperatorSupport';
 import { EmptyState, ErrorMessage, Loading, PageHeader, StatusBadge } from '../components/common';
@@ -13,7 +13,7 @@ import { DataTable } from '../components/DataTable';
 import { ListStates } from '../components/ListStates';
 import { UploadZone } from '../components/UploadZone';
 import { formatBytes, formatDate, formatNumber, formatRange, formatShape } from '../format';
-import { KIND_LABELS, kindLabel } from '../components/outputKinds';
+import { KIND_LABELS, kindLabel, OUTPUT_KINDS } from '../components/outputKinds';
 
 function SignatureTable({ caption, tensors, testId }: { caption: string; tensors: TensorSpec[]; testId: string }) {
   return (
