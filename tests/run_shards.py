@@ -29,6 +29,7 @@ E2E_SHARDS = 2
 # that the shard of everything else does not finish last alone (CI 2026-12-02: 460 s, 190 s and 110 s of its 2,435 s).
 HEAVY_FILES = ("tests/platform/pipeline/test_jobs.py", "tests/workers/learned/test_real_model.py", "tests/workers/learned/test_qat.py")
 QUIET = "quiet"
+QUIET_MARK = re.compile(rf"^\s*(@pytest\.mark\.{QUIET}\b|pytestmark\b.*\bmark\.{QUIET}\b)", re.MULTILINE)
 
 
 def e2e_files() -> list[str]:
@@ -60,9 +61,9 @@ def shards() -> list[list[str]]:
 
 
 def quiet_files() -> list[str]:
-    """The test files that hold a `quiet` test (found by their marker's text: no import, no collection)."""
-    marker = f"pytest.mark.{QUIET}"
-    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py") if marker in path.read_text(errors="replace"))
+    """The test files that hold a `quiet` test (found by the marker's decorator or `pytestmark` line: no import, no
+    collection)."""
+    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py") if QUIET_MARK.search(path.read_text(errors="replace")))
 
 
 def shard_environment(index: int, base: dict[str, str]) -> dict[str, str]:
