@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
@@ -125,23 +125,66 @@ def _labels_match(required: dict, labels: dict) -> bool:
 
 
 def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
-    """Queued tasks this agent may run, jobs in turn: a plain read (no lock), claimed one by one by compare-and-set.
-
-    Round-robin between jobs: the job whose last task started longest ago (or never) goes first, and within a job the
-    oldest task. One job's twenty measurements and its re-timing never hold another job's first measurement back. (An
-    agent belongs to one organization, so its turns are between that organization's jobs.)
-    """
-    last_turn = DeviceTask.objects.filter(job_id=OuterRef("job_id"), started_at__isnull=False).order_by("-started_at").values("started_at")[:1]
-    queryset = DeviceTask.objects.filter(
+    """Queued tasks this agent may run, jobs in turn (`in_turn`): a plain read (no lock), claimed one by one by
+    compare-and-set. One job's twenty measurements and its re-timing never hold another job's first measurement back. (An
+    agent belongs to one organization, so its turns are between that organization's jobs.)"""
+    queued = list(DeviceTask.objects.filter(
         organization_id=agent.organization_id,
         status=DeviceTaskStatus.QUEUED,
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
-    ).annotate(job_last_turn=Subquery(last_turn)).order_by(F("job_last_turn").asc(nulls_first=True), "id")
-    return [
-        task for task in queryset[:limit]
-        if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)
-    ]
+    ).order_by("id")[:QUEUED_READ_LIMIT])
+    runnable = [task for task in queued if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)]
+    return in_turn(runnable)[:limit]
+
+
+# Jobs whose device time since the newest of them came differs by less than this take turns as equals.
+DEVICE_TURN_QUANTUM_S = 5.0
+QUEUED_READ_LIMIT = 500
+
+
+def in_turn(tasks: list[DeviceTask]) -> list[DeviceTask]:
+    """Queued tasks in the order a device serves them: fair shares of device time between jobs.
+
+    The job that has had the least device time since the newest of these jobs came goes first (a job of short
+    measurements is not held behind another's long re-timings, and a newcomer does not make up for time it was not
+    there). Jobs within DEVICE_TURN_QUANTUM_S of the least served take turns: the job whose last task started longest ago
+    (or never) first. Within a job, the oldest task. `kiln.pipeline.waiting` counts a waiting job's turns by this order.
+    """
+    served, last_turn = device_service([task.job_id for task in tasks])
+    least = min(served.values(), default=0.0)
+
+    def order(task: DeviceTask) -> tuple:
+        service = served.get(task.job_id, 0.0)
+        behind = service > least + DEVICE_TURN_QUANTUM_S
+        last = last_turn.get(task.job_id)
+        return (behind, service if behind else 0.0, last is not None, last or timezone.now(), task.id)
+
+    return sorted(tasks, key=order)
+
+
+def device_service(job_ids: list[int]) -> tuple[dict[int, float], dict[int, object]]:
+    """Per job: the seconds its tasks held a device since the newest of these jobs queued its first task (a leased task
+    until now), and when its last task started."""
+    rows = list(DeviceTask.objects.filter(job_id__in=set(job_ids)).values_list("job_id", "created_at", "started_at", "finished_at", "status"))
+    if not rows:
+        return {}, {}
+    now = timezone.now()
+    joined: dict[int, object] = {}
+    for job_id, created, *_rest in rows:
+        joined[job_id] = min(joined.get(job_id, created), created)
+    since = max(joined.values())
+    served: dict[int, float] = dict.fromkeys(joined, 0.0)
+    last_turn: dict[int, object] = {}
+    for job_id, _created, started, finished, status in rows:
+        if started is None:
+            continue
+        last_turn[job_id] = max(last_turn.get(job_id, started), started)
+        if finished is None and status != DeviceTaskStatus.LEASED:
+            continue  # taken back and queued again: it holds no device now
+        held_from, held_to = max(started, since), max(finished or now, started)
+        served[job_id] += max(0.0, (held_to - held_from).total_seconds())
+    return served, last_turn
 
 
 @dataclass

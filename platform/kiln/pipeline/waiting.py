@@ -3,16 +3,16 @@
 Two sources. A worker notes what only it can see on the job's row (`job_wait_note`: its build paused while a device of
 the host times, memory it waits for, a per-organization limit that sent its task back). The rest is read from the
 queues at the moment of asking: work sent but not started (an offered, unclaimed work lease) waits for a slot of its
-class, and device tasks wait for a device that serves jobs in turn (kiln.fleet.selectors.lease_candidates).
+class, and device tasks wait for a device that serves jobs in turn (kiln.fleet.selectors.in_turn).
 """
 from __future__ import annotations
 
-from django.db.models import Max
 from django.utils import timezone
 
+from kiln.fleet.selectors import in_turn
 from workers.routing import BUILD, CHECK, CONTROL, work_class_of
 
-from .models import DeploymentJob, DeviceTask, DeviceTaskStatus, Variant, VariantStatus, WorkSlot
+from .models import DeploymentJob, DeviceTask, DeviceTaskStatus, JobStatus, Variant, VariantStatus, WorkSlot
 from .queue import STAGE_TASK_NAMES, stages_of_class, waiting_builds, waiting_stages
 from .services import job_event_add
 
@@ -113,11 +113,11 @@ def _device_wait(job: DeploymentJob) -> dict | None:
                .exclude(job=job).select_related("leased_by").order_by("started_at").first())
     if running is None:
         return None
-    # Jobs served in turn: every other job with queued tasks whose last turn came before this job's goes first.
-    last_turn = DeviceTask.objects.filter(job=job).aggregate(at=Max("started_at"))["at"]
-    others = (DeviceTask.objects.filter(organization_id=job.organization_id, status=DeviceTaskStatus.QUEUED, backend__in=backends)
-              .exclude(job=job).values("job_id").annotate(last=Max("job__device_tasks__started_at")))
-    ahead = 1 + sum(1 for row in others if row["job_id"] != running.job_id and (last_turn is None or row["last"] is None or row["last"] < last_turn))
+    # Jobs served in turn (kiln.fleet.selectors.in_turn): the running task, then every other job whose turn comes first.
+    waiting = DeviceTask.objects.filter(organization_id=job.organization_id, status=DeviceTaskStatus.QUEUED, backend__in=backends,
+                                        job__status=JobStatus.RUNNING)
+    turns = list(dict.fromkeys(task.job_id for task in in_turn(list(waiting)) if task.job_id != running.job_id))
+    ahead = 1 + (turns.index(job.pk) if job.pk in turns else len(turns))
     queued_count = queued.count()
     device = running.leased_by.name if running.leased_by else "the device"
     since = queued.order_by("created_at").values_list("created_at", flat=True).first()

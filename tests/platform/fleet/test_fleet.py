@@ -542,6 +542,52 @@ def test_an_agent_serves_jobs_in_turn_and_a_waiting_job_says_whose_task_runs(ten
     assert served == [first, second, first, second]
 
 
+def _held(task_id: int, *, from_s: float, to_s: float, now) -> None:
+    """A task that held the device from `from_s` to `to_s` seconds before `now`."""
+    DeviceTask.objects.filter(pk=task_id).update(status=DeviceTaskStatus.SUCCEEDED, started_at=now - timedelta(seconds=from_s),
+                                                 finished_at=now - timedelta(seconds=to_s))
+
+
+def _one_more_task(job_id: int) -> int:
+    """Another queued measurement of the job's first variant (its own target name: one task per cell)."""
+    task = DeviceTask.objects.filter(job_id=job_id).first()
+    count = DeviceTask.objects.filter(job_id=job_id).count()
+    return DeviceTask.objects.create(job_id=job_id, organization_id=task.organization_id, variant=task.variant, backend=task.backend,
+                                     target=f"{task.target}/{count}", pinned_agent_id=task.pinned_agent_id).pk
+
+
+def test_the_device_shares_its_time_a_job_of_short_measurements_goes_before_one_that_held_it_long(tenant, model_files):
+    agent = register(tenant, "box", ORT_ONLY)
+    long, short = (create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"]) for _ in range(2))
+    now = timezone.now()
+    DeviceTask.objects.filter(job_id__in=[long, short]).update(created_at=now - timedelta(seconds=90))
+    # Both queued 90 s ago; since then the long job held the device 50 s, the short one 2 s, and the long job's last turn
+    # began first: turns by last start alone would serve the long job now.
+    _held(DeviceTask.objects.filter(job_id=long).first().pk, from_s=80, to_s=30, now=now)
+    _held(DeviceTask.objects.filter(job_id=short).first().pk, from_s=30, to_s=28, now=now)
+    assert lease(agent).json()["job"] == short
+    # While the short job's task runs, the long job's waits one task: the one running.
+    said = tenant.client.get(f"/api/v1/jobs/{long}/").json()["waiting"]
+    assert said["cause"] == "device_busy" and said["position"] == 1, said
+
+
+def test_a_job_that_comes_later_does_not_make_up_for_device_time_before_it_came(tenant, model_files):
+    agent = register(tenant, "box", ORT_ONLY)
+    old, new = (create_job(tenant, model_files, precisions=["fp32"]) for _ in range(2))
+    now = timezone.now()
+    extra = _one_more_task(old)
+    DeviceTask.objects.filter(job_id=old).update(created_at=now - timedelta(seconds=200))
+    DeviceTask.objects.filter(job_id=new).update(created_at=now - timedelta(seconds=100))
+    _held(DeviceTask.objects.filter(job_id=old).exclude(pk=extra).first().pk, from_s=180, to_s=120, now=now)  # before `new` came
+    _one_more_task(new)
+    _held(DeviceTask.objects.filter(job_id=new).order_by("id").first().pk, from_s=90, to_s=70, now=now)  # 20 s since
+    _held(extra, from_s=60, to_s=57, now=now)  # 3 s since
+    _one_more_task(old)
+    # Since `new` came, `old` held the device 3 s and `new` 20 s: `old` goes first, though it had more in all and its last
+    # turn was later.
+    assert lease(agent).json()["job"] == old
+
+
 def test_a_re_timing_that_waits_for_quiet_waits_briefly_while_another_jobs_task_waits_for_the_device(tenant, model_files):
     from kiln.pipeline.models import DeviceTaskPurpose
     from kiln.pipeline.retime import SHARED_QUIET_WAIT_S, quiet_wait_s
