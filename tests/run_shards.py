@@ -94,8 +94,8 @@ def _redis(url: str, index: int) -> str:
 
 def main(extra: list[str]) -> int:
     phases = [[(index, paths, ["-m", f"not {QUIET}"]) for index, paths in enumerate(shards())]]
-    if quiet_files():
-        phases.append([(0, quiet_files(), ["-m", QUIET])])
+    if quiet := quiet_files():
+        phases.append([(0, quiet, ["-m", QUIET])])
     failed, reports = 0, []
     for phase_number, phase in enumerate(phases):
         processes = [_start(index, paths, [*marks, *extra], phase_number) for index, paths, marks in phase]

@@ -128,19 +128,21 @@ def lease_candidates(*, agent: Agent, limit: int = 50) -> list[DeviceTask]:
     """Queued tasks this agent may run, jobs in turn (`in_turn`): a plain read (no lock), claimed one by one by
     compare-and-set. One job's twenty measurements and its re-timing never hold another job's first measurement back. (An
     agent belongs to one organization, so its turns are between that organization's jobs.)"""
-    queued = list(DeviceTask.objects.filter(
+    # Every queued task's few routing fields (no cap: a cap by id would hide the newest jobs), then the first `limit` whole.
+    queued = DeviceTask.objects.filter(
         organization_id=agent.organization_id,
         status=DeviceTaskStatus.QUEUED,
         backend__in=sorted(agent.backends),
         job__status__in=[JobStatus.RUNNING],
-    ).order_by("id")[:QUEUED_READ_LIMIT])
+    ).only("id", "job_id", "pinned_agent_id", "required_labels")
     runnable = [task for task in queued if task.pinned_agent_id in (None, agent.id) and _labels_match(task.required_labels, agent.labels)]
-    return in_turn(runnable)[:limit]
+    chosen = [task.id for task in in_turn(runnable)[:limit]]
+    whole = DeviceTask.objects.in_bulk(chosen)
+    return [whole[task_id] for task_id in chosen if task_id in whole]
 
 
 # Jobs whose device time since the newest of them came differs by less than this take turns as equals.
 DEVICE_TURN_QUANTUM_S = 5.0
-QUEUED_READ_LIMIT = 500
 
 
 def in_turn(tasks: list[DeviceTask]) -> list[DeviceTask]:
@@ -153,12 +155,13 @@ def in_turn(tasks: list[DeviceTask]) -> list[DeviceTask]:
     """
     served, last_turn = device_service([task.job_id for task in tasks])
     least = min(served.values(), default=0.0)
+    now = timezone.now()
 
     def order(task: DeviceTask) -> tuple:
         service = served.get(task.job_id, 0.0)
         behind = service > least + DEVICE_TURN_QUANTUM_S
         last = last_turn.get(task.job_id)
-        return (behind, service if behind else 0.0, last is not None, last or timezone.now(), task.id)
+        return (behind, service if behind else 0.0, last is not None, last or now, task.id)
 
     return sorted(tasks, key=order)
 
