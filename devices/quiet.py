@@ -441,10 +441,15 @@ class BuildPauser(threading.Thread):
     While the build runs it holds `builds.lock` shared; to pause it lets go, so the waiting agent can
     take the lock exclusively once every running build has stopped. `paused_s` is the time spent
     stopped, which a caller leaves out of the build's time limit.
+
+    `background`: work nobody waits on (an upload's operator-support check at the lowest CPU priority). It pauses
+    for windows like any build, but does not count as a build waiting (`builds-pending.lock`): an agent leaves waiting
+    builds their turn between windows, and a background check must not make the device idle for a turn it never needs.
     """
 
     def __init__(self, pid: int, *, directory: Path | None = None, poll_s: float = POLL_S,
-                 on_pause: Callable[[str], None] | None = None, on_continue: Callable[[], None] | None = None):
+                 on_pause: Callable[[str], None] | None = None, on_continue: Callable[[], None] | None = None,
+                 background: bool = False):
         super().__init__(daemon=True, name=f"kiln-build-pauser-{pid}")
         self.pid = pid
         self.directory = directory or quiet_dir()
@@ -458,8 +463,9 @@ class BuildPauser(threading.Thread):
         self._done = threading.Event()
         self._stopped_tree = False
         self._closed = False
-        self._pending = _open_lock(BUILDS_PENDING_LOCK, self.directory)
-        fcntl.flock(self._pending, fcntl.LOCK_SH)
+        self._pending = None if background else _open_lock(BUILDS_PENDING_LOCK, self.directory)
+        if self._pending is not None:
+            fcntl.flock(self._pending, fcntl.LOCK_SH)
         self._builds = _open_lock(BUILDS_LOCK, self.directory)
         # Taken before the child runs a step of its own whenever no agent times: a build that cannot take it starts paused.
         self._holding = not timing_requested(self.directory) and _try_lock(self._builds, fcntl.LOCK_SH)
@@ -533,6 +539,8 @@ class BuildPauser(threading.Thread):
             return
         self._closed = True
         for fd in (self._builds, self._pending):
+            if fd is None:
+                continue
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             with contextlib.suppress(OSError):

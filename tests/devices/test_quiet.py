@@ -242,6 +242,28 @@ def test_without_waiting_builds_windows_follow_each_other_at_once(tmp_path, monk
     assert second.waited_s < 0.3
 
 
+def test_a_background_check_pauses_for_windows_but_is_left_no_turn_between_them(tmp_path, burner_binary, monkeypatch):
+    # An upload's support check runs in the background: nobody waits on it, so the device does not idle for it (team load:
+    # a hostile upload's check, minutes long, halved the device's time while it ran).
+    monkeypatch.setenv(quiet.BUILD_SHARE_ENV, "0.5")
+    check = spawn([str(burner_binary), "-c", BURN])
+    pauser = quiet.BuildPauser(check.pid, directory=tmp_path, background=True)
+    pauser.start()
+    try:
+        assert not quiet.builds_waiting(tmp_path)
+        with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=10):
+            time.sleep(0.6)
+        with quiet.QuietWindow(directory=tmp_path, wait_for_builds_s=10) as second:
+            paused_from = cpu_seconds(check)
+            time.sleep(0.3)
+            ran_inside = cpu_seconds(check) - paused_from
+        assert second.waited_s < 0.3, second.waited_s
+        assert ran_inside < 0.05 and pauser.pauses >= 1, (ran_inside, pauser.pauses)
+    finally:
+        pauser.stop()
+        stop(check)
+
+
 def test_the_builds_turn_follows_the_share_and_is_capped(monkeypatch):
     assert quiet.builds_turn_s(2.0, 0.5) == pytest.approx(2.0)
     assert quiet.builds_turn_s(2.0, 0.0) == 0.0

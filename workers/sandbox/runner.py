@@ -8,6 +8,7 @@ back as a dict or as SandboxFailed with a readable reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -174,7 +175,8 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
             staged[key] = str(target)
         (private / "request.json").write_text(json.dumps(staged))
         with host_memory.reserved(memory_mb or rss_mb or DEFAULT_MEMORY_MB, what=booked_as or what, on_wait=on_memory_wait) as waited_s:
-            output, returncode, usage = _run_child(private, packages, limits=limits, pause=pause, threads=threads, what=what)
+            output, returncode, usage = _run_child(private, packages, limits=limits, pause=_pauser(pause, background=background),
+                                                   threads=threads, what=what)
         usage.memory_wait_s = round(waited_s, 3)
         result = _read_result(private, returncode, output, limits=limits, usage=usage)
         if "error" in result:
@@ -187,6 +189,13 @@ def run_confined(command: str, request: dict, *, files: dict[str, Path] | None =
         return {**result, "usage": asdict(usage)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _pauser(pause: Callable[[int], object] | None, *, background: bool) -> Callable[[int], object] | None:
+    """The host's pause for this child: work in the background pauses for timing windows, but no agent leaves it a turn."""
+    if background and pause is BuildPauser:
+        return functools.partial(BuildPauser, background=True)
+    return pause
 
 
 def _plan_dict(plan: Plan, *, layers: tuple[str, ...], shared: tuple[Path, ...], packages: Path) -> dict:

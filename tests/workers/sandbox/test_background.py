@@ -19,6 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from devices import quiet
 from workers.sandbox.child import BACKGROUND_NICE
 from workers.sandbox.runner import SandboxFailed, run_confined
 from workers.support import SupportCheckFailed, check_isolated
@@ -86,3 +87,36 @@ def test_a_background_check_leaves_a_busy_core_to_the_work_already_there(tmp_pat
     # Sharing the core, the loop gets about half of it; beside a background check, nearly all of it.
     assert background > foreground + 0.25, (foreground, background)
     assert background > 0.8, (foreground, background)
+
+
+def _during_a_check(model: Path, *, background: bool, probe) -> object:
+    """What `probe()` answers while an operator-support check of `model` computes."""
+    checker = threading.Thread(target=_check_quietly, args=(model, background))
+    checker.start()
+    try:
+        time.sleep(3.0)  # the child starts, imports OpenVINO and begins folding
+        return probe()
+    finally:
+        checker.join()
+
+
+def _check_quietly(model: Path, background: bool) -> None:
+    with contextlib.suppress(SandboxFailed, SupportCheckFailed):  # stopped at its time limit, as meant
+        check_isolated(model, ["openvino"], timeout_s=6, background=background)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="needs OpenVINO, whose reader folds the constants")
+def test_a_background_check_pauses_for_a_timing_window_but_the_device_leaves_it_no_turn(tmp_path, monkeypatch):
+    # Team load: a hostile upload's check is minutes long; counted as a waiting build, it made the agent idle before
+    # every window for the builds' turn, and the other users' jobs took 27% longer.
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    model = _folding_model(tmp_path / "folding.onnx", matmuls=400)
+
+    def window() -> tuple[bool, bool]:
+        waiting = quiet.builds_waiting()
+        with quiet.QuietWindow(wait_for_builds_s=10) as timed:
+            time.sleep(0.3)
+        return waiting, timed.builds_paused
+
+    assert _during_a_check(model, background=True, probe=window) == (False, True)
+    assert _during_a_check(model, background=False, probe=window) == (True, True)
