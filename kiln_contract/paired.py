@@ -24,6 +24,9 @@ RESOLUTION = 0.02
 # A rival whose whole (widened) interval lies within this of 1.0 is a settled tie: more rounds would not separate it.
 TIE_BAND = 0.04
 FASTER, SLOWER, TIE = "faster", "slower", "tie"
+# Why a device's side-by-side rounds stopped: `stop_reason`'s answers, and "time" where the agent stopped them after the
+# seconds the server allowed while other jobs waited for the device.
+STOP_REASONS = ("separated", "tie settled", "cap", "time")
 
 
 def compare(low: float, high: float) -> str:

@@ -270,6 +270,22 @@ def _call_labels(validation_path: Path, plan: dict) -> np.ndarray | None:
     return np.stack(rows) if rows and plan.get("mode") != feeds.SEQUENCES else None
 
 
+def _seconds(value) -> float | None:
+    """A positive number of seconds from a task's plan, else None (absent, or not a number an agent can use)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+def _out_of_time(started: float, max_seconds: float | None, *, rounds: int, min_rounds: int) -> str | None:
+    """"time" once the rounds have held the device `max_seconds` and their minimum is done, else None."""
+    if max_seconds is None or rounds < min_rounds:
+        return None
+    return "time" if time.monotonic() - started >= max_seconds else None
+
+
 class TaskRunner:
     """Runs leased tasks one at a time in the calling thread."""
 
@@ -563,7 +579,8 @@ class TaskRunner:
                 quiet_wait = self._wait_for_quiet(task, cancel, float(plan.get("wait_for_quiet_s") or 0.0), threads)
                 self._enter(task, cancel, "benchmark", f"up to {max_rounds} interleaved rounds of {len(variants)} variants")
                 samples, windows, stopped = self._interleaved_rounds(task, cancel, runs, bench.BenchmarkSettings.from_dict(plan.get("window")),
-                                                                     min_rounds=min_rounds, max_rounds=max_rounds, threads=threads)
+                                                                     min_rounds=min_rounds, max_rounds=max_rounds, threads=threads,
+                                                                     max_seconds=_seconds(plan.get("max_seconds")))
             except (bench.BenchmarkInterrupted, quiet.WindowInterrupted):
                 self._check(task["id"], cancel)
                 raise
@@ -594,9 +611,11 @@ class TaskRunner:
         return f"{who} times job {task.get('job')}" if task.get("job") else f"{who} times a task"
 
     def _interleaved_rounds(self, task: dict, cancel: threading.Event, runs: list, settings: bench.BenchmarkSettings, *,
-                            min_rounds: int, max_rounds: int, threads: int) -> tuple[list[list[np.ndarray]], list[dict], str]:
-        """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop; (each run's samples per round,
-        windows, why)."""
+                            min_rounds: int, max_rounds: int, threads: int,
+                            max_seconds: float | None = None) -> tuple[list[list[np.ndarray]], list[dict], str]:
+        """Rotated rounds, each in its own quiet window, until `paired.stop_reason` says stop, or, once `min_rounds` are
+        done, `max_seconds` have passed (other jobs wait for the device: "time"); (each run's samples per round, windows, why)."""
+        started = time.monotonic()
         stop_or_cancel = lambda: cancel.is_set() or self.stop_event.is_set()  # noqa: E731
         samples: list[list[np.ndarray]] = [[] for _ in runs]
         medians: list[list[float]] = [[] for _ in runs]
@@ -610,7 +629,8 @@ class TaskRunner:
                 samples[index].append(part)
                 medians[index].append(float(np.median(part)))
             windows.append(window.as_dict())
-            stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds)
+            stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds) or _out_of_time(
+                started, max_seconds, rounds=done + 1, min_rounds=min_rounds)
             # The rounds together outlast a lease: each round's progress report extends it.
             self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"
                         + (f": {stopped}" if stopped else ""))

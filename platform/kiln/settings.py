@@ -314,6 +314,9 @@ BENCHMARK_WARMUP_SECONDS = _env_float("KILN_BENCHMARK_WARMUP_SECONDS", 1.0, mini
 RETIME_MAX_ROUNDS = _env_int("KILN_RETIME_MAX_ROUNDS", 30, minimum=6)
 if RETIME_MAX_ROUNDS > 64:
     raise ImproperlyConfigured("KILN_RETIME_MAX_ROUNDS must be at most 64 (an agent reports at most 64 rounds).")
+# While another job's task waits for the same device, a re-timing's rounds stop after this many seconds (past their
+# minimum): the device serves jobs in turn, and a gap of a few percent may not separate however many rounds it gets.
+RETIME_SHARED_SECONDS = _env_int("KILN_RETIME_SHARED_SECONDS", 30, minimum=1)
 # A decision whose deciding rounds were busy is provisional: the finalists are re-timed this many times more, each time after
 # the agent waited up to RETIME_QUIET_WAIT_S for its device to be quiet (kiln.pipeline.retime `retime_when_quiet`).
 RETIME_QUIET_ATTEMPTS = _env_int("KILN_RETIME_QUIET_ATTEMPTS", 2, minimum=0)

@@ -2706,6 +2706,11 @@ export interface components {
              * @description Set when the last rounds were busy: wait this long for a quiet device first.
              */
             wait_for_quiet_s: number;
+            /**
+             * Format: double
+             * @description Set while another job's task waits for this device: stop the rounds after this many seconds, once `min_rounds` are done (why: "time").
+             */
+            max_seconds: number | null;
             variants: components["schemas"]["RetimeVariant"][];
         };
         /**
@@ -2895,9 +2900,10 @@ export interface components {
          * @description * `separated` - separated
          *     * `tie settled` - tie settled
          *     * `cap` - cap
+         *     * `time` - time
          * @enum {string}
          */
-        StoppedEnum: "separated" | "tie settled" | "cap";
+        StoppedEnum: "separated" | "tie settled" | "cap" | "time";
         /** @description What the organization stores against its quota (KILN_STORAGE_QUOTA_BYTES). */
         Storage: {
             stored_bytes: number;

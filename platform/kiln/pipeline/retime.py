@@ -126,16 +126,28 @@ def _decision_on(job, target: str) -> dict | None:
 SHARED_QUIET_WAIT_S = 20.0
 
 
+def others_waiting(task: DeviceTask) -> bool:
+    """Whether another job's task is queued for the device this re-timing holds."""
+    others = DeviceTask.objects.filter(organization_id=task.organization_id, status=DeviceTaskStatus.QUEUED).exclude(job_id=task.job_id)
+    if task.pinned_agent_id is not None:
+        others = others.filter(Q(pinned_agent_id=task.pinned_agent_id) | Q(pinned_agent__isnull=True))
+    return others.exists()
+
+
 def quiet_wait_s(task: DeviceTask) -> float:
     """How long the agent that leases this re-timing waits for a quiet device first: what `retime_when_quiet` asked, cut
     to SHARED_QUIET_WAIT_S while another job's task is queued for the same device."""
     asked = float((task.retime or {}).get("wait_for_quiet_s") or 0.0)
     if asked <= SHARED_QUIET_WAIT_S:
         return asked
-    others = DeviceTask.objects.filter(organization_id=task.organization_id, status=DeviceTaskStatus.QUEUED).exclude(job_id=task.job_id)
-    if task.pinned_agent_id is not None:
-        others = others.filter(Q(pinned_agent_id=task.pinned_agent_id) | Q(pinned_agent__isnull=True))
-    return SHARED_QUIET_WAIT_S if others.exists() else asked
+    return SHARED_QUIET_WAIT_S if others_waiting(task) else asked
+
+
+def rounds_seconds(task: DeviceTask) -> float | None:
+    """How long the re-timing's rounds may hold the device (past its minimum rounds) while another job's task waits for
+    it: KILN_RETIME_SHARED_SECONDS; None (only the round cap) when nobody else waits. Two finalists a few percent apart
+    can take every round of the cap to separate, or never do, and each round holds everyone else's measurements."""
+    return float(settings.RETIME_SHARED_SECONDS) if others_waiting(task) else None
 
 
 def retime_when_quiet(*, task: DeviceTask, metrics: dict, agent_name: str) -> bool:

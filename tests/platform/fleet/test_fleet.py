@@ -602,3 +602,24 @@ def test_a_re_timing_that_waits_for_quiet_waits_briefly_while_another_jobs_task_
     assert quiet_wait_s(retime) == 300  # nobody else waits for the device: wait out the outside load
     create_job(tenant, model_files, precisions=["fp32"])
     assert quiet_wait_s(retime) == SHARED_QUIET_WAIT_S  # another job's measurement waits: the re-timing does not hold it long
+
+
+def test_a_re_timing_holds_the_device_for_bounded_seconds_only_while_another_jobs_task_waits(tenant, model_files, settings):
+    from kiln.pipeline.models import DeviceTaskPurpose
+    from kiln.pipeline.retime import rounds_seconds
+
+    settings.RETIME_SHARED_SECONDS = 17
+    agent = register(tenant, "box", ORT_ONLY)
+    first = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
+    measured = list(DeviceTask.objects.filter(job_id=first))
+    DeviceTask.objects.filter(job_id=first).update(status=DeviceTaskStatus.SUCCEEDED, leased_by_id=agent.agent_id)
+    retime = DeviceTask.objects.create(job_id=first, organization=tenant.organization, variant=measured[0].variant, backend="onnxruntime",
+                                       target=measured[0].target, pinned_agent_id=agent.agent_id, purpose=DeviceTaskPurpose.RETIME,
+                                       retime={"tasks": [task.id for task in measured], "rounds": 30, "min_rounds": 6})
+    assert rounds_seconds(retime) is None  # nobody else waits for the device: only the round cap
+    second = create_job(tenant, model_files, precisions=["fp32"])
+    assert rounds_seconds(retime) == 17  # another job's measurement waits: the rounds hold the device 17 s at most
+    DeviceTask.objects.filter(job_id=second).update(status=DeviceTaskStatus.SUCCEEDED)
+    assert rounds_seconds(retime) is None
+
+

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def report_timings(agent, capture, timings: dict[str, tuple[float, list[float], bool, float]], rounds: dict[str, list[float]] | None = None,
-                   windows: list[dict] | None = None, retime=None) -> None:
+                   windows: list[dict] | None = None, retime=None, stopped: str = "separated") -> None:
     """Lease every task and report, per precision, the p50, the benchmark's window medians, the unstable flag and top-1 agreement;
     a re-timing task gets `rounds` (per precision, its median in each side-by-side round), or fails when there are none
     (`retime(task)`, when given, returns a re-timing task's metrics instead)."""
@@ -26,7 +26,7 @@ def report_timings(agent, capture, timings: dict[str, tuple[float, list[float], 
             precisions = {row["task"]: row["key"] for row in task["retime"]["variants"]}
             result = ({"attempt": task["attempt"], "status": "succeeded", "error": "",
                        "metrics": {"retime": [{"task": task_id, "interleaved_medians_ms": rounds[key]} for task_id, key in precisions.items()],
-                                   "stopped": "separated", "windows": windows or []}}
+                                   "stopped": stopped, "windows": windows or []}}
                       if rounds else {"attempt": task["attempt"], "status": "failed", "error": "no re-timing in this test"})
         else:
             p50, medians, unstable, top1 = timings[task["variant"]["precision"]]
@@ -40,12 +40,12 @@ def report_timings(agent, capture, timings: dict[str, tuple[float, list[float], 
             assert agent.post(f"/api/agent/v1/tasks/{task['id']}/result", result, format="json").status_code == 200
 
 
-def deploy(tenant, model_files, capture, timings, rounds=None, windows=None) -> dict:
+def deploy(tenant, model_files, capture, timings, rounds=None, windows=None, stopped="separated") -> dict:
     agent = register(tenant, "noisy-box")
     version = upload(tenant.client, "/api/v1/models/", model_files["model"], name="digits").json()["versions"][0]["id"]
     with capture(execute=True):
         job = tenant.client.post("/api/v1/jobs/", {"model_version": version, "precisions": sorted(timings)}, format="json").json()
-    report_timings(agent, capture, timings, rounds, windows)
+    report_timings(agent, capture, timings, rounds, windows, stopped=stopped)
     report = tenant.client.get(f"/api/v1/jobs/{job['id']}/report/").json()
     assert report["status"] == "succeeded", report
     return report
@@ -114,6 +114,19 @@ def test_a_steady_speed_up_wins_from_the_side_by_side_rounds_and_the_table_shows
     events = [event["message"] for event in tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["events"]]
     assert any("2 finalist(s) re-timed side by side in 8 interleaved rounds (separated); 2 busy round(s) re-taken" in event for event in events), events
     assert_decision_agrees(device)
+
+
+def test_rounds_the_agent_stopped_because_other_jobs_waited_are_accepted_and_said(tenant, model_files, django_capture_on_commit_callbacks):
+    # A re-timing holds a shared device for KILN_RETIME_SHARED_SECONDS at most; the agent says "time" and the report says why.
+    close = [1.0, 1.03, 0.99, 1.02, 1.0, 0.98, 1.01, 1.0]
+    report = deploy(tenant, model_files, django_capture_on_commit_callbacks, {
+        "fp32": (2.0, [2.0, 2.01, 1.99], False, 1.0),
+        "int8-dynamic": (1.95, [1.95, 1.96, 1.94], False, 0.998),
+    }, rounds={"fp32": [2.0 * d for d in DRIFT], "int8-dynamic": [2.0 * d * c for d, c in zip(DRIFT, close)]}, stopped="time")
+    measurement = report["devices"][0]["decision"]["measurement"]
+    assert measurement["stopped"] == "time" and measurement["stopped_text"].startswith("stopped after the time a re-timing may hold a device")
+    events = [event["message"] for event in tenant.client.get(f"/api/v1/jobs/{report['job']}/").json()["events"]]
+    assert any("re-timed side by side in 8 interleaved rounds (time)" in event for event in events), events
 
 
 def test_the_deployments_list_carries_each_devices_outcome_and_filters_by_model(tenant, other_tenant, model_files, django_capture_on_commit_callbacks):

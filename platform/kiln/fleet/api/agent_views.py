@@ -22,7 +22,7 @@ from kiln.core.errors import KilnError, RequestTooLarge, error_body
 from kiln.core.parsers import AgentResultJSONParser, BoundedJSONParser
 from kiln.core.tokens import bearer_secret
 from kiln.pipeline.models import DeviceTaskPurpose, DeviceTaskStatus
-from kiln.pipeline.retime import RETIME_ROUNDS, quiet_wait_s, retimed_tasks
+from kiln.pipeline.retime import RETIME_ROUNDS, quiet_wait_s, retimed_tasks, rounds_seconds
 from kiln.registry.api.views import UploadDetailView, UploadListView, download_response
 from kiln.registry.services import storage_quota_check
 from kiln_contract.paired import MIN_ROUNDS
@@ -106,6 +106,8 @@ def _retime_payload(task) -> dict | None:
         "window": INTERLEAVED_WINDOW,
         # Set when the last rounds were busy (kiln.pipeline.retime `retime_when_quiet`): wait this long for a quiet device first.
         "wait_for_quiet_s": quiet_wait_s(task),
+        # Set while another job's task waits for this device: the rounds stop after this long (their minimum still holds).
+        "max_seconds": rounds_seconds(task),
         "variants": [{"task": other.id, "key": other.variant.key, "backend": other.backend,
                       "compile": other.variant.options.get("compile") or {},
                       "model": _file_entry(task, f"{RETIME_FILE_PREFIX}{other.id}", other.variant.artifact.blob if other.variant.artifact else None)}

@@ -6,6 +6,7 @@ from rest_framework import serializers
 from kiln.core.fields import BoundedJSONField, TruncatedCharField, id_field
 from kiln.core.schema import ANY_OBJECT, OpenSerializer, json_field
 from kiln_contract import operator_support
+from kiln_contract.paired import STOP_REASONS
 
 from ..heartbeats import heartbeats_overlay
 from ..models import Agent, RegistrationToken
@@ -242,7 +243,7 @@ class MetricsSerializer(serializers.Serializer):
 
     retime = serializers.ListField(child=RetimeRowSerializer(), max_length=16, required=False)
     # Why a RETIME task's rounds stopped (kiln_contract/paired.py `stop_reason`).
-    stopped = serializers.ChoiceField(choices=["separated", "tie settled", "cap"], required=False, allow_null=True)
+    stopped = serializers.ChoiceField(choices=list(STOP_REASONS), required=False, allow_null=True)
     quiet_wait = QuietWaitSerializer(required=False)
     # The quiet windows the timing ran in (devices/quiet.py `Window.as_dict`): load before and after, re-takes.
     windows = serializers.ListField(child=BoundedJSONField(max_bytes=2048, max_depth=3), max_length=64, required=False)
@@ -434,6 +435,8 @@ class RetimeOrderSerializer(serializers.Serializer):
     min_rounds = serializers.IntegerField()
     window = TimingWindowSerializer(help_text="Each round's timing window (devices/bench.py INTERLEAVED_WINDOW).")
     wait_for_quiet_s = serializers.FloatField(help_text="Set when the last rounds were busy: wait this long for a quiet device first.")
+    max_seconds = serializers.FloatField(allow_null=True, help_text="Set while another job's task waits for this device: stop the rounds "
+                                         "after this many seconds, once `min_rounds` are done (why: \"time\").")
     variants = RetimeVariantSerializer(many=True)
 
 

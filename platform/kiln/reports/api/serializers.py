@@ -10,6 +10,7 @@ from kiln.core.schema import ANY_OBJECT, OpenSerializer, json_field
 from kiln.fleet.api.serializers import ProfileSerializer
 from kiln.pipeline.api.serializers import CalibrationSubsetSerializer, DeclaredMetricSerializer, EvaluationPlanSerializer, ToleranceSerializer
 from kiln.pipeline.models import JobStatus
+from kiln_contract.paired import STOP_REASONS
 
 from ..models import Measurement
 from ..selectors import MEASUREMENT_SETS
@@ -271,7 +272,7 @@ class DecisionMeasurementSerializer(serializers.Serializer):
 
     source = serializers.CharField()
     rounds = serializers.IntegerField()
-    stopped = serializers.ChoiceField(choices=["separated", "tie settled", "cap"], allow_null=True)
+    stopped = serializers.ChoiceField(choices=list(STOP_REASONS), allow_null=True)
     stopped_text = serializers.CharField(allow_blank=True)
     finalists = FinalistSerializer(many=True)
 
