@@ -318,7 +318,7 @@ class TaskRunner:
         if self.stop_event.is_set() and (stage or self.stage) not in FINISH_ON_STOP:
             raise AgentStopping(STOPPING_REASON)
 
-    def _enter(self, task: dict, cancel: threading.Event, stage: str, message: str) -> None:
+    def _enter(self, task: dict, cancel: threading.Event, stage: str, message: str) -> dict:
         self._check(task["id"], cancel, stage)
         self.stage = stage
         logger.info("task %s: %s: %s", task["id"], stage, message)
@@ -332,10 +332,11 @@ class TaskRunner:
         except (ApiError, ServerUnavailable) as exc:
             # The lease may lapse; the result post will then tell us with a 409.
             logger.warning("task %s: progress report failed: %s", task["id"], exc)
-            return
+            return {}
         if answer.get("cancel"):
             cancel.set()
             raise TaskCanceled(f"task {task['id']} canceled by the server")
+        return answer
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -631,11 +632,14 @@ class TaskRunner:
             windows.append(window.as_dict())
             stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds) or _out_of_time(
                 started, max_seconds, rounds=done + 1, min_rounds=min_rounds)
-            # The rounds together outlast a lease: each round's progress report extends it.
-            self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"
-                        + (f": {stopped}" if stopped else ""))
+            # The rounds together outlast a lease: each round's progress report extends it, and its answer says how long the
+            # rounds may still hold the device (another job's task may have come to wait since the lease).
+            answer = self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"
+                                 + (f": {stopped}" if stopped else ""))
             if stopped:
                 return samples, windows, stopped
+            if "max_seconds" in answer:
+                max_seconds = _seconds(answer["max_seconds"])
 
     def download_verified(self, key: str, spec: dict, destination: Path) -> Path:
         """Download a task file and check its sha256, trying DOWNLOAD_ATTEMPTS times in all."""

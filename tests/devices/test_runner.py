@@ -350,6 +350,31 @@ def test_a_retime_task_the_server_sends_after_busy_rounds_waits_for_a_quiet_devi
     assert any(message.startswith("waiting up to 20 s for the device to be quiet") for message in messages), messages
 
 
+def test_a_retime_stops_for_time_once_the_server_says_another_job_came_to_wait(agent_server, runner, tiny_task_files, tmp_path,
+                                                                                monkeypatch):
+    from devices import quiet
+    from devices.agent import runner as runner_module
+
+    monkeypatch.setenv(quiet.QUIET_DIR_ENV, str(tmp_path / "quiet"))
+    monkeypatch.setenv(quiet.RETAKES_ENV, "0")
+    # Two finalists that never separate nor settle (the rule has its own tests): only the cap or the time can stop them.
+    monkeypatch.setattr(runner_module.paired, "stop_reason", lambda medians, *, min_rounds, max_rounds: "cap" if len(medians[0]) >= max_rounds else None)
+    files = {"validation": tiny_task_files["validation"], "retime-7": tiny_task_files["model"], "retime-8": tiny_task_files["model"]}
+    task = agent_server.serve_task(42, files)
+    task["files"] = {"validation": task["files"]["validation"]}
+    # Alone on the device at the lease (no `max_seconds`); from the third round on, another job's task waits.
+    agent_server.route("POST", PROGRESS.format(42), [Answer(200, {"cancel": False, "lease_expires_at": "x"})] * 4
+                       + [Answer(200, {"cancel": False, "lease_expires_at": "x", "max_seconds": 0.001})])
+    task["retime"] = {"rounds": 20, "min_rounds": 6, "max_seconds": None,
+                      "window": {"warmup_runs": 1, "warmup_seconds": 0.0, "min_runs": 3, "min_seconds": 0.0},
+                      "variants": [{"task": 7, "key": "fp32", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-7")},
+                                   {"task": 8, "key": "copy", "backend": "onnxruntime", "compile": {}, "model": task_files_entry(task, files, "retime-8")}]}
+    assert runner.run(task) == "succeeded"
+    [result] = agent_server.results(42)
+    # Its minimum rounds still ran; then it stopped at once, 14 rounds short of the cap.
+    assert result["metrics"]["stopped"] == "time" and len(result["metrics"]["retime"][0]["interleaved_medians_ms"]) == 6
+
+
 def task_files_entry(task: dict, files: dict, name: str) -> dict:
     return {"url": f"/api/agent/v1/tasks/{task['id']}/files/{name}", "sha256": hashlib.sha256(files[name]).hexdigest(), "size_bytes": len(files[name])}
 

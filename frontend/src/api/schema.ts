@@ -2386,6 +2386,11 @@ export interface components {
             cancel: boolean;
             /** Format: date-time */
             lease_expires_at: string;
+            /**
+             * Format: double
+             * @description To a re-timing: how long its rounds may hold the device now (another job's task waits), null for the round cap alone.
+             */
+            max_seconds?: number | null;
         };
         ProgressRequest: {
             attempt: number;

@@ -26,7 +26,8 @@ from kiln.pipeline.device_tasks import (
     device_tasks_release_retimes,
     device_tasks_requeue_held_by,
 )
-from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskStatus
+from kiln.pipeline.models import Artifact, ArtifactKind, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
+from kiln.pipeline.retime import rounds_seconds
 from kiln.pipeline.services import artifact_store
 from kiln.registry.selectors import upload_get
 from kiln.registry.services import upload_consume
@@ -267,7 +268,8 @@ def device_task_for_agent(*, agent: Agent, task_id: int, attempt: int | None) ->
 
 
 def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str, message: str, percent: float | None) -> dict:
-    """Record an agent's progress and extend its lease; the answer says whether to cancel."""
+    """Record an agent's progress and extend its lease; the answer says whether to cancel, and to a re-timing how long its
+    rounds may still hold the device (`kiln.pipeline.retime.rounds_seconds`)."""
     task = device_task_for_agent(agent=agent, task_id=task_id, attempt=attempt)
     if task.status == DeviceTaskStatus.CANCELED:
         return {"cancel": True, "lease_expires_at": task.lease_expires_at}
@@ -278,7 +280,11 @@ def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str
         stage=(stage or "")[:32], message=(message or "")[:2000], progress=max(0.0, min(1.0, (percent or 0) / 100.0)), lease_expires_at=expires
     )
     heartbeat_record(agent_id=agent.pk, at=timezone.now())
-    return {"cancel": False, "lease_expires_at": expires}
+    answer = {"cancel": False, "lease_expires_at": expires}
+    if task.purpose == DeviceTaskPurpose.RETIME:
+        # Asked again at every round: another job's task may have come to wait for the device since the lease.
+        answer["max_seconds"] = rounds_seconds(task)
+    return answer
 
 
 def device_task_store_artifact(*, agent: Agent, task_id: int, attempt: int, filename: str, path: Path | None = None,

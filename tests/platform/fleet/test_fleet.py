@@ -619,7 +619,12 @@ def test_a_re_timing_holds_the_device_for_bounded_seconds_only_while_another_job
     assert rounds_seconds(retime) is None  # nobody else waits for the device: only the round cap
     second = create_job(tenant, model_files, precisions=["fp32"])
     assert rounds_seconds(retime) == 17  # another job's measurement waits: the rounds hold the device 17 s at most
+    # The agent learns it at every round's progress report, not only at the lease.
+    DeviceTask.objects.filter(pk=retime.pk).update(status=DeviceTaskStatus.LEASED, leased_by_id=agent.agent_id, attempt=1)
+    progress = f"/api/agent/v1/tasks/{retime.pk}/progress"
+    assert agent.post(progress, {"attempt": 1, "stage": "benchmark", "message": "round 7"}, format="json").json()["max_seconds"] == 17
     DeviceTask.objects.filter(job_id=second).update(status=DeviceTaskStatus.SUCCEEDED)
     assert rounds_seconds(retime) is None
+    assert agent.post(progress, {"attempt": 1, "stage": "benchmark", "message": "round 8"}, format="json").json()["max_seconds"] is None
 
 

@@ -460,6 +460,8 @@ class LeasedTaskSerializer(serializers.Serializer):
 class ProgressAnswerSerializer(serializers.Serializer):
     cancel = serializers.BooleanField(help_text="Stop the task: it was canceled.")
     lease_expires_at = serializers.DateTimeField()
+    max_seconds = serializers.FloatField(required=False, allow_null=True, help_text="To a re-timing: how long its rounds may hold the "
+                                         "device now (another job's task waits), null for the round cap alone.")
 
 
 class ArtifactUploadPlanAnswerSerializer(serializers.Serializer):
