@@ -67,6 +67,8 @@ def nncf_accuracy_control(model: dict, work: Path, reference: dict, plan: dict) 
     import openvino as ov
 
     from devices.artifacts import pack_openvino_ir
+    from kiln_contract.batching import sample_rows
+    from workers.inspect import inspect_onnx
 
     score, figure, higher = kiln_figure(model, reference, plan)
     inputs = _validation_inputs(model)
@@ -78,21 +80,32 @@ def nncf_accuracy_control(model: dict, work: Path, reference: dict, plan: dict) 
         for item in data:
             result = compiled(item)
             for port in compiled.outputs:
-                parts.setdefault(port.get_any_name(), []).append(np.asarray(result[port]))
+                # One sample a call: its rows as Kiln joins them (an output may carry the batch on another axis).
+                parts.setdefault(port.get_any_name(), []).append(sample_rows(np.asarray(result[port]), batch_size=1, rows=1))
         value = score({name: np.concatenate(values) for name, values in parts.items()})
         # NNCF reads a higher-is-better metric; a lower-is-better figure (relative L2) is negated, drop for drop.
         return value if higher else -value
 
+    # NNCF's documentation asks for model_type=TRANSFORMER on transformers; a user would pass it, so the row does.
+    transformer = has_attention(inspect_onnx(model["path"])["op_histogram"])
     quantized = nncf.quantize_with_accuracy_control(
         ov.Core().read_model(str(model["path"])), nncf.Dataset(_calibration_feeds(model)), nncf.Dataset(items), validate,
-        max_drop=float(model["tolerance"]["max_drop"]), drop_type=nncf.DropType.ABSOLUTE)
+        max_drop=float(model["tolerance"]["max_drop"]), drop_type=nncf.DropType.ABSOLUTE,
+        model_type=nncf.ModelType.TRANSFORMER if transformer else None)
     name = Path(model["path"]).stem
     ir = work / f"{name}-nncf-ac"
     ir.mkdir(parents=True, exist_ok=True)
     ov.save_model(quantized, str(ir / "model.xml"), compress_to_fp16=False)
     packed = pack_openvino_ir(ir / "model.xml", ir / "model.bin", work / f"{name}-nncf-ac.openvino.tar")
-    return {"tool": f"NNCF accuracy control on OpenVINO (max_drop {model['tolerance']['max_drop']} of {figure})",
+    return {"tool": f"NNCF accuracy control on OpenVINO ({'transformer, ' if transformer else ''}max_drop {model['tolerance']['max_drop']} of {figure})",
             "path": packed, "backend": "openvino", "vendor": True, "accuracy_aware": True}
+
+
+def has_attention(op_histogram: dict[str, int]) -> bool:
+    """Whether a model has attention layers (what makes a user pass NNCF's TRANSFORMER type): an attention or layer-norm
+    op, or softmaxes in several layers. Kiln's own `is_transformer` also counts one softmax, a CNN classifier's head."""
+    fused = ("Attention", "MultiHeadAttention", "LayerNormalization", "SkipLayerNormalization")
+    return any(op in op_histogram for op in fused) or op_histogram.get("Softmax", 0) >= 2
 
 
 def olive_available() -> tuple[bool, str]:
@@ -173,6 +186,7 @@ _USER_SCRIPT = textwrap.dedent('''
         import onnxruntime as ort
 
         from kiln_contract import contract
+        from kiln_contract.batching import sample_rows
         from kiln_contract.metrics import evaluate
 
         settings = json.loads(Path(settings_path).read_text())
@@ -186,7 +200,7 @@ _USER_SCRIPT = textwrap.dedent('''
         for index in range(count):
             feeds = {name: np.ascontiguousarray(value[index:index + 1]) for name, value in inputs.items()}
             for output, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
-                parts.setdefault(output, []).append(value)
+                parts.setdefault(output, []).append(sample_rows(value, batch_size=1, rows=1))
         outputs = {name: np.concatenate(values) for name, values in parts.items()}
         plan = json.loads(Path(settings["plan"]).read_text())
         verdict = contract.score_accuracy(settings["tolerance"], evaluate(outputs, reference, plan, None, inputs=inputs))

@@ -112,6 +112,7 @@ def search_locally(
                            has_calibration=calibration_path is not None, tolerance=tolerance,
                            sensitivity=sensitivity, measured=entries, thread_choices=thread_choices,
                            seconds_left=deadline - time.monotonic())
+        specs = _not_failed(specs, failures)
         if not specs:
             break
         if round_number > max_rounds:
@@ -222,6 +223,13 @@ def _build_round(specs, model_path, calibration_path, work: Path, cache: Path, w
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = dict(zip(recipes, pool.map(build, recipes.values())))
     return {key: result for key, result in results.items() if result is not None}
+
+
+def _not_failed(specs: list[dict[str, Any]], failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The specs whose recipe has not failed to build: a failed build is tried once, as the pipeline keeps its failed
+    variant and never proposes that key again (a QAT the interpreter cannot run would otherwise take every round)."""
+    failed = {failure["key"] for failure in failures}
+    return [spec for spec in specs if _recipe_key(spec) not in failed]
 
 
 def _recipe_key(spec: dict[str, Any]) -> str:

@@ -168,3 +168,26 @@ def test_the_search_judges_an_encoder_on_the_tokens_its_attention_mask_keeps(tmp
     scrambled[mask[:4] == 0] = 5.0  # what a variant puts on padding does not count
     hidden = evaluate({"last_hidden_state": scrambled}, validation.reference, validation.plan, inputs=validation.inputs)["outputs"]
     assert hidden["last_hidden_state"]["errors"] == {} and hidden["last_hidden_state"]["metrics"]["max_abs_error"] == 0.0
+
+
+def test_a_recipe_whose_build_failed_is_not_proposed_again(mlp_files, tmp_path, monkeypatch):
+    from workers.quantize import search
+
+    real_plan = local_search.plan_round
+    planned = []
+
+    def plan_with_a_broken_refinement(**kwargs):
+        specs = real_plan(**kwargs)
+        if kwargs["round_number"] > 1:
+            # A refinement that cannot build (as QAT on a graph the interpreter cannot run): proposed every round.
+            specs = [*specs, search._spec("int8-minmax-qat", "int8", {"learning": "qat", "calibration_method": "no-such-method"}, ["onnxruntime"])]
+        planned.append([spec["key"] for spec in specs])
+        return specs
+
+    monkeypatch.setattr(local_search, "plan_round", plan_with_a_broken_refinement)
+    result = search_locally(model_path=mlp_files.model, calibration_path=mlp_files.calibration, validation_path=mlp_files.validation,
+                            tolerance="accuracy:1%", backends=("onnxruntime",), work_dir=tmp_path, max_rounds=4,
+                            benchmark={"warmup_runs": 2, "warmup_seconds": 0.0, "min_runs": 5, "min_seconds": 0.0})
+    failed = [failure for failure in result["failures"] if failure["key"] == "int8-minmax-qat"]
+    assert len(failed) == 1, result["failures"]
+    assert result["recommended"] is not None

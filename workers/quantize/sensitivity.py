@@ -3,8 +3,10 @@
 Each candidate node (Conv, ConvTranspose, MatMul, Gemm) is cut out into a one-node model twice:
 as it is, and with its float activation inputs passed through QuantizeLinear/DequantizeLinear
 (uint8, the calibrated range) and its weight fake-quantized per output channel to symmetric int8.
-Both run on the node's real FP32 inputs, captured from the calibration set batch by batch, so each
-node is judged on its own error, not on what upstream quantization did to its inputs. The SQNR of
+Both run on the node's real FP32 inputs, captured from the calibration set batch by batch within the
+build memory budget (streaming.ActivationStream: in groups of tensors, a node's inputs together, when one
+sample's tensors do not fit at once), so each node is judged on its own error, not on what upstream
+quantization did to its inputs. The SQNR of
 the quantized node's output against the FP32 one ranks the nodes, most sensitive (lowest) first.
 
 For MatMuls with a 2-D constant weight the same is done for INT4 round-to-nearest weight-only
@@ -24,11 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln_contract.metrics import sqnr_from_energy
 from workers.cost import MAC_OPS
 from workers.datasets import dataset_samples
-from workers.quantize.calibration_methods import (
-    ActivationTap,
-    calibrate,
-    check_sample_count,
-)
+from workers.quantize.calibration_methods import calibrate, check_sample_count
+from workers.quantize.streaming import ActivationStream
 
 INT4_BLOCK_SIZE = 32
 
@@ -66,10 +65,7 @@ def rank_nodes(
     opset = _default_opset(model)
     probes = [_NodeProbe(node, initializers, ranges, opset, int4_block_size) for node in candidates]
 
-    with ActivationTap(model_path, tensor_names=tapped) as tap:
-        for _, activations in tap.stream(calibration_path, batch_size=batch_size, limit=samples):
-            for probe in probes:
-                probe.observe(activations)
+    _observe_streamed(model_path, calibration_path, probes, tapped, batch_size=batch_size, samples=samples)
 
     rows = [probe.result() for probe in probes]
     order = {node.name: index for index, node in enumerate(candidates)}
@@ -77,6 +73,22 @@ def rank_nodes(
     for rank, row in enumerate(rows):
         row["rank"] = rank
     return rows
+
+
+def _observe_streamed(model_path: str | Path, calibration_path: str | Path, probes: list[_NodeProbe], tapped: list[str], *,
+                      batch_size: int, samples: int) -> None:
+    """Feed every probe its node's FP32 inputs over the calibration set within the build memory budget: all tapped
+    tensors at once at the batch that fits, else one sample at a time in groups that fit, each node's inputs together."""
+    pending = list(probes)
+    with ActivationStream(model_path, tapped, batch_size=batch_size, what="the sensitivity analysis") as stream:
+        stream.reduce(calibration_path, limit=samples)
+        for group, batches in stream.groups(calibration_path, limit=samples, units=[probe.inputs for probe in probes]):
+            present = set(group)
+            ready = [probe for probe in pending if set(probe.inputs) <= present]
+            pending = [probe for probe in pending if probe not in ready]
+            for _rows, activations in batches:
+                for probe in ready:
+                    probe.observe(activations)
 
 
 def rank_int4_weights(rows: list[dict[str, Any]]) -> list[str]:
@@ -196,6 +208,10 @@ class _NodeProbe:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
+        # Hundreds of probes, two or three sessions each: an arena kept per session would hold every node's tensors at
+        # once, past the build budget on a ViT. Without it a probe's memory goes back after each run.
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
     def observe(self, activations: dict[str, np.ndarray]) -> None:

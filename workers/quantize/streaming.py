@@ -203,20 +203,23 @@ class ActivationStream:
 
     # -- pass 2 -------------------------------------------------------------------------------------------------
 
-    def groups(self, calibration_path: str | Path, *, limit: int) -> Iterator[tuple[list[str], Iterator[tuple[int, dict[str, np.ndarray]]]]]:
+    def groups(self, calibration_path: str | Path, *, limit: int,
+               units: list[list[str]] | None = None) -> Iterator[tuple[list[str], Iterator[tuple[int, dict[str, np.ndarray]]]]]:
         """Yield (tensor names, batches of {name: values}) per group of tensors that fits the budget (pass 2).
 
-        Needs `reduce` first (it measures the sizes and the working set)."""
+        `units` are tensors that must come in one group (a node's several activation inputs); overlapping units are
+        one. Needs `reduce` first (it measures the sizes and the working set)."""
         if not self.stats:
             raise RuntimeError("reduce() must run before groups()")
         limit = self._whole_batches(limit)
-        batch, groups = self._group_plan()
+        batch, groups = self._group_plan(units)
         self.plan.update({"histogram_batch": batch, "groups": len(groups)})
         for group in groups:
             yield group, self._exposed_batches(group, calibration_path, batch, limit)
 
-    def _group_plan(self) -> tuple[int, list[list[str]]]:
-        """(batch, groups): every tensor at once at the largest batch that fits, else one feed at a time in groups."""
+    def _group_plan(self, units: list[list[str]] | None = None) -> tuple[int, list[list[str]]]:
+        """(batch, groups): every tensor at once at the largest batch that fits, else one feed at a time in groups, each
+        unit whole in one group."""
         sizes = {name: self.stats[name].bytes_per_feed for name in self.names}
         per_feed = self.working_set_bytes + sum(sizes.values())
         # The histograms' temporaries: one chunk of the largest tensor, as float64 values, int64 indices and a mask.
@@ -228,15 +231,37 @@ class ActivationStream:
         room = allowance - self.working_set_bytes
         groups: list[list[str]] = [[]]
         used = 0
-        for name in self.names:
-            if sizes[name] > room:
-                raise self._memory_error(self.working_set_bytes + sizes[name] + reserve, f"tensor {name!r}")
-            if used + sizes[name] > room and groups[-1]:
+        for unit in self._whole_units(units or []):
+            size = sum(sizes[name] for name in unit)
+            if size > room:
+                part = f"tensor {unit[0]!r}" if len(unit) == 1 else f"tensors {', '.join(repr(name) for name in unit)} together"
+                raise self._memory_error(self.working_set_bytes + size + reserve, part)
+            if used + size > room and groups[-1]:
                 groups.append([])
                 used = 0
-            groups[-1].append(name)
-            used += sizes[name]
+            groups[-1].extend(unit)
+            used += size
         return self.static_batch or 1, groups
+
+    def _whole_units(self, units: list[list[str]]) -> list[list[str]]:
+        """Every streamed tensor in exactly one unit, in stream order: the given units merged where they share a tensor,
+        each other tensor alone."""
+        owner = {name: name for name in self.names}
+
+        def root(name: str) -> str:
+            while owner[name] != name:
+                owner[name] = owner[owner[name]]
+                name = owner[name]
+            return name
+
+        for unit in units:
+            members = [name for name in unit if name in owner]
+            for name in members[1:]:
+                owner[root(name)] = root(members[0])
+        merged: dict[str, list[str]] = {}
+        for name in self.names:
+            merged.setdefault(root(name), []).append(name)
+        return list(merged.values())
 
     def _exposed_batches(self, group: list[str], calibration_path: str | Path, batch: int,
                          limit: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -92,3 +94,52 @@ def test_fake_quantizers_match_their_integer_grids():
     blockwise = fake_quantize_blockwise(weight, block_size=16)
     # Column 0: absmax 1.0 → scale 1/8, so 0.25 and 0.5 are exact and -1.0 is exact.
     np.testing.assert_allclose(blockwise[:, 0], weight[:, 0])
+
+
+# A model whose tapped activations are about 75 MB a sample (31 1x1 convolutions on 16 x 192 x 192, then a MatMul of
+# two activations), against a 640 MB build budget: a batch of 8 samples' tensors at once (600 MB) does not fit it.
+WIDE = {"channels": 16, "side": 192, "depth": 31}
+BUDGET_MB = 640
+
+
+def _wide_chain(*, channels: int, side: int, depth: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["t0"])]
+    initializers = [numpy_helper.from_array((rng.standard_normal((channels, 3, 1, 1)) * 0.5).astype(np.float32), "w0")]
+    for index in range(1, depth):
+        weight = f"w{index}"
+        initializers.append(numpy_helper.from_array((rng.standard_normal((channels, channels, 1, 1)) * 0.3).astype(np.float32), weight))
+        nodes += [helper.make_node("Relu", [f"t{index - 1}"], [f"r{index}"]),
+                  helper.make_node("Conv", [f"r{index}", weight], [f"t{index}"])]
+    # A node with two activation inputs: its probe needs both in the same streamed group.
+    nodes.append(helper.make_node("MatMul", [f"t{depth - 1}", f"t{depth - 2}"], ["y"]))
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, side, side])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, side, side])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_sensitivity_of_large_activations_fits_the_build_budget_with_the_same_ranking(tmp_path, monkeypatch):
+    from tests.fixtures.budget import run_under_budget
+    from workers.quantize import streaming
+
+    model = tmp_path / "wide.onnx"
+    onnx.save(_wide_chain(**WIDE), str(model))
+    samples = np.random.default_rng(4).standard_normal((8, 3, WIDE["side"], WIDE["side"])).astype(np.float32)
+    calibration = write_npz(tmp_path / "calibration.npz", x=samples)
+
+    streamed = f"""
+        import json, sys
+        from workers.quantize.sensitivity import rank_nodes
+        json.dump(rank_nodes(model_path={str(model)!r}, calibration_path={str(calibration)!r}, batch_size=8), open(sys.argv[1], "w"))
+    """
+    stopped, peak_mb, result = run_under_budget(streamed, BUDGET_MB, tmp_path)
+    assert not stopped and peak_mb < BUDGET_MB
+    ranked = {row["node"]: row for row in json.loads(result.read_text())}
+    assert len(ranked) == WIDE["depth"] + 1 and all(np.isfinite(row["sqnr_db"]) for row in ranked.values())
+
+    # The same scores as one pass with every tensor of every sample at once (memory no object, in this process).
+    monkeypatch.setattr(streaming, "memory_allowance_bytes", lambda budget_mb=None: 1 << 40)
+    whole = {row["node"]: row for row in rank_nodes(model_path=model, calibration_path=calibration, batch_size=8)}
+    assert list(ranked) == list(whole)
+    for name, row in whole.items():
+        assert ranked[name]["sqnr_db"] == pytest.approx(row["sqnr_db"], rel=1e-6), name

@@ -4,11 +4,6 @@ and a model whose samples x activations would not fit a small budget calibrates 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.fixtures.budget import run_under_budget
 from tests.fixtures.models import write_npz
 from workers.quantize import streaming
 from workers.quantize.calibration_methods import calibrate
@@ -144,33 +140,6 @@ def big_chain(tmp_path_factory) -> tuple[Path, Path]:
     return model, write_npz(folder / "calibration.npz", x=samples)
 
 
-def _under_budget(code: str, budget_mb: int, tmp_path: Path) -> tuple[bool, float, Path]:
-    """Run Python `code` in a child process killed, as a build is, once its resident memory passes `budget_mb`:
-    (stopped, peak MB, result file)."""
-    import psutil
-
-    result = tmp_path / "result.json"
-    root = str(Path(__file__).resolve().parents[3])
-    env = {**os.environ, "KILN_BUILD_MEMORY_MB": str(budget_mb), "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(result)], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
-    watched, peak, stopped = psutil.Process(process.pid), 0.0, False
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline:
-        try:
-            rss_mb = sum(member.memory_info().rss for member in [watched, *watched.children(recursive=True)]) / 1024**2
-        except psutil.NoSuchProcess:
-            break
-        peak = max(peak, rss_mb)
-        if rss_mb > budget_mb:
-            stopped = True
-            process.kill()
-            break
-        time.sleep(0.1)
-    _, stderr = process.communicate(timeout=60)
-    assert stopped or process.returncode == 0, stderr.decode()[-2000:]
-    return stopped, peak, result
-
-
 def test_histogram_calibration_of_large_activations_fits_a_budget_that_onnxruntimes_own_calibrator_exceeds(big_chain, tmp_path):
     model, calibration = big_chain
     onnxruntime_own = f"""
@@ -182,7 +151,7 @@ def test_histogram_calibration_of_large_activations_fits_a_budget_that_onnxrunti
         calibrator.collect_data(NpzCalibrationReader({str(calibration)!r}, input_names=["x"], batch_size=1))
         calibrator.compute_data()
     """
-    stopped, _, _ = _under_budget(onnxruntime_own, BUDGET_MB, tmp_path)
+    stopped, _, _ = run_under_budget(onnxruntime_own, BUDGET_MB, tmp_path)
     assert stopped, "onnxruntime's entropy calibrator held every sample's activations and should not fit"
 
     streamed = f"""
@@ -193,7 +162,7 @@ def test_histogram_calibration_of_large_activations_fits_a_budget_that_onnxrunti
         pairs = {{name: [float(np.asarray(v).reshape(-1)[0]) for v in data.range_value] for name, data in ranges.items()}}
         json.dump({{"ranges": pairs, "plan": stream.plan}}, open(sys.argv[1], "w"))
     """
-    stopped, peak_mb, result = _under_budget(streamed, BUDGET_MB, tmp_path)
+    stopped, peak_mb, result = run_under_budget(streamed, BUDGET_MB, tmp_path)
     assert not stopped and peak_mb < BUDGET_MB
     outcome = json.loads(result.read_text())
     # The same ranges as onnxruntime's calibrator given all the memory it wants (here, in this process).
@@ -210,3 +179,17 @@ def test_a_static_int8_build_of_large_activations_fits_the_small_budget_and_says
         assert built["peak_rss_mb"] < BUDGET_MB
         assert built["recipe"]["samples"] == 48
         assert 1 <= built["recipe"]["calibration_streaming"]["reduce_batch"] < 16
+
+
+def test_tensors_that_must_come_together_share_a_group_when_one_sample_is_streamed_in_groups(small_chain, monkeypatch):
+    model, calibration = small_chain
+    names = [f"t{index}" for index in range(8)]
+    with ActivationStream(model, names, batch_size=4) as stream:
+        stream.reduce(calibration, limit=20)
+        monkeypatch.setattr(stream, "_allowance", lambda: _tight(stream))
+        # t1 with t6, and t6 with t3 (overlapping units are one): what a node's several activation inputs ask.
+        groups = [group for group, _ in stream.groups(calibration, limit=20, units=[["t1", "t6"], ["t6", "t3"]])]
+    assert len(groups) > 1, "the tight allowance should stream in groups"
+    assert sorted(name for group in groups for name in group) == sorted(names)
+    together = next(group for group in groups if "t1" in group)
+    assert {"t1", "t3", "t6"} <= set(together)
