@@ -174,14 +174,12 @@ def test_a_recipe_whose_build_failed_is_not_proposed_again(mlp_files, tmp_path, 
     from workers.quantize import search
 
     real_plan = local_search.plan_round
-    planned = []
 
     def plan_with_a_broken_refinement(**kwargs):
         specs = real_plan(**kwargs)
         if kwargs["round_number"] > 1:
             # A refinement that cannot build (as QAT on a graph the interpreter cannot run): proposed every round.
             specs = [*specs, search._spec("int8-minmax-qat", "int8", {"learning": "qat", "calibration_method": "no-such-method"}, ["onnxruntime"])]
-        planned.append([spec["key"] for spec in specs])
         return specs
 
     monkeypatch.setattr(local_search, "plan_round", plan_with_a_broken_refinement)

@@ -6,8 +6,8 @@ as it is, and with its float activation inputs passed through QuantizeLinear/Deq
 Both run on the node's real FP32 inputs, captured from the calibration set batch by batch within the
 build memory budget (streaming.ActivationStream: in groups of tensors, a node's inputs together, when one
 sample's tensors do not fit at once), so each node is judged on its own error, not on what upstream
-quantization did to its inputs. The SQNR of
-the quantized node's output against the FP32 one ranks the nodes, most sensitive (lowest) first.
+quantization did to its inputs. The SQNR of the quantized node's output against the FP32 one ranks the
+nodes, most sensitive (lowest) first.
 
 For MatMuls with a 2-D constant weight the same is done for INT4 round-to-nearest weight-only
 quantization (`int4_sqnr_db`), which is what the INT4/INT8 mixes are chosen from.
