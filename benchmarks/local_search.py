@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from devices.agent.capabilities import cpu_isa
+from devices.agent.runner import evaluate_outputs
 from devices.backends.registry import get_backend
 from devices.bench import INTERLEAVED_WINDOW, BenchmarkSettings, measure, rotated_order, summarize_latencies
 from devices.cpus import usable_cores
@@ -266,12 +267,14 @@ class _Validation:
         self.shape_facts = {"dynamic_inputs": dynamic,
                             "data_shapes": {name: list(value.shape) for name, value in single.items()}}
 
-    def run(self, infer, *, rows_per_call: int | None = None) -> dict[str, np.ndarray]:
-        """Every validation sample through `infer`, `rows_per_call` rows at a time (a static-shape build) or whole batches."""
+    def run(self, infer) -> dict[str, np.ndarray]:
+        """Every validation sample through `infer` at the batch the benchmark times (1, or the model's static batch), as a
+        device evaluates a variant (devices.agent.runner `evaluate_outputs`): a runtime whose outputs change with the
+        batch is judged at the batch it is timed at."""
         parts: dict[str, list[np.ndarray]] = {}
         for batch in self.batches:
             total = len(next(iter(batch.values())))
-            step = rows_per_call or total
+            step = self.static_batch or 1
             for start in range(0, total, step):
                 feeds = {name: np.ascontiguousarray(value[start : start + step]) for name, value in batch.items()}
                 rows = len(next(iter(feeds.values())))
@@ -363,8 +366,8 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
     try:
         compiled = get_backend(backend_name).compile(path, work / "compiled" / entry["id"], threads=threads, options=compile_options)
         try:
-            static_batch = max((spec.static_batch or 0 for spec in compiled.input_specs), default=0)
-            outputs = validation.run(compiled.run, rows_per_call=static_batch or None)
+            # As a device evaluates it: batch 1 (or the build's static batch), the batch the latency is timed at.
+            outputs = evaluate_outputs(compiled, validation.inputs)
             reference = {name: validation.reference[name] for name in validation.output_names}
             measured = evaluate({name: outputs[name] for name in reference}, reference, validation.plan, validation.labels,
                                 inputs=validation.inputs)

@@ -74,11 +74,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "benchmarks")]
 
 from benchmarks.local_search import host_isa, search_locally
+from devices.agent.runner import evaluate_outputs as device_outputs
 from devices.artifacts import pack_openvino_ir
 from devices.backends.registry import get_backend
 from devices.bench import BenchmarkSettings, interleaved_window_medians
 from kiln_contract import contract
-from kiln_contract.batching import sample_rows
 from kiln_contract.metrics import evaluate as evaluate_outputs
 from kiln_contract.metrics import label_accuracy, sqnr_db
 from kiln_contract.paired import median_interval
@@ -326,16 +326,9 @@ def load_validation(path: Path, names: list[str], limit: int = 512):
 
 
 def run_all(compiled, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every output over the validation inputs, in batches of 16 (or the model's static batch)."""
-    spec = compiled.input_specs[0]
-    batch = spec.static_batch or 16
-    parts: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(next(iter(inputs.values()))), batch):
-        feeds = {name: np.ascontiguousarray(value[start : start + batch]) for name, value in inputs.items()}
-        rows = len(next(iter(feeds.values())))
-        for name, value in compiled.run(feeds).items():
-            parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
-    return {name: np.concatenate(values) for name, values in parts.items()}
+    """Every output over the validation inputs as a device evaluates a variant: batch 1 (or the model's static batch), the
+    batch every row is timed at (devices.agent.runner `evaluate_outputs`)."""
+    return device_outputs(compiled, inputs)
 
 
 def evaluate(rows: list[dict], model: dict, work: Path) -> None:

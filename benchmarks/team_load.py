@@ -216,6 +216,20 @@ class Outcome:
         return sum(self.at(t["finished_at"]) - self.at(t["started_at"]) for t in self.job.get("device_tasks") or []
                    if t.get("started_at") and t.get("finished_at"))
 
+    def work_items(self) -> dict[tuple[str, ...], float]:
+        """Seconds of each piece of work by what it was, comparable across phases: ("device", model, variant key, runtime)
+        per measuring task and ("build", model, variant key) per build (its pauses and memory waits left out)."""
+        keys = {variant["id"]: variant["key"] for variant in self.job.get("variants") or []}
+        items = {("device", self.model, keys.get(t["variant"], "?"), t["backend"]): self.at(t["finished_at"]) - self.at(t["started_at"])
+                 for t in self.job.get("device_tasks") or []
+                 if t.get("purpose") == "measure" and t.get("started_at") and t.get("finished_at")}
+        for variant in self.job.get("variants") or []:
+            recipe = variant.get("recipe") or {}
+            if recipe.get("build_s"):
+                items[("build", self.model, variant["key"])] = max(0.0, recipe["build_s"] - recipe.get("paused_s", 0.0)
+                                                                   - recipe.get("memory_wait_s", 0.0))
+        return items
+
 
 def submit(api: Api, item: Prepared, budget: float) -> int:
     body = {"model_version": item.version, "precisions": ["auto"], "calibration_dataset": item.calibration,
@@ -272,6 +286,9 @@ def print_phase(name: str, outcomes: list[Outcome]) -> None:
               f"{outcome.work_s:5.0f}/{outcome.budget_s:.0f} s {outcome.report_wait_s:9.1f} s  {causes}")
     build_total = sum(o.build_s for o in outcomes) or 1.0
     device_total = sum(o.device_s for o in outcomes) or 1.0
+    tasks = sum(len(o.job.get("device_tasks") or []) for o in outcomes)
+    builds = sum(len(o.job.get("variants") or []) for o in outcomes)
+    print(f"work done: {tasks} device tasks, {device_total:.0f} s; {builds} builds, {build_total:.0f} s")
     for outcome in outcomes:
         print(f"  {outcome.user}: {outcome.build_s / build_total:.0%} of build time, {outcome.device_s / device_total:.0%} of device time")
 
@@ -304,8 +321,22 @@ def acceptance(solo: list[Outcome], together: list[Outcome] | None, hostile: lis
         ok &= ratio <= HOSTILE_LIMIT
         print(f"the hostile upload adds {ratio - 1:+.1%} to the others' mean wall time (limit {HOSTILE_LIMIT - 1:+.0%}): "
               f"{'pass' if ratio <= HOSTILE_LIMIT else 'FAIL'}")
+        print(f"  (the searches chose their own work in each phase: {matched_work(together, hostile)})")
     print("ALL PASS" if ok else "SOME FAIL")
     return ok
+
+
+def matched_work(before: list[Outcome], after: list[Outcome]) -> str:
+    """The same pieces of work (a variant's build, its measuring task on a runtime) done in both phases: how much longer
+    they took in the second, apart from what each search chose to do."""
+    first = {key: seconds for outcome in before for key, seconds in outcome.work_items().items()}
+    second = {key: seconds for outcome in after for key, seconds in outcome.work_items().items()}
+    ratios = {kind: [second[key] / first[key] for key in first.keys() & second.keys() if key[0] == kind and first[key] > 0]
+              for kind in ("device", "build")}
+    nouns = {"device": "measuring tasks", "build": "builds"}
+    said = [f"{len(values)} {nouns[kind]} done in both took {float(np.median(values)) - 1:+.1%} (median)"
+            for kind, values in ratios.items() if values]
+    return "; ".join(said) or "no piece of work was done in both"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,8 @@ share (probes, vendor defaults, family names) are workers.quantize.families. Spe
   slower than the best passing variant is never refined.
 - Compile options (`devices.backends.options`) are search dimensions too: the best candidate per
   backend is tried with static shapes, thread counts and the runtime's hints, one option at a
-  time, then with the options that each paid, combined.
+  time, then with the options that each paid, combined. A later leader that does not beat the build
+  already swept beyond noise gets no sweep of its own (first passes on a busy host cannot tell them apart).
 
 A new family joins through `register_family`: a function that sees the round's `SearchState` and
 proposes specs (the PyTorch-learned recipes use it).
@@ -370,6 +371,7 @@ def _compile_candidates(state: SearchState, thread_choices: list[int] | None) ->
         base = _compile_base(state.measured, backend)
         if base is None:
             continue
+        base = _swept_within_noise(state.measured, backend, base) or base
         singles = _single_compile_options(state, backend, thread_choices)
         if base.get("precision") == "fp32":
             # The bf16 family is its own probe: the hint on an FP32 base would measure it again under another name.
@@ -404,6 +406,22 @@ def _compile_base(measured: list[dict[str, Any]], backend: str) -> dict[str, Any
     passing = [entry for entry in plain if entry_passes(entry)]
     pool = passing or [entry for entry in plain if entry.get("precision") == "fp32" and not entry.get("compile")]
     return min(pool, key=lambda entry: (entry_p50(entry), entry["key"])) if pool else None
+
+
+def _swept_within_noise(measured: list[dict[str, Any]], backend: str, base: dict[str, Any]) -> dict[str, Any] | None:
+    """The build whose compile options were already swept on `backend`, when the new fastest `base` does not beat it beyond
+    noise: two builds a first pass cannot tell apart get one sweep between them, not one each (on a busy 2-core host a
+    3 ms model's first passes differ by 30-60% from run to run, and each new leader would cost a round of compile variants)."""
+    def was_swept(entry: dict[str, Any]) -> bool:
+        prefix = f"{entry['key']}{COMPILE_SEPARATOR}"
+        return any(str(other.get("key", "")).startswith(prefix) and other.get("backend") == backend for other in measured)
+
+    if was_swept(base):
+        return None
+    swept = [entry for entry in measured if entry.get("backend") == backend and entry is not base and _plain(entry)
+             and entry_p50(entry) is not None and entry_passes(entry) == entry_passes(base) and was_swept(entry)]
+    rivals = [entry for entry in swept if not faster_beyond_noise(base, entry)]
+    return min(rivals, key=lambda entry: (entry_p50(entry), entry["key"])) if rivals else None
 
 
 def _single_compile_options(state: SearchState, backend: str, thread_choices: list[int] | None) -> list[tuple[str, dict[str, Any]]]:

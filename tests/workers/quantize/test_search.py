@@ -401,3 +401,23 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
 
 
+
+
+def test_a_new_leader_within_noise_of_the_swept_build_gets_no_second_sweep_and_one_beyond_noise_does():
+    """Compile options are swept once between two builds a first pass cannot tell apart; a build that beats the swept one
+    beyond noise is swept in its turn."""
+    static = {"static_shapes": {"input": [1, 1, 8, 8]}}
+    swept = [_measured("fp32", "fp32", 10.0, True, backend="openvino"),
+             _measured("ov-int8", "int8", 5.0, True, backend="openvino"),
+             _measured("ov-int8+static", "int8", 5.1, True, backend="openvino", compile=static),
+             _measured("ov-int8+ov-throughput", "int8", 5.2, True, backend="openvino", compile={"performance_hint": "THROUGHPUT"})]
+
+    def sweeps(newcomer_p50):
+        measured = [{**entry, "options": {"runtime": "openvino"}}
+                    for entry in [*swept, _measured("ov-int8-transformer", "int8", newcomer_p50, True, backend="openvino")]]
+        specs = plan_round(round_number=3, model_facts=SHAPE_FACTS, device_isa=VNNI, backends=["openvino"], has_calibration=True,
+                           tolerance=TOLERANCE, sensitivity=None, measured=measured)
+        return [key for key in _keys(specs) if key.startswith("ov-int8-transformer+")]
+
+    assert sweeps(4.95) == []  # 1% apart: the sweep already measured stands for both
+    assert set(sweeps(2.5)) == {"ov-int8-transformer+static", "ov-int8-transformer+ov-throughput"}
