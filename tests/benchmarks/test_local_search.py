@@ -64,8 +64,11 @@ def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_pat
     # Off the Pareto set only as a tie within noise with what is on it (then the more accurate, then the smaller wins).
     assert result["recommended"] in result["pareto"] or not latency_ratio(timing_of(fastest), timing_of(best)).beyond_noise
     # Speed first: INT8's other calibration methods are built only when its cheapest build paid, and the notes say which.
+    # Without integer dot products a vendor INT8 default that beat FP32 in round 1 reopens the family: its recipes are built
+    # in round 2 whatever its probe then measures (on the MLP that is noise either way).
     int8_note = next(note for note in result["notes"] if note.startswith("INT8 "))
-    assert ("int8-mse@onnxruntime" in by_id) == int8_note.startswith("INT8 pays"), (int8_note, sorted(by_id))
+    reopened = int8_note.endswith(REOPENED_NOTE)
+    assert ("int8-mse@onnxruntime" in by_id) == (int8_note.startswith("INT8 pays") or reopened), (int8_note, sorted(by_id))
     if dot_products:
         assert ("does not pay on this device" in int8_note) != int8_note.startswith("INT8 pays")
     else:
