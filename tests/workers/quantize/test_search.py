@@ -401,8 +401,6 @@ def test_compile_options_a_backend_ignores_are_never_proposed_there():
     assert [(s["key"], s["backends"]) for s in specs] == [("fp32+x", ["openvino"]), ("fp32+z", ["onnxruntime"])]
 
 
-
-
 def test_a_new_leader_within_noise_of_the_swept_build_gets_no_second_sweep_and_one_beyond_noise_does():
     """Compile options are swept once between two builds a first pass cannot tell apart; a build that beats the swept one
     beyond noise is swept in its turn."""
