@@ -47,7 +47,7 @@ are importable (see the README for installing them beside the pinned PyTorch); t
 scored from its file and timed interleaved as above.
 
 Run: `.venv/bin/python benchmarks/quantization.py` (about 20–30 minutes on 2 cores; `--zoo` runs
-only the real models, `--only NAME` one model, `--learned [--zoo] [--seconds 60] [--rows KEY,...]` the learned table,
+only the real models, `--only NAME[,NAME...]` the models whose names contain any of these, `--learned [--zoo] [--seconds 60] [--rows KEY,...]` the learned table,
 with `--rows` only those rows besides FP32 and the base family; `--samples CAL,VAL` the inputs drawn per real model,
 16 and 16 by default).
 """
@@ -281,7 +281,7 @@ def build_competitors(model: dict, work: Path) -> list[dict]:
 def accuracy_aware_rows(model: dict, work: Path) -> tuple[list[dict], list[str]]:
     """NNCF's accuracy control (OpenVINO) and Olive's search (ONNX Runtime) at the tolerance (benchmarks/accuracy_aware.py),
     each aiming at the figure the table judges by; (rows, a line per tool that could not run and exactly why)."""
-    from accuracy_aware import nncf_accuracy_control, olive_auto_opt, olive_available
+    from accuracy_aware import as_nncf_validated, nncf_accuracy_control, olive_auto_opt, olive_available
 
     inputs, labels = load_validation(model["validation"], input_names(model))
     compiled = get_backend("onnxruntime").compile(model["path"], work / "compiled" / f"{model['path'].stem}-aa-reference", threads=1)
@@ -302,7 +302,8 @@ def accuracy_aware_rows(model: dict, work: Path) -> tuple[list[dict], list[str]]
         started = time.monotonic()
         try:
             row = build(model, work, reference, plan)
-            rows.append(row)
+            # The accuracy-control IR twice: as the CPU plugin deploys it, and as NNCF's own validation compiled it.
+            rows.extend([row, as_nncf_validated(row)] if build is nncf_accuracy_control else [row])
             notes.append(f"{name}: built in {time.monotonic() - started:.0f} s: {row['tool']}")
         except Exception as error:  # a tool that cannot take a real model, or finds nothing, is a result too
             notes.append(f"{name}: no row: {type(error).__name__}: {str(error)[:400]}")
@@ -664,10 +665,16 @@ def loadable(row: dict) -> dict:
     return row
 
 
+def selected(name: str, only: str | None) -> bool:
+    """Whether `--only` keeps the model `name`: no filter, or any of its comma-separated parts is in the name."""
+    parts = [part.strip().lower() for part in (only or "").split(",") if part.strip()]
+    return not parts or any(part in name.lower() for part in parts)
+
+
 def learned_comparison(work: Path, *, seconds: float, quark_iterations: int, rounds: int, zoo: bool, only: str | None,
                        tools: tuple[str, ...], keys: tuple[str, ...] = ()) -> None:
     for model in learned_models(work, zoo=zoo):
-        if only and only.lower() not in model["name"].lower():
+        if not selected(model["name"], only):
             continue
         recipes = [recipe for recipe in learned_recipes(model, seconds, quark_iterations) if recipe[1] in tools]
         if keys:  # FP32 and the calibrated base family are always built: the table's references
@@ -707,7 +714,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="interleaved measurement windows per variant")
     parser.add_argument("--budget", type=float, default=150.0, help="Kiln search time budget per model, seconds")
-    parser.add_argument("--only", help="run only models whose name contains this")
+    parser.add_argument("--only", help="run only models whose name contains this (comma-separated: any of these)")
     parser.add_argument("--build-workers", type=int, default=None, help="parallel variant builds (default: the CPU count)")
     parser.add_argument("--samples", default="16,16", help="calibration,validation inputs drawn per real model (default 16,16)")
     parser.add_argument("--zoo", action="store_true", help="only the real pretrained models (tests/fixtures/zoo.py), no INT4 table")
@@ -737,7 +744,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         summary, backend_lines, costs = [], [], []
         for model in prepare_models(work, zoo_only=arguments.zoo, samples=sample_counts(arguments.samples)):
-            if arguments.only and arguments.only.lower() not in model["name"].lower():
+            if not selected(model["name"], arguments.only):
                 continue
             if arguments.zoo and not model.get("zoo"):
                 continue
