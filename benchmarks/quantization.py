@@ -9,7 +9,8 @@ detector, PP-OCRv6's tiny text detector and recognizer) this builds:
 - onnxruntime.quantization.quantize_static and quantize_dynamic with their defaults,
 - nncf.quantize with its defaults (ONNX backend; measured on OpenVINO and ONNX Runtime),
 - the accuracy-aware tools at the same tolerance (benchmarks/accuracy_aware.py): NNCF's quantize_with_accuracy_control
-  on OpenVINO's model (max_drop = the tolerance) and Olive's search over ONNX Runtime static INT8 (goal max-degradation
+  on OpenVINO's model (max_drop = the tolerance; its IR twice: as the CPU plugin deploys it, and compiled in f32 as NNCF's
+  own validation scores it, which can differ where the CPU has bf16 units) and Olive's search over ONNX Runtime static INT8 (goal max-degradation
   = the tolerance; olive-ai from KILN_OLIVE_SITE, or a line saying why it did not run), both aiming at the very figure
   the table judges by; the verdicts then compare Kiln's pick with the fastest of them that meets the tolerance,
 - compile options beside them, on FP32: static shapes specialised to the data (OpenVINO reshape,
