@@ -31,6 +31,16 @@ PROBE_EVIDENCE, VENDOR_EVIDENCE = "probe", "vendor defaults"
 # Its members are FP32 builds whose compile options define the family; ONNX Runtime's CPU provider has no such mode.
 BF16_KEY = "bf16"
 FAMILY_COMPILE = {BF16_KEY: {"inference_precision": "bf16"}}
+# A quantized OpenVINO model's float remainder in f32, where the CPU's default for it is bf16: a compile option of the
+# search, and a refinement of an INT8 build that misses (workers.quantize.search `_f32_remainder`).
+F32_REMAINDER_TAG = "ov-f32"
+F32_REMAINDER = {"inference_precision": "f32"}
+
+
+def is_f32_remainder(spec: dict[str, Any]) -> bool:
+    """A quantized build compiled with its float remainder in f32."""
+    return (spec.get("compile") or {}).get("inference_precision") == F32_REMAINDER["inference_precision"] \
+        and spec.get("precision") not in (None, "fp32")
 # What a user gets without Kiln: onnxruntime's quantize_static and nncf.quantize called with their
 # defaults (FP32 with runtime defaults is the "fp32" spec on every backend). They are measured in
 # round 1 whatever the probes say, and re-timed beside the leader at the end, so Kiln's pick is

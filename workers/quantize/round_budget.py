@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.quantize.families import is_f32_remainder
+
 
 @dataclass(frozen=True)
 class FittedRound:
@@ -53,8 +55,7 @@ def is_refinement(spec: dict[str, Any]) -> bool:
     """A candidate that refines a family already measured: learned rounding or QAT, layers kept in float, mixed INT4, a
     quantized model's float remainder in f32."""
     options = spec.get("options") or {}
-    f32_remainder = (spec.get("compile") or {}).get("inference_precision") == "f32" and spec.get("precision") not in (None, "fp32")
-    return bool(options.get("learn") or options.get("qat") or options.get("keep_float") or options.get("float_nodes") or f32_remainder
+    return bool(options.get("learn") or options.get("qat") or options.get("keep_float") or options.get("float_nodes") or is_f32_remainder(spec)
                 or "-keep" in spec["key"] or "-mix" in spec["key"] or "-adaround" in spec["key"] or "-qat" in spec["key"])
 
 

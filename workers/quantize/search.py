@@ -48,6 +48,8 @@ from workers.quantize import litert_family, openvino_family
 from workers.quantize.families import (
     BF16_KEY,
     COMPILE_SEPARATOR,
+    F32_REMAINDER,
+    F32_REMAINDER_TAG,
     FAMILY_COMPILE,
     INT8_FAMILIES,
     PROBE_CHOICES,
@@ -445,11 +447,6 @@ def _single_compile_options(state: SearchState, backend: str, thread_choices: li
             # measured like any option. On an FP32 base it is the backend's default (`_compile_candidates` drops it).
             singles.append((F32_REMAINDER_TAG, dict(F32_REMAINDER)))
     return singles
-
-
-# OpenVINO's float remainder of a quantized model in f32, where the CPU's default for it is bf16 (`_single_compile_options`).
-F32_REMAINDER_TAG = "ov-f32"
-F32_REMAINDER = {"inference_precision": "f32"}
 
 
 def _f32_remainder(state: SearchState) -> list[dict[str, Any]]:
