@@ -34,7 +34,7 @@ from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.quantize.families import COMPILE_SEPARATOR, VENDOR_DEFAULTS, is_vendor_default
 from workers.quantize.isa_families import isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
-from workers.quantize.round_budget import fit_round
+from workers.quantize.round_budget import fit_round, retime_seconds
 from workers.quantize.search import parse_tolerance, plan_round
 from workers.quantize.verdicts import compile_winners, family_verdicts, ranking_pays
 from workers.scoring import pareto_ids, recommend
@@ -76,7 +76,8 @@ def search_locally(
     `threads` pins the inference threads (the benchmark compares at one thread); None makes the
     thread count a search dimension (this host's physical and logical cores). Builds run in child
     processes under `memory_budget_mb` (default KILN_BUILD_MEMORY_MB), `build_workers` at a time
-    (default: the CPU count). The search stops when `time_budget_s` is spent and reports the best so far.
+    (default: the CPU count). The search stops when `time_budget_s` is spent and reports the best so far; its rounds end
+    early enough for the final re-timing of the finalists to fit the budget too (round_budget.retime_seconds).
 
     Returns `{"variants", "recommended", "reason", "pareto", "rounds", "sensitivity", "elapsed_s", "stopped",
     "notes", "failures", "builds"}` with variants shaped like the report's (`id`, `key`, `backend`,
@@ -106,33 +107,38 @@ def search_locally(
     budget_notes: list[str] = []
     stopped = "search complete: tolerance met with no faster candidate left"
     for round_number in range(1, max_rounds + 2):
+        # The rounds end early enough for the final re-timing of the finalists known so far to fit the budget too.
+        reserve = _retime_reserve(entries, confirm_windows)
+        rounds_deadline = deadline - reserve
         if round_number > 1 and sensitivity is None and calibration_path is not None and ranking_pays(family_verdicts(entries, isa=isa)):
             # Sensitivity feeds only INT8's refinements: computed once INT8 has shown it can win.
             sensitivity = _rank_nodes_safely(model_path, calibration_path, sensitivity_samples, memory_budget_mb, failures)
         specs = plan_round(round_number=round_number, model_facts=model_facts, device_isa=isa, backends=list(backends),
                            has_calibration=calibration_path is not None, tolerance=tolerance,
                            sensitivity=sensitivity, measured=entries, thread_choices=thread_choices,
-                           seconds_left=deadline - time.monotonic())
+                           seconds_left=rounds_deadline - time.monotonic())
         specs = _not_failed(specs, failures)
         if not specs:
             break
         if round_number > max_rounds:
             stopped = f"stopped after max_rounds={max_rounds} with refinements left"
             break
-        if time.monotonic() >= deadline:
-            stopped = f"time budget of {time_budget_s:g} s ran out before round {round_number}; reporting the best so far"
+        kept_back = f" (about {reserve:.0f} s of it kept for re-timing the finalists)" if reserve else ""
+        if time.monotonic() >= rounds_deadline:
+            stopped = (f"time budget of {time_budget_s:g} s ran out before round {round_number}{kept_back}; "
+                       "reporting the best so far")
             break
-        fitted = fit_round(specs, round_number=round_number, seconds_left=deadline - time.monotonic(),
+        fitted = fit_round(specs, round_number=round_number, seconds_left=rounds_deadline - time.monotonic(),
                            elapsed_s=time.monotonic() - started, measurements=len(entries))
         budget_notes.extend([fitted.note] if fitted.note else [])
         if not fitted.kept:
-            stopped = (f"time budget of {time_budget_s:g} s: what is left would not cover round {round_number}'s candidates; "
-                       "reporting the best so far")
+            stopped = (f"time budget of {time_budget_s:g} s: what is left would not cover round {round_number}'s candidates"
+                       f"{kept_back}; reporting the best so far")
             break
         specs = fitted.kept
         rounds = round_number
         fresh = _build_round([spec for spec in specs if _recipe_key(spec) not in recipes], model_path, calibration_path,
-                             work, cache, workers, memory_budget_mb, deadline, failures)
+                             work, cache, workers, memory_budget_mb, rounds_deadline, failures)
         builds.extend({"key": key, "peak_rss_mb": result.get("peak_rss_mb"), "build_s": result.get("build_s"),
                        "cache": result.get("cache")} for key, (_, result) in fresh.items())
         recipes.update(fresh)
@@ -145,12 +151,12 @@ def search_locally(
             wanted = spec["backends"] or list(backends)
             for backend in [name for name in wanted if name in result["backends"] and name in backends]:
                 # The vendor defaults are measured even late: the pick must be compared with what a user gets without Kiln.
-                if time.monotonic() >= deadline and spec["key"] not in VENDOR_DEFAULTS:
+                if time.monotonic() >= rounds_deadline and spec["key"] not in VENDOR_DEFAULTS:
                     out_of_time = True
                     break
                 entries.append(_measure(out, backend, spec, result, validation, settings, threads, work, tolerance))
-        if out_of_time or len(built) < len(specs) and time.monotonic() >= deadline:
-            stopped = f"time budget of {time_budget_s:g} s ran out in round {round_number}; reporting the best so far"
+        if out_of_time or len(built) < len(specs) and time.monotonic() >= rounds_deadline:
+            stopped = f"time budget of {time_budget_s:g} s ran out in round {round_number}{kept_back}; reporting the best so far"
             break
 
     # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
@@ -281,6 +287,12 @@ class _Validation:
                 for name, value in infer(feeds).items():
                     parts.setdefault(name, []).append(sample_rows(value, batch_size=rows, rows=rows))
         return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def _retime_reserve(entries: list[dict[str, Any]], windows: int) -> float:
+    """Seconds of the budget set aside for `_confirm_fastest` on today's contenders (round_budget.retime_seconds)."""
+    p50s = [entry["latency_ms"]["p50"] for entry in confirmation_contenders(entries)]
+    return retime_seconds(p50s, rounds=max(windows, MIN_ROUNDS)) if windows >= 1 else 0.0
 
 
 def confirmation_contenders(entries: list[dict[str, Any]], max_contenders: int = 6) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from workers.sandbox.runner import SandboxFailed, model_shown, run_confined
 from . import specs, waiting
 from .models import Artifact, ArtifactKind, DeploymentJob, Variant, VariantStatus
 from .queue import enqueue_stage, enqueue_variant_build, wake_agents
-from .retime import job_retime_finalists
+from .retime import job_retime_finalists, retime_reserve
 from .runner import StageFailed, model_folder, run_stage_open, scratch_dir, working_model_path
 from .selectors import search_seconds_left, search_work_seconds
 from .services import artifact_store, job_event_add, job_fail, job_progress, job_stage_finish, job_stage_start, job_work_add
@@ -156,7 +156,7 @@ def _search_specs(job, *, round_number: int, measured: list[dict]) -> list[dict]
         sensitivity=_sensitivity(job, measured) if round_number > 1 else None,
         measured=measured,
         thread_choices=threads,
-        seconds_left=search_seconds_left(job),
+        seconds_left=search_seconds_left(job) - retime_reserve({"": measured}),
     )
 
 
@@ -463,7 +463,8 @@ def _next_round_specs(job) -> list[dict]:
     existing = set(job.variants.values_list("key", flat=True))
     entries = [entry for target_entries in measured_by_target.values() for entry in target_entries]
     return _fit_to_budget(job, [spec for spec in proposals.values() if spec["key"] not in existing], round_number + 1,
-                          measurements=len(entries), refinement_due=_refinement_due(job, entries))
+                          measurements=len(entries), refinement_due=_refinement_due(job, entries),
+                          reserve_s=retime_reserve(measured_by_target))
 
 
 def _refinement_due(job, measured: list[dict]) -> bool:
@@ -472,16 +473,20 @@ def _refinement_due(job, measured: list[dict]) -> bool:
     return misses and not any(is_refinement({"key": key, "options": options}) for key, options in job.variants.values_list("key", "options"))
 
 
-def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int, refinement_due: bool = False) -> list[dict]:
-    """The candidates whose estimated cost at this search's pace fits the time it has left (round_budget.fit_round), with
-    a share kept for refinements; the job's events say what was left out, and the search stops when nothing fits."""
-    fitted = fit_round(candidates, round_number=round_number, seconds_left=search_seconds_left(job),
+def _fit_to_budget(job, candidates: list[dict], round_number: int, *, measurements: int, refinement_due: bool = False,
+                   reserve_s: float = 0.0) -> list[dict]:
+    """The candidates whose estimated cost at this search's pace fits the time it has left once `reserve_s` is set aside
+    for re-timing the finalists (round_budget.fit_round), with a share kept for refinements; the job's events say what
+    was left out, and the search stops when nothing fits."""
+    fitted = fit_round(candidates, round_number=round_number, seconds_left=search_seconds_left(job) - reserve_s,
                        elapsed_s=search_work_seconds(job), measurements=measurements,
                        budget_s=job.search.get("budget_minutes", specs.DEFAULT_BUDGET_MINUTES) * 60, refinement_due=refinement_due)
     if fitted.note:
         job_event_add(job=job, stage="quantize", message=f"The search's {fitted.note}.")
     if candidates and not fitted.kept:
-        _stop_search(job, f"what is left of the time budget would not cover round {round_number}'s candidates; the report shows the best found")
+        kept_back = f" and the finalists' re-timing (about {reserve_s:.0f} s)" if reserve_s else ""
+        _stop_search(job, f"what is left of the time budget would not cover round {round_number}'s candidates{kept_back}; "
+                     "the report shows the best found")
     return fitted.kept
 
 

@@ -19,6 +19,7 @@ from django.db.models import Q
 from kiln.reports.selectors import device_reports
 from kiln_contract.labels import effective_precision
 from kiln_contract.paired import MIN_ROUNDS
+from workers.quantize.round_budget import retime_seconds
 
 from .models import DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 from .queue import wake_agents
@@ -38,6 +39,12 @@ def _fp32_per_backend(entries: list[dict]) -> list[dict]:
     plain = [e for e in entries if _p50(e) and effective_precision(e["precision"], e.get("compile"), e["backend"]) == "fp32"
              and not e.get("compile")]
     return [min((e for e in plain if e["backend"] == backend), key=_p50) for backend in sorted({e["backend"] for e in plain})]
+
+
+def retime_reserve(measured_by_target: dict[str, list[dict]]) -> float:
+    """Seconds of the search budget the final re-timing of today's finalists will take, over every target (each device
+    re-times its own: round_budget.retime_seconds); the rounds plan against what is left once it is set aside."""
+    return sum(retime_seconds([_p50(entry) for entry in finalists(entries)]) for entries in measured_by_target.values())
 
 
 def finalists(entries: list[dict]) -> list[dict]:

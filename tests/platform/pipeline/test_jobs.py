@@ -342,6 +342,30 @@ def test_a_round_keeps_what_its_time_left_pays_for_and_the_events_name_what_was_
     assert job.search["stopped"] == "what is left of the time budget would not cover round 3's candidates; the report shows the best found"
 
 
+def test_the_rounds_leave_the_finalists_re_timing_its_share_of_the_budget(tenant, uploaded):
+    import kiln.pipeline.quantize as quantize
+    from kiln.pipeline.retime import finalists, retime_reserve
+    from workers.quantize.round_budget import retime_seconds
+
+    job = DeploymentJob.objects.get(pk=create_job(tenant, model_version=uploaded["version"], precisions=["auto"], budget_minutes=2).json()["id"])
+    DeploymentJob.objects.filter(pk=job.pk).update(work_seconds=90)  # 30 s left, about 9 s a measurement
+    job.refresh_from_db()
+    plain = [{"key": key, "precision": "int8", "options": {}, "backends": ["onnxruntime"], "compile": {}} for key in ("int8-mse", "int8-entropy")]
+    # What two devices' finalists will take to re-time (each device its own) is set aside before the round is fitted.
+    measured = [{"id": key, "key": key, "backend": "onnxruntime", "precision": precision, "compile": {}, "latency_ms": {"p50": p50},
+                 "accuracy": {"within_tolerance": passes}}
+                for key, precision, p50, passes in (("fp32", "fp32", 400.0, True), ("int8-minmax", "int8", 150.0, True),
+                                                    ("int8-mse", "int8", 100.0, False))]
+    reserve = retime_reserve({"a": measured, "b": measured[:2]})
+    assert reserve == 2 * retime_seconds([400.0, 150.0]) > 10
+    assert [entry["key"] for entry in finalists(measured)] == ["int8-minmax", "fp32"]
+    assert retime_reserve({"a": measured[:1]}) == 0  # one finalist: nothing is re-timed, nothing set aside
+    assert quantize._fit_to_budget(job, plain, 2, measurements=10, reserve_s=reserve) == []
+    job.refresh_from_db()
+    assert job.search["stopped"] == (f"what is left of the time budget would not cover round 2's candidates and the finalists' re-timing "
+                                     f"(about {reserve:.0f} s); the report shows the best found")
+
+
 def test_a_compile_option_variant_shares_its_build_and_carries_its_options_to_the_device(tenant, uploaded):
     import kiln.pipeline.quantize as quantize
     from kiln.fleet.api.agent_views import task_payload

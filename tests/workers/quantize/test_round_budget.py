@@ -2,7 +2,7 @@
 budget, learning included)."""
 from __future__ import annotations
 
-from workers.quantize.round_budget import candidate_cost, fit_round, search_pace
+from workers.quantize.round_budget import RETIME_COMPILE_S, candidate_cost, fit_round, retime_seconds, search_pace
 
 
 def _spec(key: str, backends: list[str] | None = None, learn_seconds: int | None = None) -> dict:
@@ -76,3 +76,11 @@ def test_plain_candidates_leave_the_refinements_their_share_of_the_budget():
     refined = fit_round([*plain, _spec("int8-mse-keep2")], round_number=2, seconds_left=100.0, elapsed_s=100.0, measurements=10,
                         budget_s=200.0)
     assert "int8-mse-keep2" in [spec["key"] for spec in refined.kept] and len(refined.kept) == 6
+
+
+def test_the_final_re_timing_costs_a_compile_and_every_round_s_windows_of_each_finalist():
+    window = {"warmup_runs": 3, "warmup_seconds": 0.05, "min_runs": 10, "min_seconds": 0.25}
+    # 100 ms: 3 warm-up runs (0.3 s) and 10 timed runs (1 s); 1 ms: the window's minimum seconds (0.05 s and 0.25 s).
+    assert retime_seconds([100.0, 1.0], rounds=6, window=window) == 2 * RETIME_COMPILE_S + 6 * (1.3 + 0.3)
+    assert retime_seconds([100.0, 1.0], rounds=12, window=window) > retime_seconds([100.0, 1.0], rounds=6, window=window)
+    assert retime_seconds([100.0], rounds=6, window=window) == 0.0  # one finalist is not re-timed
