@@ -1,6 +1,7 @@
 """Per-node quantization sensitivity: how much each compute node's own output suffers from INT8 (and INT4 weights).
 
-Each candidate node (Conv, ConvTranspose, MatMul, Gemm) is cut out into a one-node model twice:
+Each candidate node (Conv, ConvTranspose, MatMul, Gemm, and the LSTMs ONNX Runtime's dynamic INT8 quantizes: their
+input X and both weights W and R) is cut out into a one-node model twice:
 as it is, and with its float activation inputs passed through QuantizeLinear/DequantizeLinear
 (uint8, the calibrated range) and its weight fake-quantized per output channel to symmetric int8.
 Both run on the node's real FP32 inputs, captured from the calibration set batch by batch within the
@@ -30,6 +31,14 @@ from workers.quantize.calibration_methods import calibrate, check_sample_count
 from workers.quantize.streaming import ActivationStream
 
 INT4_BLOCK_SIZE = 32
+# Recurrent nodes ranked beside the MAC ops: ONNX Runtime's dynamic INT8 quantizes an LSTM's input and weights
+# (DynamicQuantizeLSTM), and the search may keep one in float (Resemblyzer's first LSTM reads raw mel power: per-tensor
+# INT8 there alone costs 0.012 of cosine_p5).
+RECURRENT_OPS = ("LSTM",)
+# Where an LSTM's weights sit among its inputs (W, R: [directions, 4 x hidden, ...], one scale per gate row), and the
+# input that is not a float activation (sequence_lens, int32).
+_RECURRENT_WEIGHTS = (1, 2)
+_RECURRENT_INT_INPUT = 4
 
 
 def rank_nodes(
@@ -51,7 +60,7 @@ def rank_nodes(
     samples = min(dataset_samples(calibration_path), max_samples)
     check_sample_count(samples, method)
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-    candidates = [node for node in model.graph.node if node.op_type in MAC_OPS]
+    candidates = [node for node in model.graph.node if node.op_type in MAC_OPS or _rankable_recurrent(node, initializers)]
     if not candidates:
         return []
     for index, node in enumerate(candidates):
@@ -89,6 +98,25 @@ def _observe_streamed(model_path: str | Path, calibration_path: str | Path, prob
             for _rows, activations in batches:
                 for probe in ready:
                     probe.observe(activations)
+
+
+def _rankable_recurrent(node: onnx.NodeProto, initializers: dict[str, TensorProto]) -> bool:
+    """An LSTM whose weights are constants and whose sequence lengths, if any, are too (the probe feeds float inputs)."""
+    if node.op_type not in RECURRENT_OPS or len(node.input) < 3:
+        return False
+    lengths = node.input[_RECURRENT_INT_INPUT] if len(node.input) > _RECURRENT_INT_INPUT else ""
+    return all(node.input[index] in initializers for index in _RECURRENT_WEIGHTS) and (not lengths or lengths in initializers)
+
+
+def _quantized_weights(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> list[tuple[str, int]]:
+    """(name, output-channel axis) of each float weight the node's INT8 form quantizes."""
+    if node.op_type in RECURRENT_OPS:
+        names = [node.input[index] for index in _RECURRENT_WEIGHTS]
+        return [(name, 1) for name in names if weights[name].dtype.kind == "f"]
+    name = node.input[1] if len(node.input) > 1 and node.input[1] in weights else None
+    if name is None or weights[name].dtype.kind != "f":
+        return []
+    return [(name, _weight_axis(node) % weights[name].ndim)]
 
 
 def rank_int4_weights(rows: list[dict[str, Any]]) -> list[str]:
@@ -157,11 +185,11 @@ class _NodeProbe:
         self.reference = self._session(self._model(node, weights, {}, opset))
 
         quantized_weights = dict(weights)
-        if weight_name is not None and weights[weight_name].dtype.kind == "f":
-            weight = weights[weight_name]
-            axis = _weight_axis(node) % weight.ndim
-            quantized_weights[weight_name] = fake_quantize_per_channel(weight, axis)
-        qdq = {name: _uint8_qparams(*ranges.get(name, (0.0, 0.0))) for name in self.inputs}
+        for name, axis in _quantized_weights(node, weights):
+            quantized_weights[name] = fake_quantize_per_channel(weights[name], axis)
+        # An LSTM's initial states stay float in its INT8 form; its input X is quantized.
+        activations = self.inputs[:1] if node.op_type in RECURRENT_OPS else self.inputs
+        qdq = {name: _uint8_qparams(*ranges.get(name, (0.0, 0.0))) for name in activations}
         self.int8 = self._session(self._model(node, quantized_weights, qdq, opset))
         self.int8_sums = [0.0, 0.0]
 
@@ -190,13 +218,15 @@ class _NodeProbe:
                 renamed.append(f"{name}.kiln_dq")
             else:
                 renamed.append(name)
-        probe = helper.make_node(node.op_type, renamed, [node.output[0]], name=node.name, domain=node.domain)
+        # The first output (an LSTM's Y, which its graph may leave unnamed when only Y_h is read) is what is compared.
+        output = node.output[0] or f"{node.name}.kiln_output"
+        probe = helper.make_node(node.op_type, renamed, [output], name=node.name, domain=node.domain)
         probe.attribute.extend(node.attribute)
         nodes.append(probe)
         graph_inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
                         for name in dict.fromkeys(n for n in node.input if n and n not in weights)]
         graph = helper.make_graph(nodes, f"probe-{node.name}", graph_inputs,
-                                  [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)],
+                                  [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
                                   initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = 8

@@ -460,3 +460,35 @@ def test_an_openvino_int8_build_that_misses_is_refined_with_its_float_remainder_
     # Not for a build slower than the best passing variant, nor where f32 is the default already.
     assert "ov-int8-slow+ov-f32" not in specs
     assert not [key for key in plan(VNNI) if key.endswith("+ov-f32")]
+
+
+RECURRENT_FACTS = {"op_histogram": {"LSTM": 3, "Gemm": 1, "Transpose": 1, "Squeeze": 2, "Gather": 1}}
+RECURRENT_SENSITIVITY = [
+    {"node": "lstm0", "op_type": "LSTM", "sqnr_db": 18.8, "relative_error": 0.11},
+    {"node": "lstm1", "op_type": "LSTM", "sqnr_db": 31.2, "relative_error": 0.03},
+    {"node": "fc", "op_type": "Gemm", "sqnr_db": 38.9, "relative_error": 0.01},
+]
+
+
+def test_dynamic_int8_that_pays_on_an_lstm_gets_per_channel_weights_and_keeps_the_ranked_lstm_in_float_alone():
+    fp32 = _measured("fp32", "fp32", 6.0, True)
+    probe = _measured("int8-dynamic", "int8-dynamic", 2.0, False)
+    specs = {s["key"]: s for s in _plan(2, facts=RECURRENT_FACTS, measured=[fp32, probe], sensitivity=RECURRENT_SENSITIVITY)}
+    # ONNX Runtime's per-tensor default ruins an LSTM's gates; per-channel is its own recipe once the family pays.
+    assert specs["int8-dynamic-pc"]["options"] == {"per_channel": True}
+    assert specs["int8-dynamic-pc"]["backends"] == ["onnxruntime"]
+    # Keeping the most sensitive LSTM in float leaves the other LSTMs and the Gemm quantized (before: only MatMul/Gemm
+    # were listed, so keeping one node in float un-quantized every LSTM).
+    keep = specs["int8-dynamic-keep1"]["options"]
+    assert keep["nodes_to_exclude"] == ["lstm0"] and keep["op_types_to_quantize"] == ["MatMul", "Gemm", "LSTM"]
+    # The per-channel family that misses is refined the same way, its weights still per channel.
+    missed = [fp32, probe, _measured("int8-dynamic-pc", "int8-dynamic", 2.1, False), _measured("int8-dynamic-keep1", "int8-dynamic", 3.0, False)]
+    later = {s["key"]: s for s in _plan(3, facts=RECURRENT_FACTS, measured=missed, sensitivity=RECURRENT_SENSITIVITY)}
+    assert later["int8-dynamic-pc-keep1"]["options"] == {"per_channel": True, "nodes_to_exclude": ["lstm0"],
+                                                         "op_types_to_quantize": ["MatMul", "Gemm", "LSTM"]}
+    assert is_refinement(later["int8-dynamic-pc-keep1"]) and not is_refinement(specs["int8-dynamic-pc"])
+
+
+def test_an_lstm_model_without_matmul_still_gets_the_dynamic_int8_probe():
+    lstm_only = {"op_histogram": {"LSTM": 2, "Squeeze": 1}}
+    assert "int8-dynamic" in _keys(_plan(facts=lstm_only))

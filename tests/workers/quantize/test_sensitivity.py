@@ -143,3 +143,47 @@ def test_the_sensitivity_of_large_activations_fits_the_build_budget_with_the_sam
     assert list(ranked) == list(whole)
     for name, row in whole.items():
         assert ranked[name]["sqnr_db"] == pytest.approx(row["sqnr_db"], rel=1e-6), name
+
+
+def _two_lstm_graph(path, *, sensitive: str):
+    """x → LSTM a → Squeeze → LSTM b (only Y_h named); the input of `sensitive` carries a channel 1000x the others, whose
+    weights are tiny, so per-tensor INT8 of that input drowns the channels that carry the signal."""
+    rng = np.random.default_rng(1)
+    steps, width, hidden = 6, 8, 8
+    outliers = np.ones(width, np.float32)
+    outliers[0] = 1000.0
+
+    def weights(prefix, inputs, spiky):
+        w = rng.standard_normal((1, 4 * hidden, inputs)).astype(np.float32) / 2
+        if spiky:
+            w[:, :, 0] *= 1e-3
+        r = rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32) / 4
+        return [numpy_helper.from_array(w, f"{prefix}_w"), numpy_helper.from_array(r, f"{prefix}_r")]
+
+    nodes = [
+        # Batch first, as a user's data comes; the LSTM reads [steps, batch, width].
+        helper.make_node("Transpose", ["x"], ["x_raw"], name="time_major", perm=[1, 0, 2]),
+        helper.make_node("Mul", ["x_raw", "outliers"], ["spiky_x"], name="spike_x"),
+        helper.make_node("LSTM", ["spiky_x" if sensitive == "a" else "x_raw", "a_w", "a_r"], ["ya"], name="a", hidden_size=hidden),
+        helper.make_node("Squeeze", ["ya", "axis1"], ["ha"], name="squeeze"),
+        helper.make_node("Mul", ["ha", "outliers"], ["spiky_h"], name="spike_h"),
+        helper.make_node("LSTM", ["spiky_h" if sensitive == "b" else "ha", "b_w", "b_r"], ["", "y"], name="b", hidden_size=hidden),
+    ]
+    initializers = [*weights("a", width, sensitive == "a"), *weights("b", hidden, sensitive == "b"),
+                    numpy_helper.from_array(outliers, "outliers"), numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    graph = helper.make_graph(nodes, "lstms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", steps, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n", hidden])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("sensitive", ["a", "b"])
+def test_an_lstm_whose_input_has_huge_outliers_ranks_first_and_one_with_only_y_h_named_is_ranked_too(tmp_path, sensitive):
+    model = _two_lstm_graph(tmp_path / "lstms.onnx", sensitive=sensitive)
+    calibration = write_npz(tmp_path / "cal.npz", x=np.random.default_rng(2).standard_normal((16, 6, 8)).astype(np.float32))
+    rows = rank_nodes(model_path=model, calibration_path=calibration, max_samples=16)
+    assert {row["node"]: row["op_type"] for row in rows} == {"a": "LSTM", "b": "LSTM"}
+    assert rows[0]["node"] == sensitive and rows[0]["sqnr_db"] < rows[1]["sqnr_db"] - 10
+    assert all("int4_sqnr_db" not in row for row in rows)
