@@ -316,6 +316,9 @@ def _paying_recipes(state: SearchState) -> list[dict[str, Any]]:
     for spec in state.sweep:
         if spec["key"] in VENDOR_DEFAULTS or (spec["key"] in _all_probe_keys() and spec["key"] not in reopened):
             continue
+        if spec["precision"] not in state.verdicts:
+            # The family's probe was never measured (it failed, or the ISA pruned it): nothing says its recipes can pay.
+            continue
         paying = state.paying_backends(spec["precision"])
         if paying:
             specs.append({**spec, "backends": paying})
