@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workers.quantize.families import entry_p50
+from workers.quantize.entries import entry_p50
 from workers.quantize.nncf_openvino import RUNTIME as OPENVINO
 from workers.quantize.verdicts import faster_beyond_noise
 

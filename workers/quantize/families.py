@@ -55,22 +55,3 @@ def is_vendor_default(entry: dict[str, Any]) -> bool:
     return entry.get("key") in VENDOR_DEFAULTS and not entry.get("compile")
 
 
-def entry_p50(entry: dict[str, Any]) -> float | None:
-    latency = entry.get("latency_ms") or {}
-    return latency.get("p50")
-
-
-def entry_accuracy(entry: dict[str, Any]) -> dict[str, Any] | None:
-    accuracy = entry.get("accuracy")
-    if not accuracy or accuracy.get("value") is None:
-        return None
-    return accuracy
-
-
-def entry_passes(entry: dict[str, Any]) -> bool:
-    accuracy = entry_accuracy(entry)
-    return bool(accuracy and accuracy.get("within_tolerance"))
-
-
-def measured_on(measured: list[dict[str, Any]], key: str, backend: str) -> dict[str, Any] | None:
-    return next((entry for entry in measured if entry.get("key") == key and entry.get("backend") == backend), None)

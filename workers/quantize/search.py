@@ -45,6 +45,7 @@ from kiln_contract.labels import ignored_options
 from workers.cost import MAC_OPS
 from workers.learned.search import learned_proposals
 from workers.quantize import litert_family, openvino_family
+from workers.quantize.entries import entry_accuracy, entry_p50, entry_passes, measured_on
 from workers.quantize.families import (
     BF16_KEY,
     COMPILE_SEPARATOR,
@@ -57,10 +58,6 @@ from workers.quantize.families import (
     S8_PROBE,
     VENDOR_DEFAULTS,
     VENDOR_EVIDENCE,
-    entry_accuracy,
-    entry_p50,
-    entry_passes,
-    measured_on,
 )
 from workers.quantize.isa_families import S8, bf16_choice, fp16_choice, int8_choice
 from workers.quantize.runtimes import for_targets

@@ -11,6 +11,7 @@ from typing import Any
 
 from devices.backends.options import describe as describe_compile_options
 from workers.noise import FASTER, LatencyRatio, latency_ratio, ratio_text, timing_of
+from workers.quantize.entries import entry_p50, entry_passes, measured_on
 from workers.quantize.families import (
     COMPILE_SEPARATOR,
     FAMILY_NAMES,
@@ -21,10 +22,7 @@ from workers.quantize.families import (
     PROBE_EVIDENCE,
     PROBES,
     VENDOR_EVIDENCE,
-    entry_p50,
-    entry_passes,
     is_vendor_default,
-    measured_on,
 )
 from workers.quantize.isa_families import int8_choice
 from workers.quantize.runtimes import ONNX_RUNTIMES
