@@ -3,6 +3,7 @@ whether it meets the tolerance. No imports from the rest of the package, so ever
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -25,3 +26,9 @@ def entry_passes(entry: dict[str, Any]) -> bool:
 
 def measured_on(measured: list[dict[str, Any]], key: str, backend: str) -> dict[str, Any] | None:
     return next((entry for entry in measured if entry.get("key") == key and entry.get("backend") == backend), None)
+
+
+def best_passing_p50(entries: list[dict[str, Any]]) -> float:
+    """The fastest median latency among the entries that meet the tolerance (inf when none does): what a candidate must
+    beat to be worth building or refining."""
+    return min((entry_p50(entry) for entry in entries if entry_p50(entry) is not None and entry_passes(entry)), default=math.inf)

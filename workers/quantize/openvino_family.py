@@ -9,10 +9,9 @@ calls it. Pure planning: nothing here imports NNCF or OpenVINO.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from workers.quantize.entries import entry_accuracy, entry_p50, entry_passes
+from workers.quantize.entries import best_passing_p50, entry_accuracy, entry_p50, entry_passes
 from workers.quantize.nncf_openvino import RUNTIME
 from workers.quantize.schemes import is_transformer
 
@@ -60,6 +59,6 @@ def default_misses_but_wins(measured: list[dict[str, Any]]) -> bool:
     op, and NNCF's accuracy control reverts exactly those (2026-12-07: the default preset top-1 agreement 0.875, the
     transformer type 1.000 at the default's speed)."""
     timed = [entry for entry in measured if entry_p50(entry) is not None and entry_accuracy(entry) is not None]
-    best_passing = min((entry_p50(entry) for entry in timed if entry_passes(entry)), default=math.inf)
+    best_passing = best_passing_p50(timed)
     return any(entry["key"] == DEFAULT_KEY and entry.get("backend") == RUNTIME and not entry.get("compile") and not entry_passes(entry)
                and entry_p50(entry) < best_passing for entry in timed)

@@ -45,7 +45,7 @@ from kiln_contract.labels import ignored_options
 from workers.cost import MAC_OPS
 from workers.learned.search import learned_proposals
 from workers.quantize import litert_family, openvino_family
-from workers.quantize.entries import entry_accuracy, entry_p50, entry_passes, measured_on
+from workers.quantize.entries import best_passing_p50, entry_accuracy, entry_p50, entry_passes, measured_on
 from workers.quantize.families import (
     BF16_KEY,
     COMPILE_SEPARATOR,
@@ -207,7 +207,7 @@ def _learned_family(state: SearchState) -> list[dict[str, Any]]:
         return []
     usable = [entry for entry in state.measured if entry_p50(entry) is not None and entry_accuracy(entry) is not None
               and not entry.get("compile")]
-    best_passing = min((entry_p50(entry) for entry in usable if entry_passes(entry)), default=math.inf)
+    best_passing = best_passing_p50(usable)
     templates = [*_with_smoothed(state.sweep), *openvino_family.family_specs(state)]
     proposals = learned_proposals(sweep=templates, measured=usable, best_passing=best_passing, seconds_left=state.seconds_left)
     specs = []
@@ -256,7 +256,7 @@ def _smoothed_family(state: SearchState) -> list[dict[str, Any]]:
     calibrated = [entry for entry in usable if entry["key"] == SMOOTHED_BASE]
     if not calibrated or any(entry_passes(entry) for entry in calibrated):
         return []
-    best_passing = min((entry_p50(entry) for entry in usable if entry_passes(entry)), default=math.inf)
+    best_passing = best_passing_p50(usable)
     if min(entry_p50(entry) for entry in calibrated) >= best_passing:
         return []
     return [{**smoothed_spec(template), "backends": paying}]
@@ -332,9 +332,7 @@ def _refinements(state: SearchState) -> list[dict[str, Any]]:
     templates = {spec["key"]: spec for spec in [*state.sweep, *openvino_family.family_specs(state)]}
     usable = [entry for entry in state.measured if entry_p50(entry) is not None and entry_accuracy(entry) is not None
               and not entry.get("compile")]
-    passing = [entry_p50(entry) for entry in state.measured if entry_p50(entry) is not None and entry_accuracy(entry) is not None
-               and entry_accuracy(entry).get("within_tolerance")]
-    best_passing = min(passing) if passing else math.inf
+    best_passing = best_passing_p50(state.measured)
 
     # The deepest refinement measured so far for each family, with its fastest latency and verdict.
     families: dict[str, dict[str, Any]] = {}
@@ -458,7 +456,7 @@ def _f32_remainder(state: SearchState) -> list[dict[str, Any]]:
     if state.round_number <= 1 or "openvino" not in state.backends or not bf16_choice(state.device_isa).proposed:
         return []
     timed = [entry for entry in state.measured if entry_p50(entry) is not None and entry_accuracy(entry) is not None]
-    best_passing = min((entry_p50(entry) for entry in timed if entry_passes(entry)), default=math.inf)
+    best_passing = best_passing_p50(timed)
     return [_compile_spec(entry, f"{entry['key']}{COMPILE_SEPARATOR}{F32_REMAINDER_TAG}", dict(F32_REMAINDER), "openvino")
             for entry in timed if entry.get("backend") == "openvino" and entry.get("precision") != "fp32" and _plain(entry)
             and not entry_passes(entry) and entry_p50(entry) < best_passing]
