@@ -28,7 +28,7 @@ from devices.cpus import usable_cores
 from kiln_contract import contract
 from kiln_contract.batching import sample_rows
 from kiln_contract.metrics import evaluate
-from kiln_contract.paired import MIN_ROUNDS, stop_reason
+from kiln_contract.paired import MIN_ROUNDS, out_of_time, stop_reason
 from workers.datasets import LABELS, iter_batches
 from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.quantize.families import COMPILE_SEPARATOR, VENDOR_DEFAULTS, is_vendor_default
@@ -162,7 +162,7 @@ def search_locally(
     # What pruned the search was decided on the first-pass timings: the notes say so before re-timing.
     notes = (isa_notes(isa) + [verdict["reason"] for verdict in family_verdicts(entries, isa=isa).values()] + compile_winners(entries)
              + budget_notes)
-    _confirm_fastest(entries, validation, threads, work, confirm_windows)
+    _confirm_fastest(entries, validation, threads, work, confirm_windows, deadline=deadline)
     recommended, reason = recommend(entries, tolerance)
     pareto = pareto_ids(entries)
     for entry in entries:
@@ -310,14 +310,16 @@ def confirmation_contenders(entries: list[dict[str, Any]], max_contenders: int =
 
 
 def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, threads: int | None, work: Path,
-                     windows: int, max_windows: int = 15) -> None:
+                     windows: int, max_windows: int = 15, deadline: float | None = None) -> None:
     """Re-time the contenders (`confirmation_contenders`) side by side, as a device's RETIME task does (kiln_contract/paired.py).
 
     Rounds are measured minutes apart, and on a busy machine the load drifts between them, so
     first-pass timings from different rounds do not compare. The contenders are timed again in
     rotated, interleaved rounds so every one sees the same drift, until `paired.stop_reason` says
     stop (at least `windows` and MIN_ROUNDS rounds, at most `max_windows`): the rule the agent
-    stops by, so the leader separates at the confidence every decision uses (workers/noise.py). Each
+    stops by, so the leader separates at the confidence every decision uses (workers/noise.py); past the minimum, the
+    rounds also stop at `deadline` (the end of the search's time budget: `paired.out_of_time`, the agent's rule while
+    other jobs wait), so a re-timing that needs more windows than its reserve planned does not run past the budget. Each
     contender's row becomes that one measurement set: every figure of `latency_ms` summarizes the
     rounds' samples, its round medians go to `timing.interleaved_medians_ms` (paired across
     contenders) and the first pass stays apart as `latency_ms_first_pass`. The others' figures are
@@ -332,11 +334,15 @@ def _confirm_fastest(entries: list[dict[str, Any]], validation: _Validation, thr
     try:
         bound = [model.bind(validation.benchmark_feeds) for model in compiled]
         samples: list[list[np.ndarray]] = [[] for _ in contenders]
+        started = time.monotonic()
+        max_seconds = None if deadline is None else max(0.0, deadline - started)
+        min_rounds = max(windows, MIN_ROUNDS)
         while True:
             for index in rotated_order(len(bound), len(samples[0])):
                 samples[index].append(measure(bound[index], settings)["samples_ms"])
             medians = [[float(np.median(part)) for part in parts] for parts in samples]
-            if stop_reason(medians, min_rounds=max(windows, MIN_ROUNDS), max_rounds=max(windows, max_windows)):
+            if (stop_reason(medians, min_rounds=min_rounds, max_rounds=max(windows, max_windows))
+                    or out_of_time(time.monotonic() - started, max_seconds, rounds=len(medians[0]), min_rounds=min_rounds)):
                 break
         drifts = []
         for entry, parts, rounds in zip(contenders, samples, medians):

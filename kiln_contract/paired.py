@@ -116,3 +116,11 @@ def stop_reason(round_medians: list[list[float]], *, min_rounds: int = MIN_ROUND
     if state.settled:
         return "tie settled"
     return None
+
+
+def out_of_time(elapsed_s: float, max_seconds: float | None, *, rounds: int, min_rounds: int = MIN_ROUNDS) -> str | None:
+    """"time" once the rounds have run `max_seconds` and their minimum is done, else None (no limit: None). The agent
+    stops by it while other jobs wait for the device; the benchmarks' local search at the end of its time budget."""
+    if max_seconds is None or rounds < min_rounds:
+        return None
+    return "time" if elapsed_s >= max_seconds else None

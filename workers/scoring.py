@@ -370,8 +370,8 @@ def _noise(entries: list[dict], measurement: dict | None, retime_windows: list[d
 STOPPED_TEXT = {"separated": "stopped once the leader was faster than every rival at 95%",
                 "tie settled": "stopped once every rival was either beaten or a tie within 2%",
                 "cap": "stopped at the round cap; what did not separate by then is a tie",
-                "time": "stopped after the time a re-timing may hold a device while other jobs wait for it; what did not "
-                        "separate by then is a tie"}
+                "time": "stopped after the time a re-timing may hold a device (while other jobs wait for it, or at the end "
+                        "of the search's time budget); what did not separate by then is a tie"}
 
 
 def _measurement(entries: list[dict], chosen: dict | None, retime: dict | None) -> dict | None:

@@ -279,13 +279,6 @@ def _seconds(value) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _out_of_time(started: float, max_seconds: float | None, *, rounds: int, min_rounds: int) -> str | None:
-    """"time" once the rounds have held the device `max_seconds` and their minimum is done, else None."""
-    if max_seconds is None or rounds < min_rounds:
-        return None
-    return "time" if time.monotonic() - started >= max_seconds else None
-
-
 class TaskRunner:
     """Runs leased tasks one at a time in the calling thread."""
 
@@ -630,8 +623,8 @@ class TaskRunner:
                 samples[index].append(part)
                 medians[index].append(float(np.median(part)))
             windows.append(window.as_dict())
-            stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds) or _out_of_time(
-                started, max_seconds, rounds=done + 1, min_rounds=min_rounds)
+            stopped = paired.stop_reason(medians, min_rounds=min_rounds, max_rounds=max_rounds) or paired.out_of_time(
+                time.monotonic() - started, max_seconds, rounds=done + 1, min_rounds=min_rounds)
             # The rounds together outlast a lease: each round's progress report extends it, and its answer says how long the
             # rounds may still hold the device (another job's task may have come to wait since the lease).
             answer = self._enter(task, cancel, "benchmark", f"interleaved round {done + 1} (at most {max_rounds})"

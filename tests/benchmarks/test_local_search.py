@@ -3,6 +3,7 @@ measured and re-timed on this host, and the decision it reaches."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -44,6 +45,19 @@ def test_the_local_re_timing_stops_by_the_rule_the_agent_stops_by(latencies, rou
     for entry in entries:
         latency = entry["latency_ms"]
         assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+
+
+def test_the_local_re_timing_stops_at_the_budgets_end_once_its_minimum_rounds_are_done(tmp_path, monkeypatch):
+    """A tie that would run to the cap stops after the minimum rounds when the search's time budget is spent; a
+    deadline still ahead changes nothing (the cap, as above)."""
+    for deadline, rounds in ((time.monotonic() - 1.0, MIN_ROUNDS), (time.monotonic() + 3600.0, 15)):
+        entries = [_passing(key, "onnxruntime", p50) for key, p50 in (("fp32", 2.0), ("int8-minmax", 1.0))]
+        backend = _FakeBackend((1.0, 1.0))
+        monkeypatch.setattr(local_search, "get_backend", lambda name, backend=backend: backend)
+        monkeypatch.setattr(local_search, "measure", lambda run, settings: {"samples_ms": np.asarray(run())})
+        local_search._confirm_fastest(entries, SimpleNamespace(benchmark_feeds={}), threads=1, work=tmp_path, windows=3,
+                                      deadline=deadline)
+        assert [entry["confirmed"] for entry in entries] == [rounds, rounds]
 
 
 def test_search_locally_recommends_a_variant_within_tolerance(mlp_files, tmp_path):

@@ -2,7 +2,6 @@ import hashlib
 import importlib.util
 import logging
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -450,11 +449,11 @@ def test_an_ir_far_from_its_fp32_source_fails_as_a_runtime_fault_with_the_check_
 
 
 def test_side_by_side_rounds_stop_for_time_only_past_their_minimum_and_only_when_the_server_set_a_time():
-    from devices.agent.runner import _out_of_time, _seconds
+    from devices.agent.runner import _seconds
+    from kiln_contract.paired import out_of_time
 
-    long_ago = time.monotonic() - 60
-    assert _out_of_time(long_ago, 30.0, rounds=6, min_rounds=6) == "time"
-    assert _out_of_time(long_ago, 30.0, rounds=5, min_rounds=6) is None  # the minimum rounds always run
-    assert _out_of_time(time.monotonic(), 30.0, rounds=9, min_rounds=6) is None
-    assert _out_of_time(long_ago, None, rounds=29, min_rounds=6) is None  # nobody else waits: the round cap alone
+    assert out_of_time(60.0, 30.0, rounds=6, min_rounds=6) == "time"
+    assert out_of_time(60.0, 30.0, rounds=5, min_rounds=6) is None  # the minimum rounds always run
+    assert out_of_time(0.5, 30.0, rounds=9, min_rounds=6) is None
+    assert out_of_time(60.0, None, rounds=29, min_rounds=6) is None  # nobody else waits: the round cap alone
     assert [_seconds(value) for value in (30, "12.5", None, "x", 0, -3)] == [30.0, 12.5, None, None, None, None]

@@ -21,8 +21,10 @@ from kiln_contract.labels import effective_precision
 from kiln_contract.paired import MIN_ROUNDS
 from workers.quantize.round_budget import retime_seconds
 
+from . import specs
 from .models import DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
 from .queue import wake_agents
+from .selectors import search_seconds_left
 from .services import job_event_add
 
 # Every finalist is compiled and timed in every round: more than this and a round outlasts the drift it is meant to share.
@@ -151,10 +153,15 @@ def quiet_wait_s(task: DeviceTask) -> float:
 
 
 def rounds_seconds(task: DeviceTask) -> float | None:
-    """How long the re-timing's rounds may hold the device (past its minimum rounds) while another job's task waits for
-    it: KILN_RETIME_SHARED_SECONDS; None (only the round cap) when nobody else waits. Two finalists a few percent apart
-    can take every round of the cap to separate, or never do, and each round holds everyone else's measurements."""
-    return float(settings.RETIME_SHARED_SECONDS) if others_waiting(task) else None
+    """How long the re-timing's rounds may hold the device past their minimum rounds: KILN_RETIME_SHARED_SECONDS while
+    another job's task waits for it, and an `auto` search's rounds no longer than what is left of its budget (the
+    reserve its rounds set aside: `retime_reserve`); the shorter of the two, or None (only the round cap). Two finalists
+    a few percent apart can take every round of the cap to separate, or never do; each round holds everyone else's
+    measurements and spends the user's budget."""
+    limits = [float(settings.RETIME_SHARED_SECONDS)] if others_waiting(task) else []
+    if task.job.precisions == [specs.AUTO]:
+        limits.append(max(0.0, search_seconds_left(task.job)))
+    return min(limits) if limits else None
 
 
 def retime_when_quiet(*, task: DeviceTask, metrics: dict, agent_name: str) -> bool:

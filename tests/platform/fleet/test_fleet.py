@@ -628,3 +628,24 @@ def test_a_re_timing_holds_the_device_for_bounded_seconds_only_while_another_job
     assert agent.post(progress, {"attempt": 1, "stage": "benchmark", "message": "round 8"}, format="json").json()["max_seconds"] is None
 
 
+def test_an_auto_searchs_re_timing_holds_the_device_no_longer_than_its_budget_has_left(tenant, model_files, settings):
+    from kiln.pipeline.models import DeploymentJob, DeviceTaskPurpose
+    from kiln.pipeline.retime import rounds_seconds
+
+    settings.RETIME_SHARED_SECONDS = 17
+    agent = register(tenant, "box", ORT_ONLY)
+    first = create_job(tenant, model_files, precisions=["fp32", "int8-dynamic"])
+    measured = list(DeviceTask.objects.filter(job_id=first))
+    DeviceTask.objects.filter(job_id=first).update(status=DeviceTaskStatus.SUCCEEDED, leased_by_id=agent.agent_id)
+    # The search has had 540 s of its 10 minutes of work: its re-timing may hold the device 60 s past its minimum rounds.
+    DeploymentJob.objects.filter(pk=first).update(precisions=["auto"], search={"budget_minutes": 10}, work_seconds=540.0)
+    retime = DeviceTask.objects.create(job_id=first, organization=tenant.organization, variant=measured[0].variant, backend="onnxruntime",
+                                       target=measured[0].target, pinned_agent_id=agent.agent_id, purpose=DeviceTaskPurpose.RETIME,
+                                       retime={"tasks": [task.id for task in measured], "rounds": 30, "min_rounds": 6})
+    assert rounds_seconds(retime) == 60
+    create_job(tenant, model_files, precisions=["fp32"])
+    assert rounds_seconds(DeviceTask.objects.get(pk=retime.pk)) == 17  # another job waits: the shorter of the two
+    DeploymentJob.objects.filter(pk=first).update(work_seconds=700.0)
+    assert rounds_seconds(DeviceTask.objects.get(pk=retime.pk)) == 0  # spent: the minimum rounds only
+
+

@@ -435,8 +435,9 @@ class RetimeOrderSerializer(serializers.Serializer):
     min_rounds = serializers.IntegerField()
     window = TimingWindowSerializer(help_text="Each round's timing window (devices/bench.py INTERLEAVED_WINDOW).")
     wait_for_quiet_s = serializers.FloatField(help_text="Set when the last rounds were busy: wait this long for a quiet device first.")
-    max_seconds = serializers.FloatField(allow_null=True, help_text="Set while another job's task waits for this device: stop the rounds "
-                                         "after this many seconds, once `min_rounds` are done (why: \"time\").")
+    max_seconds = serializers.FloatField(allow_null=True, help_text="Set while another job's task waits for this device, or for "
+                                         "an `auto` search, to what is left of its budget: stop the rounds after this many seconds, once "
+                                         "`min_rounds` are done (why: \"time\").")
     variants = RetimeVariantSerializer(many=True)
 
 
@@ -461,7 +462,7 @@ class ProgressAnswerSerializer(serializers.Serializer):
     cancel = serializers.BooleanField(help_text="Stop the task: it was canceled.")
     lease_expires_at = serializers.DateTimeField()
     max_seconds = serializers.FloatField(required=False, allow_null=True, help_text="To a re-timing: how long its rounds may hold the "
-                                         "device now (another job's task waits), null for the round cap alone.")
+                                         "device now (another job's task waits, or an `auto` search's budget is ending), null for the round cap alone.")
 
 
 class ArtifactUploadPlanAnswerSerializer(serializers.Serializer):
