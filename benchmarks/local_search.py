@@ -34,7 +34,7 @@ from workers.inspect import infer_output_kinds, inspect_onnx
 from workers.quantize.families import COMPILE_SEPARATOR, VENDOR_DEFAULTS, is_vendor_default
 from workers.quantize.isa_families import isa_notes
 from workers.quantize.isolated import build_isolated, rank_nodes_isolated
-from workers.quantize.round_budget import fit_round, retime_seconds
+from workers.quantize.round_budget import finalists_retime_seconds, fit_round
 from workers.quantize.search import parse_tolerance, plan_round
 from workers.quantize.verdicts import compile_winners, family_verdicts, ranking_pays
 from workers.scoring import pareto_ids, recommend
@@ -291,8 +291,7 @@ class _Validation:
 
 def _retime_reserve(entries: list[dict[str, Any]], windows: int) -> float:
     """Seconds of the budget set aside for `_confirm_fastest` on today's contenders (round_budget.retime_seconds)."""
-    p50s = [entry["latency_ms"]["p50"] for entry in confirmation_contenders(entries)]
-    return retime_seconds(p50s, rounds=max(windows, MIN_ROUNDS)) if windows >= 1 else 0.0
+    return finalists_retime_seconds(confirmation_contenders(entries), rounds=max(windows, MIN_ROUNDS)) if windows >= 1 else 0.0
 
 
 def confirmation_contenders(entries: list[dict[str, Any]], max_contenders: int = 6) -> list[dict[str, Any]]:
@@ -382,7 +381,10 @@ def _measure(path: Path, backend_name: str, spec: dict[str, Any], built: dict[st
         "build_peak_rss_mb": built.get("peak_rss_mb"), "latency_ms": None, "accuracy": {"value": None}, "error": None,
     }
     try:
+        started = time.perf_counter()
         compiled = get_backend(backend_name).compile(path, work / "compiled" / entry["id"], threads=threads, options=compile_options)
+        # As a device reports it: what the final re-timing's reserve counts to compile it again (round_budget).
+        entry["load_ms"] = (time.perf_counter() - started) * 1000.0
         try:
             # As a device evaluates it: batch 1 (or the build's static batch), the batch the latency is timed at.
             outputs = evaluate_outputs(compiled, validation.inputs)

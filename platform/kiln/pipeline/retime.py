@@ -19,7 +19,7 @@ from django.db.models import Q
 from kiln.reports.selectors import device_reports
 from kiln_contract.labels import effective_precision
 from kiln_contract.paired import MIN_ROUNDS
-from workers.quantize.round_budget import retime_seconds
+from workers.quantize.round_budget import finalists_retime_seconds
 
 from . import specs
 from .models import DeploymentJob, DeviceTask, DeviceTaskPurpose, DeviceTaskStatus
@@ -46,7 +46,7 @@ def _fp32_per_backend(entries: list[dict]) -> list[dict]:
 def retime_reserve(measured_by_target: dict[str, list[dict]]) -> float:
     """Seconds of the search budget the final re-timing of today's finalists will take, over every target (each device
     re-times its own: round_budget.retime_seconds); the rounds plan against what is left once it is set aside."""
-    return sum(retime_seconds([_p50(entry) for entry in finalists(entries)]) for entries in measured_by_target.values())
+    return sum(finalists_retime_seconds(finalists(entries)) for entries in measured_by_target.values())
 
 
 def finalists(entries: list[dict]) -> list[dict]:
