@@ -2388,7 +2388,7 @@ export interface components {
             lease_expires_at: string;
             /**
              * Format: double
-             * @description To a re-timing: how long its rounds may hold the device now (another job's task waits), null for the round cap alone.
+             * @description To a re-timing: how long its rounds may hold the device now (another job's task waits, or an `auto` search's budget is ending), null for the round cap alone.
              */
             max_seconds?: number | null;
         };
@@ -2713,7 +2713,7 @@ export interface components {
             wait_for_quiet_s: number;
             /**
              * Format: double
-             * @description Set while another job's task waits for this device: stop the rounds after this many seconds, once `min_rounds` are done (why: "time").
+             * @description Set while another job's task waits for this device, or for an `auto` search, to what is left of its budget: stop the rounds after this many seconds, once `min_rounds` are done (why: "time").
              */
             max_seconds: number | null;
             variants: components["schemas"]["RetimeVariant"][];
