@@ -171,6 +171,10 @@ def test_histogram_calibration_of_large_activations_fits_a_budget_that_onnxrunti
     assert outcome["plan"]["histogram_batch"] < 16
 
 
+# Alone it peaks at 585 MB of the 640 (minmax, on an AMX Xeon, 2026-12-07); beside two CI shards on two cores it went past
+# 640 once. Why load raises the peak is not yet known (a known gap, said in docs/status.md); until then it runs in the
+# suite's quiet phase, alone.
+@pytest.mark.quiet
 def test_a_static_int8_build_of_large_activations_fits_the_small_budget_and_says_how_it_streamed(big_chain, tmp_path):
     model, calibration = big_chain
     for method in ("minmax", "mse"):
