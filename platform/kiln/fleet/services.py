@@ -141,10 +141,20 @@ def agent_seen(*, agent: Agent, capabilities: dict | None = None) -> None:
 
 
 def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: int | None) -> list[int]:
-    """Record that an agent is alive; answer which of its tasks it must stop."""
+    """Record that an agent is alive; extend the lease of the task it runs and holds (a stage may outlast a lease: a
+    TensorRT build, a first import on a slow device); answer which of its tasks it must stop."""
     agent_seen(agent=agent, capabilities=capabilities)
     intervals.fleet_count_refresh()
-    return agent_cancel_list(agent=agent, running_task=running_task, now=timezone.now())
+    now = timezone.now()
+    if running_task:
+        device_task_lease_extend(agent=agent, task_id=int(running_task), now=now)
+    return agent_cancel_list(agent=agent, running_task=running_task, now=now)
+
+
+def device_task_lease_extend(*, agent: Agent, task_id: int, now) -> bool:
+    """The lease of a task this agent holds runs AGENT_LEASE_SECONDS from `now`; False when it holds no such lease."""
+    expires = now + timedelta(seconds=settings.AGENT_LEASE_SECONDS)
+    return bool(DeviceTask.objects.filter(pk=task_id, leased_by=agent, status=DeviceTaskStatus.LEASED).update(lease_expires_at=expires))
 
 
 def agents_mark_offline() -> int:

@@ -271,6 +271,29 @@ def test_stale_attempt_is_refused_and_changes_nothing(tenant, pool_job, settings
     assert again.status_code == 409
 
 
+def test_a_heartbeat_naming_the_task_it_runs_keeps_its_lease_through_a_long_stage(tenant, pool_job, settings):
+    """A stage may run past a lease with no progress report (a TensorRT build, the first import on a slow or emulated
+    device): the heartbeat of the agent running the task keeps it; one naming a task it does not hold keeps nothing."""
+    first = register(tenant, "first", ORT_ONLY, labels={"pool": "a"})
+    task = lease(first).json()
+    almost = timezone.now() + timedelta(seconds=1)
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=almost)
+    answer = first.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()
+    assert answer["cancel"] == []
+    expires = DeviceTask.objects.get(pk=task["id"]).lease_expires_at
+    assert expires >= almost + timedelta(seconds=settings.AGENT_LEASE_SECONDS - 5)
+
+    other = register(tenant, "other", ORT_ONLY, labels={"pool": "a"})
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=almost)
+    assert task["id"] in other.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()["cancel"]
+    assert DeviceTask.objects.get(pk=task["id"]).lease_expires_at == almost
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert requeue_expired_leases.apply().get() == 1
+    # Requeued, the first agent's heartbeat no longer extends anything: it is told to stop.
+    assert task["id"] in first.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()["cancel"]
+    assert DeviceTask.objects.get(pk=task["id"]).lease_expires_at is None
+
+
 def test_lease_expiry_gives_up_after_the_last_attempt(tenant, waiting_job, settings):
     settings.DEVICE_TASK_MAX_ATTEMPTS = 1
     agent = register(tenant, "flaky", ORT_ONLY)
