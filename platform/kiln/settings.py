@@ -274,6 +274,9 @@ AGENT_HEARTBEAT_SECONDS = _env_int("KILN_AGENT_HEARTBEAT_SECONDS", 10)
 AGENT_POLL_SECONDS = _env_int("KILN_AGENT_POLL_SECONDS", 5)
 AGENT_LONG_POLL_SECONDS = _env_int("KILN_AGENT_LONG_POLL_SECONDS", 20)
 AGENT_LEASE_SECONDS = _env_int("KILN_AGENT_LEASE_SECONDS", 120)
+# A running agent's heartbeats keep its task's lease through a long stage (a TensorRT build), up to this long after its
+# last progress report: a stage silent for longer is taken as hung, and the task goes back to the queue.
+AGENT_SILENT_STAGE_SECONDS = _env_int("KILN_AGENT_SILENT_STAGE_SECONDS", 3600, minimum=1)
 AGENT_OFFLINE_AFTER_SECONDS = _env_int("KILN_AGENT_OFFLINE_AFTER_SECONDS", 60)
 # The long-poll and heartbeat intervals above are floors: with a larger fleet online the server
 # stretches both so that the fleet sends about this many of them a second (kiln.fleet.intervals).

@@ -152,9 +152,12 @@ def agent_heartbeat(*, agent: Agent, capabilities: dict | None, running_task: in
 
 
 def device_task_lease_extend(*, agent: Agent, task_id: int, now) -> bool:
-    """The lease of a task this agent holds runs AGENT_LEASE_SECONDS from `now`; False when it holds no such lease."""
+    """The lease of a task this agent holds runs AGENT_LEASE_SECONDS from `now`, if the agent reported progress on it
+    within AGENT_SILENT_STAGE_SECONDS (else its stage is taken as hung and the lease runs out); False when not extended."""
     expires = now + timedelta(seconds=settings.AGENT_LEASE_SECONDS)
-    return bool(DeviceTask.objects.filter(pk=task_id, leased_by=agent, status=DeviceTaskStatus.LEASED).update(lease_expires_at=expires))
+    silent_since = now - timedelta(seconds=settings.AGENT_SILENT_STAGE_SECONDS)
+    held = DeviceTask.objects.filter(pk=task_id, leased_by=agent, status=DeviceTaskStatus.LEASED, reported_at__gte=silent_since)
+    return bool(held.update(lease_expires_at=expires))
 
 
 def agents_mark_offline() -> int:
@@ -285,9 +288,11 @@ def device_task_progress(*, agent: Agent, task_id: int, attempt: int, stage: str
         return {"cancel": True, "lease_expires_at": task.lease_expires_at}
     if task.status != DeviceTaskStatus.LEASED:
         raise Conflict("The task is no longer leased.", code="not_leased")
-    expires = timezone.now() + timedelta(seconds=settings.AGENT_LEASE_SECONDS)
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.AGENT_LEASE_SECONDS)
     DeviceTask.objects.filter(pk=task.pk, status=DeviceTaskStatus.LEASED, attempt=task.attempt).update(
-        stage=(stage or "")[:32], message=(message or "")[:2000], progress=max(0.0, min(1.0, (percent or 0) / 100.0)), lease_expires_at=expires
+        stage=(stage or "")[:32], message=(message or "")[:2000], progress=max(0.0, min(1.0, (percent or 0) / 100.0)), lease_expires_at=expires,
+        reported_at=now,
     )
     heartbeat_record(agent_id=agent.pk, at=timezone.now())
     answer = {"cancel": False, "lease_expires_at": expires}

@@ -101,6 +101,7 @@ def device_task_start(*, task: DeviceTask, agent, now=None) -> bool:
         attempt=F("attempt") + 1,
         lease_expires_at=now + timedelta(seconds=settings.AGENT_LEASE_SECONDS),
         started_at=now,
+        reported_at=now,
         stage="leased",
         message=f"leased by {agent.name}",
         error="",

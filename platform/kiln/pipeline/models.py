@@ -180,6 +180,9 @@ class DeviceTask(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     leased_by = models.ForeignKey("fleet.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="leased_tasks")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The lease or the last progress report of the attempt: a running agent's heartbeats extend its lease only within
+    # KILN_AGENT_SILENT_STAGE_SECONDS of it (kiln.fleet.services.device_task_lease_extend), so a hung stage lets go.
+    reported_at = models.DateTimeField(null=True, blank=True)
     stage = models.CharField(max_length=32, blank=True, default="")
     message = models.TextField(blank=True, default="")
     progress = models.FloatField(default=0.0)

@@ -283,6 +283,17 @@ def test_a_heartbeat_naming_the_task_it_runs_keeps_its_lease_through_a_long_stag
     expires = DeviceTask.objects.get(pk=task["id"]).lease_expires_at
     assert expires >= almost + timedelta(seconds=settings.AGENT_LEASE_SECONDS - 5)
 
+    # Silent past KILN_AGENT_SILENT_STAGE_SECONDS since its last progress report: the stage is taken as hung.
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=almost,
+                                                    reported_at=timezone.now() - timedelta(seconds=settings.AGENT_SILENT_STAGE_SECONDS + 1))
+    assert first.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()["cancel"] == []
+    assert DeviceTask.objects.get(pk=task["id"]).lease_expires_at == almost
+    # A progress report counts from now again.
+    first.post(f"/api/agent/v1/tasks/{task['id']}/progress", {"attempt": task["attempt"], "stage": "compile"}, format="json")
+    DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=almost)
+    first.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json")
+    assert DeviceTask.objects.get(pk=task["id"]).lease_expires_at > almost
+
     other = register(tenant, "other", ORT_ONLY, labels={"pool": "a"})
     DeviceTask.objects.filter(pk=task["id"]).update(lease_expires_at=almost)
     assert task["id"] in other.post("/api/agent/v1/heartbeat", {"running_task": task["id"]}, format="json").json()["cancel"]
