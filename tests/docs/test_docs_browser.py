@@ -82,7 +82,9 @@ def test_search_finds_a_page_offline(browser, docs_url):
         page.get_by_role("textbox", name="Search").or_(page.locator("label.md-search__icon")).first.click()
         page.keyboard.type("install-service")
         results = page.locator(".md-search-result__item")
-        expect(results.first).to_be_visible()
+        # The theme builds its search index in a web worker at the first search ("Initializing search"): past expect's
+        # 5 s beside CI's other shards on 2 cores (2026-12-07), so it has a minute.
+        expect(results.first).to_be_visible(timeout=60_000)
         expect(page.locator(".md-search-result")).to_contain_text("Adding a device")
         page.screenshot(path=str(screenshot_path("docs-search-1366")), full_page=False)
         # Other pages mention the guide too (configuration links to it): open the guide's own result.
