@@ -374,11 +374,12 @@ def release_free_memory() -> None:
     """Return the C allocator's free memory to the system (glibc's malloc_trim), so that RSS is what is in use."""
     import contextlib
     import ctypes
-    import ctypes.util
 
-    # Not glibc (musl, macOS): nothing to trim, and RSS is only less exact.
+    # Not glibc (musl, macOS): nothing to trim, and RSS is only less exact. The symbols this process already has, not
+    # ctypes.util.find_library: that runs ldconfig, gcc and ld, each a vfork of this process, which shares its memory
+    # until the exec (refused in the sandbox), so the sandbox's watch counted the build's memory twice and stopped it.
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _reset_high_water_mark() -> bool:

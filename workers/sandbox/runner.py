@@ -301,13 +301,22 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def _tree_usage(pid: int) -> tuple[float, float]:
-    """Resident MB and CPU seconds of a process and everything under it, as far as they can be read now."""
+    """Resident MB and CPU seconds of a process and everything under it, as far as they can be read now.
+
+    A child that shares its parent's memory is counted once: between a vfork and its exec (every subprocess Python
+    starts, and the ones the sandbox refuses to exec) the child's resident set *is* its parent's, and adding it twice
+    stopped builds for memory they never used.
+    """
     rss = cpu = 0.0
+    footprints: dict[int, tuple[int, int]] = {}
     for process in _tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            rss += process.memory_info().rss
+            memory = process.memory_info()
             times = process.cpu_times()
             cpu += times.user + times.system
+            footprints[process.pid] = (memory.rss, memory.vms)
+            if process.pid == pid or footprints.get(process.ppid()) != footprints[process.pid]:
+                rss += memory.rss
     return rss / (1 << 20), cpu
 
 

@@ -129,3 +129,58 @@ def test_sigterm_ends_a_sandbox_busy_in_native_code(busy, namespaces):
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_child_between_its_vfork_and_its_exec_is_counted_once():
+    """Every subprocess Python starts is a vfork: until its exec the child's resident set is its parent's. The watch once
+    added it twice, and a build holding 500 MB of a 640 MB budget that looked up a library (ctypes.util.find_library runs
+    ldconfig, gcc and ld, each refused in the sandbox) was stopped for memory it never used (CI, 2026-12-07).
+
+    The moment is caught and held: a child seen alive is stopped (SIGSTOP); one stopped before its exec keeps its
+    parent's memory, and its parent waits (vfork), until it goes on."""
+    from workers.sandbox.runner import _tree_usage
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        import numpy as np
+        held = np.ones(300 << 17)  # 300 MB, every page touched
+        print("ready", flush=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                subprocess.run(["/nonexistent/kiln-helper"])
+            except OSError:
+                pass
+    """)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"ready"
+        parent = psutil.Process(holder.pid)
+        caught = _catch_a_vforked_child(parent, seconds=90)
+        assert caught is not None, "no child of the holder was caught between its vfork and its exec in 90 s"
+        try:
+            counted, _ = _tree_usage(holder.pid)
+            own = parent.memory_info().rss / (1 << 20)
+            assert own > 250 and counted == pytest.approx(own, rel=0.01), (counted, own)
+        finally:
+            caught.resume()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _catch_a_vforked_child(parent: psutil.Process, *, seconds: float) -> psutil.Process | None:
+    """A child of `parent` stopped while it still shares its parent's memory (same resident and virtual size), or None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for child in parent.children():
+            try:
+                child.suspend()
+                stopped_by = time.monotonic() + 0.5
+                while child.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) and time.monotonic() < stopped_by:
+                    time.sleep(0.001)
+                if child.status() == psutil.STATUS_STOPPED and child.memory_info()[:2] == parent.memory_info()[:2]:
+                    return child
+                child.resume()
+            except psutil.Error:
+                pass
+    return None
