@@ -315,7 +315,7 @@ def _tree_usage(pid: int) -> tuple[float, float]:
             times = process.cpu_times()
             cpu += times.user + times.system
             footprints[process.pid] = (memory.rss, memory.vms)
-            if process.pid == pid or footprints.get(process.ppid()) != footprints[process.pid]:
+            if footprints.get(process.ppid()) != footprints[process.pid]:  # the root's parent is outside the tree
                 rss += memory.rss
     return rss / (1 << 20), cpu
 
